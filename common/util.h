@@ -1,0 +1,32 @@
+/* util: small helpers shared by fs/, tiers/ and net/: size parsing, bounded
+ * path checks, directory walking and removal. Thread-safe, no global state.
+ * Returned strings are owned by the caller unless said otherwise. */
+#ifndef MTCFS_COMMON_UTIL_H
+#define MTCFS_COMMON_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* "512M", "4G", "200Gi", "1048576", "1.5G" -> bytes. 0 or -EINVAL. */
+int util_parse_size(const char *s, uint64_t *out);
+/* Non-negative decimal integer without sign/space, <= max. 0 or -EINVAL. */
+int util_parse_u64(const char *s, uint64_t max, uint64_t *out);
+/* True when name is 1..19 ASCII digits (a step directory name). */
+bool util_is_step_name(const char *name, uint64_t *step);
+/* Relative path safe to use under a root: no "..", no "." components, not
+ * absolute, no empty components, no NUL, bounded length. */
+bool util_safe_relpath(const char *p, size_t len);
+/* mkdir -p of relative path under dirfd (mode 0755). 0 or -errno. */
+int util_mkdirs_at(int dirfd, const char *rel, unsigned mode);
+/* rm -rf of name under dirfd; missing is not an error. Counts freed bytes
+ * (st_blocks*512 of files whose last link went) into *freed if not NULL. */
+int util_rmtree_at(int dirfd, const char *name, uint64_t *freed);
+/* Write a whole buffer to dirfd/name via name.tmp + rename. 0 or -errno. */
+int util_write_file_atomic(int dirfd, const char *name, const void *buf, size_t len);
+/* Read a whole small file (<= max bytes) into a malloc'd NUL-terminated buffer. */
+int util_read_file_at(int dirfd, const char *name, size_t max, char **buf, size_t *len);
+/* Monotonic time in nanoseconds. */
+uint64_t util_now_ns(void);
+
+#endif

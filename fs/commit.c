@@ -1,0 +1,405 @@
+/* commit.c: committed steps of this node. A commit is recorded in the
+ * catalog as SEALING on the FUSE thread (one small LMDB transaction, before
+ * the rename itself, so a crash right after the rename is recovered), then
+ * the seal worker freezes the tree, hard-links it into the shard store and
+ * builds the manifest. Policy (which steps may go) lives here too. */
+#include "fs/fs_i.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct fs_step *commit_find(struct fs *fs, uint64_t step)
+{
+	for (size_t i = 0; i < fs->nsteps; i++)
+		if (fs->steps[i].step == step)
+			return &fs->steps[i];
+	return NULL;
+}
+
+static struct fs_step *step_add(struct fs *fs, uint64_t step)
+{
+	struct fs_step *s = commit_find(fs, step);
+	if (s)
+		return s;
+	if (fs->nsteps == fs->capsteps) {
+		size_t ncap = fs->capsteps ? fs->capsteps * 2 : 16;
+		struct fs_step *ns = realloc(fs->steps, ncap * sizeof(*ns));
+		if (!ns)
+			return NULL;
+		fs->steps = ns;
+		fs->capsteps = ncap;
+	}
+	s = &fs->steps[fs->nsteps++];
+	memset(s, 0, sizeof(*s));
+	s->step = step;
+	return s;
+}
+
+static void step_remove(struct fs *fs, uint64_t step)
+{
+	for (size_t i = 0; i < fs->nsteps; i++) {
+		if (fs->steps[i].step == step) {
+			fs->steps[i] = fs->steps[--fs->nsteps];
+			return;
+		}
+	}
+}
+
+static void key_of(const struct fs_step *s, struct shard_key *k)
+{
+	memset(k, 0, sizeof(*k));
+	snprintf(k->job, sizeof(k->job), "%s", s->job);
+	k->step = s->step;
+	k->rank = s->rank;
+	k->worker = 0;
+}
+
+bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
+{
+	struct fs_step *s;
+	bool r;
+	pthread_mutex_lock(&fs->mu);
+	s = commit_find(fs, step);
+	r = s && s->visible && s->dir_ino == ino;
+	pthread_mutex_unlock(&fs->mu);
+	return r;
+}
+
+int commit_begin(struct fs *fs, uint64_t step, ino_t dir_ino)
+{
+	struct shard_rec rec = { 0 };
+	struct fs_step *s;
+	int rc;
+
+	pthread_mutex_lock(&fs->mu);
+	s = commit_find(fs, step);
+	if (s && s->visible && !s->sealed) {
+		/* the previous commit of this name is still sealing */
+		pthread_mutex_unlock(&fs->mu);
+		return -EBUSY;
+	}
+	s = step_add(fs, step);
+	if (!s) {
+		pthread_mutex_unlock(&fs->mu);
+		return -ENOMEM;
+	}
+	snprintf(s->job, sizeof(s->job), "%s", fs->job);
+	s->rank = fs->rank;
+	s->dir_ino = dir_ino;
+	s->visible = true;
+	s->sealed = false;
+	s->failed = false;
+	key_of(s, &rec.key);
+	pthread_mutex_unlock(&fs->mu);
+
+	rec.state = SH_SEALING;
+	rec.flags = SHF_OWN;
+	rec.ns_ino = dir_ino;
+	rec.commit_time = (uint64_t)time(NULL);
+	rc = idx_put_shard(ram_idx(fs->ram), &rec);
+	if (rc < 0) {
+		log_err("commit", "cannot record step %llu in the catalog: %s",
+			(unsigned long long)step, strerror(-rc));
+		pthread_mutex_lock(&fs->mu);
+		step_remove(fs, step);
+		pthread_mutex_unlock(&fs->mu);
+		return -EIO;
+	}
+	return 0;
+}
+
+void commit_abort(struct fs *fs, uint64_t step)
+{
+	struct shard_key k;
+	struct fs_step *s;
+
+	pthread_mutex_lock(&fs->mu);
+	s = commit_find(fs, step);
+	if (!s) {
+		pthread_mutex_unlock(&fs->mu);
+		return;
+	}
+	key_of(s, &k);
+	step_remove(fs, step);
+	pthread_mutex_unlock(&fs->mu);
+	idx_del_shard(ram_idx(fs->ram), &k);
+}
+
+static void seal_job(void *arg)
+{
+	struct fs *fs = g_fs;
+	uint64_t step = (uint64_t)(uintptr_t)arg, t0 = util_now_ns();
+	struct manifest *mf = NULL;
+	struct fs_step *s;
+	struct shard_key k;
+	struct stat st;
+	char name[32], hex[65];
+	ino_t ino;
+	int dfd = -1, rc;
+
+	pthread_mutex_lock(&fs->mu);
+	s = commit_find(fs, step);
+	if (!s || s->sealed) {
+		pthread_mutex_unlock(&fs->mu);
+		return;
+	}
+	key_of(s, &k);
+	ino = s->dir_ino;
+	pthread_mutex_unlock(&fs->mu);
+
+	snprintf(name, sizeof(name), "%llu", (unsigned long long)step);
+	dfd = openat(ram_ns_fd(fs->ram), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0 || fstat(dfd, &st) < 0 || st.st_ino != ino) {
+		rc = dfd < 0 ? -errno : -ESTALE;
+		log_err("commit", "step %llu vanished before it was sealed: %s",
+			(unsigned long long)step, strerror(-rc));
+		goto out;
+	}
+	fs_freeze_subtree(fs, dfd, step);
+	rc = ram_seal(fs->ram, &k, dfd, ino, SHF_OWN, &mf);
+	if (rc < 0) {
+		log_err("commit", "sealing step %llu failed: %s", (unsigned long long)step, strerror(-rc));
+		goto out;
+	}
+	mf_hash_hex(mf->hash, hex);
+	log_info("commit", "committed job=%s step=%llu rank=%u files=%u bytes=%llu hash=%s seal_ms=%.1f",
+		 k.job, (unsigned long long)step, k.rank, mf->nfiles,
+		 (unsigned long long)mf->total, hex, (double)(util_now_ns() - t0) / 1e6);
+out:
+	if (dfd >= 0)
+		close(dfd);
+	mf_free(mf);
+	pthread_mutex_lock(&fs->mu);
+	s = commit_find(fs, step);
+	if (s && s->dir_ino == ino) {
+		s->sealed = true;
+		s->failed = rc < 0;
+	}
+	pthread_cond_broadcast(&fs->sealed_cv);
+	pthread_mutex_unlock(&fs->mu);
+	if (rc == 0 && fs->eager_gc)
+		commit_gc(fs);
+}
+
+int commit_queue(struct fs *fs, uint64_t step)
+{
+	int rc = workq_submit(fs->sealq, seal_job, (void *)(uintptr_t)step);
+	if (rc < 0)
+		log_err("commit", "cannot queue sealing of step %llu: %s",
+			(unsigned long long)step, strerror(-rc));
+	return rc;
+}
+
+void commit_wait_sealed(struct fs *fs, uint64_t step)
+{
+	struct fs_step *s;
+	pthread_mutex_lock(&fs->mu);
+	while ((s = commit_find(fs, step)) != NULL && !s->sealed)
+		pthread_cond_wait(&fs->sealed_cv, &fs->mu);
+	pthread_mutex_unlock(&fs->mu);
+}
+
+void commit_hide(struct fs *fs, uint64_t step)
+{
+	struct shard_key k;
+	struct fs_step *s;
+
+	pthread_mutex_lock(&fs->mu);
+	s = commit_find(fs, step);
+	if (!s) {
+		pthread_mutex_unlock(&fs->mu);
+		return;
+	}
+	s->visible = false;
+	key_of(s, &k);
+	pthread_mutex_unlock(&fs->mu);
+	idx_set_state(ram_idx(fs->ram), &k, 0, SHF_HIDDEN, 0);
+}
+
+/* Drop one own shard: its store copy, its record, and its namespace view. */
+static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_ino)
+{
+	uint64_t freed = 0;
+	char name[32];
+	struct stat st;
+	bool in_ns = false;
+
+	pthread_mutex_lock(&fs->mu);
+	{
+		struct fs_step *s = commit_find(fs, k->step);
+		if (s && !strcmp(s->job, k->job) && s->rank == k->rank) {
+			in_ns = s->visible && s->dir_ino == ns_ino;
+			step_remove(fs, k->step);
+		}
+	}
+	pthread_mutex_unlock(&fs->mu);
+	snprintf(name, sizeof(name), "%llu", (unsigned long long)k->step);
+	if (in_ns && fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    st.st_ino == ns_ino) {
+		util_rmtree_at(ram_ns_fd(fs->ram), name, &freed);
+		ram_adjust(fs->ram, -(int64_t)freed);   /* ram_drop accounts its own */
+	}
+	ram_drop(fs->ram, k, &freed);
+	log_info("gc", "dropped job=%s step=%llu rank=%u freed=%llu", k->job,
+		 (unsigned long long)k->step, k->rank, (unsigned long long)freed);
+	return freed;
+}
+
+/* Own shards of the current job older than the newest committed one may
+ * go, except the restored step until a newer commit exists. Returns bytes
+ * freed; stops once `want` bytes are free (0 = drop all that may go). */
+static uint64_t gc_own(struct fs *fs, uint64_t want)
+{
+	struct shard_rec *recs = NULL;
+	size_t n = 0, i;
+	uint64_t newest = 0, freed = 0, keep_restored;
+	bool have_newest = false, have_restored;
+	char job[129];
+
+	pthread_mutex_lock(&fs->mu);
+	snprintf(job, sizeof(job), "%s", fs->job);
+	keep_restored = fs->restored_step;
+	have_restored = fs->have_restored;
+	pthread_mutex_unlock(&fs->mu);
+	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) < 0)
+		return 0;
+	for (i = 0; i < n; i++) {
+		if ((recs[i].flags & SHF_OWN) && recs[i].key.rank == fs->rank &&
+		    recs[i].state >= SH_COMMITTED && recs[i].state != SH_BAD &&
+		    (!have_newest || recs[i].key.step > newest)) {
+			newest = recs[i].key.step;
+			have_newest = true;
+		}
+	}
+	if (have_restored && keep_restored >= newest)
+		have_restored = true;
+	else
+		have_restored = false;   /* a newer commit supersedes the restored step */
+	for (i = 0; have_newest && i < n; i++) {
+		struct shard_rec *r = &recs[i];
+		if (!(r->flags & SHF_OWN) || r->key.rank != fs->rank || r->key.step >= newest)
+			continue;
+		if (r->state == SH_SEALING)
+			continue;
+		if (have_restored && r->key.step == keep_restored)
+			continue;
+		freed += drop_own(fs, &r->key, r->ns_ino);
+		if (want && freed >= want)
+			break;
+	}
+	idx_recs_free(recs, n);
+	return freed;
+}
+
+uint64_t commit_reclaim(void *arg, uint64_t want)
+{
+	struct fs *fs = arg;
+	uint64_t freed = gc_own(fs, want);
+	if (freed)
+		log_info("ram", "reclaimed %llu bytes for a write of %llu",
+			 (unsigned long long)freed, (unsigned long long)want);
+	else
+		log_warn("ram", "RAM tier full (%llu of %llu bytes) and nothing may be dropped",
+			 (unsigned long long)ram_used(fs->ram), (unsigned long long)ram_cap(fs->ram));
+	return freed;
+}
+
+void commit_gc(struct fs *fs)
+{
+	gc_own(fs, 0);
+}
+
+/* Cheap consistency check at start-up: every file of the manifest is there
+ * with its size. Full CRC checks happen before a restore uses the shard. */
+static int check_sizes(struct fs *fs, const struct shard_rec *r, char *err, size_t errlen)
+{
+	struct manifest *mf = NULL;
+	int fd, rc = mf_decode(r->mf, r->mflen, &mf);
+
+	if (rc < 0) {
+		snprintf(err, errlen, "manifest does not decode");
+		return rc;
+	}
+	fd = ram_shard_open(fs->ram, &r->key);
+	if (fd < 0) {
+		snprintf(err, errlen, "shard directory missing");
+		mf_free(mf);
+		return -EBADMSG;
+	}
+	for (size_t i = 0; i < mf->n && rc == 0; i++) {
+		struct stat st;
+		if (fstatat(fd, mf->e[i].path, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			snprintf(err, errlen, "%s missing", mf->e[i].path);
+			rc = -EBADMSG;
+		} else if (mf->e[i].type == MF_FILE && (uint64_t)st.st_size != mf->e[i].size) {
+			snprintf(err, errlen, "%s has %lld bytes, manifest says %llu", mf->e[i].path,
+				 (long long)st.st_size, (unsigned long long)mf->e[i].size);
+			rc = -EBADMSG;
+		}
+	}
+	close(fd);
+	mf_free(mf);
+	return rc;
+}
+
+int commit_init(struct fs *fs)
+{
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
+	int rc = idx_list_shards(ram_idx(fs->ram), NULL, &recs, &n);
+
+	if (rc < 0)
+		return rc;
+	for (size_t i = 0; i < n; i++) {
+		struct shard_rec *r = &recs[i];
+		char name[32], err[512];
+		struct stat st;
+		bool in_ns;
+
+		if (!(r->flags & SHF_OWN))
+			continue;
+		snprintf(name, sizeof(name), "%llu", (unsigned long long)r->key.step);
+		in_ns = fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+			S_ISDIR(st.st_mode) && st.st_ino == r->ns_ino;
+		if (r->state == SH_SEALING) {
+			if (!in_ns) {
+				log_warn("commit", "step %llu was being committed when mtcfs stopped and its directory is gone; forgetting it",
+					 (unsigned long long)r->key.step);
+				idx_del_shard(ram_idx(fs->ram), &r->key);
+				continue;
+			}
+		} else if (r->state != SH_BAD && check_sizes(fs, r, err, sizeof(err)) < 0) {
+			log_err("commit", "job=%s step=%llu rank=%u does not match its manifest (%s): marked bad, it will not be restored",
+				r->key.job, (unsigned long long)r->key.step, r->key.rank, err);
+			idx_set_state(ram_idx(fs->ram), &r->key, SH_BAD, 0, 0);
+			r->state = SH_BAD;
+		}
+		if (in_ns) {
+			struct fs_step *s;
+			pthread_mutex_lock(&fs->mu);
+			s = step_add(fs, r->key.step);
+			if (s) {
+				snprintf(s->job, sizeof(s->job), "%s", r->key.job);
+				s->rank = r->key.rank;
+				s->dir_ino = st.st_ino;
+				s->visible = !(r->flags & SHF_HIDDEN);
+				s->sealed = r->state != SH_SEALING;
+			}
+			pthread_mutex_unlock(&fs->mu);
+			if (r->state == SH_SEALING) {
+				log_info("commit", "resuming the seal of step %llu", (unsigned long long)r->key.step);
+				commit_queue(fs, r->key.step);
+			}
+		}
+	}
+	idx_recs_free(recs, n);
+	return 0;
+}

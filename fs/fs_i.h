@@ -1,0 +1,103 @@
+/* fs_i.h: state shared inside fs/ only.
+ * Threads: FUSE request threads (fs_ll.c), the seal worker (commit.c), the
+ * control thread (ctl.c). Lock order: fs->mu (inode table, step table) before
+ * node->amu. Never hold fs->mu across blocking I/O other than O(1) syscalls. */
+#ifndef MTCFS_FS_FS_I_H
+#define MTCFS_FS_FS_I_H
+
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/workq.h"
+#include "tiers/ramtier.h"
+
+#define FN_FROZEN  0x1u   /* inside a committed step: read-only */
+#define FN_STEPDIR 0x2u   /* a digits-named directory at the top */
+#define FN_STORE   0x4u   /* inside the read-only store view (.mtcfs) */
+
+struct fnode {
+	struct fnode *hnext;        /* protected by fs->mu */
+	uint64_t nlookup;           /* protected by fs->mu */
+	ino_t ino;
+	dev_t dev;
+	int fd;                     /* O_PATH, owned */
+	_Atomic uint32_t flags;     /* FN_* */
+	_Atomic int inflight;       /* writes/truncates in progress */
+	uint64_t step;              /* valid when FN_FROZEN: the step it belongs to */
+	uint64_t marker_step;       /* commit_success.txt in top-level digits dir: step+1, else 0 */
+	ino_t marker_dir_ino;
+	pthread_mutex_t amu;        /* accounting */
+	uint64_t blocks, size;      /* protected by amu: last measured */
+};
+
+/* A committed step of this node as the namespace shows it. */
+struct fs_step {
+	char job[129];     /* the job it was committed under */
+	uint32_t rank;
+	uint64_t step;
+	ino_t dir_ino;     /* the step directory in ns/ */
+	bool visible;      /* still in the app's view (top-level name present) */
+	bool sealed;       /* hard links and manifest done */
+	bool failed;       /* sealing failed */
+};
+
+struct fs_opts {
+	char *ram_size;
+	char *bucket, *listen, *peers, *coordinator, *secret_file;
+	char *tls_cert, *tls_key, *tls_ca, *metrics, *gcs_endpoint, *gcs_key_file;
+	int jax_init_info;
+	int restore_timeout;
+	int debug;
+};
+
+struct fs {
+	struct fs_opts o;
+	char *ramdir, *mountpoint;
+	struct ram_tier *ram;
+	struct fuse_session *se;
+	struct workq *sealq;        /* commit sealing, in order */
+	int proc_self_fd;
+
+	pthread_mutex_t mu;
+	pthread_cond_t sealed_cv;   /* a step finished sealing */
+	struct fnode root;
+	struct fnode **htab;        /* protected by mu */
+	size_t hsize;
+	struct fs_step *steps;      /* protected by mu */
+	size_t nsteps, capsteps;
+
+	/* job identity for shards written now (protected by mu) */
+	char job[129];
+	uint32_t rank;
+	uint64_t restored_step;     /* step restored by the last restore, 0 = none */
+	bool have_restored;
+	bool eager_gc;              /* a job is configured: keep only what policy needs */
+};
+
+extern struct fs *g_fs;
+
+/* fs_ll.c */
+extern const struct fuse_lowlevel_ops fs_ll_ops;
+void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step);
+void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step);
+
+/* commit.c */
+int  commit_init(struct fs *fs);           /* catalog recovery at start-up */
+/* A step directory (ino) became committed at top-level name `step`.
+ * Called on a FUSE thread: records SEALING and queues the seal. */
+int  commit_begin(struct fs *fs, uint64_t step, ino_t dir_ino);
+void commit_abort(struct fs *fs, uint64_t step);
+int  commit_queue(struct fs *fs, uint64_t step);
+struct fs_step *commit_find(struct fs *fs, uint64_t step);   /* fs->mu held */
+bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino); /* takes mu */
+void commit_wait_sealed(struct fs *fs, uint64_t step);
+void commit_hide(struct fs *fs, uint64_t step);
+uint64_t commit_reclaim(void *fs, uint64_t want);
+void commit_gc(struct fs *fs);
+
+#endif

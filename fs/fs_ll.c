@@ -1,0 +1,1075 @@
+/* fs_ll.c: the low-level FUSE operations. A passthrough onto RAMDIR/ns with
+ * an inode table of O_PATH descriptors (libfuse passthrough_ll's shape), plus
+ * what mtcfs adds: commit detection on rename and on close of
+ * commit_success.txt, read-only committed steps, the capacity account, and
+ * the read-only store view ".mtcfs" that restore markers point into. */
+#include "fs/fs_i.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#define STORE_NAME ".mtcfs"
+#define COMMIT_MARKER "commit_success.txt"
+
+struct fhandle {
+	int fd;
+	struct fnode *node;
+	bool writable;
+};
+
+struct dhandle {
+	DIR *dp;
+	struct dirent *entry;
+	off_t offset;
+	bool is_root;
+};
+
+static inline struct fs *fs_of(fuse_req_t req) { return fuse_req_userdata(req); }
+
+static struct fnode *node_of(struct fs *fs, fuse_ino_t ino)
+{
+	if (ino == FUSE_ROOT_ID)
+		return &fs->root;
+	return (struct fnode *)(uintptr_t)ino;
+}
+
+static inline bool is_frozen(struct fnode *n)
+{
+	return atomic_load(&n->flags) & (FN_FROZEN | FN_STORE);
+}
+
+static inline size_t hslot(struct fs *fs, ino_t ino, dev_t dev)
+{
+	return (size_t)(((uint64_t)ino * 0x9e3779b97f4a7c15ULL) ^ (uint64_t)dev) & (fs->hsize - 1);
+}
+
+static struct fnode *htab_find(struct fs *fs, ino_t ino, dev_t dev)
+{
+	struct fnode *n;
+	for (n = fs->htab[hslot(fs, ino, dev)]; n; n = n->hnext)
+		if (n->ino == ino && n->dev == dev)
+			return n;
+	return NULL;
+}
+
+static void htab_remove(struct fs *fs, struct fnode *n)
+{
+	struct fnode **pp = &fs->htab[hslot(fs, n->ino, n->dev)];
+	while (*pp && *pp != n)
+		pp = &(*pp)->hnext;
+	if (*pp)
+		*pp = n->hnext;
+}
+
+static double entry_timeout(struct fnode *parent)
+{
+	/* The top level changes behind the kernel's back (control files,
+	 * markers, policy dropping steps): never cache it. */
+	return parent == &g_fs->root ? 0.0 : 1.0;
+}
+
+static int proc_path(int fd, char *buf, size_t len)
+{
+	return snprintf(buf, len, "%i", fd);
+}
+
+static void node_unref(struct fs *fs, struct fnode *n, uint64_t count);
+
+/* Dekker with the writers (they increment inflight, then test the flag):
+ * once the flag is visible, wait until no write that passed the test is
+ * still running. */
+static void wait_writers(struct fnode *n)
+{
+	while (atomic_load(&n->inflight) > 0)
+		sched_yield();
+}
+
+void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step)
+{
+	struct fnode *n;
+	pthread_mutex_lock(&fs->mu);
+	n = htab_find(fs, ino, dev);
+	if (!n || (atomic_load(&n->flags) & FN_FROZEN)) {
+		pthread_mutex_unlock(&fs->mu);
+		return;
+	}
+	/* hold a reference: the wait for writers happens without fs->mu
+	 * (a writer may need it to reclaim space) */
+	n->step = step;
+	atomic_fetch_or(&n->flags, FN_FROZEN);
+	n->nlookup++;
+	pthread_mutex_unlock(&fs->mu);
+	wait_writers(n);
+	node_unref(fs, n, 1);
+}
+
+void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step)
+{
+	struct dirent *de;
+	DIR *d;
+	int fd = dup(dirfd);
+
+	if (fd < 0)
+		return;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return;
+	}
+	rewinddir(d);
+	while ((de = readdir(d)) != NULL) {
+		struct stat st;
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			continue;
+		fs_node_set_frozen(fs, st.st_ino, st.st_dev, step);
+		if (S_ISDIR(st.st_mode)) {
+			int sub = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sub >= 0) {
+				fs_freeze_subtree(fs, sub, step);
+				close(sub);
+			}
+		}
+	}
+	closedir(d);
+}
+
+/* Find or create the node for an entry just opened as O_PATH `fd`
+ * (consumed). Applies the classification rules. */
+static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *name,
+			      int fd, const struct stat *st)
+{
+	struct fnode *n;
+	uint64_t step;
+
+	pthread_mutex_lock(&fs->mu);
+	n = htab_find(fs, st->st_ino, st->st_dev);
+	if (n) {
+		close(fd);
+		n->nlookup++;
+		pthread_mutex_unlock(&fs->mu);
+		return n;
+	}
+	n = calloc(1, sizeof(*n));
+	if (!n) {
+		pthread_mutex_unlock(&fs->mu);
+		close(fd);
+		return NULL;
+	}
+	n->fd = fd;
+	n->ino = st->st_ino;
+	n->dev = st->st_dev;
+	n->nlookup = 1;
+	n->blocks = (uint64_t)st->st_blocks;
+	n->size = (uint64_t)st->st_size;
+	pthread_mutex_init(&n->amu, NULL);
+	if (atomic_load(&parent->flags) & FN_STORE) {
+		atomic_store(&n->flags, FN_STORE);
+	} else if (atomic_load(&parent->flags) & FN_FROZEN) {
+		n->step = parent->step;
+		atomic_store(&n->flags, FN_FROZEN);
+	} else if (parent == &fs->root && S_ISDIR(st->st_mode) && util_is_step_name(name, &step)) {
+		struct fs_step *s = commit_find(fs, step);
+		uint32_t fl = FN_STEPDIR;
+		n->step = step;
+		if (s && s->dir_ino == st->st_ino)
+			fl |= FN_FROZEN;
+		atomic_store(&n->flags, fl);
+	}
+	if (S_ISREG(st->st_mode) && !strcmp(name, COMMIT_MARKER) &&
+	    (atomic_load(&parent->flags) & (FN_STEPDIR | FN_FROZEN)) == FN_STEPDIR) {
+		n->marker_step = parent->step + 1;
+		n->marker_dir_ino = parent->ino;
+	}
+	n->hnext = fs->htab[hslot(fs, n->ino, n->dev)];
+	fs->htab[hslot(fs, n->ino, n->dev)] = n;
+	pthread_mutex_unlock(&fs->mu);
+	return n;
+}
+
+static void node_unref(struct fs *fs, struct fnode *n, uint64_t count)
+{
+	if (n == &fs->root)
+		return;
+	pthread_mutex_lock(&fs->mu);
+	if (count > n->nlookup)
+		count = n->nlookup;
+	n->nlookup -= count;
+	if (n->nlookup == 0) {
+		htab_remove(fs, n);
+		pthread_mutex_unlock(&fs->mu);
+		close(n->fd);
+		pthread_mutex_destroy(&n->amu);
+		free(n);
+		return;
+	}
+	pthread_mutex_unlock(&fs->mu);
+}
+
+/* lookup of `name` under parent; fills e. 0 or -errno. */
+static int do_lookup(struct fs *fs, struct fnode *parent, const char *name,
+		     struct fuse_entry_param *e)
+{
+	struct fnode *n;
+	int fd, dirfd = parent->fd, rc;
+	const char *nm = name;
+
+	memset(e, 0, sizeof(*e));
+	if (parent == &fs->root && !strcmp(name, STORE_NAME)) {
+		/* The store view: RAMDIR/shards, read-only. */
+		dirfd = ram_root_fd(fs->ram);
+		nm = "shards";
+	}
+	fd = openat(dirfd, nm, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	rc = fstatat(fd, "", &e->attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+	if (rc < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	if (nm != name) {
+		n = node_get(fs, parent, name, fd, &e->attr);
+		if (n)
+			atomic_fetch_or(&n->flags, FN_STORE);
+	} else {
+		n = node_get(fs, parent, name, fd, &e->attr);
+	}
+	if (!n)
+		return -ENOMEM;
+	e->ino = (uintptr_t)n;
+	e->attr_timeout = entry_timeout(parent);
+	e->entry_timeout = entry_timeout(parent);
+	return 0;
+}
+
+static void ll_init(void *userdata, struct fuse_conn_info *conn)
+{
+	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+		conn->want |= FUSE_CAP_SPLICE_WRITE;
+	if (conn->capable & FUSE_CAP_SPLICE_READ)
+		conn->want |= FUSE_CAP_SPLICE_READ;
+	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+	/* No writeback cache: writes go straight to RAMDIR so the commit rename
+	 * sees every byte the app wrote. */
+	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+	/* Locks stay in the kernel (local to this node): flock and OFD/POSIX
+	 * locks then work without round trips. */
+	conn->want &= ~(FUSE_CAP_POSIX_LOCKS | FUSE_CAP_FLOCK_LOCKS);
+}
+
+static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct fs *fs = fs_of(req);
+	struct fuse_entry_param e;
+	int rc = do_lookup(fs, node_of(fs, parent), name, &e);
+
+	if (rc < 0) {
+		if (rc == -ENOENT) {
+			memset(&e, 0, sizeof(e));
+			e.entry_timeout = 0;
+			fuse_reply_entry(req, &e);
+			return;
+		}
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fuse_reply_entry(req, &e);
+}
+
+static void ll_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	node_unref(fs_of(req), node_of(fs_of(req), ino), nlookup);
+	fuse_reply_none(req);
+}
+
+static void ll_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *f)
+{
+	for (size_t i = 0; i < count; i++)
+		node_unref(fs_of(req), node_of(fs_of(req), f[i].ino), f[i].nlookup);
+	fuse_reply_none(req);
+}
+
+static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fnode *n = node_of(fs, ino);
+	struct stat st;
+
+	if (fstatat(n->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	fuse_reply_attr(req, &st, n == &fs->root ? 0.0 : 1.0);
+}
+
+/* Measure the node's allocation after a change and correct the account. */
+static void account_after(struct fs *fs, struct fnode *n, int fd, uint64_t reserved)
+{
+	struct stat st;
+	int64_t delta = -(int64_t)reserved;
+
+	pthread_mutex_lock(&n->amu);
+	if (fstat(fd, &st) == 0) {
+		delta += ((int64_t)st.st_blocks - (int64_t)n->blocks) * 512;
+		n->blocks = (uint64_t)st.st_blocks;
+		n->size = (uint64_t)st.st_size;
+	}
+	pthread_mutex_unlock(&n->amu);
+	if (delta)
+		ram_adjust(fs->ram, delta);
+}
+
+/* Bytes a write of len at off may add: 0 when it lands inside an existing,
+ * fully allocated file. */
+static uint64_t write_growth(struct fnode *n, uint64_t off, uint64_t len)
+{
+	uint64_t g;
+	pthread_mutex_lock(&n->amu);
+	if (off + len <= n->size && n->blocks * 512 >= n->size)
+		g = 0;
+	else
+		g = len + 4096;
+	pthread_mutex_unlock(&n->amu);
+	return g;
+}
+
+static void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid,
+		       struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fnode *n = node_of(fs, ino);
+	char pp[64];
+	int rc = 0, fd = fi ? ((struct fhandle *)(uintptr_t)fi->fh)->fd : -1;
+
+	atomic_fetch_add(&n->inflight, 1);
+	if (is_frozen(n)) {
+		rc = EROFS;
+		goto out;
+	}
+	proc_path(n->fd, pp, sizeof(pp));
+	if (valid & FUSE_SET_ATTR_MODE) {
+		if ((fd >= 0 ? fchmod(fd, attr->st_mode) :
+		     fchmodat(fs->proc_self_fd, pp, attr->st_mode, 0)) < 0) {
+			rc = errno;
+			goto out;
+		}
+	}
+	if (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+		uid_t u = (valid & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
+		gid_t g = (valid & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
+		if (fchownat(n->fd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+			rc = errno;
+			goto out;
+		}
+	}
+	if (valid & FUSE_SET_ATTR_SIZE) {
+		int tfd = fd >= 0 ? fd : openat(fs->proc_self_fd, pp, O_WRONLY | O_CLOEXEC);
+		if (tfd < 0) {
+			rc = errno;
+			goto out;
+		}
+		if (ftruncate(tfd, attr->st_size) < 0)
+			rc = errno;
+		account_after(fs, n, tfd, 0);
+		if (fd < 0)
+			close(tfd);
+		if (rc)
+			goto out;
+	}
+	if (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
+		struct timespec tv[2];
+		tv[0].tv_sec = 0;
+		tv[1].tv_sec = 0;
+		tv[0].tv_nsec = UTIME_OMIT;
+		tv[1].tv_nsec = UTIME_OMIT;
+		if (valid & FUSE_SET_ATTR_ATIME_NOW)
+			tv[0].tv_nsec = UTIME_NOW;
+		else if (valid & FUSE_SET_ATTR_ATIME)
+			tv[0] = attr->st_atim;
+		if (valid & FUSE_SET_ATTR_MTIME_NOW)
+			tv[1].tv_nsec = UTIME_NOW;
+		else if (valid & FUSE_SET_ATTR_MTIME)
+			tv[1] = attr->st_mtim;
+		if (fd >= 0 ? futimens(fd, tv) < 0 :
+		    utimensat(fs->proc_self_fd, pp, tv, 0) < 0) {
+			rc = errno;
+			goto out;
+		}
+	}
+out:
+	atomic_fetch_sub(&n->inflight, 1);
+	if (rc) {
+		fuse_reply_err(req, rc);
+		return;
+	}
+	ll_getattr(req, ino, fi);
+}
+
+static void ll_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct fnode *n = node_of(fs_of(req), ino);
+	char buf[PATH_MAX + 1];
+	ssize_t r = readlinkat(n->fd, "", buf, sizeof(buf));
+
+	if (r < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	if (r == (ssize_t)sizeof(buf)) {
+		fuse_reply_err(req, ENAMETOOLONG);
+		return;
+	}
+	buf[r] = '\0';
+	fuse_reply_readlink(req, buf);
+}
+
+/* May the app create `name` under parent? */
+static int may_create(struct fs *fs, struct fnode *parent, const char *name)
+{
+	if (is_frozen(parent))
+		return -EROFS;
+	if (parent == &fs->root && !strcmp(name, STORE_NAME))
+		return -EEXIST;
+	return 0;
+}
+
+static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		      dev_t rdev, const char *link)
+{
+	struct fs *fs = fs_of(req);
+	struct fnode *dir = node_of(fs, parent);
+	struct fuse_entry_param e;
+	int rc = may_create(fs, dir, name);
+
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	if (S_ISDIR(mode))
+		rc = mkdirat(dir->fd, name, mode);
+	else if (S_ISLNK(mode))
+		rc = symlinkat(link, dir->fd, name);
+	else
+		rc = mknodat(dir->fd, name, mode, rdev);
+	if (rc < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	rc = do_lookup(fs, dir, name, &e);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fuse_reply_entry(req, &e);
+}
+
+static void ll_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
+{
+	make_node(req, parent, name, mode, rdev, NULL);
+}
+
+static void ll_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+	make_node(req, parent, name, S_IFDIR | mode, 0, NULL);
+}
+
+static void ll_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+	make_node(req, parent, name, S_IFLNK, 0, link);
+}
+
+static void ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char *name)
+{
+	struct fs *fs = fs_of(req);
+	struct fnode *n = node_of(fs, ino), *dir = node_of(fs, parent);
+	struct fuse_entry_param e;
+	char pp[64];
+	int rc = may_create(fs, dir, name);
+
+	if (rc == 0 && (atomic_load(&n->flags) & FN_STORE))
+		rc = -EROFS;
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	proc_path(n->fd, pp, sizeof(pp));
+	if (linkat(fs->proc_self_fd, pp, dir->fd, name, AT_SYMLINK_FOLLOW) < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	rc = do_lookup(fs, dir, name, &e);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fuse_reply_entry(req, &e);
+}
+
+/* Removing an entry inside a committed step only takes it out of the app's
+ * view: the shard keeps its own links. Wait until those exist. */
+static int before_remove(struct fs *fs, struct fnode *dir, const char *name)
+{
+	if (atomic_load(&dir->flags) & FN_STORE)
+		return -EROFS;
+	if (dir == &fs->root && !strcmp(name, STORE_NAME))
+		return -EPERM;
+	if (atomic_load(&dir->flags) & FN_FROZEN)
+		commit_wait_sealed(fs, dir->step);
+	return 0;
+}
+
+static void ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct fs *fs = fs_of(req);
+	struct fnode *dir = node_of(fs, parent);
+	struct stat st;
+	int rc = before_remove(fs, dir, name);
+
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	if (fstatat(dir->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	if (unlinkat(dir->fd, name, 0) < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	if (S_ISREG(st.st_mode) && st.st_nlink == 1)
+		ram_adjust(fs->ram, -(int64_t)st.st_blocks * 512);
+	fuse_reply_err(req, 0);
+}
+
+static void ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct fs *fs = fs_of(req);
+	struct fnode *dir = node_of(fs, parent);
+	struct stat st;
+	uint64_t step;
+	bool was_step = false;
+	int rc = before_remove(fs, dir, name);
+
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	if (dir == &fs->root && util_is_step_name(name, &step) &&
+	    fstatat(dir->fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    commit_is_step_dir(fs, step, st.st_ino)) {
+		commit_wait_sealed(fs, step);
+		was_step = true;
+	}
+	if (unlinkat(dir->fd, name, AT_REMOVEDIR) < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	if (was_step)
+		commit_hide(fs, step);
+	fuse_reply_err(req, 0);
+}
+
+static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
+		      fuse_ino_t newparent, const char *newname, unsigned int flags)
+{
+	struct fs *fs = fs_of(req);
+	struct fnode *src = node_of(fs, parent), *dst = node_of(fs, newparent);
+	struct stat st, tst;
+	uint64_t step = 0, tstep;
+	bool commit = false;
+	int rc;
+
+	if (is_frozen(src) || is_frozen(dst)) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	if ((src == &fs->root && !strcmp(name, STORE_NAME)) ||
+	    (dst == &fs->root && !strcmp(newname, STORE_NAME))) {
+		fuse_reply_err(req, EPERM);
+		return;
+	}
+	if (fstatat(src->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	/* A committed step can be neither moved nor replaced. */
+	if (src == &fs->root && S_ISDIR(st.st_mode) && util_is_step_name(name, &tstep) &&
+	    commit_is_step_dir(fs, tstep, st.st_ino)) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	if (dst == &fs->root && util_is_step_name(newname, &tstep) &&
+	    fstatat(dst->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    S_ISDIR(tst.st_mode) && commit_is_step_dir(fs, tstep, tst.st_ino)) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	if (dst == &fs->root && S_ISDIR(st.st_mode) && !(flags & RENAME_EXCHANGE) &&
+	    util_is_step_name(newname, &step)) {
+		rc = commit_begin(fs, step, st.st_ino);
+		if (rc < 0) {
+			fuse_reply_err(req, -rc);
+			return;
+		}
+		commit = true;
+	}
+	if (renameat2(src->fd, name, dst->fd, newname, flags) < 0) {
+		int e = errno;
+		if (commit)
+			commit_abort(fs, step);
+		fuse_reply_err(req, e);
+		return;
+	}
+	/* Reclassify the moved node if the kernel holds it. */
+	pthread_mutex_lock(&fs->mu);
+	{
+		struct fnode *n = htab_find(fs, st.st_ino, st.st_dev);
+		if (n) {
+			if (dst == &fs->root && S_ISDIR(st.st_mode) && util_is_step_name(newname, &tstep)) {
+				n->step = tstep;
+				atomic_fetch_or(&n->flags, FN_STEPDIR);
+			} else {
+				atomic_fetch_and(&n->flags, ~FN_STEPDIR);
+			}
+			n->marker_step = 0;
+			if (S_ISREG(st.st_mode) && !strcmp(newname, COMMIT_MARKER) &&
+			    (atomic_load(&dst->flags) & FN_STEPDIR)) {
+				n->marker_step = dst->step + 1;
+				n->marker_dir_ino = dst->ino;
+			}
+			if (commit)
+				n->step = step;
+		}
+	}
+	pthread_mutex_unlock(&fs->mu);
+	if (commit) {
+		fs_node_set_frozen(fs, st.st_ino, st.st_dev, step);
+		commit_queue(fs, step);
+	}
+	fuse_reply_err(req, 0);
+}
+
+static int open_flags_ok(struct fnode *n, int flags)
+{
+	if (is_frozen(n) && ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC)))
+		return -EROFS;
+	return 0;
+}
+
+static void fill_fi(struct fuse_file_info *fi, struct fhandle *h, struct fnode *n, int flags)
+{
+	fi->fh = (uintptr_t)h;
+	if ((flags & O_ACCMODE) != O_RDONLY) {
+		/* Writes go straight to RAMDIR (no page cache on this open);
+		 * read-only opens keep the page cache so mmap works. */
+		fi->direct_io = 1;
+	} else {
+		fi->keep_cache = is_frozen(n) ? 1 : 0;
+	}
+}
+
+static struct fhandle *new_handle(int fd, struct fnode *n, int flags)
+{
+	struct fhandle *h = calloc(1, sizeof(*h));
+	if (!h)
+		return NULL;
+	h->fd = fd;
+	h->node = n;
+	h->writable = (flags & O_ACCMODE) != O_RDONLY;
+	return h;
+}
+
+static void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		      struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fnode *dir = node_of(fs, parent);
+	struct fuse_entry_param e;
+	struct fhandle *h;
+	int fd, rc = may_create(fs, dir, name);
+
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fd = openat(dir->fd, name, (fi->flags | O_CREAT | O_CLOEXEC) & ~O_NOFOLLOW, mode);
+	if (fd < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	rc = do_lookup(fs, dir, name, &e);
+	if (rc < 0) {
+		close(fd);
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	h = new_handle(fd, node_of(fs, e.ino), fi->flags);
+	if (!h) {
+		close(fd);
+		node_unref(fs, node_of(fs, e.ino), 1);
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	fill_fi(fi, h, h->node, fi->flags);
+	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+		close(fd);
+		free(h);
+		node_unref(fs, node_of(fs, e.ino), 1);
+	}
+}
+
+static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fnode *n = node_of(fs, ino);
+	struct fhandle *h;
+	char pp[64];
+	int fd, rc = open_flags_ok(n, fi->flags);
+
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	proc_path(n->fd, pp, sizeof(pp));
+	fd = openat(fs->proc_self_fd, pp, (fi->flags | O_CLOEXEC) & ~O_NOFOLLOW);
+	if (fd < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	if (fi->flags & O_TRUNC)
+		account_after(fs, n, fd, 0);
+	h = new_handle(fd, n, fi->flags);
+	if (!h) {
+		close(fd);
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	fill_fi(fi, h, n, fi->flags);
+	if (fuse_reply_open(req, fi) == -ENOENT) {
+		close(fd);
+		free(h);
+	}
+}
+
+static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
+	struct fnode *n = h->node;
+	uint64_t mstep = n->marker_step;
+	ino_t mdir = n->marker_dir_ino;
+	bool writable = h->writable;
+
+	close(h->fd);
+	free(h);
+	fuse_reply_err(req, 0);
+	/* Closing a written commit_success.txt in a top-level digits directory
+	 * created in place commits that directory. */
+	if (writable && mstep && !is_frozen(n)) {
+		char nm[32];
+		struct stat st;
+		snprintf(nm, sizeof(nm), "%llu", (unsigned long long)(mstep - 1));
+		if (fstatat(ram_ns_fd(fs->ram), nm, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+		    S_ISDIR(st.st_mode) && st.st_ino == mdir &&
+		    !commit_is_step_dir(fs, mstep - 1, st.st_ino) &&
+		    commit_begin(fs, mstep - 1, st.st_ino) == 0) {
+			fs_node_set_frozen(fs, st.st_ino, st.st_dev, mstep - 1);
+			commit_queue(fs, mstep - 1);
+		}
+	}
+}
+
+static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
+	struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
+
+	buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+	buf.buf[0].fd = h->fd;
+	buf.buf[0].pos = off;
+	fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+}
+
+static void ll_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf,
+			 off_t off, struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
+	struct fnode *n = h->node;
+	size_t len = fuse_buf_size(in_buf);
+	struct fuse_bufvec out = FUSE_BUFVEC_INIT(len);
+	uint64_t growth;
+	ssize_t res;
+
+	atomic_fetch_add(&n->inflight, 1);
+	if (is_frozen(n)) {
+		atomic_fetch_sub(&n->inflight, 1);
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	growth = write_growth(n, (uint64_t)off, len);
+	if (growth && ram_reserve(fs->ram, growth) < 0) {
+		atomic_fetch_sub(&n->inflight, 1);
+		fuse_reply_err(req, ENOSPC);
+		return;
+	}
+	out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+	out.buf[0].fd = h->fd;
+	out.buf[0].pos = off;
+	res = fuse_buf_copy(&out, in_buf, 0);
+	if (growth)
+		account_after(fs, n, h->fd, growth);
+	else if (res > 0)
+		pthread_mutex_lock(&n->amu), n->size = n->size > (uint64_t)off + (uint64_t)res ? n->size : (uint64_t)off + (uint64_t)res, pthread_mutex_unlock(&n->amu);
+	atomic_fetch_sub(&n->inflight, 1);
+	if (res < 0)
+		fuse_reply_err(req, (int)-res);
+	else
+		fuse_reply_write(req, (size_t)res);
+}
+
+static void ll_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
+	int rc = datasync ? fdatasync(h->fd) : fsync(h->fd);
+	fuse_reply_err(req, rc < 0 ? errno : 0);
+}
+
+static void ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
+			 struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
+	struct fnode *n = h->node;
+	uint64_t growth = (uint64_t)len + 4096;
+	int rc = 0;
+
+	atomic_fetch_add(&n->inflight, 1);
+	if (is_frozen(n)) {
+		rc = EROFS;
+		goto out;
+	}
+	if (ram_reserve(fs->ram, growth) < 0) {
+		rc = ENOSPC;
+		goto out;
+	}
+	if (fallocate(h->fd, mode, off, len) < 0)
+		rc = errno;
+	account_after(fs, n, h->fd, growth);
+out:
+	atomic_fetch_sub(&n->inflight, 1);
+	fuse_reply_err(req, rc);
+}
+
+static void ll_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+		     struct fuse_file_info *fi)
+{
+	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
+	off_t r = lseek(h->fd, off, whence);
+	if (r < 0)
+		fuse_reply_err(req, errno);
+	else
+		fuse_reply_lseek(req, r);
+}
+
+static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fnode *n = node_of(fs, ino);
+	struct dhandle *d = calloc(1, sizeof(*d));
+	int fd;
+
+	if (!d) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	fd = openat(n->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || !(d->dp = fdopendir(fd))) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		free(d);
+		fuse_reply_err(req, e);
+		return;
+	}
+	d->is_root = n == &fs->root;
+	fi->fh = (uintptr_t)d;
+	fi->cache_readdir = 0;
+	if (fuse_reply_open(req, fi) == -ENOENT) {
+		closedir(d->dp);
+		free(d);
+	}
+}
+
+static void ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
+		       struct fuse_file_info *fi)
+{
+	struct dhandle *d = (struct dhandle *)(uintptr_t)fi->fh;
+	char *buf = calloc(1, size), *p = buf;
+	size_t rem = size;
+
+	if (!buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	if (offset != d->offset) {
+		seekdir(d->dp, offset);
+		d->entry = NULL;
+		d->offset = offset;
+	}
+	for (;;) {
+		struct stat st;
+		size_t es;
+		off_t next;
+
+		if (!d->entry) {
+			errno = 0;
+			d->entry = readdir(d->dp);
+			if (!d->entry) {
+				if (errno && rem == size) {
+					free(buf);
+					fuse_reply_err(req, errno);
+					return;
+				}
+				break;
+			}
+		}
+		next = d->entry->d_off;
+		if (d->is_root && d->entry->d_name[0] == '.' &&
+		    strstr(d->entry->d_name, ".mtcfs-tmp")) {
+			/* our own tmp files of tmp+rename writes */
+			d->entry = NULL;
+			d->offset = next;
+			continue;
+		}
+		memset(&st, 0, sizeof(st));
+		st.st_ino = d->entry->d_ino;
+		st.st_mode = (mode_t)d->entry->d_type << 12;
+		es = fuse_add_direntry(req, p, rem, d->entry->d_name, &st, next);
+		if (es > rem)
+			break;
+		p += es;
+		rem -= es;
+		d->entry = NULL;
+		d->offset = next;
+	}
+	fuse_reply_buf(req, buf, size - rem);
+	free(buf);
+}
+
+static void ll_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct dhandle *d = (struct dhandle *)(uintptr_t)fi->fh;
+	closedir(d->dp);
+	free(d);
+	fuse_reply_err(req, 0);
+}
+
+static void ll_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	struct dhandle *d = (struct dhandle *)(uintptr_t)fi->fh;
+	int rc = datasync ? fdatasync(dirfd(d->dp)) : fsync(dirfd(d->dp));
+	fuse_reply_err(req, rc < 0 ? errno : 0);
+}
+
+static void ll_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct fs *fs = fs_of(req);
+	struct statvfs sv;
+	uint64_t cap = ram_cap(fs->ram), used = ram_used(fs->ram);
+
+	if (fstatvfs(ram_ns_fd(fs->ram), &sv) < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	sv.f_bsize = 4096;
+	sv.f_frsize = 4096;
+	sv.f_blocks = cap / 4096;
+	sv.f_bfree = used >= cap ? 0 : (cap - used) / 4096;
+	sv.f_bavail = sv.f_bfree;
+	fuse_reply_statfs(req, &sv);
+}
+
+static void ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+	fuse_reply_err(req, ENOTSUP);
+}
+
+static void ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	if (size == 0)
+		fuse_reply_xattr(req, 0);
+	else
+		fuse_reply_buf(req, NULL, 0);
+}
+
+static void ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+			size_t size, int flags)
+{
+	fuse_reply_err(req, ENOTSUP);
+}
+
+static void ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+	fuse_reply_err(req, ENOTSUP);
+}
+
+static void ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+		     struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+		     size_t in_bufsz, size_t out_bufsz)
+{
+	fuse_reply_err(req, ENOTTY);
+}
+
+const struct fuse_lowlevel_ops fs_ll_ops = {
+	.init = ll_init,
+	.lookup = ll_lookup,
+	.forget = ll_forget,
+	.forget_multi = ll_forget_multi,
+	.getattr = ll_getattr,
+	.setattr = ll_setattr,
+	.readlink = ll_readlink,
+	.mknod = ll_mknod,
+	.mkdir = ll_mkdir,
+	.symlink = ll_symlink,
+	.link = ll_link,
+	.unlink = ll_unlink,
+	.rmdir = ll_rmdir,
+	.rename = ll_rename,
+	.create = ll_create,
+	.open = ll_open,
+	.release = ll_release,
+	.read = ll_read,
+	.write_buf = ll_write_buf,
+	.fsync = ll_fsync,
+	.fallocate = ll_fallocate,
+	.lseek = ll_lseek,
+	.opendir = ll_opendir,
+	.readdir = ll_readdir,
+	.releasedir = ll_releasedir,
+	.fsyncdir = ll_fsyncdir,
+	.statfs = ll_statfs,
+	.getxattr = ll_getxattr,
+	.listxattr = ll_listxattr,
+	.setxattr = ll_setxattr,
+	.removexattr = ll_removexattr,
+	.ioctl = ll_ioctl,
+};

@@ -1,0 +1,265 @@
+/* main.c: command line, mount, and the life of the daemon.
+ * Order matters: the FUSE session is mounted and the process daemonized
+ * before any thread starts or LMDB is opened (neither survives fork()). */
+#include "fs/fs.h"
+#include "fs/fs_i.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+struct fs *g_fs;
+
+struct cmdline {
+	struct fs_opts o;
+	char *ramdir;
+	int nonopts;
+	int foreground;
+	int verbose;
+	int show_help;
+	int show_version;
+};
+
+#define OPT(t, p) { t, offsetof(struct cmdline, p), 1 }
+static const struct fuse_opt opt_spec[] = {
+	OPT("ram_size=%s", o.ram_size),
+	OPT("bucket=%s", o.bucket),
+	OPT("listen=%s", o.listen),
+	OPT("peers=%s", o.peers),
+	OPT("coordinator=%s", o.coordinator),
+	OPT("secret_file=%s", o.secret_file),
+	OPT("tls_cert=%s", o.tls_cert),
+	OPT("tls_key=%s", o.tls_key),
+	OPT("tls_ca=%s", o.tls_ca),
+	OPT("metrics=%s", o.metrics),
+	OPT("gcs_endpoint=%s", o.gcs_endpoint),
+	OPT("gcs_key_file=%s", o.gcs_key_file),
+	OPT("jax_init_info", o.jax_init_info),
+	OPT("restore_timeout=%d", o.restore_timeout),
+	OPT("-h", show_help),
+	OPT("--help", show_help),
+	OPT("-V", show_version),
+	OPT("--version", show_version),
+	OPT("-f", foreground),
+	OPT("-d", verbose),
+	OPT("--debug", verbose),
+	FUSE_OPT_END
+};
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+{
+	struct cmdline *c = data;
+	if (key == FUSE_OPT_KEY_NONOPT) {
+		if (c->nonopts++ == 0) {
+			c->ramdir = strdup(arg);
+			return 0;
+		}
+		return 1;   /* the mountpoint, for fuse_parse_cmdline */
+	}
+	return 1;
+}
+
+static void usage(const char *prog)
+{
+	printf("usage: %s [-f] [-d] [-o OPT[,OPT...]] RAMDIR MOUNTPOINT\n\n"
+	       "mtcfs options:\n"
+	       "    -f                     stay in the foreground\n"
+	       "    -d                     verbose log (one line per event)\n"
+	       "    -o ram_size=SIZE       RAM tier capacity (512M, 4G, 200Gi); default: free space of RAMDIR\n"
+	       "    -o jax_init_info       write jax-init-info.txt for jax.distributed.initialize\n"
+	       "    -o restore_timeout=S   seconds to wait for all nodes when planning a restore\n"
+	       "    -o bucket=URL, listen=, peers=, coordinator=, secret_file=, tls_*=, metrics=,\n"
+	       "       gcs_endpoint=, gcs_key_file=   (multi-node and backup tiers)\n\n"
+	       "RAMDIR should be a tmpfs directory (mount -t tmpfs -o huge=always is fastest).\n",
+	       prog);
+}
+
+/* Splice needs pipes bigger than one 1 MiB request; without that libfuse
+ * silently copies and reads run 3x slower. Say so. */
+static void check_pipe_size(void)
+{
+	int p[2];
+	if (pipe(p) < 0)
+		return;
+	if (fcntl(p[0], F_SETPIPE_SZ, (1 << 20) + 8192) < 0)
+		log_warn("fuse", "cannot make pipes larger than 1 MiB (fs.pipe-max-size): splice is off and reads are slower; raise it with: sysctl -w fs.pipe-max-size=4194304");
+	close(p[0]);
+	close(p[1]);
+}
+
+/* Kernel read-ahead on a FUSE mount defaults to 128 KiB; 1 MiB matches the
+ * largest request and doubles cold reads. Best effort. */
+static void *tune_readahead(void *arg)
+{
+	struct fs *fs = arg;
+	struct stat st;
+	char path[128];
+	int fd;
+
+	if (stat(fs->mountpoint, &st) < 0)
+		return NULL;
+	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
+		 major(st.st_dev), minor(st.st_dev));
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		if (write(fd, "1024", 4) != 4)
+			log_dbg("fuse", "cannot set %s", path);
+		close(fd);
+	}
+	return NULL;
+}
+
+static int parse_opts(struct fs *fs, struct cmdline *c, uint64_t *cap)
+{
+	*cap = 0;
+	if (c->o.ram_size && util_parse_size(c->o.ram_size, cap) < 0) {
+		fprintf(stderr, "mtcfs: invalid ram_size=%s (use e.g. 512M, 4G, 200Gi)\n", c->o.ram_size);
+		return -EINVAL;
+	}
+	if (c->o.ram_size && *cap < (1 << 20)) {
+		fprintf(stderr, "mtcfs: ram_size=%s is too small (at least 1M)\n", c->o.ram_size);
+		return -EINVAL;
+	}
+	if (c->o.bucket || c->o.listen || c->o.peers || c->o.coordinator || c->o.secret_file ||
+	    c->o.tls_cert || c->o.tls_key || c->o.tls_ca || c->o.metrics || c->o.gcs_endpoint ||
+	    c->o.gcs_key_file) {
+		fprintf(stderr, "mtcfs: the peer, bucket and metrics options are not available in this build yet "
+			"(single-node RAM tier only)\n");
+		return -ENOTSUP;
+	}
+	return 0;
+}
+
+int fs_main(int argc, char **argv)
+{
+	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	struct fuse_cmdline_opts fo = { 0 };
+	struct fuse_loop_config *lc = NULL;
+	struct cmdline c = { 0 };
+	struct fs *fs = NULL;
+	struct stat st;
+	uint64_t cap;
+	pthread_t ra;
+	int rc = 1;
+
+	if (fuse_opt_parse(&args, &c, opt_spec, opt_proc) < 0)
+		return 1;
+	if (c.show_help) {
+		usage(argv[0]);
+		fuse_opt_free_args(&args);
+		return 0;
+	}
+	if (c.show_version) {
+		printf("mtcfs 0.1.0 (libfuse %d)\n", fuse_version());
+		fuse_opt_free_args(&args);
+		return 0;
+	}
+	if (c.verbose) {
+		log_set_level(LOG_DEBUG);
+		c.foreground = 1;
+	} else {
+		log_set_level(LOG_WARN);
+	}
+	if (c.foreground)
+		fuse_opt_add_arg(&args, "-f");
+	fuse_opt_add_arg(&args, "-osubtype=mtcfs,fsname=mtcfs");
+	if (geteuid() == 0)
+		fuse_opt_add_arg(&args, "-oallow_other,default_permissions");
+	if (fuse_parse_cmdline(&args, &fo) != 0 || !c.ramdir || !fo.mountpoint) {
+		usage(argv[0]);
+		goto out;
+	}
+	if (stat(c.ramdir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		fprintf(stderr, "mtcfs: RAMDIR %s is not a directory\n", c.ramdir);
+		goto out;
+	}
+	fs = calloc(1, sizeof(*fs));
+	if (!fs)
+		goto out;
+	g_fs = fs;
+	fs->o = c.o;
+	fs->ramdir = c.ramdir;
+	fs->mountpoint = fo.mountpoint;
+	if (parse_opts(fs, &c, &cap) < 0)
+		goto out;
+	pthread_mutex_init(&fs->mu, NULL);
+	pthread_cond_init(&fs->sealed_cv, NULL);
+	snprintf(fs->job, sizeof(fs->job), "default");
+	fs->hsize = 1u << 16;
+	fs->htab = calloc(fs->hsize, sizeof(*fs->htab));
+	fs->proc_self_fd = open("/proc/self/fd", O_PATH | O_CLOEXEC);
+	if (!fs->htab || fs->proc_self_fd < 0)
+		goto out;
+
+	fs->se = fuse_session_new(&args, &fs_ll_ops, sizeof(fs_ll_ops), fs);
+	if (!fs->se)
+		goto out;
+	if (fuse_set_signal_handlers(fs->se) != 0)
+		goto out;
+	if (fuse_session_mount(fs->se, fo.mountpoint) != 0)
+		goto out_handlers;
+	fuse_daemonize(fo.foreground);
+
+	/* From here on threads and LMDB are safe. */
+	rc = ram_open(c.ramdir, cap, &fs->ram);
+	if (rc < 0) {
+		log_err("main", "cannot open the RAM tier in %s: %s", c.ramdir, strerror(-rc));
+		rc = 1;
+		goto out_unmount;
+	}
+	rc = 1;
+	ram_set_reclaim(fs->ram, commit_reclaim, fs);
+	fs->root.fd = openat(ram_ns_fd(fs->ram), ".", O_PATH | O_CLOEXEC);
+	fstat(fs->root.fd, &st);
+	fs->root.ino = st.st_ino;
+	fs->root.dev = st.st_dev;
+	fs->root.nlookup = 2;
+	pthread_mutex_init(&fs->root.amu, NULL);
+	if (workq_start("mtcfs-seal", &fs->sealq) < 0)
+		goto out_unmount;
+	if (commit_init(fs) < 0)
+		log_err("main", "catalog recovery failed; committed steps may be missing");
+	check_pipe_size();
+	log_info("main", "serving ramdir=%s mount=%s ram_size=%llu used=%llu",
+		 ram_path(fs->ram), fo.mountpoint, (unsigned long long)ram_cap(fs->ram),
+		 (unsigned long long)ram_used(fs->ram));
+	if (pthread_create(&ra, NULL, tune_readahead, fs) == 0)
+		pthread_detach(ra);
+
+	lc = fuse_loop_cfg_create();
+	fuse_loop_cfg_set_max_threads(lc, 8);
+	fuse_loop_cfg_set_idle_threads(lc, 4);
+	fuse_loop_cfg_set_clone_fd(lc, 0);
+	rc = fuse_session_loop_mt(fs->se, lc) ? 1 : 0;
+	fuse_loop_cfg_destroy(lc);
+
+	workq_stop(fs->sealq);
+	fs->sealq = NULL;
+out_unmount:
+	fuse_session_unmount(fs->se);
+out_handlers:
+	fuse_remove_signal_handlers(fs->se);
+out:
+	if (fs) {
+		if (fs->se)
+			fuse_session_destroy(fs->se);
+		ram_close(fs->ram);
+		free(fs->htab);
+		free(fs->steps);
+		free(fs);
+	}
+	free(fo.mountpoint);
+	free(c.ramdir);
+	fuse_opt_free_args(&args);
+	return rc;
+}

@@ -1,0 +1,74 @@
+/* catalog: the LMDB index in RAMDIR/db — shards held locally (own and
+ * replicas) with their state and manifest, and small named metadata values
+ * (the current job config, restore state). All writes go through this module
+ * (one short write transaction per call); readers may be other processes
+ * (mtcfs-admin opens it read-only). Every function is thread-safe. Values
+ * handed out are copies owned by the caller. */
+#ifndef MTCFS_TIERS_CATALOG_H
+#define MTCFS_TIERS_CATALOG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define IDX_JOB_MAX 128
+
+struct idx;
+
+enum shard_state {
+	SH_SEALING    = 1,   /* commit seen, manifest not yet built */
+	SH_COMMITTED  = 2,   /* manifest built, data in the RAM tier */
+	SH_REPLICATED = 3,   /* at least the configured peers hold it */
+	SH_BACKED_UP  = 4,
+	SH_BAD        = 5,   /* files no longer match the manifest */
+};
+
+#define SHF_OWN      0x1u   /* written by this node (else a replica) */
+#define SHF_HIDDEN   0x2u   /* the app removed it from its view */
+#define SHF_RESTORED 0x4u   /* restored into this node by the last restore */
+
+struct shard_key {
+	char job[IDX_JOB_MAX + 1];
+	uint64_t step;
+	uint32_t rank, worker;
+};
+
+struct shard_rec {
+	struct shard_key key;
+	uint32_t state;          /* enum shard_state */
+	uint32_t flags;          /* SHF_* */
+	uint8_t hash[32];
+	uint64_t bytes;
+	uint32_t nfiles;
+	uint64_t commit_time;    /* unix seconds */
+	uint64_t ns_ino;         /* inode of the step dir in the namespace, 0 if none */
+	uint8_t *mf;             /* encoded manifest (NULL while sealing); owned */
+	size_t mflen;
+};
+
+int  idx_open(const char *dir, bool readonly, struct idx **out);
+void idx_close(struct idx *x);     /* accepts NULL */
+
+const char *shard_state_name(uint32_t state);
+
+/* Insert or replace. rec->mf may be NULL. 0 or -errno. */
+int idx_put_shard(struct idx *x, const struct shard_rec *rec);
+/* 0, -ENOENT, or -errno; rec->mf malloc'd (free with idx_rec_clear). */
+int idx_get_shard(struct idx *x, const struct shard_key *k, struct shard_rec *rec);
+int idx_del_shard(struct idx *x, const struct shard_key *k);
+/* Update state/flags of an existing shard. */
+int idx_set_state(struct idx *x, const struct shard_key *k, uint32_t state,
+		  uint32_t set_flags, uint32_t clear_flags);
+void idx_rec_clear(struct shard_rec *rec);
+
+/* All shards (of one job when job != NULL), ascending by (job, step, rank,
+ * worker). *recs is a malloc'd array owned by the caller: idx_recs_free(). */
+int idx_list_shards(struct idx *x, const char *job, struct shard_rec **recs, size_t *n);
+void idx_recs_free(struct shard_rec *recs, size_t n);
+
+/* Small named values (config, restore state). */
+int idx_put_meta(struct idx *x, const char *name, const void *val, size_t len);
+int idx_get_meta(struct idx *x, const char *name, void **val, size_t *len);
+int idx_del_meta(struct idx *x, const char *name);
+
+#endif

@@ -1,0 +1,517 @@
+#include "tiers/manifest.h"
+#include "common/util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <isa-l/crc.h>
+#include <openssl/evp.h>
+
+#define MF_MAGIC   0x4d43544du   /* "MTCM" little-endian */
+#define MF_VERSION 1u
+
+uint32_t mf_crc32c(uint32_t crc, const void *buf, size_t len)
+{
+	const unsigned char *p = buf;
+	/* ISA-L's crc32_iscsi works on the raw register: invert in and out. */
+	crc = ~crc;
+	while (len > 0) {
+		int chunk = len > (1u << 30) ? (1 << 30) : (int)len;
+		crc = crc32_iscsi((unsigned char *)p, chunk, crc);
+		p += chunk;
+		len -= (size_t)chunk;
+	}
+	return ~crc;
+}
+
+int mf_crc32c_fd(int fd, uint32_t *crcp, uint64_t *sizep)
+{
+	struct stat st;
+	uint32_t crc = 0;
+	uint64_t off = 0;
+	const size_t win = 64u << 20;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	while (off < (uint64_t)st.st_size) {
+		size_t len = (uint64_t)st.st_size - off > win ? win : (size_t)((uint64_t)st.st_size - off);
+		void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)off);
+		if (p == MAP_FAILED)
+			return -errno;
+		madvise(p, len, MADV_SEQUENTIAL);
+		crc = mf_crc32c(crc, p, len);
+		munmap(p, len);
+		off += len;
+	}
+	*crcp = crc;
+	*sizep = (uint64_t)st.st_size;
+	return 0;
+}
+
+/* ---- building ---- */
+
+struct mf_builder {
+	struct mf_entry *e;
+	size_t n, cap;
+};
+
+static int add_entry(struct mf_builder *b, struct mf_entry *ent)
+{
+	if (b->n == MF_MAX_ENTRIES)
+		return -EFBIG;
+	if (b->n == b->cap) {
+		size_t ncap = b->cap ? b->cap * 2 : 64;
+		struct mf_entry *ne = realloc(b->e, ncap * sizeof(*ne));
+		if (!ne)
+			return -ENOMEM;
+		b->e = ne;
+		b->cap = ncap;
+	}
+	b->e[b->n++] = *ent;
+	return 0;
+}
+
+static int walk(struct mf_builder *b, int dirfd, const char *prefix)
+{
+	DIR *d;
+	struct dirent *de;
+	int fd, rc = 0;
+
+	fd = dup(dirfd);
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	rewinddir(d);
+	while ((de = readdir(d)) != NULL) {
+		struct mf_entry ent = { 0 };
+		struct stat st;
+		char path[PATH_MAX];
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if ((size_t)snprintf(path, sizeof(path), "%s%s%s", prefix,
+				     *prefix ? "/" : "", de->d_name) >= sizeof(path)) {
+			rc = -ENAMETOOLONG;
+			break;
+		}
+		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			rc = -errno;
+			break;
+		}
+		ent.mode = st.st_mode & 07777;
+		if (S_ISREG(st.st_mode)) {
+			int ffd = openat(dirfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+			if (ffd < 0) {
+				rc = -errno;
+				break;
+			}
+			rc = mf_crc32c_fd(ffd, &ent.crc32c, &ent.size);
+			close(ffd);
+			if (rc < 0)
+				break;
+			ent.type = MF_FILE;
+		} else if (S_ISDIR(st.st_mode)) {
+			ent.type = MF_DIR;
+		} else if (S_ISLNK(st.st_mode)) {
+			char tgt[PATH_MAX];
+			ssize_t l = readlinkat(dirfd, de->d_name, tgt, sizeof(tgt) - 1);
+			if (l < 0) {
+				rc = -errno;
+				break;
+			}
+			tgt[l] = '\0';
+			ent.type = MF_SYMLINK;
+			ent.target = strdup(tgt);
+			if (!ent.target) {
+				rc = -ENOMEM;
+				break;
+			}
+		} else {
+			continue;   /* fifos, sockets, devices are not checkpoint data */
+		}
+		ent.path = strdup(path);
+		if (!ent.path || (rc = add_entry(b, &ent)) < 0) {
+			free(ent.path);
+			free(ent.target);
+			rc = rc ? rc : -ENOMEM;
+			break;
+		}
+		if (ent.type == MF_DIR) {
+			int sub = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sub < 0) {
+				rc = -errno;
+				break;
+			}
+			rc = walk(b, sub, path);
+			close(sub);
+			if (rc < 0)
+				break;
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+	return strcmp(((const struct mf_entry *)a)->path, ((const struct mf_entry *)b)->path);
+}
+
+/* Canonical bytes of the entries; the hash covers exactly these. */
+static int encode_entries(const struct manifest *m, uint8_t **bufp, size_t *lenp);
+
+static int compute_hash(struct manifest *m)
+{
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	unsigned int hl = 0;
+	int rc = encode_entries(m, &buf, &len);
+
+	if (rc < 0)
+		return rc;
+	if (!EVP_Digest(buf, len, m->hash, &hl, EVP_sha256(), NULL) || hl != 32)
+		rc = -EIO;
+	free(buf);
+	return rc;
+}
+
+static void finish_totals(struct manifest *m)
+{
+	size_t i;
+	m->total = 0;
+	m->nfiles = 0;
+	for (i = 0; i < m->n; i++) {
+		if (m->e[i].type == MF_FILE) {
+			m->total += m->e[i].size;
+			m->nfiles++;
+		}
+	}
+}
+
+int mf_build(int dirfd, struct manifest **out)
+{
+	struct mf_builder b = { 0 };
+	struct manifest *m;
+	int rc;
+
+	rc = walk(&b, dirfd, "");
+	if (rc < 0)
+		goto fail;
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	if (b.n)
+		qsort(b.e, b.n, sizeof(*b.e), cmp_entry);
+	m->e = b.e;
+	m->n = b.n;
+	finish_totals(m);
+	rc = compute_hash(m);
+	if (rc < 0) {
+		mf_free(m);
+		return rc;
+	}
+	*out = m;
+	return 0;
+fail:
+	for (size_t i = 0; i < b.n; i++) {
+		free(b.e[i].path);
+		free(b.e[i].target);
+	}
+	free(b.e);
+	return rc;
+}
+
+void mf_free(struct manifest *m)
+{
+	if (!m)
+		return;
+	for (size_t i = 0; i < m->n; i++) {
+		free(m->e[i].path);
+		free(m->e[i].target);
+	}
+	free(m->e);
+	free(m);
+}
+
+int mf_verify(int dirfd, const struct manifest *m, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < m->n; i++) {
+		const struct mf_entry *e = &m->e[i];
+		struct stat st;
+
+		if (fstatat(dirfd, e->path, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			snprintf(err, errlen, "%s: missing (%s)", e->path, strerror(errno));
+			return -EBADMSG;
+		}
+		if (e->type == MF_DIR && !S_ISDIR(st.st_mode)) {
+			snprintf(err, errlen, "%s: not a directory", e->path);
+			return -EBADMSG;
+		}
+		if (e->type == MF_SYMLINK && !S_ISLNK(st.st_mode)) {
+			snprintf(err, errlen, "%s: not a symlink", e->path);
+			return -EBADMSG;
+		}
+		if (e->type == MF_FILE) {
+			uint32_t crc;
+			uint64_t size;
+			int fd, rc;
+
+			if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != e->size) {
+				snprintf(err, errlen, "%s: size %lld, manifest says %llu", e->path,
+					 (long long)st.st_size, (unsigned long long)e->size);
+				return -EBADMSG;
+			}
+			fd = openat(dirfd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+			if (fd < 0) {
+				snprintf(err, errlen, "%s: %s", e->path, strerror(errno));
+				return -EBADMSG;
+			}
+			rc = mf_crc32c_fd(fd, &crc, &size);
+			close(fd);
+			if (rc < 0) {
+				snprintf(err, errlen, "%s: read failed: %s", e->path, strerror(-rc));
+				return rc;
+			}
+			if (crc != e->crc32c || size != e->size) {
+				snprintf(err, errlen, "%s: crc32c %08x, manifest says %08x",
+					 e->path, crc, e->crc32c);
+				return -EBADMSG;
+			}
+		}
+	}
+	return 0;
+}
+
+/* ---- encoding: little-endian, length-prefixed ---- */
+
+struct wbuf { uint8_t *p; size_t n, cap; int err; };
+
+static void wput(struct wbuf *w, const void *src, size_t len)
+{
+	if (w->err)
+		return;
+	if (w->n + len > w->cap) {
+		size_t ncap = w->cap ? w->cap : 256;
+		while (ncap < w->n + len)
+			ncap *= 2;
+		uint8_t *np = realloc(w->p, ncap);
+		if (!np) {
+			w->err = -ENOMEM;
+			return;
+		}
+		w->p = np;
+		w->cap = ncap;
+	}
+	memcpy(w->p + w->n, src, len);
+	w->n += len;
+}
+
+static void wu8(struct wbuf *w, uint8_t v) { wput(w, &v, 1); }
+static void wu16(struct wbuf *w, uint16_t v) { uint8_t b[2] = { v, v >> 8 }; wput(w, b, 2); }
+static void wu32(struct wbuf *w, uint32_t v)
+{
+	uint8_t b[4] = { v, v >> 8, v >> 16, v >> 24 };
+	wput(w, b, 4);
+}
+static void wu64(struct wbuf *w, uint64_t v) { wu32(w, (uint32_t)v); wu32(w, (uint32_t)(v >> 32)); }
+
+static void put_entries(struct wbuf *w, const struct manifest *m)
+{
+	for (size_t i = 0; i < m->n; i++) {
+		const struct mf_entry *e = &m->e[i];
+		size_t pl = strlen(e->path), tl = e->target ? strlen(e->target) : 0;
+		wu8(w, e->type);
+		wu32(w, e->mode);
+		wu64(w, e->size);
+		wu32(w, e->crc32c);
+		wu16(w, (uint16_t)pl);
+		wput(w, e->path, pl);
+		wu16(w, (uint16_t)tl);
+		wput(w, e->target ? e->target : "", tl);
+	}
+}
+
+static int encode_entries(const struct manifest *m, uint8_t **bufp, size_t *lenp)
+{
+	struct wbuf w = { 0 };
+	wu32(&w, (uint32_t)m->n);
+	put_entries(&w, m);
+	if (w.err) {
+		free(w.p);
+		return w.err;
+	}
+	*bufp = w.p;
+	*lenp = w.n;
+	return 0;
+}
+
+int mf_encode(const struct manifest *m, uint8_t **bufp, size_t *lenp)
+{
+	struct wbuf w = { 0 };
+	wu32(&w, MF_MAGIC);
+	wu32(&w, MF_VERSION);
+	wput(&w, m->hash, 32);
+	wu32(&w, (uint32_t)m->n);
+	put_entries(&w, m);
+	if (w.err) {
+		free(w.p);
+		return w.err;
+	}
+	*bufp = w.p;
+	*lenp = w.n;
+	return 0;
+}
+
+struct rbuf { const uint8_t *p; size_t n, off; };
+
+static bool rget(struct rbuf *r, void *dst, size_t len)
+{
+	if (r->n - r->off < len)
+		return false;
+	memcpy(dst, r->p + r->off, len);
+	r->off += len;
+	return true;
+}
+static bool ru8(struct rbuf *r, uint8_t *v) { return rget(r, v, 1); }
+static bool ru16(struct rbuf *r, uint16_t *v)
+{
+	uint8_t b[2];
+	if (!rget(r, b, 2))
+		return false;
+	*v = (uint16_t)(b[0] | b[1] << 8);
+	return true;
+}
+static bool ru32(struct rbuf *r, uint32_t *v)
+{
+	uint8_t b[4];
+	if (!rget(r, b, 4))
+		return false;
+	*v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+	return true;
+}
+static bool ru64(struct rbuf *r, uint64_t *v)
+{
+	uint32_t lo, hi;
+	if (!ru32(r, &lo) || !ru32(r, &hi))
+		return false;
+	*v = (uint64_t)hi << 32 | lo;
+	return true;
+}
+
+static char *rstr(struct rbuf *r, size_t len)
+{
+	char *s;
+	if (r->n - r->off < len)
+		return NULL;
+	s = malloc(len + 1);
+	if (!s)
+		return NULL;
+	memcpy(s, r->p + r->off, len);
+	s[len] = '\0';
+	r->off += len;
+	return s;
+}
+
+int mf_decode(const uint8_t *buf, size_t len, struct manifest **out)
+{
+	struct rbuf r = { buf, len, 0 };
+	struct manifest *m;
+	uint32_t magic, ver, n;
+	uint8_t want[32];
+	int rc = -EBADMSG;
+
+	if (!ru32(&r, &magic) || magic != MF_MAGIC || !ru32(&r, &ver) || ver != MF_VERSION ||
+	    !rget(&r, want, 32) || !ru32(&r, &n) || n > MF_MAX_ENTRIES)
+		return -EBADMSG;
+	/* every entry takes at least 23 bytes: refuse counts the input can't hold */
+	if ((uint64_t)n * 23 > len - r.off)
+		return -EBADMSG;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->e = n ? calloc(n, sizeof(*m->e)) : NULL;
+	if (n && !m->e) {
+		free(m);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct mf_entry *e = &m->e[i];
+		uint16_t pl, tl;
+		m->n = i + 1;
+		if (!ru8(&r, &e->type) || !ru32(&r, &e->mode) || !ru64(&r, &e->size) ||
+		    !ru32(&r, &e->crc32c) || !ru16(&r, &pl))
+			goto out;
+		if (e->type < MF_FILE || e->type > MF_SYMLINK || (e->mode & ~07777u) ||
+		    e->size > MF_MAX_FILE_SIZE || pl == 0)
+			goto out;
+		if (e->type != MF_FILE && (e->size || e->crc32c))
+			goto out;
+		e->path = rstr(&r, pl);
+		if (!e->path || !util_safe_relpath(e->path, pl) || !ru16(&r, &tl))
+			goto out;
+		if ((tl != 0) != (e->type == MF_SYMLINK))
+			goto out;
+		if (tl) {
+			e->target = rstr(&r, tl);
+			if (!e->target || memchr(e->target, '\0', tl))
+				goto out;
+		}
+		if (i > 0 && strcmp(m->e[i - 1].path, e->path) >= 0)
+			goto out;   /* unsorted or duplicate */
+	}
+	if (r.off != len)
+		goto out;
+	finish_totals(m);
+	rc = compute_hash(m);
+	if (rc < 0)
+		goto out;
+	if (memcmp(m->hash, want, 32)) {
+		rc = -EBADMSG;
+		goto out;
+	}
+	*out = m;
+	return 0;
+out:
+	mf_free(m);
+	return rc;
+}
+
+void mf_hash_hex(const uint8_t hash[32], char out[65])
+{
+	static const char hx[] = "0123456789abcdef";
+	for (int i = 0; i < 32; i++) {
+		out[2 * i] = hx[hash[i] >> 4];
+		out[2 * i + 1] = hx[hash[i] & 15];
+	}
+	out[64] = '\0';
+}
+
+int mf_hash_parse(const char *hex, uint8_t hash[32])
+{
+	for (int i = 0; i < 64; i++) {
+		char c = hex[i];
+		int v = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+		if (v < 0)
+			return -EINVAL;
+		if (i & 1)
+			hash[i / 2] = (uint8_t)(hash[i / 2] | v);
+		else
+			hash[i / 2] = (uint8_t)(v << 4);
+	}
+	return hex[64] == '\0' ? 0 : -EINVAL;
+}

@@ -1,0 +1,56 @@
+/* manifest: the list of a shard's entries (relative path, type, size, mode,
+ * CRC32C per file) and the shard's content hash (SHA-256 over the canonical
+ * encoding of the entries). Built by the engine's workers off the FUSE
+ * threads; encoded into the catalog and the bucket; decoded from untrusted
+ * bytes (peers, bucket) with every length and path bounded. A manifest is
+ * owned by whoever built/decoded it and freed with mf_free(). */
+#ifndef MTCFS_TIERS_MANIFEST_H
+#define MTCFS_TIERS_MANIFEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum mf_type { MF_FILE = 1, MF_DIR = 2, MF_SYMLINK = 3 };
+
+#define MF_MAX_ENTRIES 1000000u
+#define MF_MAX_FILE_SIZE (1ULL << 44)   /* 16 TiB per file */
+
+struct mf_entry {
+	char *path;          /* relative, validated by util_safe_relpath */
+	char *target;        /* symlink target, else NULL */
+	uint8_t type;        /* enum mf_type */
+	uint32_t mode;       /* permission bits only */
+	uint64_t size;       /* files only */
+	uint32_t crc32c;     /* files only */
+};
+
+struct manifest {
+	struct mf_entry *e;  /* sorted by path (bytewise) */
+	size_t n;
+	uint64_t total;      /* sum of file sizes */
+	uint32_t nfiles;
+	uint8_t hash[32];    /* SHA-256 of the encoded entries */
+};
+
+/* CRC32C (Castagnoli) of a buffer, continuing from crc (start with 0). */
+uint32_t mf_crc32c(uint32_t crc, const void *buf, size_t len);
+/* CRC32C of a whole file by fd; also returns its size. 0 or -errno. */
+int mf_crc32c_fd(int fd, uint32_t *crc, uint64_t *size);
+
+/* Walk the directory dirfd recursively and build its manifest (CRC of
+ * every file). 0 or -errno; *out owned by the caller. */
+int mf_build(int dirfd, struct manifest **out);
+/* Re-read every file under dirfd and compare with m. 0, -EBADMSG on any
+ * mismatch (first one described in err), or -errno. */
+int mf_verify(int dirfd, const struct manifest *m, char *err, size_t errlen);
+/* Canonical binary encoding; *buf malloc'd, owned by the caller. */
+int mf_encode(const struct manifest *m, uint8_t **buf, size_t *len);
+/* Decode untrusted bytes: -EBADMSG on anything malformed (bad magic,
+ * lengths, unsafe paths, duplicate or unsorted entries, hash mismatch). */
+int mf_decode(const uint8_t *buf, size_t len, struct manifest **out);
+void mf_free(struct manifest *m);
+/* Lower-case hex of the hash into out[65]. */
+void mf_hash_hex(const uint8_t hash[32], char out[65]);
+int mf_hash_parse(const char *hex, uint8_t hash[32]);
+
+#endif

@@ -1,0 +1,62 @@
+/* ramtier: the RAM tier on RAMDIR (a tmpfs directory). Owns the layout
+ *   RAMDIR/ns/                          the application's namespace (FUSE root)
+ *   RAMDIR/db/                          the LMDB catalog
+ *   RAMDIR/shards/JOB/STEP/nR-wW/       committed shards, own (hard links of
+ *                                       the namespace files) and replicas
+ * and the capacity account (ram_size): every byte stored under RAMDIR is
+ * counted once per inode. Called from FUSE threads (accounting), the engine
+ * worker (sealing, dropping) and the control thread. Thread-safe. */
+#ifndef MTCFS_TIERS_RAMTIER_H
+#define MTCFS_TIERS_RAMTIER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tiers/catalog.h"
+#include "tiers/manifest.h"
+
+struct ram_tier;
+
+/* Called when a reservation does not fit: free what policy allows and
+ * return the bytes freed (0 if nothing may go). Runs on the caller's thread. */
+typedef uint64_t (*ram_reclaim_fn)(void *arg, uint64_t want);
+
+/* Create/open RAMDIR's layout and catalog. cap 0 = free space of RAMDIR's
+ * filesystem at start. 0 or -errno. */
+int  ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out);
+void ram_close(struct ram_tier *t);      /* accepts NULL */
+void ram_set_reclaim(struct ram_tier *t, ram_reclaim_fn fn, void *arg);
+
+int ram_ns_fd(const struct ram_tier *t);        /* borrowed; valid until close */
+int ram_root_fd(const struct ram_tier *t);      /* RAMDIR itself; borrowed */
+struct idx *ram_idx(const struct ram_tier *t);  /* borrowed */
+const char *ram_path(const struct ram_tier *t);
+
+/* Capacity. ram_reserve() takes bytes out of the budget before a write
+ * (reclaiming if needed): 0 or -ENOSPC. ram_adjust() corrects the account by
+ * the measured change after the write (may be negative). */
+int ram_reserve(struct ram_tier *t, uint64_t bytes);
+void ram_adjust(struct ram_tier *t, int64_t delta);
+uint64_t ram_used(const struct ram_tier *t);
+uint64_t ram_cap(const struct ram_tier *t);
+/* Recount every inode under RAMDIR once (start-up, after reclaim). */
+void ram_recount(struct ram_tier *t);
+
+/* Relative path of a shard's directory under RAMDIR ("shards/JOB/STEP/nR-wW"). */
+int ram_shard_relpath(const struct shard_key *k, char *buf, size_t len);
+/* Open a shard's directory (O_DIRECTORY); -ENOENT if absent. Caller closes. */
+int ram_shard_open(struct ram_tier *t, const struct shard_key *k);
+
+/* Seal a committed step: hard-link the tree under src_dirfd into the shard
+ * directory of k (via a staging name, renamed into place), build its
+ * manifest, and record it in the catalog as SH_COMMITTED with rec_flags.
+ * *mf (optional) receives the manifest. 0 or -errno. */
+int ram_seal(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
+	     uint64_t ns_ino, uint32_t rec_flags, struct manifest **mf);
+/* Remove a shard's files and catalog record; counts freed bytes. */
+int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freed);
+/* Re-check a shard's files against its catalog manifest (CRC32C).
+ * 0, -EBADMSG (described in err), -ENOENT. */
+int ram_verify(struct ram_tier *t, const struct shard_key *k, char *err, size_t errlen);
+
+#endif
