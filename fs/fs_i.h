@@ -19,6 +19,7 @@
 #define FN_FROZEN  0x1u   /* inside a committed step: read-only */
 #define FN_STEPDIR 0x2u   /* a digits-named directory at the top */
 #define FN_STORE   0x4u   /* inside the read-only store view (.mtcfs) */
+#define FN_YAML    0x8u   /* the top-level replicator.yaml */
 
 struct fnode {
 	struct fnode *hnext;        /* protected by fs->mu */
@@ -28,6 +29,7 @@ struct fnode {
 	int fd;                     /* O_PATH, owned */
 	_Atomic uint32_t flags;     /* FN_* */
 	_Atomic int inflight;       /* writes/truncates in progress */
+	_Atomic int writers;        /* open handles with write access */
 	uint64_t step;              /* valid when FN_FROZEN: the step it belongs to */
 	uint64_t marker_step;       /* commit_success.txt in top-level digits dir: step+1, else 0 */
 	ino_t marker_dir_ino;
@@ -51,6 +53,8 @@ struct fs_opts {
 	char *bucket, *listen, *peers, *coordinator, *secret_file;
 	char *tls_cert, *tls_key, *tls_ca, *metrics, *gcs_endpoint, *gcs_key_file;
 	int jax_init_info;
+	int jax_port;
+	int rank;                   /* -1: from peers/listen, else 0 */
 	int restore_timeout;
 	int debug;
 };
@@ -77,6 +81,15 @@ struct fs {
 	uint64_t restored_step;     /* step restored by the last restore, 0 = none */
 	bool have_restored;
 	bool eager_gc;              /* a job is configured: keep only what policy needs */
+	uint32_t workers;           /* workers-per-node of the current job */
+
+	/* control thread (ctl.c) */
+	pthread_t ctl_thr;
+	bool ctl_running;
+	pthread_mutex_t ctl_mu;
+	pthread_cond_t ctl_cv;
+	bool ctl_pending, ctl_stop;  /* protected by ctl_mu */
+	char phase[32];              /* protected by mu: waiting-for-config/restoring/ready/failed */
 };
 
 extern struct fs *g_fs;
@@ -85,6 +98,12 @@ extern struct fs *g_fs;
 extern const struct fuse_lowlevel_ops fs_ll_ops;
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step);
 void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step);
+
+/* ctl.c */
+int  ctl_start(struct fs *fs);
+void ctl_stop(struct fs *fs);
+void ctl_notify(struct fs *fs);      /* replicator.yaml may be complete */
+int  fs_node_writers(struct fs *fs, ino_t ino, dev_t dev);
 
 /* commit.c */
 int  commit_init(struct fs *fs);           /* catalog recovery at start-up */

@@ -22,6 +22,7 @@
 
 #define STORE_NAME ".mtcfs"
 #define COMMIT_MARKER "commit_success.txt"
+#define YAML_NAME "replicator.yaml"
 
 struct fhandle {
 	int fd;
@@ -115,6 +116,18 @@ void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step)
 	node_unref(fs, n, 1);
 }
 
+int fs_node_writers(struct fs *fs, ino_t ino, dev_t dev)
+{
+	struct fnode *n;
+	int w = 0;
+	pthread_mutex_lock(&fs->mu);
+	n = htab_find(fs, ino, dev);
+	if (n)
+		w = atomic_load(&n->writers);
+	pthread_mutex_unlock(&fs->mu);
+	return w;
+}
+
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step)
 {
 	struct dirent *de;
@@ -189,6 +202,8 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 			fl |= FN_FROZEN;
 		atomic_store(&n->flags, fl);
 	}
+	if (parent == &fs->root && S_ISREG(st->st_mode) && !strcmp(name, YAML_NAME))
+		atomic_fetch_or(&n->flags, FN_YAML);
 	if (S_ISREG(st->st_mode) && !strcmp(name, COMMIT_MARKER) &&
 	    (atomic_load(&parent->flags) & (FN_STEPDIR | FN_FROZEN)) == FN_STEPDIR) {
 		n->marker_step = parent->step + 1;
@@ -648,6 +663,10 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 			} else {
 				atomic_fetch_and(&n->flags, ~FN_STEPDIR);
 			}
+			if (dst == &fs->root && S_ISREG(st.st_mode) && !strcmp(newname, YAML_NAME))
+				atomic_fetch_or(&n->flags, FN_YAML);
+			else
+				atomic_fetch_and(&n->flags, ~FN_YAML);
 			n->marker_step = 0;
 			if (S_ISREG(st.st_mode) && !strcmp(newname, COMMIT_MARKER) &&
 			    (atomic_load(&dst->flags) & FN_STEPDIR)) {
@@ -664,6 +683,8 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		commit_queue(fs, step);
 	}
 	fuse_reply_err(req, 0);
+	if (dst == &fs->root && !strcmp(newname, YAML_NAME))
+		ctl_notify(fs);
 }
 
 static int open_flags_ok(struct fnode *n, int flags)
@@ -693,6 +714,8 @@ static struct fhandle *new_handle(int fd, struct fnode *n, int flags)
 	h->fd = fd;
 	h->node = n;
 	h->writable = (flags & O_ACCMODE) != O_RDONLY;
+	if (h->writable)
+		atomic_fetch_add(&n->writers, 1);
 	return h;
 }
 
@@ -729,6 +752,8 @@ static void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	}
 	fill_fi(fi, h, h->node, fi->flags);
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+		if (h->writable)
+			atomic_fetch_sub(&h->node->writers, 1);
 		close(fd);
 		free(h);
 		node_unref(fs, node_of(fs, e.ino), 1);
@@ -763,6 +788,8 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	fill_fi(fi, h, n, fi->flags);
 	if (fuse_reply_open(req, fi) == -ENOENT) {
+		if (h->writable)
+			atomic_fetch_sub(&n->writers, 1);
 		close(fd);
 		free(h);
 	}
@@ -775,14 +802,20 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct fnode *n = h->node;
 	uint64_t mstep = n->marker_step;
 	ino_t mdir = n->marker_dir_ino;
-	bool writable = h->writable;
+	bool writable = h->writable, yaml = false, frozen = is_frozen(n);
 
+	/* Everything about the node is read before the reply: after it the
+	 * kernel may forget the node on another thread. */
+	if (writable)
+		yaml = atomic_fetch_sub(&n->writers, 1) == 1 && (atomic_load(&n->flags) & FN_YAML);
 	close(h->fd);
 	free(h);
 	fuse_reply_err(req, 0);
+	if (yaml)
+		ctl_notify(fs);
 	/* Closing a written commit_success.txt in a top-level digits directory
 	 * created in place commits that directory. */
-	if (writable && mstep && !is_frozen(n)) {
+	if (writable && mstep && !frozen) {
 		char nm[32];
 		struct stat st;
 		snprintf(nm, sizeof(nm), "%llu", (unsigned long long)(mstep - 1));

@@ -46,6 +46,8 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("gcs_key_file=%s", o.gcs_key_file),
 	OPT("jax_init_info", o.jax_init_info),
 	OPT("restore_timeout=%d", o.restore_timeout),
+	OPT("jax_port=%d", o.jax_port),
+	OPT("rank=%d", o.rank),
 	OPT("-h", show_help),
 	OPT("--help", show_help),
 	OPT("-V", show_version),
@@ -77,6 +79,8 @@ static void usage(const char *prog)
 	       "    -d                     verbose log (one line per event)\n"
 	       "    -o ram_size=SIZE       RAM tier capacity (512M, 4G, 200Gi); default: free space of RAMDIR\n"
 	       "    -o jax_init_info       write jax-init-info.txt for jax.distributed.initialize\n"
+	       "    -o jax_port=PORT       JAX coordinator port written there (default 8476)\n"
+	       "    -o rank=N              this node's rank when no peer table says it (default 0)\n"
 	       "    -o restore_timeout=S   seconds to wait for all nodes when planning a restore\n"
 	       "    -o bucket=URL, listen=, peers=, coordinator=, secret_file=, tls_*=, metrics=,\n"
 	       "       gcs_endpoint=, gcs_key_file=   (multi-node and backup tiers)\n\n"
@@ -145,7 +149,7 @@ int fs_main(int argc, char **argv)
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct fuse_cmdline_opts fo = { 0 };
 	struct fuse_loop_config *lc = NULL;
-	struct cmdline c = { 0 };
+	struct cmdline c = { .o = { .jax_port = 8476, .rank = -1, .restore_timeout = 300 } };
 	struct fs *fs = NULL;
 	struct stat st;
 	uint64_t cap;
@@ -182,6 +186,21 @@ int fs_main(int argc, char **argv)
 	if (stat(c.ramdir, &st) < 0 || !S_ISDIR(st.st_mode)) {
 		fprintf(stderr, "mtcfs: RAMDIR %s is not a directory\n", c.ramdir);
 		goto out;
+	}
+	{
+		/* fuse_daemonize() moves to "/": keep absolute paths */
+		char *abs = realpath(c.ramdir, NULL), *mabs = realpath(fo.mountpoint, NULL);
+		if (!abs || !mabs) {
+			fprintf(stderr, "mtcfs: cannot resolve %s or %s: %s\n", c.ramdir, fo.mountpoint,
+				strerror(errno));
+			free(abs);
+			free(mabs);
+			goto out;
+		}
+		free(c.ramdir);
+		c.ramdir = abs;
+		free(fo.mountpoint);
+		fo.mountpoint = mabs;
 	}
 	fs = calloc(1, sizeof(*fs));
 	if (!fs)
@@ -229,6 +248,8 @@ int fs_main(int argc, char **argv)
 		goto out_unmount;
 	if (commit_init(fs) < 0)
 		log_err("main", "catalog recovery failed; committed steps may be missing");
+	if (ctl_start(fs) < 0)
+		goto out_unmount;
 	check_pipe_size();
 	log_info("main", "serving ramdir=%s mount=%s ram_size=%llu used=%llu",
 		 ram_path(fs->ram), fo.mountpoint, (unsigned long long)ram_cap(fs->ram),
@@ -243,6 +264,7 @@ int fs_main(int argc, char **argv)
 	rc = fuse_session_loop_mt(fs->se, lc) ? 1 : 0;
 	fuse_loop_cfg_destroy(lc);
 
+	ctl_stop(fs);
 	workq_stop(fs->sealq);
 	fs->sealq = NULL;
 out_unmount:

@@ -438,8 +438,8 @@ int mf_decode(const uint8_t *buf, size_t len, struct manifest **out)
 	if (!ru32(&r, &magic) || magic != MF_MAGIC || !ru32(&r, &ver) || ver != MF_VERSION ||
 	    !rget(&r, want, 32) || !ru32(&r, &n) || n > MF_MAX_ENTRIES)
 		return -EBADMSG;
-	/* every entry takes at least 23 bytes: refuse counts the input can't hold */
-	if ((uint64_t)n * 23 > len - r.off)
+	/* every entry takes at least 22 bytes: refuse counts the input cannot hold */
+	if ((uint64_t)n * 22 > len - r.off)
 		return -EBADMSG;
 	m = calloc(1, sizeof(*m));
 	if (!m)

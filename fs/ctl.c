@@ -1,0 +1,358 @@
+/* ctl.c: the control thread — the replicator protocol of DESIGN §3.1–3.2.
+ * It wakes when replicator.yaml is complete (closed after writing, or
+ * renamed into place), validates it, cleans the namespace, deletes the yaml
+ * ("configured and clean"), plans the restore, writes
+ * replicator.prerestore, passes the (single-node) barrier and publishes the
+ * .restore markers. It writes into RAMDIR/ns directly; the top level is
+ * never cached by the kernel (entry timeout 0), so the app sees it at once. */
+#include "fs/fs_i.h"
+#include "fs/rcfg.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "tiers/restore.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define YAML      "replicator.yaml"
+#define ERRORS    "replicator.errors"
+#define FAILED    "replicator.failed"
+#define PRERESTORE "replicator.prerestore"
+#define JAXINFO   "jax-init-info.txt"
+
+static void set_phase(struct fs *fs, const char *phase)
+{
+	pthread_mutex_lock(&fs->mu);
+	snprintf(fs->phase, sizeof(fs->phase), "%s", phase);
+	pthread_mutex_unlock(&fs->mu);
+	idx_put_meta(ram_idx(fs->ram), "phase", phase, strlen(phase));
+}
+
+/* Append one line to replicator.errors (the app reads and deletes it). */
+static void report_error(void *arg, const char *line)
+{
+	struct fs *fs = arg;
+	int fd = openat(ram_ns_fd(fs->ram), ERRORS, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+
+	if (fd < 0) {
+		log_err("ctl", "cannot write %s: %s", ERRORS, strerror(errno));
+		return;
+	}
+	if (dprintf(fd, "%s\n", line) < 0)
+		log_err("ctl", "cannot write %s: %s", ERRORS, strerror(errno));
+	close(fd);
+}
+
+static void report_failed(struct fs *fs, const char *msg)
+{
+	char buf[2048];
+	int n = snprintf(buf, sizeof(buf), "%s\n", msg);
+	log_err("ctl", "replicator.yaml rejected: %s", msg);
+	if (util_write_file_atomic(ram_ns_fd(fs->ram), FAILED, buf,
+				   (size_t)(n < (int)sizeof(buf) ? n : (int)sizeof(buf) - 1)) < 0)
+		log_err("ctl", "cannot write %s: %s", FAILED, strerror(errno));
+}
+
+/* Everything at the top except replicator.yaml and jax-init-info.txt goes.
+ * Committed steps leave only the app's view: the shard store keeps them. */
+static void clean_namespace(struct fs *fs)
+{
+	int nsfd = ram_ns_fd(fs->ram), fd;
+	struct dirent *de;
+	DIR *d;
+	uint64_t freed = 0;
+
+	/* let in-flight commits finish sealing first */
+	workq_drain(fs->sealq);
+	fd = openat(nsfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || !(d = fdopendir(fd))) {
+		if (fd >= 0)
+			close(fd);
+		log_err("ctl", "cannot list the namespace: %s", strerror(errno));
+		return;
+	}
+	while ((de = readdir(d)) != NULL) {
+		struct stat st;
+		uint64_t step;
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
+		    !strcmp(de->d_name, YAML) || !strcmp(de->d_name, JAXINFO))
+			continue;
+		if (fstatat(nsfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
+		    util_is_step_name(de->d_name, &step) && commit_is_step_dir(fs, step, st.st_ino))
+			commit_hide(fs, step);
+		util_rmtree_at(nsfd, de->d_name, &freed);
+		log_dbg("ctl", "cleaned %s", de->d_name);
+	}
+	closedir(d);
+	ram_adjust(fs->ram, -(int64_t)freed);
+}
+
+static int write_prerestore(struct fs *fs, const struct restore_plan *p)
+{
+	char buf[256];
+	int n;
+
+	if (!p->found)
+		n = snprintf(buf, sizeof(buf), "{}\n");
+	else if (p->source == RS_BUCKET)
+		n = snprintf(buf, sizeof(buf), "restore-step: %llu\nrestore-backup: %s\n",
+			     (unsigned long long)p->step, p->backup);
+	else
+		n = snprintf(buf, sizeof(buf), "restore-step: %llu\n", (unsigned long long)p->step);
+	return util_write_file_atomic(ram_ns_fd(fs->ram), PRERESTORE, buf, (size_t)n);
+}
+
+/* Markers: a relative symlink per worker into the read-only store view, or
+ * empty s0 files when there is nothing. Created under a hidden name and
+ * renamed, so a marker is never seen half-made. */
+static int publish_markers(struct fs *fs, const struct rcfg *c, const struct restore_plan *p)
+{
+	int nsfd = ram_ns_fd(fs->ram);
+
+	for (int w = 0; w < c->workers_per_node; w++) {
+		char name[256], tmp[300], target[512];
+		snprintf(name, sizeof(name), "%s-s%llu-n%d-w%d.restore", c->job,
+			 (unsigned long long)(p->found ? p->step : 0), c->node_rank, w);
+		snprintf(tmp, sizeof(tmp), ".%s.mtcfs-tmp", name);
+		unlinkat(nsfd, tmp, 0);
+		if (p->found) {
+			char rel[300];
+			ram_shard_relpath(&p->key, rel, sizeof(rel));
+			snprintf(target, sizeof(target), ".mtcfs/%s", rel);
+			if (symlinkat(target, nsfd, tmp) < 0)
+				return -errno;
+		} else {
+			int fd = openat(nsfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+			if (fd < 0)
+				return -errno;
+			close(fd);
+		}
+		if (renameat(nsfd, tmp, nsfd, name) < 0)
+			return -errno;
+	}
+	return 0;
+}
+
+static void remember_restored(struct fs *fs, const struct restore_plan *p)
+{
+	char buf[256];
+	int n;
+
+	pthread_mutex_lock(&fs->mu);
+	fs->have_restored = p->found;
+	fs->restored_step = p->found ? p->step : 0;
+	pthread_mutex_unlock(&fs->mu);
+	if (p->found) {
+		n = snprintf(buf, sizeof(buf), "%s %llu", p->key.job, (unsigned long long)p->step);
+		idx_put_meta(ram_idx(fs->ram), "restored", buf, (size_t)n);
+		idx_set_state(ram_idx(fs->ram), &p->key, 0, SHF_RESTORED, 0);
+	} else {
+		idx_del_meta(ram_idx(fs->ram), "restored");
+	}
+}
+
+static void apply_identity(struct fs *fs, const struct rcfg *c)
+{
+	pthread_mutex_lock(&fs->mu);
+	snprintf(fs->job, sizeof(fs->job), "%s", c->job);
+	fs->rank = (uint32_t)c->node_rank;
+	fs->workers = (uint32_t)c->workers_per_node;
+	fs->eager_gc = true;
+	pthread_mutex_unlock(&fs->mu);
+}
+
+static void process_yaml(struct fs *fs)
+{
+	int nsfd = ram_ns_fd(fs->ram);
+	struct restore_plan plan;
+	struct rcfg c = { 0 };
+	char err[1024], dump[4096];
+	char *buf = NULL;
+	size_t len = 0;
+	struct stat st;
+	uint64_t t0 = util_now_ns();
+	int rc;
+
+	if (fstatat(nsfd, YAML, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return;
+	if (!S_ISREG(st.st_mode)) {
+		report_failed(fs, "replicator.yaml is not a regular file");
+		util_rmtree_at(nsfd, YAML, NULL);
+		return;
+	}
+	if (fs_node_writers(fs, st.st_ino, st.st_dev) > 0)
+		return;   /* still being written: its close wakes us again */
+	rc = util_read_file_at(nsfd, YAML, RCFG_INPUT_MAX, &buf, &len);
+	if (rc == -EFBIG) {
+		report_failed(fs, "replicator.yaml is larger than 1 MiB");
+		unlinkat(nsfd, YAML, 0);
+		return;
+	}
+	if (rc < 0) {
+		log_err("ctl", "cannot read replicator.yaml: %s", strerror(-rc));
+		return;
+	}
+	err[0] = '\0';
+	rc = rcfg_parse(buf, len, NULL, &c, err, sizeof(err));
+	free(buf);
+	if (rc == -ENODATA) {
+		log_info("ctl", "replicator.yaml is empty: deleted and ignored");
+		unlinkat(nsfd, YAML, 0);
+		return;
+	}
+	if (rc < 0) {
+		report_failed(fs, err[0] ? err : "replicator.yaml is invalid");
+		unlinkat(nsfd, YAML, 0);
+		return;
+	}
+	if (c.nodes > 1) {
+		snprintf(err, sizeof(err),
+			 "nodes: %d needs the peer tier (mount options peers= or coordinator=), which this build does not have; run with nodes: 1",
+			 c.nodes);
+		report_failed(fs, err);
+		unlinkat(nsfd, YAML, 0);
+		rcfg_free(&c);
+		return;
+	}
+	log_info("ctl", "configured job=%s framework=%s rank=%d nodes=%d workers=%d",
+		 c.job, rcfg_framework_name(c.framework), c.node_rank, c.nodes, c.workers_per_node);
+	set_phase(fs, "restoring");
+	apply_identity(fs, &c);
+	if (rcfg_to_yaml(&c, dump, sizeof(dump)) > 0)
+		idx_put_meta(ram_idx(fs->ram), "config", dump, strlen(dump));
+
+	clean_namespace(fs);
+	/* "configured and clean" */
+	if (unlinkat(nsfd, YAML, 0) < 0 && errno != ENOENT)
+		log_err("ctl", "cannot delete replicator.yaml: %s", strerror(errno));
+
+	rc = restore_plan_local(fs->ram, c.job, (uint32_t)c.node_rank, report_error, fs, &plan);
+	if (rc < 0) {
+		snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
+			 strerror(-rc));
+		report_error(fs, err);
+		memset(&plan, 0, sizeof(plan));
+	}
+	rc = write_prerestore(fs, &plan);
+	if (rc < 0)
+		log_err("ctl", "cannot write %s: %s", PRERESTORE, strerror(-rc));
+	/* single node: the data is local and the job-wide barrier is trivial */
+	remember_restored(fs, &plan);
+	rc = publish_markers(fs, &c, &plan);
+	if (rc < 0) {
+		snprintf(err, sizeof(err), "cannot create the .restore markers: %s", strerror(-rc));
+		report_failed(fs, err);
+	}
+	log_info("ctl", "restore job=%s step=%llu source=%s ready_ms=%.1f", c.job,
+		 (unsigned long long)(plan.found ? plan.step : 0), restore_source_name(plan.source),
+		 (double)(util_now_ns() - t0) / 1e6);
+	set_phase(fs, "ready");
+	commit_gc(fs);
+	rcfg_free(&c);
+}
+
+static void write_jax_init_info(struct fs *fs)
+{
+	char buf[512];
+	int n;
+
+	n = snprintf(buf, sizeof(buf), "%d\n127.0.0.1:%d\n", fs->o.rank < 0 ? 0 : fs->o.rank,
+		     fs->o.jax_port);
+	if (util_write_file_atomic(ram_ns_fd(fs->ram), JAXINFO, buf, (size_t)n) < 0)
+		log_err("ctl", "cannot write %s: %s", JAXINFO, strerror(errno));
+}
+
+/* The last configuration survives a restart of mtcfs: commits made before
+ * the app writes a new replicator.yaml belong to that job. */
+static void load_identity(struct fs *fs)
+{
+	struct rcfg c = { 0 };
+	char err[256];
+	void *v = NULL;
+	size_t len;
+
+	if (idx_get_meta(ram_idx(fs->ram), "config", &v, &len) == 0) {
+		if (rcfg_parse(v, len, NULL, &c, err, sizeof(err)) == 0) {
+			apply_identity(fs, &c);
+			rcfg_free(&c);
+		}
+		free(v);
+	}
+	if (idx_get_meta(ram_idx(fs->ram), "restored", &v, &len) == 0) {
+		char job[130];
+		unsigned long long step;
+		if (sscanf(v, "%129s %llu", job, &step) == 2 && !strcmp(job, fs->job)) {
+			pthread_mutex_lock(&fs->mu);
+			fs->have_restored = true;
+			fs->restored_step = step;
+			pthread_mutex_unlock(&fs->mu);
+		}
+		free(v);
+	}
+}
+
+static void *ctl_main(void *arg)
+{
+	struct fs *fs = arg;
+
+	pthread_setname_np(pthread_self(), "mtcfs-ctl");
+	for (;;) {
+		pthread_mutex_lock(&fs->ctl_mu);
+		while (!fs->ctl_pending && !fs->ctl_stop)
+			pthread_cond_wait(&fs->ctl_cv, &fs->ctl_mu);
+		if (fs->ctl_stop) {
+			pthread_mutex_unlock(&fs->ctl_mu);
+			break;
+		}
+		fs->ctl_pending = false;
+		pthread_mutex_unlock(&fs->ctl_mu);
+		process_yaml(fs);
+	}
+	return NULL;
+}
+
+void ctl_notify(struct fs *fs)
+{
+	pthread_mutex_lock(&fs->ctl_mu);
+	fs->ctl_pending = true;
+	pthread_cond_signal(&fs->ctl_cv);
+	pthread_mutex_unlock(&fs->ctl_mu);
+}
+
+int ctl_start(struct fs *fs)
+{
+	int rc;
+
+	pthread_mutex_init(&fs->ctl_mu, NULL);
+	pthread_cond_init(&fs->ctl_cv, NULL);
+	snprintf(fs->phase, sizeof(fs->phase), "waiting-for-config");
+	load_identity(fs);
+	if (fs->o.jax_init_info)
+		write_jax_init_info(fs);
+	rc = pthread_create(&fs->ctl_thr, NULL, ctl_main, fs);
+	if (rc)
+		return -rc;
+	fs->ctl_running = true;
+	idx_put_meta(ram_idx(fs->ram), "phase", fs->phase, strlen(fs->phase));
+	/* a replicator.yaml written while mtcfs was down */
+	ctl_notify(fs);
+	return 0;
+}
+
+void ctl_stop(struct fs *fs)
+{
+	if (!fs->ctl_running)
+		return;
+	pthread_mutex_lock(&fs->ctl_mu);
+	fs->ctl_stop = true;
+	pthread_cond_signal(&fs->ctl_cv);
+	pthread_mutex_unlock(&fs->ctl_mu);
+	pthread_join(fs->ctl_thr, NULL);
+	fs->ctl_running = false;
+}

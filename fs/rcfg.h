@@ -1,0 +1,85 @@
+/* rcfg: parses and validates replicator.yaml, the per-job configuration the
+ * application writes into the mount (DESIGN §3.1), and dumps it canonically
+ * for the catalog.  Pure functions with no global state: the control thread
+ * calls them; any thread may, given a thread-safe getenv_fn.  The caller owns
+ * struct rcfg and releases it with rcfg_free() (frees peer_ranks only).
+ */
+#ifndef MTCFS_FS_RCFG_H
+#define MTCFS_FS_RCFG_H
+
+#include <stddef.h>
+
+enum rcfg_framework { RCFG_FW_ORBAX, RCFG_FW_PYTORCH_DISTRIBUTED, RCFG_FW_PYTORCH };
+
+#define RCFG_JOB_MAX     128       /* job-name length limit, bytes */
+#define RCFG_INPUT_MAX   (1 << 20) /* replicator.yaml size limit, bytes */
+#define RCFG_NODES_MAX   65536
+#define RCFG_PEERS_MAX   64 /* peer-ranks entries / peers-per-node */
+#define RCFG_WORKERS_MAX 64
+#define RCFG_MINUTES_MAX 525600 /* one year */
+#define RCFG_STEPS_MAX   1000000000
+
+struct rcfg {
+	char job[RCFG_JOB_MAX + 1];    /* [A-Za-z0-9._-], not starting with '.' or '-' */
+	enum rcfg_framework framework; /* default orbax if key absent */
+	int node_rank, nodes;          /* 0 <= node_rank < nodes <= RCFG_NODES_MAX */
+	int *peer_ranks;
+	int n_peer_ranks;            /* owned; NULL/0 when peers-per-node was given
+                                          (or peer-ranks was an empty list) */
+	int peers_per_node;          /* == n_peer_ranks when peer-ranks given;
+                                          default 1 if neither key */
+	int backup_interval_minutes; /* 0 when backup-interval-steps given;
+                                          default 30 if neither */
+	int backup_interval_steps;   /* 0 unless given */
+	int assume_dp;               /* assume-data-parallelism, 0 = not set; divides nodes */
+	int workers_per_node;        /* default 1; 1..RCFG_WORKERS_MAX */
+};
+
+/* Parse and validate replicator.yaml held in buf[0..len) (need not be
+ * NUL-terminated; buf is only read during the call; at most RCFG_INPUT_MAX).
+ *
+ * Grammar: one YAML document whose top level is a mapping of the keys
+ * job-name, framework (orbax | pytorch.distributed | pytorch), node-rank,
+ * nodes, peer-ranks (sequence of ints) or peers-per-node, backup-interval-
+ * minutes or backup-interval-steps, assume-data-parallelism, workers-per-node.
+ * Each value is a scalar (peer-ranks: a sequence of scalars); in every value
+ * scalar, whatever its quoting, $NAME and ${NAME} (NAME = [A-Za-z_][A-Za-z0-9_]*,
+ * $NAME takes the longest such name) are replaced by getenv_fn(NAME) (NULL
+ * getenv_fn: getenv); a '$' followed by neither is kept literally; values are
+ * not re-expanded; keys are never expanded.  An integer is the expanded text
+ * [+]digits (decimal, leading zeros allowed), so `nodes: 4`, `nodes: "4"` and
+ * `nodes: $N` all work; "-digits" is recognised only to report it as negative;
+ * floats, hex, booleans and other YAML forms are rejected.  Anchors, aliases
+ * and tags other than !, !!str, !!int (scalars), !!seq and !!map are rejected.
+ * YAML syntax errors are reported before any other error; collections nested
+ * deeper than 8 are refused before the grammar is applied.
+ *
+ * Returns 0 and fills *out (release with rcfg_free), or:
+ *   -ENODATA  buf is empty or only whitespace (optionally after a UTF-8 BOM):
+ *             the caller deletes and ignores the file; err is left empty.
+ *             A file of only comments is -EINVAL ("no YAML document");
+ *   -EINVAL   anything else wrong (bad arguments included); err receives one
+ *             message naming the key (with its line) and the offending value,
+ *             unprintable bytes escaped, no newline;
+ *   -ENOMEM   allocation failed.
+ * On any error *out is zeroed (no allocation to free).  err may be NULL or
+ * errlen 0; messages are truncated to errlen (1024 bytes hold any of them).
+ */
+int rcfg_parse(const char *buf, size_t len, const char *(*getenv_fn)(const char *name),
+               struct rcfg *out, char *err, size_t errlen);
+
+/* Frees c->peer_ranks and resets it to NULL/0; accepts NULL. */
+void rcfg_free(struct rcfg *c);
+
+/* Canonical YAML dump of a valid config (one key per line in a fixed order,
+ * job-name double-quoted, optional keys only when set), NUL-terminated in
+ * buf.  rcfg_parse() of the result yields an equal struct.  Returns the
+ * length without the NUL, -ENOSPC if buf is too small (contents then
+ * unspecified), -EINVAL if c or buf is NULL or c->job is not a valid name. */
+int rcfg_to_yaml(const struct rcfg *c, char *buf, size_t len);
+
+/* The key value of f ("orbax", "pytorch.distributed", "pytorch"); a static
+ * string, "unknown" for values outside the enum. */
+const char *rcfg_framework_name(enum rcfg_framework f);
+
+#endif /* MTCFS_FS_RCFG_H */
