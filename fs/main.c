@@ -206,6 +206,7 @@ int fs_main(int argc, char **argv)
 	if (!fs)
 		goto out;
 	g_fs = fs;
+	fs->proc_self_fd = -1;
 	fs->o = c.o;
 	fs->ramdir = c.ramdir;
 	fs->mountpoint = fo.mountpoint;
@@ -216,8 +217,7 @@ int fs_main(int argc, char **argv)
 	snprintf(fs->job, sizeof(fs->job), "default");
 	fs->hsize = 1u << 16;
 	fs->htab = calloc(fs->hsize, sizeof(*fs->htab));
-	fs->proc_self_fd = open("/proc/self/fd", O_PATH | O_CLOEXEC);
-	if (!fs->htab || fs->proc_self_fd < 0)
+	if (!fs->htab)
 		goto out;
 
 	fs->se = fuse_session_new(&args, &fs_ll_ops, sizeof(fs_ll_ops), fs);
@@ -229,7 +229,13 @@ int fs_main(int argc, char **argv)
 		goto out_handlers;
 	fuse_daemonize(fo.foreground);
 
-	/* From here on threads and LMDB are safe. */
+	/* From here on threads and LMDB are safe, and /proc/self is ours (it
+	 * named the parent before fuse_daemonize() forked). */
+	fs->proc_self_fd = open("/proc/self/fd", O_PATH | O_CLOEXEC);
+	if (fs->proc_self_fd < 0) {
+		log_err("main", "cannot open /proc/self/fd: %s", strerror(errno));
+		goto out_unmount;
+	}
 	rc = ram_open(c.ramdir, cap, &fs->ram);
 	if (rc < 0) {
 		log_err("main", "cannot open the RAM tier in %s: %s", c.ramdir, strerror(-rc));
@@ -278,6 +284,8 @@ out:
 		ram_close(fs->ram);
 		free(fs->htab);
 		free(fs->steps);
+		if (fs->proc_self_fd >= 0)
+			close(fs->proc_self_fd);
 		free(fs);
 	}
 	free(fo.mountpoint);
