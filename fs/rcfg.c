@@ -17,8 +17,8 @@
 
 #define VALUE_MAX   4096 /* a scalar after $VAR expansion, bytes */
 #define VARNAME_MAX 255
-#define DEPTH_MAX   8  /* collection nesting; the grammar needs 2 */
-#define QUOTE_SHOW  64 /* value bytes shown in a message before "..." */
+#define DEPTH_MAX   8    /* collection nesting; the grammar needs 2 */
+#define QUOTE_SHOW  64   /* value bytes shown in a message before "..." */
 #define QBUF        (QUOTE_SHOW * 4 + 8)
 
 #define TAG_STR "tag:yaml.org,2002:str"
@@ -27,17 +27,8 @@
 #define TAG_MAP "tag:yaml.org,2002:map"
 
 enum key_id {
-	K_JOB,
-	K_FRAMEWORK,
-	K_NODE_RANK,
-	K_NODES,
-	K_PEER_RANKS,
-	K_PEERS_PER_NODE,
-	K_MINUTES,
-	K_STEPS,
-	K_DP,
-	K_WORKERS,
-	K_COUNT
+	K_JOB, K_FRAMEWORK, K_NODE_RANK, K_NODES, K_PEER_RANKS, K_PEERS_PER_NODE,
+	K_MINUTES, K_STEPS, K_DP, K_WORKERS, K_COUNT
 };
 
 enum key_type { T_STR, T_INT, T_INTLIST };
@@ -49,22 +40,22 @@ static const struct key_def {
 	enum key_type type;
 	long long min, max;
 } keys[K_COUNT] = {
-	[K_JOB] = { "job-name", T_STR, 0, 0 },
-	[K_FRAMEWORK] = { "framework", T_STR, 0, 0 },
-	[K_NODE_RANK] = { "node-rank", T_INT, 0, INT_MAX },
-	[K_NODES] = { "nodes", T_INT, 1, RCFG_NODES_MAX },
-	[K_PEER_RANKS] = { "peer-ranks", T_INTLIST, 0, INT_MAX },
-	[K_PEERS_PER_NODE] = { "peers-per-node", T_INT, 0, RCFG_PEERS_MAX },
-	[K_MINUTES] = { "backup-interval-minutes", T_INT, 1, RCFG_MINUTES_MAX },
-	[K_STEPS] = { "backup-interval-steps", T_INT, 1, RCFG_STEPS_MAX },
-	[K_DP] = { "assume-data-parallelism", T_INT, 1, RCFG_NODES_MAX },
-	[K_WORKERS] = { "workers-per-node", T_INT, 1, RCFG_WORKERS_MAX },
+	[K_JOB]            = { "job-name",                T_STR,     0, 0 },
+	[K_FRAMEWORK]      = { "framework",               T_STR,     0, 0 },
+	[K_NODE_RANK]      = { "node-rank",               T_INT,     0, INT_MAX },
+	[K_NODES]          = { "nodes",                   T_INT,     1, RCFG_NODES_MAX },
+	[K_PEER_RANKS]     = { "peer-ranks",              T_INTLIST, 0, INT_MAX },
+	[K_PEERS_PER_NODE] = { "peers-per-node",          T_INT,     0, RCFG_PEERS_MAX },
+	[K_MINUTES]        = { "backup-interval-minutes", T_INT,     1, RCFG_MINUTES_MAX },
+	[K_STEPS]          = { "backup-interval-steps",   T_INT,     1, RCFG_STEPS_MAX },
+	[K_DP]             = { "assume-data-parallelism", T_INT,     1, RCFG_NODES_MAX },
+	[K_WORKERS]        = { "workers-per-node",        T_INT,     1, RCFG_WORKERS_MAX },
 };
 
 static const char *const fw_names[] = {
-	[RCFG_FW_ORBAX] = "orbax",
+	[RCFG_FW_ORBAX]               = "orbax",
 	[RCFG_FW_PYTORCH_DISTRIBUTED] = "pytorch.distributed",
-	[RCFG_FW_PYTORCH] = "pytorch",
+	[RCFG_FW_PYTORCH]             = "pytorch",
 };
 #define FW_COUNT ((int)(sizeof fw_names / sizeof fw_names[0]))
 
@@ -75,21 +66,22 @@ struct parse {
 	size_t errlen;
 	int failed;
 
-	unsigned seen;        /* bit per enum key_id */
-	size_t line[K_COUNT]; /* 1-based line of each key seen */
+	unsigned seen;                  /* bit per enum key_id */
+	size_t line[K_COUNT];           /* 1-based line of each key seen */
 	long long ival[K_COUNT];
-	int *list; /* peer-ranks, RCFG_PEERS_MAX slots */
+	int *list;                      /* peer-ranks, RCFG_PEERS_MAX slots */
 	int nlist;
 	char job[RCFG_JOB_MAX + 1];
 	enum rcfg_framework fw;
 
-	char val[VALUE_MAX + 1]; /* the current scalar, expanded */
+	char val[VALUE_MAX + 1];        /* the current scalar, expanded */
 	size_t vlen;
-	char raw[QBUF]; /* the current scalar as written, quoted,
-                                       when expansion changed it; else "" */
+	char raw[QBUF];                 /* the current scalar as written, quoted,
+	                                   when expansion changed it; else "" */
 };
 
-__attribute__((format(printf, 2, 3))) static int fail(struct parse *p, const char *fmt, ...)
+__attribute__((format(printf, 2, 3)))
+static int fail(struct parse *p, const char *fmt, ...)
 {
 	if (!p->failed && p->err && p->errlen) {
 		va_list ap;
@@ -406,9 +398,8 @@ static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
 				return 0;
 			}
 		}
-		return fail(p,
-		            "line %zu: 'framework' %s%s is not one of orbax, pytorch.distributed, "
-		            "pytorch",
+		return fail(p, "line %zu: 'framework' %s%s is not one of orbax, "
+		            "pytorch.distributed, pytorch",
 		            ev_line(ev), quote(q, p->val, p->vlen), from(p, f));
 	}
 	why = job_name_problem(p->val, p->vlen, &bad);
@@ -496,10 +487,10 @@ static int parse_value(struct parse *p, enum key_id k)
 		break;
 	case T_INTLIST:
 		if (ev.type == YAML_SCALAR_EVENT)
-			rc = fail(
-			    p, "line %zu: %s expects a list of integers such as [1, 2], got %s",
-			    ev_line(&ev), subj,
-			    quote(q, (const char *)ev.data.scalar.value, ev.data.scalar.length));
+			rc = fail(p, "line %zu: %s expects a list of integers such as [1, 2], "
+			          "got %s", ev_line(&ev), subj,
+			          quote(q, (const char *)ev.data.scalar.value,
+			                ev.data.scalar.length));
 		else if (ev.type != YAML_SEQUENCE_START_EVENT)
 			rc = fail(p, "line %zu: %s expects a list of integers, got %s",
 			          ev_line(&ev), subj, node_kind(&ev));
@@ -542,13 +533,11 @@ static int parse_mapping(struct parse *p)
 			if (strlen(keys[k].name) == klen && !memcmp(keys[k].name, kname, klen))
 				break;
 		if (k == K_COUNT)
-			rc = fail(
-			    p,
-			    "line %zu: unknown key %s (known keys: job-name, framework, "
-			    "node-rank, nodes, peer-ranks, peers-per-node, "
-			    "backup-interval-minutes, "
-			    "backup-interval-steps, assume-data-parallelism, workers-per-node)",
-			    line, quote(q, kname, klen));
+			rc = fail(p, "line %zu: unknown key %s (known keys: job-name, framework, "
+			          "node-rank, nodes, peer-ranks, peers-per-node, "
+			          "backup-interval-minutes, backup-interval-steps, "
+			          "assume-data-parallelism, workers-per-node)",
+			          line, quote(q, kname, klen));
 		else if (p->seen & (1u << k))
 			rc = fail(p, "line %zu: duplicate key '%s' (first given at line %zu)", line,
 			          keys[k].name, p->line[k]);
@@ -679,9 +668,8 @@ static int validate(struct parse *p)
 			            "%lld ranks are 0..%lld",
 			            p->line[K_PEER_RANKS], v, nodes, nodes - 1);
 		if (v == rank)
-			return fail(
-			    p, "line %zu: 'peer-ranks' entry %d is this node's own 'node-rank'",
-			    p->line[K_PEER_RANKS], v);
+			return fail(p, "line %zu: 'peer-ranks' entry %d is this node's own "
+			            "'node-rank'", p->line[K_PEER_RANKS], v);
 		for (int j = 0; j < i; j++)
 			if (p->list[j] == v)
 				return fail(p, "line %zu: 'peer-ranks' lists %d twice",
@@ -880,9 +868,7 @@ int rcfg_to_yaml(const struct rcfg *c, char *buf, size_t len)
 	if (c->assume_dp > 0)
 		put(&s, "assume-data-parallelism: %d\n", c->assume_dp);
 	put(&s, "workers-per-node: %d\n", c->workers_per_node);
-	if (s.full)
-		return -ENOSPC;
-	if (s.pos > INT_MAX)
+	if (s.full || s.pos > INT_MAX)
 		return -ENOSPC;
 	return (int)s.pos;
 }

@@ -11,28 +11,28 @@
 
 enum rcfg_framework { RCFG_FW_ORBAX, RCFG_FW_PYTORCH_DISTRIBUTED, RCFG_FW_PYTORCH };
 
-#define RCFG_JOB_MAX     128       /* job-name length limit, bytes */
-#define RCFG_INPUT_MAX   (1 << 20) /* replicator.yaml size limit, bytes */
+#define RCFG_JOB_MAX     128        /* job-name length limit, bytes */
+#define RCFG_INPUT_MAX   (1 << 20)  /* replicator.yaml size limit, bytes */
 #define RCFG_NODES_MAX   65536
-#define RCFG_PEERS_MAX   64 /* peer-ranks entries / peers-per-node */
+#define RCFG_PEERS_MAX   64         /* peer-ranks entries / peers-per-node */
 #define RCFG_WORKERS_MAX 64
-#define RCFG_MINUTES_MAX 525600 /* one year */
+#define RCFG_MINUTES_MAX 525600     /* one year */
 #define RCFG_STEPS_MAX   1000000000
 
 struct rcfg {
-	char job[RCFG_JOB_MAX + 1];    /* [A-Za-z0-9._-], not starting with '.' or '-' */
-	enum rcfg_framework framework; /* default orbax if key absent */
-	int node_rank, nodes;          /* 0 <= node_rank < nodes <= RCFG_NODES_MAX */
-	int *peer_ranks;
-	int n_peer_ranks;            /* owned; NULL/0 when peers-per-node was given
-                                          (or peer-ranks was an empty list) */
-	int peers_per_node;          /* == n_peer_ranks when peer-ranks given;
-                                          default 1 if neither key */
-	int backup_interval_minutes; /* 0 when backup-interval-steps given;
-                                          default 30 if neither */
-	int backup_interval_steps;   /* 0 unless given */
-	int assume_dp;               /* assume-data-parallelism, 0 = not set; divides nodes */
-	int workers_per_node;        /* default 1; 1..RCFG_WORKERS_MAX */
+	char job[RCFG_JOB_MAX + 1];     /* [A-Za-z0-9._-], not starting with '.' or '-' */
+	enum rcfg_framework framework;  /* default orbax if key absent */
+	int node_rank, nodes;           /* 0 <= node_rank < nodes <= RCFG_NODES_MAX */
+	int *peer_ranks; int n_peer_ranks; /* owned; NULL/0 when peers-per-node was
+	                                      given (or peer-ranks was an empty list) */
+	int peers_per_node;             /* == n_peer_ranks when peer-ranks given;
+	                                   default 1 if neither key */
+	int backup_interval_minutes;    /* 0 when backup-interval-steps given;
+	                                   default 30 if neither */
+	int backup_interval_steps;      /* 0 unless given */
+	int assume_dp;                  /* assume-data-parallelism, 0 = not set;
+	                                   else divides nodes */
+	int workers_per_node;           /* default 1; 1..RCFG_WORKERS_MAX */
 };
 
 /* Parse and validate replicator.yaml held in buf[0..len) (need not be
