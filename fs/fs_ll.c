@@ -478,7 +478,7 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	}
 	if (S_ISDIR(mode))
 		rc = mkdirat(dir->fd, name, mode);
-	else if (S_ISLNK(mode))
+	else if (link)
 		rc = symlinkat(link, dir->fd, name);
 	else
 		rc = mknodat(dir->fd, name, mode, rdev);
