@@ -97,6 +97,7 @@ extern struct fs *g_fs;
 /* fs_ll.c */
 extern const struct fuse_lowlevel_ops fs_ll_ops;
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step);
+void fs_nodes_free(struct fs *fs);
 void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step);
 
 /* ctl.c */

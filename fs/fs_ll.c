@@ -116,6 +116,22 @@ void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step)
 	node_unref(fs, n, 1);
 }
 
+/* At unmount the kernel sends no FORGET for what it still holds. */
+void fs_nodes_free(struct fs *fs)
+{
+	for (size_t i = 0; i < fs->hsize; i++) {
+		struct fnode *n = fs->htab[i];
+		while (n) {
+			struct fnode *next = n->hnext;
+			close(n->fd);
+			pthread_mutex_destroy(&n->amu);
+			free(n);
+			n = next;
+		}
+		fs->htab[i] = NULL;
+	}
+}
+
 int fs_node_writers(struct fs *fs, ino_t ino, dev_t dev)
 {
 	struct fnode *n;

@@ -123,6 +123,17 @@ static void *tune_readahead(void *arg)
 	return NULL;
 }
 
+static void opts_free(struct fs_opts *o)
+{
+	char **strs[] = { &o->ram_size, &o->bucket, &o->listen, &o->peers, &o->coordinator,
+			  &o->secret_file, &o->tls_cert, &o->tls_key, &o->tls_ca, &o->metrics,
+			  &o->gcs_endpoint, &o->gcs_key_file };
+	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
+		free(*strs[i]);
+		*strs[i] = NULL;
+	}
+}
+
 static int parse_opts(struct fs *fs, struct cmdline *c, uint64_t *cap)
 {
 	*cap = 0;
@@ -282,6 +293,10 @@ out:
 		if (fs->se)
 			fuse_session_destroy(fs->se);
 		ram_close(fs->ram);
+		if (fs->htab)
+			fs_nodes_free(fs);
+		if (fs->root.fd > 0)
+			close(fs->root.fd);
 		free(fs->htab);
 		free(fs->steps);
 		if (fs->proc_self_fd >= 0)
@@ -290,6 +305,7 @@ out:
 	}
 	free(fo.mountpoint);
 	free(c.ramdir);
+	opts_free(&c.o);
 	fuse_opt_free_args(&args);
 	return rc;
 }

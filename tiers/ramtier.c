@@ -322,7 +322,9 @@ int ram_seal(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
 	memcpy(parent, rel, sizeof(rel));
 	slash = strrchr(parent, '/');
 	*slash = '\0';
-	snprintf(staging, sizeof(staging), "%s/.%s.staging", parent, slash + 1);
+	if ((size_t)snprintf(staging, sizeof(staging), "%s/.%s.staging", parent, slash + 1) >=
+	    sizeof(staging))
+		return -ENAMETOOLONG;
 	rc = util_mkdirs_at(t->shardsfd, parent, 0700);
 	if (rc < 0)
 		goto out;
