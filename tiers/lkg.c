@@ -1,0 +1,178 @@
+#include "tiers/lkg.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Holdings sorted by (step descending, owner, holder): one step's shards
+ * are a contiguous run and one owner's holders a sub-run, so a plan over
+ * thousands of nodes costs O(n log n). */
+static int cmp_hold(const void *a, const void *b)
+{
+	const struct lkg_hold *x = *(const struct lkg_hold *const *)a;
+	const struct lkg_hold *y = *(const struct lkg_hold *const *)b;
+	if (x->step != y->step)
+		return x->step < y->step ? 1 : -1;
+	if (x->owner != y->owner)
+		return x->owner < y->owner ? -1 : 1;
+	return x->holder < y->holder ? -1 : x->holder > y->holder;
+}
+
+static bool is_bad(const struct lkg_input *in, const struct lkg_hold *h)
+{
+	for (size_t i = 0; i < in->nbad; i++)
+		if (in->bad[i].holder == h->holder && in->bad[i].owner == h->owner &&
+		    in->bad[i].step == h->step)
+			return true;
+	return false;
+}
+
+static bool usable(const struct lkg_input *in, const struct lkg_hold *h)
+{
+	if (h->holder >= in->nodes || h->owner >= in->nodes)
+		return false;
+	if (in->live && !in->live[h->holder])
+		return false;
+	return !is_bad(in, h);
+}
+
+/* Within run[0..n) (one step, sorted by owner), the sub-run of owner. */
+static size_t owner_run(struct lkg_hold **run, size_t n, uint32_t owner, size_t *len)
+{
+	size_t lo = 0, hi = n, b;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (run[mid]->owner < owner)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	b = lo;
+	while (lo < n && run[lo]->owner == owner)
+		lo++;
+	*len = lo - b;
+	return b;
+}
+
+/* Pick a source for rank r among the holders of owner o. */
+static const struct lkg_hold *pick(const struct lkg_input *in, struct lkg_hold **run, size_t n,
+				   uint32_t o, uint32_t r, const uint32_t *load, bool *self)
+{
+	const struct lkg_hold *best = NULL;
+	size_t len, b = owner_run(run, n, o, &len);
+
+	for (size_t i = b; i < b + len; i++) {
+		const struct lkg_hold *h = run[i];
+		if (!usable(in, h))
+			continue;
+		if (h->holder == r) {
+			*self = true;
+			return h;
+		}
+		if (!best || load[h->holder] < load[best->holder])
+			best = h;
+	}
+	return best;
+}
+
+/* Try to cover every rank with the shards of one step. */
+static bool cover(const struct lkg_input *in, struct lkg_hold **run, size_t n,
+		  struct lkg_src *src, uint32_t *load)
+{
+	uint32_t P = (in->dp > 0 && in->nodes % in->dp == 0) ? in->nodes / in->dp : in->nodes;
+
+	memset(load, 0, in->nodes * sizeof(*load));
+	for (uint32_t r = 0; r < in->nodes; r++) {
+		const struct lkg_hold *best;
+		bool self = false;
+
+		memset(&src[r], 0, sizeof(src[r]));
+		best = pick(in, run, n, r, r, load, &self);
+		/* with D, a shard of the same column is the same data */
+		for (uint32_t o = r % P; !best && P != in->nodes && o < in->nodes; o += P)
+			if (o != r)
+				best = pick(in, run, n, o, r, load, &self);
+		if (!best)
+			return false;
+		src[r].found = true;
+		src[r].holder = best->holder;
+		src[r].owner = best->owner;
+		memcpy(src[r].hash, best->hash, 32);
+		if (!self)
+			load[best->holder]++;
+	}
+	/* with D, every usable holder of one column must agree on the data */
+	if (P != in->nodes) {
+		for (size_t i = 0; i < n; i++) {
+			const struct lkg_hold *h = run[i];
+			if (usable(in, h) && memcmp(src[h->owner % P].hash, h->hash, 32))
+				return false;
+		}
+	}
+	return true;
+}
+
+int lkg_plan(const struct lkg_input *in, struct lkg_plan *out)
+{
+	struct lkg_hold **idx = NULL;
+	uint32_t *load = NULL;
+	int rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (in->nodes == 0)
+		return -EINVAL;
+	out->nodes = in->nodes;
+	out->src = calloc(in->nodes, sizeof(*out->src));
+	load = calloc(in->nodes, sizeof(*load));
+	idx = malloc((in->nh ? in->nh : 1) * sizeof(*idx));
+	if (!out->src || !load || !idx) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < in->nh; i++)
+		idx[i] = (struct lkg_hold *)&in->h[i];
+	qsort(idx, in->nh, sizeof(*idx), cmp_hold);
+	for (size_t b = 0; b < in->nh;) {
+		size_t e = b;
+		while (e < in->nh && idx[e]->step == idx[b]->step)
+			e++;
+		if (cover(in, idx + b, e - b, out->src, load)) {
+			out->found = true;
+			out->step = idx[b]->step;
+			break;
+		}
+		b = e;
+	}
+	if (!out->found)
+		memset(out->src, 0, in->nodes * sizeof(*out->src));
+out:
+	free(idx);
+	free(load);
+	if (rc < 0)
+		lkg_plan_free(out);
+	return rc;
+}
+
+void lkg_plan_free(struct lkg_plan *p)
+{
+	if (!p)
+		return;
+	free(p->src);
+	p->src = NULL;
+}
+
+bool lkg_newest_complete(uint32_t nodes, uint32_t dp, const struct lkg_hold *h, size_t nh,
+			 uint64_t *step)
+{
+	struct lkg_input in = { .nodes = nodes, .dp = dp, .h = h, .nh = nh };
+	struct lkg_plan p;
+	bool found;
+
+	if (lkg_plan(&in, &p) < 0)
+		return false;
+	found = p.found;
+	if (found)
+		*step = p.step;
+	lkg_plan_free(&p);
+	return found;
+}
