@@ -18,11 +18,13 @@ int util_parse_u64(const char *s, uint64_t max, uint64_t *out)
 	if (!s || !*s)
 		return -EINVAL;
 	for (; *s; s++) {
+		uint64_t d;
 		if (*s < '0' || *s > '9')
 			return -EINVAL;
-		if (v > (UINT64_MAX - 9) / 10)
+		d = (uint64_t)(*s - '0');
+		if (v > (UINT64_MAX - d) / 10)
 			return -EINVAL;
-		v = v * 10 + (uint64_t)(*s - '0');
+		v = v * 10 + d;
 	}
 	if (v > max)
 		return -EINVAL;
@@ -40,9 +42,10 @@ int util_parse_size(const char *s, uint64_t *out)
 	if (*p < '0' || *p > '9')
 		return -EINVAL;
 	for (; *p >= '0' && *p <= '9'; p++) {
-		if (whole > (UINT64_MAX - 9) / 10)
+		uint64_t d = (uint64_t)(*p - '0');
+		if (whole > (UINT64_MAX - d) / 10)
 			return -EINVAL;
-		whole = whole * 10 + (uint64_t)(*p - '0');
+		whole = whole * 10 + d;
 	}
 	if (*p == '.') {
 		p++;
@@ -69,9 +72,14 @@ int util_parse_size(const char *s, uint64_t *out)
 		p++;
 	if (*p)
 		return -EINVAL;
-	if (whole > UINT64_MAX / mul)
-		return -EINVAL;
-	*out = whole * mul + (frac * mul) / fdiv;
+	{
+		/* 128-bit: a long fraction times TiB does not fit 64 bits */
+		unsigned __int128 v = (unsigned __int128)whole * mul +
+				      ((unsigned __int128)frac * mul) / fdiv;
+		if (v > UINT64_MAX)
+			return -EINVAL;
+		*out = (uint64_t)v;
+	}
 	return 0;
 }
 
@@ -124,8 +132,15 @@ int util_mkdirs_at(int dirfd, const char *rel, unsigned mode)
 		if (buf[i] == '/' || buf[i] == '\0') {
 			char c = buf[i];
 			buf[i] = '\0';
-			if (mkdirat(dirfd, buf, mode) < 0 && errno != EEXIST)
-				return -errno;
+			if (mkdirat(dirfd, buf, mode) < 0) {
+				struct stat st;
+				if (errno != EEXIST)
+					return -errno;
+				if (fstatat(dirfd, buf, &st, 0) < 0)
+					return -errno;
+				if (!S_ISDIR(st.st_mode))
+					return -ENOTDIR;
+			}
 			buf[i] = c;
 		}
 	}

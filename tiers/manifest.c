@@ -262,9 +262,18 @@ int mf_verify(int dirfd, const struct manifest *m, char *err, size_t errlen)
 			snprintf(err, errlen, "%s: not a directory", e->path);
 			return -EBADMSG;
 		}
-		if (e->type == MF_SYMLINK && !S_ISLNK(st.st_mode)) {
-			snprintf(err, errlen, "%s: not a symlink", e->path);
-			return -EBADMSG;
+		if (e->type == MF_SYMLINK) {
+			char tgt[PATH_MAX];
+			ssize_t l;
+			if (!S_ISLNK(st.st_mode)) {
+				snprintf(err, errlen, "%s: not a symlink", e->path);
+				return -EBADMSG;
+			}
+			l = readlinkat(dirfd, e->path, tgt, sizeof(tgt) - 1);
+			if (l < 0 || (tgt[l] = '\0', strcmp(tgt, e->target))) {
+				snprintf(err, errlen, "%s: symlink target changed", e->path);
+				return -EBADMSG;
+			}
 		}
 		if (e->type == MF_FILE) {
 			uint32_t crc;

@@ -1,0 +1,1329 @@
+/* Unit tests for tiers/manifest: CRC32C check values and the mmap window of
+ * mf_crc32c_fd, mf_build over a real tree, mf_verify on every kind of
+ * damage, the exact encoding (pinned against a hand-written encoder), and
+ * mf_decode on untrusted bytes: every truncation, every flipped byte, every
+ * malformed field, each next to a valid twin so the field is what fails.
+ * Filesystem tests run in a private directory under /dev/shm (or /tmp). */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <openssl/evp.h>
+
+#include "tiers/manifest.h"
+
+/* The encoding, as mf_encode writes it (little-endian):
+ *   u32 magic "MTCM", u32 version 1, u8[32] SHA-256, u32 count,
+ *   count x { u8 type, u32 mode, u64 size, u32 crc32c,
+ *             u16 pathlen, path, u16 targetlen, target }
+ * and the hash covers count + entries. */
+#define MAGIC   0x4d43544du
+#define VERSION 1u
+#define HDR_LEN 44u
+
+/* ---- private temp directory ---- */
+
+struct tmp {
+	char path[PATH_MAX];
+	int fd;
+};
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)ftw;
+	return flag == FTW_DP ? rmdir(p) : unlink(p);
+}
+
+static int tmp_setup(void **state)
+{
+	static const char *const bases[] = { "/dev/shm", "/tmp" };
+	struct tmp *t = calloc(1, sizeof(*t));
+
+	if (!t)
+		return -1;
+	for (size_t i = 0; i < sizeof(bases) / sizeof(bases[0]); i++) {
+		snprintf(t->path, sizeof(t->path), "%s/mtcfs-test-manifest-XXXXXX", bases[i]);
+		if (mkdtemp(t->path))
+			break;
+		t->path[0] = '\0';
+	}
+	if (!t->path[0]) {
+		free(t);
+		return -1;
+	}
+	t->fd = open(t->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (t->fd < 0) {
+		rmdir(t->path);
+		free(t);
+		return -1;
+	}
+	*state = t;
+	return 0;
+}
+
+static int tmp_teardown(void **state)
+{
+	struct tmp *t = *state;
+	int rc;
+
+	if (!t)
+		return 0;
+	close(t->fd);
+	rc = nftw(t->path, rm_cb, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+	free(t);
+	return rc;
+}
+
+static void put_file(int dirfd, const char *name, const void *data, size_t len, mode_t mode)
+{
+	int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, data, len), (ssize_t)len);
+	assert_int_equal(fchmod(fd, mode), 0);
+	assert_int_equal(close(fd), 0);
+}
+
+static void put_dir(int dirfd, const char *name, mode_t mode)
+{
+	assert_int_equal(mkdirat(dirfd, name, mode), 0);
+	assert_int_equal(fchmodat(dirfd, name, mode, 0), 0);
+}
+
+static int open_dir(int dirfd, const char *name)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	assert_true(fd >= 0);
+	return fd;
+}
+
+/* ---- the sample tree ---- */
+
+struct want {
+	const char *path;
+	uint8_t type;
+	uint32_t mode;
+	const char *data;    /* file content, symlink target */
+	size_t len;
+};
+
+/* In the bytewise order mf_build must produce ('.' < '/'). */
+static const struct want sample[] = {
+	{ "a", MF_DIR, 0755, NULL, 0 },
+	{ "a.txt", MF_FILE, 0644, "A", 1 },
+	{ "a/sub", MF_DIR, 0700, NULL, 0 },
+	{ "a/sub/deep.txt", MF_FILE, 0600, "deep content\n", 13 },
+	{ "a/x.bin", MF_FILE, 0644, "\0\1\2", 3 },
+	{ "b.txt", MF_FILE, 0640, "hello", 5 },
+	{ "empty_dir", MF_DIR, 0750, NULL, 0 },
+	{ "link", MF_SYMLINK, 0777, "a/x.bin", 7 },
+	{ "zero", MF_FILE, 0444, "", 0 },
+};
+#define NSAMPLE (sizeof(sample) / sizeof(sample[0]))
+
+/* Creates the sample tree in dirfd/name, plus a fifo that the manifest
+ * must skip. Parents first; otherwise in an order unlike the sorted one. */
+static void make_sample(int dirfd, const char *name)
+{
+	static const int order[] = { 8, 7, 6, 5, 0, 4, 2, 3, 1 };
+	int fd;
+
+	put_dir(dirfd, name, 0755);
+	fd = open_dir(dirfd, name);
+	for (size_t k = 0; k < NSAMPLE; k++) {
+		const struct want *w = &sample[order[k]];
+		if (w->type == MF_DIR)
+			put_dir(fd, w->path, w->mode);
+		else if (w->type == MF_FILE)
+			put_file(fd, w->path, w->data, w->len, w->mode);
+		else
+			assert_int_equal(symlinkat(w->data, fd, w->path), 0);
+	}
+	assert_int_equal(mkfifoat(fd, "fifo", 0600), 0);
+	close(fd);
+}
+
+/* Builds the manifest of dirfd/name. */
+static struct manifest *build(int dirfd, const char *name)
+{
+	struct manifest *m = NULL;
+	int fd = open_dir(dirfd, name);
+	int rc = mf_build(fd, &m);
+
+	close(fd);
+	if (rc != 0) {
+		print_error("mf_build(%s) = %d\n", name, rc);
+		fail();
+	}
+	assert_non_null(m);
+	return m;
+}
+
+static void check_sample(const struct manifest *m)
+{
+	uint64_t total = 0;
+	uint32_t nfiles = 0;
+
+	assert_int_equal(m->n, NSAMPLE);
+	for (size_t i = 0; i < NSAMPLE; i++) {
+		const struct want *w = &sample[i];
+		const struct mf_entry *e = &m->e[i];
+
+		assert_string_equal(e->path, w->path);
+		assert_int_equal(e->type, w->type);
+		assert_int_equal(e->mode, w->mode);
+		if (w->type == MF_FILE) {
+			assert_int_equal(e->size, w->len);
+			assert_int_equal(e->crc32c, mf_crc32c(0, w->data, w->len));
+			assert_null(e->target);
+			total += w->len;
+			nfiles++;
+		} else if (w->type == MF_SYMLINK) {
+			assert_int_equal(e->size, 0);
+			assert_int_equal(e->crc32c, 0);
+			assert_non_null(e->target);
+			assert_string_equal(e->target, w->data);
+		} else {
+			assert_int_equal(e->size, 0);
+			assert_int_equal(e->crc32c, 0);
+			assert_null(e->target);
+		}
+	}
+	assert_int_equal(m->total, total);
+	assert_int_equal(m->nfiles, nfiles);
+}
+
+static void assert_same_manifest(const struct manifest *a, const struct manifest *b)
+{
+	assert_int_equal(a->n, b->n);
+	assert_int_equal(a->total, b->total);
+	assert_int_equal(a->nfiles, b->nfiles);
+	assert_memory_equal(a->hash, b->hash, 32);
+	for (size_t i = 0; i < a->n; i++) {
+		assert_string_equal(a->e[i].path, b->e[i].path);
+		assert_int_equal(a->e[i].type, b->e[i].type);
+		assert_int_equal(a->e[i].mode, b->e[i].mode);
+		assert_int_equal(a->e[i].size, b->e[i].size);
+		assert_int_equal(a->e[i].crc32c, b->e[i].crc32c);
+		if (a->e[i].target || b->e[i].target) {
+			assert_non_null(a->e[i].target);
+			assert_non_null(b->e[i].target);
+			assert_string_equal(a->e[i].target, b->e[i].target);
+		}
+	}
+}
+
+/* ---- a hand-written encoder for crafted (possibly malformed) input ---- */
+
+struct centry {
+	uint8_t type;
+	uint32_t mode;
+	uint64_t size;
+	uint32_t crc;
+	const char *path;
+	size_t pl;           /* 0: strlen(path) unless path is "" */
+	const char *target;  /* NULL: none */
+	size_t tl;           /* 0: strlen(target) */
+};
+
+struct cbuf {
+	uint8_t *p;
+	size_t n, cap;
+};
+
+static void cput(struct cbuf *b, const void *src, size_t len)
+{
+	if (b->n + len > b->cap) {
+		size_t ncap = b->cap ? b->cap : 256;
+		while (ncap < b->n + len)
+			ncap *= 2;
+		b->p = realloc(b->p, ncap);
+		assert_non_null(b->p);
+		b->cap = ncap;
+	}
+	if (len)
+		memcpy(b->p + b->n, src, len);
+	b->n += len;
+}
+
+static void cu8(struct cbuf *b, uint8_t v) { cput(b, &v, 1); }
+static void cu16(struct cbuf *b, uint16_t v)
+{
+	uint8_t x[2] = { (uint8_t)v, (uint8_t)(v >> 8) };
+	cput(b, x, 2);
+}
+static void cu32(struct cbuf *b, uint32_t v)
+{
+	uint8_t x[4] = { (uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24) };
+	cput(b, x, 4);
+}
+static void cu64(struct cbuf *b, uint64_t v)
+{
+	cu32(b, (uint32_t)v);
+	cu32(b, (uint32_t)(v >> 32));
+}
+
+static void sha256(const void *p, size_t len, uint8_t out[32])
+{
+	unsigned int hl = 0;
+
+	assert_int_equal(EVP_Digest(p, len, out, &hl, EVP_sha256(), NULL), 1);
+	assert_int_equal(hl, 32);
+}
+
+/* Encodes n entries under a count field of count, with a correct hash over
+ * exactly those bytes; the result is malloc'd. */
+static uint8_t *craft_count(const struct centry *e, size_t n, uint32_t count, size_t *len)
+{
+	struct cbuf body = { 0 }, out = { 0 };
+	uint8_t hash[32];
+
+	cu32(&body, count);
+	for (size_t i = 0; i < n; i++) {
+		size_t pl = e[i].pl ? e[i].pl : strlen(e[i].path);
+		size_t tl = e[i].target ? (e[i].tl ? e[i].tl : strlen(e[i].target)) : 0;
+
+		cu8(&body, e[i].type);
+		cu32(&body, e[i].mode);
+		cu64(&body, e[i].size);
+		cu32(&body, e[i].crc);
+		cu16(&body, (uint16_t)pl);
+		cput(&body, e[i].path, pl);
+		cu16(&body, (uint16_t)tl);
+		cput(&body, e[i].target, tl);
+	}
+	sha256(body.p, body.n, hash);
+	cu32(&out, MAGIC);
+	cu32(&out, VERSION);
+	cput(&out, hash, 32);
+	cput(&out, body.p, body.n);
+	free(body.p);
+	*len = out.n;
+	return out.p;
+}
+
+static uint8_t *craft(const struct centry *e, size_t n, size_t *len)
+{
+	return craft_count(e, n, (uint32_t)n, len);
+}
+
+/* buf must be refused with -EBADMSG and *out left alone. */
+static void decode_bad(const uint8_t *buf, size_t len, const char *what)
+{
+	struct manifest *sentinel = (struct manifest *)&sentinel;
+	struct manifest *m = sentinel;
+	int rc = mf_decode(buf, len, &m);
+
+	if (rc != -EBADMSG || m != sentinel) {
+		print_error("mf_decode(%s, %zu bytes) = %d, want -EBADMSG\n", what, len, rc);
+		if (rc == 0 && m != sentinel)
+			mf_free(m);
+		fail();
+	}
+}
+
+static void decode_good(const uint8_t *buf, size_t len, const char *what)
+{
+	struct manifest *m = NULL;
+	int rc = mf_decode(buf, len, &m);
+
+	if (rc != 0) {
+		print_error("mf_decode(%s, %zu bytes) = %d, want 0\n", what, len, rc);
+		fail();
+	}
+	mf_free(m);
+}
+
+static void crafted_good(const struct centry *e, size_t n, const char *what)
+{
+	size_t len;
+	uint8_t *buf = craft(e, n, &len);
+
+	decode_good(buf, len, what);
+	free(buf);
+}
+
+static void crafted_bad(const struct centry *e, size_t n, const char *what)
+{
+	size_t len;
+	uint8_t *buf = craft(e, n, &len);
+
+	decode_bad(buf, len, what);
+	free(buf);
+}
+
+/* A valid manifest with every kind of entry; paths of two bytes or more. */
+#define CRC_HELLO 0x9a71bb4cu   /* CRC32C("hello") */
+static const struct centry base[] = {
+	{ MF_DIR, 0755, 0, 0, "dir", 0, NULL, 0 },
+	{ MF_FILE, 0644, 5, CRC_HELLO, "dir/file", 0, NULL, 0 },
+	{ MF_SYMLINK, 0777, 0, 0, "link", 0, "dir/file", 0 },
+	{ MF_FILE, 0600, 0, 0, "zz", 0, NULL, 0 },
+};
+#define NBASE (sizeof(base) / sizeof(base[0]))
+
+/* ---- CRC32C ---- */
+
+static void test_crc32c_check_values(void **state)
+{
+	uint8_t v[32];
+	const char *s = "123456789";
+	(void)state;
+
+	assert_int_equal(mf_crc32c(0, s, 9), 0xE3069283u);
+	assert_int_equal(mf_crc32c(0, "hello", 5), CRC_HELLO);
+	assert_int_equal(mf_crc32c(0, "", 0), 0);
+	assert_int_equal(mf_crc32c(0xE3069283u, "", 0), 0xE3069283u);
+	/* RFC 3720 B.4 */
+	memset(v, 0, sizeof(v));
+	assert_int_equal(mf_crc32c(0, v, 32), 0x8A9136AAu);
+	memset(v, 0xff, sizeof(v));
+	assert_int_equal(mf_crc32c(0, v, 32), 0x62A8AB43u);
+	for (int i = 0; i < 32; i++)
+		v[i] = (uint8_t)i;
+	assert_int_equal(mf_crc32c(0, v, 32), 0x46DD794Eu);
+	for (int i = 0; i < 32; i++)
+		v[i] = (uint8_t)(31 - i);
+	assert_int_equal(mf_crc32c(0, v, 32), 0x113FDB5Cu);
+	/* incremental == one-shot at every split point */
+	for (size_t i = 0; i <= 9; i++)
+		assert_int_equal(mf_crc32c(mf_crc32c(0, s, i), s + i, 9 - i), 0xE3069283u);
+	for (size_t i = 0; i <= 9; i++)
+		for (size_t j = i; j <= 9; j++)
+			assert_int_equal(mf_crc32c(mf_crc32c(mf_crc32c(0, s, i), s + i, j - i),
+						   s + j, 9 - j),
+					 0xE3069283u);
+}
+
+static void test_crc32c_incremental_large(void **state)
+{
+	size_t len = (3u << 20) + 12345;
+	uint8_t *buf = malloc(len);
+	uint32_t one, inc, x = 2463534242u;
+	size_t off = 0;
+	(void)state;
+
+	assert_non_null(buf);
+	for (size_t i = 0; i < len; i++) {
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		buf[i] = (uint8_t)x;
+	}
+	one = mf_crc32c(0, buf, len);
+	inc = 0;
+	while (off < len) {
+		size_t chunk = 1 + (x % 70001);
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		if (chunk > len - off)
+			chunk = len - off;
+		inc = mf_crc32c(inc, buf + off, chunk);
+		off += chunk;
+	}
+	assert_int_equal(inc, one);
+	buf[len / 2] ^= 1;
+	assert_int_not_equal(mf_crc32c(0, buf, len), one);
+	free(buf);
+}
+
+static void test_crc32c_fd_small(void **state)
+{
+	struct tmp *t = *state;
+	uint32_t crc = 1;
+	uint64_t size = 1;
+	int fd;
+
+	put_file(t->fd, "nine", "123456789", 9, 0644);
+	fd = openat(t->fd, "nine", O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(mf_crc32c_fd(fd, &crc, &size), 0);
+	assert_int_equal(crc, 0xE3069283u);
+	assert_int_equal(size, 9);
+	close(fd);
+
+	put_file(t->fd, "empty", "", 0, 0644);
+	fd = openat(t->fd, "empty", O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	crc = 1;
+	size = 1;
+	assert_int_equal(mf_crc32c_fd(fd, &crc, &size), 0);
+	assert_int_equal(crc, 0);
+	assert_int_equal(size, 0);
+	close(fd);
+
+	assert_int_equal(mf_crc32c_fd(-1, &crc, &size), -EBADF);
+}
+
+/* A file larger than the 64 MiB mmap window: mostly holes, with data at the
+ * start, on both sides of the window edge and in the unaligned tail. */
+static void test_crc32c_fd_crosses_window(void **state)
+{
+	struct tmp *t = *state;
+	const size_t win = 64u << 20;
+	const size_t len = win + 3 * 4096 + 5;
+	static const struct { size_t off, len; } spans[] = {
+		{ 0, 1u << 20 },
+		{ (64u << 20) - 4096 - 3, 8192 + 6 },
+		{ (32u << 20) + 17, 100 },
+		{ (64u << 20) + 3 * 4096 - 10, 15 },
+	};
+	uint8_t *buf = calloc(1, len);
+	uint32_t crc = 0, want, chunked = 0;
+	uint64_t size = 0;
+	int fd;
+
+	assert_non_null(buf);
+	fd = openat(t->fd, "big", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, (off_t)len), 0);
+	for (size_t s = 0; s < sizeof(spans) / sizeof(spans[0]); s++) {
+		for (size_t i = 0; i < spans[s].len; i++)
+			buf[spans[s].off + i] = (uint8_t)(i * 7 + s + 1);
+		assert_true(spans[s].off + spans[s].len <= len);
+		assert_int_equal(pwrite(fd, buf + spans[s].off, spans[s].len, (off_t)spans[s].off),
+				 (ssize_t)spans[s].len);
+	}
+	assert_int_not_equal(buf[win - 1], 0);
+	assert_int_not_equal(buf[win], 0);
+	assert_int_not_equal(buf[len - 1], 0);
+
+	want = mf_crc32c(0, buf, len);
+	for (size_t off = 0; off < len; off += 1u << 20)
+		chunked = mf_crc32c(chunked, buf + off, len - off < (1u << 20) ? len - off : 1u << 20);
+	assert_int_equal(chunked, want);
+
+	assert_int_equal(mf_crc32c_fd(fd, &crc, &size), 0);
+	assert_int_equal(size, len);
+	assert_int_equal(crc, want);
+
+	/* the first byte past the window edge is covered */
+	buf[win] ^= 0x40;
+	assert_int_equal(pwrite(fd, buf + win, 1, (off_t)win), 1);
+	assert_int_equal(mf_crc32c_fd(fd, &crc, &size), 0);
+	assert_int_equal(crc, mf_crc32c(0, buf, len));
+	assert_int_not_equal(crc, want);
+	close(fd);
+	free(buf);
+}
+
+/* ---- mf_build ---- */
+
+static void test_build_tree(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m, *m2;
+	uint8_t zero[32] = { 0 };
+
+	make_sample(t->fd, "tree");
+	m = build(t->fd, "tree");
+	check_sample(m);
+	assert_memory_not_equal(m->hash, zero, 32);
+	/* deterministic */
+	m2 = build(t->fd, "tree");
+	assert_same_manifest(m, m2);
+	mf_free(m2);
+	mf_free(m);
+	mf_free(NULL);
+}
+
+static void test_build_empty(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m, *d = NULL;
+	uint8_t *buf;
+	size_t len;
+	uint8_t h[32];
+	static const uint8_t zero4[4] = { 0 };
+
+	put_dir(t->fd, "empty", 0755);
+	m = build(t->fd, "empty");
+	assert_int_equal(m->n, 0);
+	assert_int_equal(m->total, 0);
+	assert_int_equal(m->nfiles, 0);
+	sha256(zero4, 4, h);           /* the hash of "count 0" */
+	assert_memory_equal(m->hash, h, 32);
+	assert_int_equal(mf_encode(m, &buf, &len), 0);
+	assert_int_equal(len, HDR_LEN);
+	assert_int_equal(mf_decode(buf, len, &d), 0);
+	assert_same_manifest(m, d);
+	mf_free(d);
+	free(buf);
+	mf_free(m);
+}
+
+/* Rewrites one byte of dirfd/path at off. */
+static void poke(int dirfd, const char *path, off_t off, uint8_t v)
+{
+	int fd = openat(dirfd, path, O_WRONLY | O_CLOEXEC);
+
+	assert_true(fd >= 0);
+	assert_int_equal(pwrite(fd, &v, 1, off), 1);
+	close(fd);
+}
+
+static void test_build_hash(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *a, *b;
+	uint8_t *ea, *eb;
+	size_t la, lb;
+
+	make_sample(t->fd, "one");
+	put_dir(t->fd, "elsewhere", 0700);
+	make_sample(t->fd, "elsewhere/two");
+	a = build(t->fd, "one");
+	b = build(t->fd, "elsewhere/two");
+	/* identical trees in different places: same manifest, same bytes */
+	assert_same_manifest(a, b);
+	assert_int_equal(mf_encode(a, &ea, &la), 0);
+	assert_int_equal(mf_encode(b, &eb, &lb), 0);
+	assert_int_equal(la, lb);
+	assert_memory_equal(ea, eb, la);
+	free(ea);
+	free(eb);
+	mf_free(b);
+
+	/* one byte changes: the hash changes; back again: equal again */
+	poke(t->fd, "elsewhere/two/a/sub/deep.txt", 5, 'X');
+	b = build(t->fd, "elsewhere/two");
+	assert_memory_not_equal(a->hash, b->hash, 32);
+	assert_int_equal(b->total, a->total);
+	mf_free(b);
+	poke(t->fd, "elsewhere/two/a/sub/deep.txt", 5, 'c');
+	b = build(t->fd, "elsewhere/two");
+	assert_memory_equal(a->hash, b->hash, 32);
+	mf_free(b);
+
+	/* mode is covered */
+	assert_int_equal(fchmodat(t->fd, "elsewhere/two/b.txt", 0600, 0), 0);
+	b = build(t->fd, "elsewhere/two");
+	assert_memory_not_equal(a->hash, b->hash, 32);
+	mf_free(b);
+	assert_int_equal(fchmodat(t->fd, "elsewhere/two/b.txt", 0640, 0), 0);
+
+	/* symlink target is covered */
+	assert_int_equal(unlinkat(t->fd, "elsewhere/two/link", 0), 0);
+	assert_int_equal(symlinkat("a/x.bim", t->fd, "elsewhere/two/link"), 0);
+	b = build(t->fd, "elsewhere/two");
+	assert_memory_not_equal(a->hash, b->hash, 32);
+	mf_free(b);
+	assert_int_equal(unlinkat(t->fd, "elsewhere/two/link", 0), 0);
+	assert_int_equal(symlinkat("a/x.bin", t->fd, "elsewhere/two/link"), 0);
+
+	/* an added empty directory is covered */
+	put_dir(t->fd, "elsewhere/two/a/sub/new", 0755);
+	b = build(t->fd, "elsewhere/two");
+	assert_memory_not_equal(a->hash, b->hash, 32);
+	assert_int_equal(b->n, a->n + 1);
+	mf_free(b);
+	assert_int_equal(unlinkat(t->fd, "elsewhere/two/a/sub/new", AT_REMOVEDIR), 0);
+	b = build(t->fd, "elsewhere/two");
+	assert_memory_equal(a->hash, b->hash, 32);
+	mf_free(b);
+	mf_free(a);
+}
+
+/* ---- mf_verify ---- */
+
+static void verify_ok(int dirfd, const char *name, const struct manifest *m)
+{
+	char err[256] = "";
+	int fd = open_dir(dirfd, name);
+	int rc = mf_verify(fd, m, err, sizeof(err));
+
+	close(fd);
+	if (rc != 0) {
+		print_error("mf_verify(%s) = %d (%s), want 0\n", name, rc, err);
+		fail();
+	}
+}
+
+/* mf_verify must fail with -EBADMSG and a message naming path and sub. */
+static void verify_bad(int dirfd, const char *name, const struct manifest *m,
+		       const char *path, const char *sub)
+{
+	char err[256] = "";
+	int fd = open_dir(dirfd, name);
+	int rc = mf_verify(fd, m, err, sizeof(err));
+
+	close(fd);
+	if (rc != -EBADMSG || strncmp(err, path, strlen(path)) || err[strlen(path)] != ':' ||
+	    !strstr(err, sub)) {
+		print_error("mf_verify(%s) = %d \"%s\"; want -EBADMSG \"%s: ...%s...\"\n", name,
+			    rc, err, path, sub);
+		fail();
+	}
+}
+
+/* Fresh copy of the sample in dirfd/name and its manifest. */
+static struct manifest *fresh(int dirfd, const char *name)
+{
+	struct manifest *m;
+
+	make_sample(dirfd, name);
+	m = build(dirfd, name);
+	verify_ok(dirfd, name, m);
+	return m;
+}
+
+static void test_verify_detects(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m;
+	int fd;
+
+	/* flipped byte, same size */
+	m = fresh(t->fd, "c1");
+	poke(t->fd, "c1/a/x.bin", 1, 0x81);
+	verify_bad(t->fd, "c1", m, "a/x.bin", "crc32c");
+	poke(t->fd, "c1/a/x.bin", 1, 0x01);
+	verify_ok(t->fd, "c1", m);
+	mf_free(m);
+
+	/* truncated */
+	m = fresh(t->fd, "c2");
+	fd = openat(t->fd, "c2/b.txt", O_WRONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, 4), 0);
+	close(fd);
+	verify_bad(t->fd, "c2", m, "b.txt", "size 4");
+	mf_free(m);
+
+	/* grown (extra bytes at the end) */
+	m = fresh(t->fd, "c3");
+	fd = openat(t->fd, "c3/a/sub/deep.txt", O_WRONLY | O_APPEND | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "+", 1), 1);
+	close(fd);
+	verify_bad(t->fd, "c3", m, "a/sub/deep.txt", "size 14");
+	mf_free(m);
+
+	/* an empty file that gained a byte */
+	m = fresh(t->fd, "c4");
+	assert_int_equal(unlinkat(t->fd, "c4/zero", 0), 0);
+	put_file(t->fd, "c4/zero", "z", 1, 0444);
+	verify_bad(t->fd, "c4", m, "zero", "size 1");
+	mf_free(m);
+
+	/* missing file, missing directory */
+	m = fresh(t->fd, "c5");
+	assert_int_equal(unlinkat(t->fd, "c5/zero", 0), 0);
+	verify_bad(t->fd, "c5", m, "zero", "missing");
+	assert_int_equal(unlinkat(t->fd, "c5/empty_dir", AT_REMOVEDIR), 0);
+	verify_bad(t->fd, "c5", m, "empty_dir", "missing");
+	mf_free(m);
+
+	/* a directory replaced by a file */
+	m = fresh(t->fd, "c6");
+	assert_int_equal(unlinkat(t->fd, "c6/empty_dir", AT_REMOVEDIR), 0);
+	put_file(t->fd, "c6/empty_dir", "", 0, 0644);
+	verify_bad(t->fd, "c6", m, "empty_dir", "not a directory");
+	mf_free(m);
+
+	/* a symlink replaced by a file */
+	m = fresh(t->fd, "c7");
+	assert_int_equal(unlinkat(t->fd, "c7/link", 0), 0);
+	put_file(t->fd, "c7/link", "\0\1\2", 3, 0644);
+	verify_bad(t->fd, "c7", m, "link", "not a symlink");
+	mf_free(m);
+
+	/* a file replaced by a symlink to identical content */
+	m = fresh(t->fd, "c8");
+	put_file(t->fd, "c8/copy", "hello", 5, 0640);
+	assert_int_equal(unlinkat(t->fd, "c8/b.txt", 0), 0);
+	assert_int_equal(symlinkat("copy", t->fd, "c8/b.txt"), 0);
+	verify_bad(t->fd, "c8", m, "b.txt", "manifest says");
+	mf_free(m);
+
+	/* a directory on the path replaced by a symlink to an identical copy */
+	m = fresh(t->fd, "c9");
+	make_sample(t->fd, "c9copy");
+	assert_int_equal(renameat(t->fd, "c9/a", t->fd, "c9gone"), 0);
+	assert_int_equal(symlinkat("../c9copy/a", t->fd, "c9/a"), 0);
+	verify_bad(t->fd, "c9", m, "a", "not a directory");
+	mf_free(m);
+}
+
+static void test_verify_small_err_buffer(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m;
+	char err[8 + 8];
+	int fd;
+
+	m = fresh(t->fd, "s");
+	poke(t->fd, "s/a/sub/deep.txt", 0, 'D');
+	fd = open_dir(t->fd, "s");
+	memset(err, '#', sizeof(err));
+	assert_int_equal(mf_verify(fd, m, err, 8), -EBADMSG);
+	assert_int_equal(err[7], '\0');
+	assert_string_equal(err, "a/sub/d");
+	for (size_t i = 8; i < sizeof(err); i++)
+		assert_int_equal(err[i], '#');
+	close(fd);
+	mf_free(m);
+}
+
+/* The manifest records each symlink's target, but mf_verify only checks
+ * that a symlink is there: a link re-pointed elsewhere still verifies. */
+static void test_verify_symlink_target(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m;
+
+	char err[256] = "";
+	int fd, rc;
+
+	m = fresh(t->fd, "l");
+	assert_int_equal(unlinkat(t->fd, "l/link", 0), 0);
+	assert_int_equal(symlinkat("/etc/passwd", t->fd, "l/link"), 0);
+	fd = open_dir(t->fd, "l");
+	rc = mf_verify(fd, m, err, sizeof(err));
+	close(fd);
+	mf_free(m);
+	if (rc != -EBADMSG || strncmp(err, "link:", 5)) {
+		print_error("mf_verify with link -> /etc/passwd (manifest: a/x.bin) = %d \"%s\"; "
+			    "want -EBADMSG \"link: ...\"\n", rc, err);
+		fail();
+	}
+}
+
+/* ---- encoding ---- */
+
+static void test_encode_decode_roundtrip(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m, *d = NULL;
+	uint8_t *buf, *buf2;
+	size_t len, len2;
+
+	make_sample(t->fd, "tree");
+	m = build(t->fd, "tree");
+	assert_int_equal(mf_encode(m, &buf, &len), 0);
+	assert_int_equal(mf_decode(buf, len, &d), 0);
+	assert_non_null(d);
+	assert_same_manifest(m, d);
+	check_sample(d);
+	assert_int_equal(mf_encode(d, &buf2, &len2), 0);
+	assert_int_equal(len2, len);
+	assert_memory_equal(buf2, buf, len);
+	free(buf2);
+	free(buf);
+	mf_free(d);
+	mf_free(m);
+}
+
+/* mf_encode's bytes are exactly the documented layout (see the top). */
+static void test_encode_layout(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m;
+	uint8_t *buf, *want;
+	size_t len, wlen;
+
+	put_dir(t->fd, "t", 0755);
+	put_dir(t->fd, "t/dir", 0755);
+	put_file(t->fd, "t/dir/file", "hello", 5, 0644);
+	assert_int_equal(symlinkat("dir/file", t->fd, "t/link"), 0);
+	put_file(t->fd, "t/zz", "", 0, 0600);
+	m = build(t->fd, "t");
+	assert_int_equal(mf_encode(m, &buf, &len), 0);
+	want = craft(base, NBASE, &wlen);
+	assert_int_equal(len, wlen);
+	assert_memory_equal(buf, want, len);
+	assert_memory_equal(m->hash, want + 8, 32);
+	free(want);
+	free(buf);
+	mf_free(m);
+}
+
+/* The smallest entry is 1+4+8+4+2+1+2 = 22 bytes (a one-byte path, no
+ * target): a manifest made only of such entries (files "0", "1" ...) must
+ * decode. Regression test: the count check once assumed 23 bytes. */
+static void test_decode_one_byte_names(void **state)
+{
+	struct tmp *t = *state;
+	static const struct centry one[] = {
+		{ MF_FILE, 0644, 5, CRC_HELLO, "0", 0, NULL, 0 },
+	};
+	static const struct centry two[] = {
+		{ MF_FILE, 0644, 0, 0, "a", 0, NULL, 0 },
+		{ MF_DIR, 0755, 0, 0, "b", 0, NULL, 0 },
+	};
+	struct manifest *m, *d = NULL;
+	uint8_t *buf;
+	size_t len;
+	int rc;
+
+	put_dir(t->fd, "t", 0755);
+	put_file(t->fd, "t/0", "hello", 5, 0644);
+	m = build(t->fd, "t");
+	assert_int_equal(mf_encode(m, &buf, &len), 0);
+	assert_int_equal(len, HDR_LEN + 22);
+	rc = mf_decode(buf, len, &d);
+	if (rc != 0) {
+		print_error("mf_decode of mf_encode(tree with the single file \"0\") = %d\n", rc);
+		fail();
+	}
+	assert_same_manifest(m, d);
+	mf_free(d);
+	free(buf);
+	mf_free(m);
+	crafted_good(one, 1, "one file \"0\"");
+	crafted_good(two, 2, "\"a\" and \"b\"");
+}
+
+/* ---- decoding untrusted bytes ---- */
+
+static void test_decode_truncated(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m;
+	uint8_t *buf, *cut;
+	size_t len;
+
+	make_sample(t->fd, "tree");
+	m = build(t->fd, "tree");
+	assert_int_equal(mf_encode(m, &buf, &len), 0);
+	/* each prefix in its own exact-size allocation, so ASan sees overreads */
+	for (size_t l = 0; l < len; l++) {
+		cut = malloc(l ? l : 1);
+		assert_non_null(cut);
+		memcpy(cut, buf, l);
+		decode_bad(cut, l, "truncated");
+		free(cut);
+	}
+	decode_good(buf, len, "whole");
+	free(buf);
+	mf_free(m);
+
+	buf = craft(NULL, 0, &len);
+	assert_int_equal(len, HDR_LEN);
+	for (size_t l = 0; l < len; l++)
+		decode_bad(buf, l, "truncated empty manifest");
+	decode_good(buf, len, "empty manifest");
+	free(buf);
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static void test_decode_header(void **state)
+{
+	uint8_t *buf, *big;
+	size_t len;
+	(void)state;
+
+	buf = craft(base, NBASE, &len);
+	decode_good(buf, len, "base");
+
+	put_le32(buf, MAGIC ^ 1);
+	decode_bad(buf, len, "bad magic");
+	put_le32(buf, 0x4d54434du);     /* byte-swapped */
+	decode_bad(buf, len, "swapped magic");
+	put_le32(buf, MAGIC);
+	put_le32(buf + 4, 0);
+	decode_bad(buf, len, "version 0");
+	put_le32(buf + 4, 2);
+	decode_bad(buf, len, "version 2");
+	put_le32(buf + 4, 0x01000000u);
+	decode_bad(buf, len, "version big-endian 1");
+	put_le32(buf + 4, VERSION);
+	decode_good(buf, len, "restored");
+
+	/* counts the buffer cannot hold */
+	put_le32(buf + 40, NBASE + 1);
+	decode_bad(buf, len, "count + 1");
+	put_le32(buf + 40, 1000);
+	decode_bad(buf, len, "count 1000");
+	put_le32(buf + 40, MF_MAX_ENTRIES);
+	decode_bad(buf, len, "count MF_MAX_ENTRIES");
+	put_le32(buf + 40, MF_MAX_ENTRIES + 1);
+	decode_bad(buf, len, "count MF_MAX_ENTRIES + 1");
+	put_le32(buf + 40, UINT32_MAX);
+	decode_bad(buf, len, "count UINT32_MAX");
+	put_le32(buf + 40, 0x80000000u);
+	decode_bad(buf, len, "count 2^31");
+	/* fewer than there are: the rest is trailing garbage */
+	put_le32(buf + 40, NBASE - 1);
+	decode_bad(buf, len, "count - 1");
+	put_le32(buf + 40, 0);
+	decode_bad(buf, len, "count 0");
+	free(buf);
+
+	/* a count at the limit over enough zero bytes: fails on the first entry */
+	len = HDR_LEN + (size_t)MF_MAX_ENTRIES * 23;
+	big = calloc(1, len);
+	assert_non_null(big);
+	put_le32(big, MAGIC);
+	put_le32(big + 4, VERSION);
+	put_le32(big + 40, MF_MAX_ENTRIES);
+	decode_bad(big, len, "huge count over zeros");
+	put_le32(big + 40, MF_MAX_ENTRIES + 1);
+	decode_bad(big, len, "count over the limit");
+	free(big);
+}
+
+/* The manifest is the base with entry 0 replaced by e, or with e put in
+ * front (at index 0 nothing constrains the order, so only the field under
+ * test can fail). */
+static void with_front(const struct centry *e, struct centry *out)
+{
+	out[0] = *e;
+	memcpy(out + 1, base, sizeof(base));
+}
+
+static void test_decode_unsafe_paths(void **state)
+{
+	static const struct {
+		const char *path;
+		size_t pl;
+	} bad[] = {
+		{ "../x", 0 }, { "/x", 0 }, { "a//b", 0 }, { "a/./b", 0 }, { "a/../b", 0 },
+		{ "a/", 0 }, { ".", 0 }, { "..", 0 }, { "./a", 0 }, { "a/.", 0 }, { "a/..", 0 },
+		{ "/", 0 }, { "a\0b", 3 }, { "a\0", 2 },
+	};
+	struct centry e[NBASE + 1];
+	struct centry probe = { MF_DIR, 0755, 0, 0, "a/b", 0, NULL, 0 };
+	char *longp;
+	(void)state;
+
+	with_front(&probe, e);
+	crafted_good(e, NBASE + 1, "front \"a/b\"");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		probe.path = bad[i].path;
+		probe.pl = bad[i].pl;
+		with_front(&probe, e);
+		crafted_bad(e, NBASE + 1, bad[i].path);
+	}
+
+	/* empty path: an explicit zero length */
+	probe.path = "";
+	probe.pl = 0;
+	with_front(&probe, e);
+	crafted_bad(e, NBASE + 1, "empty path");
+
+	/* component of NAME_MAX bytes, then NAME_MAX + 1 */
+	longp = malloc(PATH_MAX + 1);
+	assert_non_null(longp);
+	memset(longp, 'a', PATH_MAX + 1);
+	probe.path = longp;
+	probe.pl = NAME_MAX;
+	with_front(&probe, e);
+	crafted_good(e, NBASE + 1, "NAME_MAX component");
+	probe.pl = NAME_MAX + 1;
+	with_front(&probe, e);
+	crafted_bad(e, NBASE + 1, "NAME_MAX + 1 component");
+	/* whole path of PATH_MAX - 1 bytes, then PATH_MAX */
+	for (size_t i = 0; i < PATH_MAX + 1; i++)
+		longp[i] = (i % 100 == 99) ? '/' : 'a';
+	probe.pl = PATH_MAX - 1;
+	with_front(&probe, e);
+	crafted_good(e, NBASE + 1, "PATH_MAX - 1 path");
+	probe.pl = PATH_MAX;
+	with_front(&probe, e);
+	crafted_bad(e, NBASE + 1, "PATH_MAX path");
+	free(longp);
+}
+
+static void test_decode_order(void **state)
+{
+	struct centry e[NBASE + 1];
+	(void)state;
+
+	crafted_good(base, NBASE, "base");
+	/* unsorted: "dir/file" before "dir" */
+	memcpy(e, base, sizeof(base));
+	e[0] = base[1];
+	e[1] = base[0];
+	crafted_bad(e, NBASE, "unsorted");
+	/* unsorted at the end */
+	memcpy(e, base, sizeof(base));
+	e[NBASE - 2] = base[NBASE - 1];
+	e[NBASE - 1] = base[NBASE - 2];
+	crafted_bad(e, NBASE, "unsorted tail");
+	/* duplicates */
+	memcpy(e, base, sizeof(base));
+	e[NBASE] = base[NBASE - 1];
+	crafted_bad(e, NBASE + 1, "duplicate last");
+	with_front(&base[0], e);
+	crafted_bad(e, NBASE + 1, "duplicate first");
+	/* bytewise: "dir.x" < "dir/file" ('.' < '/') is sorted... */
+	{
+		struct centry s[3] = { base[0], { MF_DIR, 0755, 0, 0, "dir.x", 0, NULL, 0 },
+				       base[1] };
+		crafted_good(s, 3, "dir, dir.x, dir/file");
+		s[1] = base[1];
+		s[2] = (struct centry){ MF_DIR, 0755, 0, 0, "dir.x", 0, NULL, 0 };
+		crafted_bad(s, 3, "dir, dir/file, dir.x");
+	}
+	/* ...and bytes >= 0x80 sort after ASCII */
+	{
+		struct centry s[2] = { { MF_DIR, 0755, 0, 0, "zz", 0, NULL, 0 },
+				       { MF_DIR, 0755, 0, 0, "\xc3\xa9t\xc3\xa9", 0, NULL, 0 } };
+		crafted_good(s, 2, "zz, utf-8");
+		s[0] = s[1];
+		s[1] = (struct centry){ MF_DIR, 0755, 0, 0, "zz", 0, NULL, 0 };
+		crafted_bad(s, 2, "utf-8, zz");
+	}
+}
+
+static void test_decode_fields(void **state)
+{
+	struct centry e[NBASE];
+	(void)state;
+
+#define MUTATE(idx, field, value, good)                                   \
+	do {                                                              \
+		memcpy(e, base, sizeof(base));                            \
+		e[idx].field = value;                                     \
+		if (good)                                                 \
+			crafted_good(e, NBASE, #field " = " #value);      \
+		else                                                      \
+			crafted_bad(e, NBASE, #field " = " #value);       \
+	} while (0)
+
+	/* type */
+	MUTATE(0, type, 0, false);
+	MUTATE(0, type, 4, false);
+	MUTATE(0, type, 255, false);
+	MUTATE(3, type, MF_DIR, true);        /* an empty file may as well be a dir */
+	/* mode: permission bits only */
+	MUTATE(1, mode, 07777, true);
+	MUTATE(1, mode, 0, true);
+	MUTATE(1, mode, 010000, false);
+	MUTATE(1, mode, 0100644, false);      /* S_IFREG | 0644 */
+	MUTATE(0, mode, 040755, false);       /* S_IFDIR | 0755 */
+	MUTATE(1, mode, 0x80000000u, false);
+	/* size bound */
+	MUTATE(1, size, MF_MAX_FILE_SIZE, true);
+	MUTATE(1, size, MF_MAX_FILE_SIZE + 1, false);
+	MUTATE(1, size, UINT64_MAX, false);
+	/* size and crc only on files */
+	MUTATE(0, size, 1, false);
+	MUTATE(0, crc, 1, false);
+	MUTATE(2, size, 8, false);
+	MUTATE(2, crc, 1, false);
+	MUTATE(3, crc, 0xffffffffu, true);
+	/* symlink without target, file or dir with one */
+	MUTATE(2, target, NULL, false);
+	MUTATE(1, target, "x", false);
+	MUTATE(0, target, "x", false);
+	MUTATE(2, target, "/absolute/elsewhere", true);   /* targets are data */
+	/* target with an embedded NUL */
+	memcpy(e, base, sizeof(base));
+	e[2].target = "a\0b";
+	e[2].tl = 3;
+	crafted_bad(e, NBASE, "target with NUL");
+#undef MUTATE
+}
+
+static void test_decode_trailing_and_hash(void **state)
+{
+	uint8_t *buf, *longer;
+	size_t len;
+	(void)state;
+
+	buf = craft(base, NBASE, &len);
+	longer = malloc(len + 100);
+	assert_non_null(longer);
+	memcpy(longer, buf, len);
+	memset(longer + len, 0, 100);
+	decode_bad(longer, len + 1, "one trailing byte");
+	decode_bad(longer, len + 100, "100 trailing bytes");
+	free(longer);
+
+	/* every bit of the hash matters */
+	for (size_t i = 8; i < 40; i++) {
+		for (int bit = 0; bit < 8; bit++) {
+			buf[i] ^= (uint8_t)(1u << bit);
+			decode_bad(buf, len, "flipped hash bit");
+			buf[i] ^= (uint8_t)(1u << bit);
+		}
+	}
+	decode_good(buf, len, "restored");
+	free(buf);
+}
+
+/* Any change to any byte of a valid encoding is refused. */
+static void test_decode_every_byte_flipped(void **state)
+{
+	struct tmp *t = *state;
+	static const uint8_t xors[] = { 0x01, 0x02, 0x10, 0x80, 0xff };
+	struct manifest *m;
+	uint8_t *buf, *copy;
+	size_t len;
+
+	make_sample(t->fd, "tree");
+	m = build(t->fd, "tree");
+	assert_int_equal(mf_encode(m, &buf, &len), 0);
+	copy = malloc(len);
+	assert_non_null(copy);
+	for (size_t i = 0; i < len; i++) {
+		for (size_t x = 0; x < sizeof(xors); x++) {
+			memcpy(copy, buf, len);
+			copy[i] ^= xors[x];
+			decode_bad(copy, len, "flipped byte");
+		}
+	}
+	free(copy);
+	free(buf);
+	mf_free(m);
+}
+
+/* Random damage (bytes changed, cut, grown) with a fixed seed. */
+static void test_decode_random_damage(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m;
+	uint8_t *buf, *copy;
+	size_t len;
+	uint64_t x = 0x9e3779b97f4a7c15ULL;
+
+	make_sample(t->fd, "tree");
+	m = build(t->fd, "tree");
+	assert_int_equal(mf_encode(m, &buf, &len), 0);
+	for (int iter = 0; iter < 20000; iter++) {
+		size_t clen = len, nchg;
+		int rc;
+		struct manifest *d = NULL;
+
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		if ((x & 3) == 0)
+			clen = (size_t)(x >> 8) % len;
+		else if ((x & 3) == 1)
+			clen = len + 1 + (size_t)(x >> 8) % 64;
+		copy = malloc(clen ? clen : 1);
+		assert_non_null(copy);
+		for (size_t i = 0; i < clen; i++)
+			copy[i] = i < len ? buf[i] : (uint8_t)(x >> (i % 56));
+		nchg = clen ? 1 + (size_t)(x >> 20) % 4 : 0;
+		for (size_t k = 0; k < nchg; k++) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+			copy[(size_t)(x >> 11) % clen] = (uint8_t)(x >> 3);
+		}
+		rc = mf_decode(copy, clen, &d);
+		if (clen == len && memcmp(copy, buf, len) == 0) {
+			assert_int_equal(rc, 0);
+			mf_free(d);
+		} else if (rc != -EBADMSG) {
+			print_error("iteration %d: mf_decode = %d on damaged input\n", iter, rc);
+			if (rc == 0)
+				mf_free(d);
+			fail();
+		}
+		free(copy);
+	}
+	free(buf);
+	mf_free(m);
+}
+
+/* ---- hash hex ---- */
+
+static void test_hash_hex(void **state)
+{
+	uint8_t h[32], back[32];
+	char hex[65], bad[80];
+	(void)state;
+
+	for (int i = 0; i < 32; i++)
+		h[i] = (uint8_t)(i * 0x11 + 0x0f);
+	memset(hex, '#', sizeof(hex));
+	mf_hash_hex(h, hex);
+	assert_int_equal(strlen(hex), 64);
+	assert_memory_equal(hex, "0f203142", 8);
+	assert_string_equal(hex + 56, "ebfc0d1e");
+	memset(back, 0, sizeof(back));
+	assert_int_equal(mf_hash_parse(hex, back), 0);
+	assert_memory_equal(back, h, 32);
+
+	memset(h, 0xff, sizeof(h));
+	mf_hash_hex(h, hex);
+	assert_string_equal(hex, "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff");
+	assert_int_equal(mf_hash_parse(hex, back), 0);
+	assert_memory_equal(back, h, 32);
+	memset(h, 0, sizeof(h));
+	mf_hash_hex(h, hex);
+	assert_string_equal(hex, "0000000000000000000000000000000000000000000000000000000000000000");
+	assert_int_equal(mf_hash_parse(hex, back), 0);
+	assert_memory_equal(back, h, 32);
+
+	/* rejects */
+	assert_int_equal(mf_hash_parse("", back), -EINVAL);
+	assert_int_equal(mf_hash_parse("00", back), -EINVAL);
+	snprintf(bad, sizeof(bad), "%.63s", hex);                 /* 63 digits */
+	assert_int_equal(mf_hash_parse(bad, back), -EINVAL);
+	snprintf(bad, sizeof(bad), "%s0", hex);                   /* 65 digits */
+	assert_int_equal(mf_hash_parse(bad, back), -EINVAL);
+	snprintf(bad, sizeof(bad), "%s\n", hex);
+	assert_int_equal(mf_hash_parse(bad, back), -EINVAL);
+	snprintf(bad, sizeof(bad), "%s", hex);
+	bad[10] = 'A';                                            /* upper case */
+	assert_int_equal(mf_hash_parse(bad, back), -EINVAL);
+	bad[10] = 'g';
+	assert_int_equal(mf_hash_parse(bad, back), -EINVAL);
+	bad[10] = ' ';
+	assert_int_equal(mf_hash_parse(bad, back), -EINVAL);
+	bad[10] = '0';
+	bad[63] = 'x';
+	assert_int_equal(mf_hash_parse(bad, back), -EINVAL);
+	bad[0] = '-';
+	bad[63] = '0';
+	assert_int_equal(mf_hash_parse(bad, back), -EINVAL);
+}
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, tmp_setup, tmp_teardown)
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_crc32c_check_values),
+		cmocka_unit_test(test_crc32c_incremental_large),
+		T(test_crc32c_fd_small),
+		T(test_crc32c_fd_crosses_window),
+		T(test_build_tree),
+		T(test_build_empty),
+		T(test_build_hash),
+		T(test_verify_detects),
+		T(test_verify_small_err_buffer),
+		T(test_verify_symlink_target),
+		T(test_encode_decode_roundtrip),
+		T(test_encode_layout),
+		T(test_decode_one_byte_names),
+		T(test_decode_truncated),
+		cmocka_unit_test(test_decode_header),
+		cmocka_unit_test(test_decode_unsafe_paths),
+		cmocka_unit_test(test_decode_order),
+		cmocka_unit_test(test_decode_fields),
+		cmocka_unit_test(test_decode_trailing_and_hash),
+		T(test_decode_every_byte_flipped),
+		T(test_decode_random_damage),
+		cmocka_unit_test(test_hash_hex),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,691 @@
+/* Unit tests for common/util: size and integer parsing (every accepted form
+ * and the rejections), step names, relative-path safety, mkdir -p, rm -rf
+ * with freed-byte accounting, and the atomic write / bounded read pair.
+ * Filesystem tests run in a private directory under /dev/shm (or /tmp)
+ * that the teardown removes. */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/util.h"
+
+#define SENTINEL 0x5a5a5a5a5a5a5a5aULL
+
+/* ---- private temp directory (removed without the code under test) ---- */
+
+struct tmp {
+	char path[PATH_MAX];
+	int fd;
+};
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)ftw;
+	return flag == FTW_DP ? rmdir(p) : unlink(p);
+}
+
+static int tmp_setup(void **state)
+{
+	static const char *const bases[] = { "/dev/shm", "/tmp" };
+	struct tmp *t = calloc(1, sizeof(*t));
+
+	if (!t)
+		return -1;
+	for (size_t i = 0; i < sizeof(bases) / sizeof(bases[0]); i++) {
+		snprintf(t->path, sizeof(t->path), "%s/mtcfs-test-util-XXXXXX", bases[i]);
+		if (mkdtemp(t->path))
+			break;
+		t->path[0] = '\0';
+	}
+	if (!t->path[0]) {
+		free(t);
+		return -1;
+	}
+	t->fd = open(t->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (t->fd < 0) {
+		rmdir(t->path);
+		free(t);
+		return -1;
+	}
+	*state = t;
+	return 0;
+}
+
+static int tmp_teardown(void **state)
+{
+	struct tmp *t = *state;
+	int rc;
+
+	if (!t)
+		return 0;
+	close(t->fd);
+	rc = nftw(t->path, rm_cb, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+	free(t);
+	return rc;
+}
+
+static void put_file(int dirfd, const char *name, const void *data, size_t len)
+{
+	int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, data, len), (ssize_t)len);
+	assert_int_equal(close(fd), 0);
+}
+
+static bool exists(int dirfd, const char *name)
+{
+	struct stat st;
+	return fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+/* Number of entries in dirfd/name other than "." and "..". */
+static int count_entries(int dirfd, const char *name)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d;
+	struct dirent *de;
+	int n = 0;
+
+	assert_true(fd >= 0);
+	d = fdopendir(fd);
+	assert_non_null(d);
+	while ((de = readdir(d)) != NULL)
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			n++;
+	closedir(d);
+	return n;
+}
+
+/* ---- util_parse_size ---- */
+
+static void size_ok(const char *s, uint64_t want)
+{
+	uint64_t v = SENTINEL;
+	int rc = util_parse_size(s, &v);
+
+	if (rc != 0 || v != want) {
+		print_error("util_parse_size(\"%s\") = %d, %llu; want 0, %llu\n", s, rc,
+			    (unsigned long long)v, (unsigned long long)want);
+		fail();
+	}
+}
+
+static void size_bad(const char *s)
+{
+	uint64_t v = SENTINEL;
+	int rc = util_parse_size(s, &v);
+
+	if (rc != -EINVAL || v != SENTINEL) {
+		print_error("util_parse_size(\"%s\") = %d, %llu; want -EINVAL, output untouched\n",
+			    s ? s : "(null)", rc, (unsigned long long)v);
+		fail();
+	}
+}
+
+static void test_parse_size_accepts(void **state)
+{
+	(void)state;
+	size_ok("0", 0);
+	size_ok("1", 1);
+	size_ok("1048576", 1048576);
+	size_ok("512M", 512ULL << 20);
+	size_ok("4G", 4ULL << 30);
+	size_ok("4g", 4ULL << 30);
+	size_ok("4GB", 4ULL << 30);
+	size_ok("4Gb", 4ULL << 30);
+	size_ok("4GiB", 4ULL << 30);
+	size_ok("200Gi", 200ULL << 30);
+	size_ok("1k", 1024);
+	size_ok("1K", 1024);
+	size_ok("1Ki", 1024);
+	size_ok("2T", 2ULL << 40);
+	size_ok("0G", 0);
+	size_ok("007M", 7ULL << 20);
+	size_ok("1.5G", 3ULL << 29);
+	size_ok("1.5T", 3ULL << 39);
+	size_ok("0.5K", 512);
+	size_ok("0.25M", 1ULL << 18);
+	size_ok("2.75Gi", 11ULL << 28);
+	/* a fraction rounds down to a whole byte */
+	size_ok("1.5", 1);
+	size_ok("0.3K", 307);          /* 0.3 * 1024 = 307.2 */
+	/* digits past the ninth are ignored */
+	size_ok("1.0000000001G", 1ULL << 30);
+	/* the largest whole count of GiB that fits in 64 bits */
+	size_ok("17179869183G", ((1ULL << 34) - 1) << 30);
+	size_ok("16777215T", ((1ULL << 24) - 1) << 40);
+}
+
+static void test_parse_size_rejects(void **state)
+{
+	(void)state;
+	size_bad(NULL);
+	size_bad("");
+	size_bad("G");
+	size_bad("-1");
+	size_bad("+1");
+	size_bad("1X");
+	size_bad("1P");
+	size_bad("1B");            /* no unit, so no B either */
+	size_bad("1i");
+	size_bad("1iB");
+	size_bad(" 4G");
+	size_bad("4G ");
+	size_bad("4 G");
+	size_bad("4GiBx");
+	size_bad("4GBi");
+	size_bad("4Gii");
+	size_bad(".5G");
+	size_bad("1.G");
+	size_bad("1.");
+	size_bad("1..5G");
+	size_bad("1.5.2G");
+	size_bad("0x10");
+	size_bad("1e6");
+	size_bad("99999999999999999999");
+	size_bad("99999999999999999999G");
+	size_bad("17179869184G");  /* 2^64 */
+	size_bad("16777216T");     /* 2^64 */
+	size_bad("18446744073709551616");
+}
+
+/* A fraction of a TiB with eight or more digits: frac * 2^40 exceeds 64 bits
+ * in util_parse_size's (frac * mul) / fdiv and the result wraps. */
+static void test_parse_size_tib_fraction_precision(void **state)
+{
+	static const char *const cases[] = { "1.99999999T", "1.123456789T", "0.5000000001T",
+					     "3.87654321Ti" };
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const char *s = cases[i];
+		const char *dot = strchr(s, '.');
+		uint64_t whole = 0, frac = 0, fdiv = 1, v = SENTINEL;
+		unsigned __int128 want;
+		int rc;
+
+		for (const char *p = s; p < dot; p++)
+			whole = whole * 10 + (uint64_t)(*p - '0');
+		for (const char *p = dot + 1; *p >= '0' && *p <= '9' && fdiv < 1000000000ULL; p++) {
+			frac = frac * 10 + (uint64_t)(*p - '0');
+			fdiv *= 10;
+		}
+		want = ((unsigned __int128)whole << 40) +
+		       (((unsigned __int128)frac << 40) / fdiv);
+		rc = util_parse_size(s, &v);
+		if (rc != 0 || v != (uint64_t)want) {
+			print_error("util_parse_size(\"%s\") = %d, %llu; want 0, %llu\n", s, rc,
+				    (unsigned long long)v, (unsigned long long)want);
+			fail();
+		}
+	}
+}
+
+/* ---- util_parse_u64 ---- */
+
+static void u64_ok(const char *s, uint64_t max, uint64_t want)
+{
+	uint64_t v = SENTINEL;
+	int rc = util_parse_u64(s, max, &v);
+
+	if (rc != 0 || v != want) {
+		print_error("util_parse_u64(\"%s\", %llu) = %d, %llu; want 0, %llu\n", s,
+			    (unsigned long long)max, rc, (unsigned long long)v,
+			    (unsigned long long)want);
+		fail();
+	}
+}
+
+static void u64_bad(const char *s, uint64_t max)
+{
+	uint64_t v = SENTINEL;
+	int rc = util_parse_u64(s, max, &v);
+
+	if (rc != -EINVAL || v != SENTINEL) {
+		print_error("util_parse_u64(\"%s\", %llu) = %d, %llu; want -EINVAL, untouched\n",
+			    s ? s : "(null)", (unsigned long long)max, rc, (unsigned long long)v);
+		fail();
+	}
+}
+
+static void test_parse_u64(void **state)
+{
+	(void)state;
+	u64_ok("0", UINT64_MAX, 0);
+	u64_ok("42", UINT64_MAX, 42);
+	u64_ok("007", UINT64_MAX, 7);
+	u64_ok("10", 10, 10);
+	u64_ok("0", 0, 0);
+	u64_ok("18446744073709551609", UINT64_MAX, 18446744073709551609ULL);
+	u64_ok("4294967296", UINT64_MAX, 4294967296ULL);
+
+	u64_bad(NULL, UINT64_MAX);
+	u64_bad("", UINT64_MAX);
+	u64_bad("11", 10);
+	u64_bad("1", 0);
+	u64_bad("-1", UINT64_MAX);
+	u64_bad("+1", UINT64_MAX);
+	u64_bad(" 1", UINT64_MAX);
+	u64_bad("1 ", UINT64_MAX);
+	u64_bad("1a", UINT64_MAX);
+	u64_bad("0x10", UINT64_MAX);
+	u64_bad("1.0", UINT64_MAX);
+	u64_bad("18446744073709551616", UINT64_MAX);      /* 2^64 */
+	u64_bad("99999999999999999999", UINT64_MAX);
+	u64_bad("184467440737095516150", UINT64_MAX);
+}
+
+/* "<= max" must hold up to max itself: UINT64_MAX and its neighbours are
+ * valid inputs, but the overflow guard (v > (UINT64_MAX - 9) / 10) rejects
+ * every value from 18446744073709551610 up. */
+static void test_parse_u64_near_uint64_max(void **state)
+{
+	(void)state;
+	u64_ok("18446744073709551610", UINT64_MAX, 18446744073709551610ULL);
+	u64_ok("18446744073709551615", UINT64_MAX, UINT64_MAX);
+}
+
+/* ---- util_is_step_name ---- */
+
+static void step_ok(const char *s, uint64_t want)
+{
+	uint64_t v = SENTINEL;
+
+	if (!util_is_step_name(s, &v) || v != want) {
+		print_error("util_is_step_name(\"%s\") should be step %llu (got %llu)\n", s,
+			    (unsigned long long)want, (unsigned long long)v);
+		fail();
+	}
+	assert_true(util_is_step_name(s, NULL));
+}
+
+static void step_bad(const char *s)
+{
+	uint64_t v = SENTINEL;
+
+	if (util_is_step_name(s, &v) || v != SENTINEL) {
+		print_error("util_is_step_name(\"%s\") should be false, output untouched\n", s);
+		fail();
+	}
+}
+
+static void test_is_step_name(void **state)
+{
+	(void)state;
+	step_ok("5", 5);
+	step_ok("0", 0);
+	step_ok("1000", 1000);
+	step_ok("4294967296", 4294967296ULL);
+	step_ok("9999999999999999999", 9999999999999999999ULL);   /* 19 digits */
+	/* current behaviour: leading zeros are accepted and name the same step */
+	step_ok("05", 5);
+	step_ok("0000000000000000001", 1);
+
+	step_bad("");
+	step_bad("12345678901234567890");   /* 20 digits */
+	step_bad("00000000000000000000");   /* 20 digits, small value */
+	step_bad("5.orbax-checkpoint-tmp-1");
+	step_bad("step=5");
+	step_bad("step_5");
+	step_bad("-5");
+	step_bad("+5");
+	step_bad(" 5");
+	step_bad("5 ");
+	step_bad("5a");
+	step_bad("0x5");
+	step_bad(".5");
+}
+
+/* ---- util_safe_relpath ---- */
+
+static void rel_ok(const char *p)
+{
+	if (!util_safe_relpath(p, strlen(p))) {
+		print_error("util_safe_relpath(\"%s\") should accept\n", p);
+		fail();
+	}
+}
+
+static void rel_bad(const char *p)
+{
+	if (util_safe_relpath(p, strlen(p))) {
+		print_error("util_safe_relpath(\"%s\") should reject\n", p);
+		fail();
+	}
+}
+
+static void test_safe_relpath(void **state)
+{
+	char comp[NAME_MAX + 8];
+	char *longp;
+	(void)state;
+
+	rel_ok("a");
+	rel_ok("a/b/c");
+	rel_ok(".hidden");
+	rel_ok("..x");
+	rel_ok("x..");
+	rel_ok("...");
+	rel_ok("a/.b/..c");
+	rel_ok("a b/c");
+
+	rel_bad("");
+	rel_bad("/abs");
+	rel_bad("/");
+	rel_bad("//a");
+	rel_bad(".");
+	rel_bad("..");
+	rel_bad("./a");
+	rel_bad("../a");
+	rel_bad("a/.");
+	rel_bad("a/..");
+	rel_bad("a/../b");
+	rel_bad("a/./b");
+	rel_bad("a//b");
+	rel_bad("a/");
+	rel_bad("a/b/");
+
+	/* embedded NUL, seen through the explicit length */
+	assert_false(util_safe_relpath("a\0b", 3));
+	assert_false(util_safe_relpath("a\0", 2));
+	assert_false(util_safe_relpath("a/\0/b", 5));
+	/* the length bounds the check: only the first len bytes count */
+	assert_true(util_safe_relpath("a/../b", 1));
+	assert_true(util_safe_relpath("abc/", 3));
+	assert_false(util_safe_relpath("abc/", 4));
+
+	/* component length: NAME_MAX is fine, NAME_MAX + 1 is not */
+	memset(comp, 'x', sizeof(comp));
+	assert_true(util_safe_relpath(comp, NAME_MAX));
+	assert_false(util_safe_relpath(comp, NAME_MAX + 1));
+	comp[0] = 'd';
+	comp[1] = '/';
+	assert_true(util_safe_relpath(comp, 2 + NAME_MAX));
+	assert_false(util_safe_relpath(comp, 2 + NAME_MAX + 1));
+
+	/* total length: PATH_MAX - 1 is fine, PATH_MAX is not */
+	longp = malloc(PATH_MAX + 1);
+	assert_non_null(longp);
+	for (size_t i = 0; i < PATH_MAX + 1; i++)
+		longp[i] = (i % 200 == 199) ? '/' : 'p';
+	assert_int_not_equal(longp[PATH_MAX - 2], '/');
+	assert_int_not_equal(longp[PATH_MAX - 1], '/');
+	assert_true(util_safe_relpath(longp, PATH_MAX - 1));
+	assert_false(util_safe_relpath(longp, PATH_MAX));
+	free(longp);
+}
+
+/* ---- util_mkdirs_at ---- */
+
+static void assert_dir_mode(int dirfd, const char *p, mode_t mode)
+{
+	struct stat st;
+
+	assert_int_equal(fstatat(dirfd, p, &st, AT_SYMLINK_NOFOLLOW), 0);
+	assert_true(S_ISDIR(st.st_mode));
+	assert_int_equal(st.st_mode & 07777, mode);
+}
+
+static void test_mkdirs_at(void **state)
+{
+	struct tmp *t = *state;
+	char longp[PATH_MAX + 16];
+	mode_t old = umask(0);
+
+	assert_int_equal(util_mkdirs_at(t->fd, "a/b/c", 0750), 0);
+	assert_dir_mode(t->fd, "a", 0750);
+	assert_dir_mode(t->fd, "a/b", 0750);
+	assert_dir_mode(t->fd, "a/b/c", 0750);
+	/* idempotent; existing parents are left alone */
+	assert_int_equal(util_mkdirs_at(t->fd, "a/b/c", 0700), 0);
+	assert_dir_mode(t->fd, "a/b/c", 0750);
+	assert_int_equal(util_mkdirs_at(t->fd, "a/b/d", 0700), 0);
+	assert_dir_mode(t->fd, "a/b", 0750);
+	assert_dir_mode(t->fd, "a/b/d", 0700);
+	/* single component, trailing slash */
+	assert_int_equal(util_mkdirs_at(t->fd, "single", 0755), 0);
+	assert_dir_mode(t->fd, "single", 0755);
+	assert_int_equal(util_mkdirs_at(t->fd, "x/y/", 0755), 0);
+	assert_dir_mode(t->fd, "x/y", 0755);
+	umask(old);
+
+	/* a regular file in the middle of the path */
+	put_file(t->fd, "f", "x", 1);
+	assert_int_equal(util_mkdirs_at(t->fd, "f/g", 0755), -ENOTDIR);
+	assert_int_equal(util_mkdirs_at(t->fd, "a/f/g", 0755), 0);
+	assert_dir_mode(t->fd, "a/f/g", 0755 & ~old);
+
+	/* too long for the internal buffer */
+	memset(longp, 'q', sizeof(longp) - 1);
+	longp[sizeof(longp) - 1] = '\0';
+	assert_int_equal(util_mkdirs_at(t->fd, longp, 0755), -ENAMETOOLONG);
+}
+
+/* "mkdir -p" of a path that exists as a regular file must fail (mkdir -p
+ * says "File exists"); util_mkdirs_at ignores EEXIST on the last component
+ * without checking that it is a directory and returns 0. */
+static void test_mkdirs_at_existing_file(void **state)
+{
+	struct tmp *t = *state;
+	int rc;
+
+	put_file(t->fd, "file", "x", 1);
+	rc = util_mkdirs_at(t->fd, "file", 0755);
+	if (rc != -EEXIST && rc != -ENOTDIR) {
+		print_error("util_mkdirs_at(\"file\") on a regular file = %d, want -EEXIST/-ENOTDIR\n",
+			    rc);
+		fail();
+	}
+	assert_int_equal(util_mkdirs_at(t->fd, "d", 0755), 0);
+	put_file(t->fd, "d/leaf", "x", 1);
+	rc = util_mkdirs_at(t->fd, "d/leaf", 0755);
+	if (rc != -EEXIST && rc != -ENOTDIR) {
+		print_error("util_mkdirs_at(\"d/leaf\") on a regular file = %d, want -EEXIST/-ENOTDIR\n",
+			    rc);
+		fail();
+	}
+}
+
+/* ---- util_rmtree_at ---- */
+
+static uint64_t blocks_of(int dirfd, const char *p)
+{
+	struct stat st;
+
+	assert_int_equal(fstatat(dirfd, p, &st, AT_SYMLINK_NOFOLLOW), 0);
+	return (uint64_t)st.st_blocks * 512;
+}
+
+static void test_rmtree_at(void **state)
+{
+	struct tmp *t = *state;
+	static char big[20000];
+	uint64_t freed, want = 0;
+
+	memset(big, 'b', sizeof(big));
+	assert_int_equal(util_mkdirs_at(t->fd, "tree/d1/d2/d3", 0755), 0);
+	assert_int_equal(util_mkdirs_at(t->fd, "tree/empty", 0755), 0);
+	assert_int_equal(util_mkdirs_at(t->fd, "outside/keepdir", 0755), 0);
+	put_file(t->fd, "tree/big", big, sizeof(big));
+	put_file(t->fd, "tree/d1/d2/d3/small", "hello", 5);
+	put_file(t->fd, "tree/zero", "", 0);
+	put_file(t->fd, "tree/d1/twice", big, 9000);
+	put_file(t->fd, "tree/d1/shared", big, 7000);
+	put_file(t->fd, "outside/keepdir/file", "keep", 4);
+	/* both links of "twice" are inside: its blocks count once */
+	assert_int_equal(linkat(t->fd, "tree/d1/twice", t->fd, "tree/d1/d2/twice2", 0), 0);
+	/* "shared" keeps a link outside the tree: nothing freed for it */
+	assert_int_equal(linkat(t->fd, "tree/d1/shared", t->fd, "outside/shared", 0), 0);
+	/* symlinks are removed, never followed */
+	assert_int_equal(symlinkat("../outside/keepdir", t->fd, "tree/link_to_dir"), 0);
+	assert_int_equal(symlinkat("../outside/keepdir/file", t->fd, "tree/d1/link_to_file"), 0);
+	assert_int_equal(symlinkat("nowhere", t->fd, "tree/dangling"), 0);
+	assert_int_equal(mkfifoat(t->fd, "tree/d1/fifo", 0600), 0);
+
+	want += blocks_of(t->fd, "tree/big");
+	want += blocks_of(t->fd, "tree/d1/d2/d3/small");
+	want += blocks_of(t->fd, "tree/d1/twice");
+	assert_true(want > 0);
+
+	freed = 1000;   /* added to, not reset */
+	assert_int_equal(util_rmtree_at(t->fd, "tree", &freed), 0);
+	assert_int_equal(freed, 1000 + want);
+	assert_false(exists(t->fd, "tree"));
+	assert_true(exists(t->fd, "outside/keepdir/file"));
+	assert_true(exists(t->fd, "outside/shared"));
+	assert_int_equal(count_entries(t->fd, "outside/keepdir"), 1);
+
+	/* missing is not an error and frees nothing */
+	freed = 7;
+	assert_int_equal(util_rmtree_at(t->fd, "tree", &freed), 0);
+	assert_int_equal(freed, 7);
+
+	/* a single file, with and without a counter */
+	put_file(t->fd, "lone", big, 4096);
+	want = blocks_of(t->fd, "lone");
+	freed = 0;
+	assert_int_equal(util_rmtree_at(t->fd, "lone", &freed), 0);
+	assert_int_equal(freed, want);
+	assert_false(exists(t->fd, "lone"));
+	put_file(t->fd, "lone", big, 10);
+	assert_int_equal(util_rmtree_at(t->fd, "lone", NULL), 0);
+	assert_false(exists(t->fd, "lone"));
+
+	/* the last link of "shared" now goes: it counts */
+	want = blocks_of(t->fd, "outside/shared") + blocks_of(t->fd, "outside/keepdir/file");
+	freed = 0;
+	assert_int_equal(util_rmtree_at(t->fd, "outside", &freed), 0);
+	assert_int_equal(freed, want);
+	assert_int_equal(count_entries(t->fd, "."), 0);
+}
+
+/* ---- util_write_file_atomic / util_read_file_at ---- */
+
+static void read_back(int dirfd, const char *name, size_t max, const void *want, size_t wantlen)
+{
+	char *buf = NULL;
+	size_t len = SIZE_MAX;
+
+	assert_int_equal(util_read_file_at(dirfd, name, max, &buf, &len), 0);
+	assert_non_null(buf);
+	assert_int_equal(len, wantlen);
+	if (wantlen)
+		assert_memory_equal(buf, want, wantlen);
+	assert_int_equal(buf[len], '\0');
+	free(buf);
+}
+
+static void test_write_read_file(void **state)
+{
+	struct tmp *t = *state;
+	static const char bin[] = { 'a', '\0', 'b', '\n', '\0' };
+	size_t bigsz = 1u << 20;
+	char *big = malloc(bigsz);
+
+	assert_non_null(big);
+	for (size_t i = 0; i < bigsz; i++)
+		big[i] = (char)(i * 131 + 7);
+
+	assert_int_equal(util_write_file_atomic(t->fd, "f", "hello", 5), 0);
+	read_back(t->fd, "f", 100, "hello", 5);
+	/* replace with longer, then shorter content: no stale tail */
+	assert_int_equal(util_write_file_atomic(t->fd, "f", "hello, world", 12), 0);
+	read_back(t->fd, "f", 100, "hello, world", 12);
+	assert_int_equal(util_write_file_atomic(t->fd, "f", "hi", 2), 0);
+	read_back(t->fd, "f", 100, "hi", 2);
+	/* binary content with NULs, empty content */
+	assert_int_equal(util_write_file_atomic(t->fd, "bin", bin, sizeof(bin)), 0);
+	read_back(t->fd, "bin", sizeof(bin), bin, sizeof(bin));
+	assert_int_equal(util_write_file_atomic(t->fd, "empty", "", 0), 0);
+	read_back(t->fd, "empty", 0, "", 0);
+	read_back(t->fd, "empty", 10, "", 0);
+	/* a large buffer */
+	assert_int_equal(util_write_file_atomic(t->fd, "big", big, bigsz), 0);
+	read_back(t->fd, "big", bigsz, big, bigsz);
+	/* no temporary file is left behind */
+	assert_int_equal(count_entries(t->fd, "."), 4);
+	free(big);
+}
+
+static void test_read_file_limits(void **state)
+{
+	struct tmp *t = *state;
+	char *buf = (char *)&buf;   /* sentinel: must stay untouched on error */
+	size_t len = 12345;
+
+	put_file(t->fd, "ten", "0123456789", 10);
+	read_back(t->fd, "ten", 10, "0123456789", 10);    /* exactly max */
+	read_back(t->fd, "ten", 11, "0123456789", 10);
+	assert_int_equal(util_read_file_at(t->fd, "ten", 9, &buf, &len), -EFBIG);
+	assert_int_equal(util_read_file_at(t->fd, "ten", 0, &buf, &len), -EFBIG);
+	assert_ptr_equal(buf, (char *)&buf);
+	assert_int_equal(len, 12345);
+	assert_int_equal(util_read_file_at(t->fd, "missing", 10, &buf, &len), -ENOENT);
+	assert_ptr_equal(buf, (char *)&buf);
+	assert_int_equal(util_read_file_at(t->fd, ".", 10, &buf, &len), -EISDIR);
+	assert_ptr_equal(buf, (char *)&buf);
+}
+
+static void test_write_file_errors(void **state)
+{
+	struct tmp *t = *state;
+	char name[NAME_MAX + 1];
+
+	/* renaming over a directory fails; the temporary is removed */
+	assert_int_equal(mkdirat(t->fd, "dir", 0755), 0);
+	assert_int_equal(util_write_file_atomic(t->fd, "dir", "x", 1), -EISDIR);
+	assert_int_equal(count_entries(t->fd, "."), 1);
+	/* missing parent */
+	assert_int_equal(util_write_file_atomic(t->fd, "nodir/f", "x", 1), -ENOENT);
+	/* a name too long for the temporary's name */
+	memset(name, 'n', NAME_MAX);
+	name[NAME_MAX] = '\0';
+	assert_int_equal(util_write_file_atomic(t->fd, name, "x", 1), -ENAMETOOLONG);
+	assert_int_equal(count_entries(t->fd, "."), 1);
+}
+
+static void test_now_ns(void **state)
+{
+	uint64_t a, b;
+	(void)state;
+
+	a = util_now_ns();
+	b = util_now_ns();
+	assert_true(a > 0);
+	assert_true(b >= a);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_parse_size_accepts),
+		cmocka_unit_test(test_parse_size_rejects),
+		cmocka_unit_test(test_parse_size_tib_fraction_precision),
+		cmocka_unit_test(test_parse_u64),
+		cmocka_unit_test(test_parse_u64_near_uint64_max),
+		cmocka_unit_test(test_is_step_name),
+		cmocka_unit_test(test_safe_relpath),
+		cmocka_unit_test_setup_teardown(test_mkdirs_at, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_mkdirs_at_existing_file, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_rmtree_at, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_write_read_file, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_read_file_limits, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_write_file_errors, tmp_setup, tmp_teardown),
+		cmocka_unit_test(test_now_ns),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
