@@ -170,6 +170,7 @@ static void seal_job(void *arg)
 		goto out;
 	}
 	mf_hash_hex(mf->hash, hex);
+	eng_committed(fs->eng, &k, mf->hash);
 	log_info("commit", "committed job=%s step=%llu rank=%u files=%u bytes=%llu hash=%s seal_ms=%.1f",
 		 k.job, (unsigned long long)step, k.rank, mf->nfiles,
 		 (unsigned long long)mf->total, hex, (double)(util_now_ns() - t0) / 1e6);
@@ -253,50 +254,88 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	return freed;
 }
 
-/* Own shards of the current job older than the newest committed one may
- * go, except the restored step until a newer commit exists. Returns bytes
- * freed; stops once `want` bytes are free (0 = drop all that may go). */
+/* Drop one replica (a shard of another node held here). */
+static uint64_t drop_replica(struct fs *fs, const struct shard_key *k)
+{
+	uint64_t freed = 0;
+	ram_drop(fs->ram, k, &freed);
+	log_info("gc", "dropped replica job=%s step=%llu node=%u freed=%llu", k->job,
+		 (unsigned long long)k->step, k->rank, (unsigned long long)freed);
+	return freed;
+}
+
+/* Which shards of the current job may go (DESIGN §4-5):
+ *  - single node: own steps older than the newest committed one, except
+ *    the restored step until a newer commit exists;
+ *  - with peers: own steps and replicas older than the newest step that is
+ *    complete across the job (the coordinator's LKG), never the LKG itself.
+ * Returns bytes freed; stops once `want` bytes are free (0 = all). */
 static uint64_t gc_own(struct fs *fs, uint64_t want)
 {
 	struct shard_rec *recs = NULL;
 	size_t n = 0, i;
-	uint64_t newest = 0, freed = 0, keep_restored;
-	bool have_newest = false, have_restored;
+	uint64_t newest = 0, freed = 0, keep_restored, lkg = 0;
+	bool have_newest = false, have_restored, cluster;
 	char job[129];
+	uint32_t rank;
 
 	pthread_mutex_lock(&fs->mu);
 	snprintf(job, sizeof(job), "%s", fs->job);
 	keep_restored = fs->restored_step;
 	have_restored = fs->have_restored;
+	rank = fs->rank;
 	pthread_mutex_unlock(&fs->mu);
+	cluster = fs->eng != NULL;
+	if (cluster && !eng_lkg(fs->eng, job, &lkg))
+		return 0;   /* nothing is known to be complete job-wide: keep all */
 	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) < 0)
 		return 0;
 	for (i = 0; i < n; i++) {
-		if ((recs[i].flags & SHF_OWN) && recs[i].key.rank == fs->rank &&
+		if ((recs[i].flags & SHF_OWN) && recs[i].key.rank == rank &&
 		    recs[i].state >= SH_COMMITTED && recs[i].state != SH_BAD &&
 		    (!have_newest || recs[i].key.step > newest)) {
 			newest = recs[i].key.step;
 			have_newest = true;
 		}
 	}
-	if (have_restored && keep_restored >= newest)
-		have_restored = true;
-	else
+	if (cluster) {
+		newest = lkg;
+		have_newest = true;
+		have_restored = false;   /* the restored step is <= the LKG */
+	} else if (!(have_restored && keep_restored >= newest)) {
 		have_restored = false;   /* a newer commit supersedes the restored step */
+	}
 	for (i = 0; have_newest && i < n; i++) {
 		struct shard_rec *r = &recs[i];
-		if (!(r->flags & SHF_OWN) || r->key.rank != fs->rank || r->key.step >= newest)
-			continue;
-		if (r->state == SH_SEALING)
+		bool own = (r->flags & SHF_OWN) && r->key.rank == rank;
+		if (r->key.step >= newest || r->state == SH_SEALING)
 			continue;
 		if (have_restored && r->key.step == keep_restored)
 			continue;
-		freed += drop_own(fs, &r->key, r->ns_ino);
+		if (own)
+			freed += drop_own(fs, &r->key, r->ns_ino);
+		else if (cluster)
+			freed += drop_replica(fs, &r->key);
+		else
+			continue;
 		if (want && freed >= want)
 			break;
 	}
 	idx_recs_free(recs, n);
 	return freed;
+}
+
+static void gc_job(void *arg)
+{
+	commit_gc(arg);
+}
+
+/* The coordinator moved the job-wide LKG: collect on the seal worker. */
+void commit_on_lkg(void *arg, const char *job, uint64_t step)
+{
+	struct fs *fs = arg;
+	if (fs->eager_gc)
+		workq_submit(fs->sealq, gc_job, fs);
 }
 
 uint64_t commit_reclaim(void *arg, uint64_t want)

@@ -35,7 +35,7 @@ static void set_phase(struct fs *fs, const char *phase)
 }
 
 /* Append one line to replicator.errors (the app reads and deletes it). */
-static void report_error(void *arg, const char *line)
+void ctl_report_error(void *arg, const char *line)
 {
 	struct fs *fs = arg;
 	int fd = openat(ram_ns_fd(fs->ram), ERRORS, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
@@ -91,6 +91,16 @@ static void clean_namespace(struct fs *fs)
 	}
 	closedir(d);
 	ram_adjust(fs->ram, -(int64_t)freed);
+}
+
+static int write_prerestore(struct fs *fs, const struct restore_plan *p);
+
+static void prerestore_cb(void *arg, const struct restore_plan *p)
+{
+	struct fs *fs = arg;
+	int rc = write_prerestore(fs, p);
+	if (rc < 0)
+		log_err("ctl", "cannot write %s: %s", PRERESTORE, strerror(-rc));
 }
 
 static int write_prerestore(struct fs *fs, const struct restore_plan *p)
@@ -211,9 +221,16 @@ static void process_yaml(struct fs *fs)
 		unlinkat(nsfd, YAML, 0);
 		return;
 	}
-	if (c.nodes > 1) {
+	if (fs->eng) {
+		if (eng_set_job(fs->eng, &c, err, sizeof(err)) < 0) {
+			report_failed(fs, err);
+			unlinkat(nsfd, YAML, 0);
+			rcfg_free(&c);
+			return;
+		}
+	} else if (c.nodes > 1) {
 		snprintf(err, sizeof(err),
-			 "nodes: %d needs the peer tier (mount options peers= or coordinator=), which this build does not have; run with nodes: 1",
+			 "nodes: %d needs the peer tier: mount this node with listen= and peers= or coordinator=",
 			 c.nodes);
 		report_failed(fs, err);
 		unlinkat(nsfd, YAML, 0);
@@ -232,17 +249,30 @@ static void process_yaml(struct fs *fs)
 	if (unlinkat(nsfd, YAML, 0) < 0 && errno != ENOENT)
 		log_err("ctl", "cannot delete replicator.yaml: %s", strerror(errno));
 
-	rc = restore_plan_local(fs->ram, c.job, (uint32_t)c.node_rank, report_error, fs, &plan);
-	if (rc < 0) {
-		snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
-			 strerror(-rc));
-		report_error(fs, err);
-		memset(&plan, 0, sizeof(plan));
+	if (fs->eng) {
+		/* the job-wide plan; prerestore is written as soon as it is known,
+		 * before the fetch and the barrier */
+		rc = eng_restore(fs->eng, &c, ctl_report_error, fs, prerestore_cb, &plan);
+		if (rc < 0) {
+			snprintf(err, sizeof(err), "restore failed: %s; no .restore markers published",
+				 strerror(-rc));
+			report_failed(fs, err);
+			set_phase(fs, "failed");
+			rcfg_free(&c);
+			return;
+		}
+	} else {
+		rc = restore_plan_local(fs->ram, c.job, (uint32_t)c.node_rank, ctl_report_error, fs,
+					&plan);
+		if (rc < 0) {
+			snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
+				 strerror(-rc));
+			ctl_report_error(fs, err);
+			memset(&plan, 0, sizeof(plan));
+		}
+		prerestore_cb(fs, &plan);
+		/* single node: the data is local and the job-wide barrier is trivial */
 	}
-	rc = write_prerestore(fs, &plan);
-	if (rc < 0)
-		log_err("ctl", "cannot write %s: %s", PRERESTORE, strerror(-rc));
-	/* single node: the data is local and the job-wide barrier is trivial */
 	remember_restored(fs, &plan);
 	rc = publish_markers(fs, &c, &plan);
 	if (rc < 0) {
@@ -262,8 +292,20 @@ static void write_jax_init_info(struct fs *fs)
 	char buf[512];
 	int n;
 
-	n = snprintf(buf, sizeof(buf), "%d\n127.0.0.1:%d\n", fs->o.rank < 0 ? 0 : fs->o.rank,
-		     fs->o.jax_port);
+	char host[256] = "127.0.0.1";
+	const char *coord = fs->o.coordinator ? fs->o.coordinator : fs->o.peers;
+	int rank = fs->eng ? eng_rank(fs->eng) : fs->o.rank;
+
+	if (coord) {
+		/* the JAX coordinator runs beside rank 0: same host, JAX's port */
+		size_t hl = strcspn(coord, ",");
+		const char *colon = memrchr(coord, ':', hl);
+		if (colon && (size_t)(colon - coord) < sizeof(host)) {
+			memcpy(host, coord, (size_t)(colon - coord));
+			host[colon - coord] = '\0';
+		}
+	}
+	n = snprintf(buf, sizeof(buf), "%d\n%s:%d\n", rank < 0 ? 0 : rank, host, fs->o.jax_port);
 	if (util_write_file_atomic(ram_ns_fd(fs->ram), JAXINFO, buf, (size_t)n) < 0)
 		log_err("ctl", "cannot write %s: %s", JAXINFO, strerror(errno));
 }

@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include "common/workq.h"
+#include "tiers/engine.h"
 #include "tiers/ramtier.h"
 
 #define FN_FROZEN  0x1u   /* inside a committed step: read-only */
@@ -65,6 +66,7 @@ struct fs {
 	struct ram_tier *ram;
 	struct fuse_session *se;
 	struct workq *sealq;        /* commit sealing, in order */
+	struct eng *eng;            /* peer tier; NULL for a single node without network */
 	int proc_self_fd;
 
 	pthread_mutex_t mu;
@@ -104,6 +106,7 @@ void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step);
 int  ctl_start(struct fs *fs);
 void ctl_stop(struct fs *fs);
 void ctl_notify(struct fs *fs);      /* replicator.yaml may be complete */
+void ctl_report_error(void *fs, const char *line);   /* append to replicator.errors */
 int  fs_node_writers(struct fs *fs, ino_t ino, dev_t dev);
 
 /* commit.c */
@@ -119,5 +122,6 @@ void commit_wait_sealed(struct fs *fs, uint64_t step);
 void commit_hide(struct fs *fs, uint64_t step);
 uint64_t commit_reclaim(void *fs, uint64_t want);
 void commit_gc(struct fs *fs);
+void commit_on_lkg(void *fs, const char *job, uint64_t step);
 
 #endif

@@ -82,8 +82,10 @@ static void usage(const char *prog)
 	       "    -o jax_port=PORT       JAX coordinator port written there (default 8476)\n"
 	       "    -o rank=N              this node's rank when no peer table says it (default 0)\n"
 	       "    -o restore_timeout=S   seconds to wait for all nodes when planning a restore\n"
-	       "    -o bucket=URL, listen=, peers=, coordinator=, secret_file=, tls_*=, metrics=,\n"
-	       "       gcs_endpoint=, gcs_key_file=   (multi-node and backup tiers)\n\n"
+	       "    -o listen=HOST:PORT    this node's peer/coordinator endpoint\n"
+	       "    -o peers=A0,A1,...     static table: rank i at Ai (rank 0 runs the coordinator)\n"
+	       "    -o coordinator=H:P     rank 0's endpoint for dynamic registration\n"
+	       "    -o secret_file=PATH    shared secret peers must prove (HMAC challenge)\n\n"
 	       "RAMDIR should be a tmpfs directory (mount -t tmpfs -o huge=always is fastest).\n",
 	       prog);
 }
@@ -145,14 +147,76 @@ static int parse_opts(struct fs *fs, struct cmdline *c, uint64_t *cap)
 		fprintf(stderr, "mtcfs: ram_size=%s is too small (at least 1M)\n", c->o.ram_size);
 		return -EINVAL;
 	}
-	if (c->o.bucket || c->o.listen || c->o.peers || c->o.coordinator || c->o.secret_file ||
-	    c->o.tls_cert || c->o.tls_key || c->o.tls_ca || c->o.metrics || c->o.gcs_endpoint ||
-	    c->o.gcs_key_file) {
-		fprintf(stderr, "mtcfs: the peer, bucket and metrics options are not available in this build yet "
-			"(single-node RAM tier only)\n");
+	if (c->o.bucket || c->o.tls_cert || c->o.tls_key || c->o.tls_ca || c->o.metrics ||
+	    c->o.gcs_endpoint || c->o.gcs_key_file) {
+		fprintf(stderr, "mtcfs: the bucket, TLS and metrics options are not available in this build yet\n");
 		return -ENOTSUP;
 	}
+	if ((c->o.peers || c->o.coordinator || c->o.secret_file) && !c->o.listen) {
+		fprintf(stderr, "mtcfs: peers=/coordinator= need listen=HOST:PORT\n");
+		return -EINVAL;
+	}
 	return 0;
+}
+
+/* `-o ...,peers=A0,A1,A2,...` (DESIGN §8): the table's commas would split
+ * it into options, so the HOST:PORT entries that follow peers= (tokens with
+ * a ':' and no '=') are joined back with escaped commas, which fuse_opt
+ * understands. Returns a new malloc'd option string. */
+static char *join_peer_tokens(const char *opts)
+{
+	size_t n = strlen(opts);
+	char *out = malloc(2 * n + 1), *o = out;
+	const char *p = opts;
+	bool in_peers = false, first = true;
+
+	if (!out)
+		return NULL;
+	while (*p) {
+		size_t len = strcspn(p, ",");
+		bool hostport = memchr(p, ':', len) && !memchr(p, '=', len);
+		if (!first) {
+			if (in_peers && hostport)
+				*o++ = '\\';
+			*o++ = ',';
+		}
+		if (!(in_peers && hostport))
+			in_peers = len > 6 && !strncmp(p, "peers=", 6);
+		memcpy(o, p, len);
+		o += len;
+		p += len;
+		if (*p == ',')
+			p++;
+		first = false;
+	}
+	*o = '\0';
+	return out;
+}
+
+static void fix_peer_options(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++) {
+		char *v = NULL;
+		if (!strcmp(argv[i], "-o") && i + 1 < argc)
+			v = argv[++i];
+		else if (!strncmp(argv[i], "-o", 2) && argv[i][2])
+			v = argv[i] + 2;
+		if (v && strstr(v, "peers=")) {
+			char *j = join_peer_tokens(v);
+			if (!j)
+				continue;
+			if (v == argv[i]) {
+				argv[i] = j;
+			} else {
+				char *w = malloc(strlen(j) + 3);
+				if (w) {
+					snprintf(w, strlen(j) + 3, "-o%s", j);
+					argv[i] = w;
+				}
+				free(j);
+			}
+		}
+	}
 }
 
 int fs_main(int argc, char **argv)
@@ -167,6 +231,8 @@ int fs_main(int argc, char **argv)
 	pthread_t ra;
 	int rc = 1;
 
+	fix_peer_options(argc, argv);
+	args.argv = argv;
 	if (fuse_opt_parse(&args, &c, opt_spec, opt_proc) < 0)
 		return 1;
 	if (c.show_help) {
@@ -263,6 +329,18 @@ int fs_main(int argc, char **argv)
 	pthread_mutex_init(&fs->root.amu, NULL);
 	if (workq_start("mtcfs-seal", &fs->sealq) < 0)
 		goto out_unmount;
+	if (fs->o.listen) {
+		struct eng_opts eo = {
+			.listen = fs->o.listen, .peers = fs->o.peers, .coordinator = fs->o.coordinator,
+			.secret_file = fs->o.secret_file, .rank = fs->o.rank,
+			.restore_timeout_s = fs->o.restore_timeout,
+		};
+		struct eng_cb cb = { .on_lkg = commit_on_lkg, .report = ctl_report_error, .arg = fs };
+		if (eng_start(fs->ram, &eo, &cb, &fs->eng) < 0) {
+			log_err("main", "cannot start the peer tier");
+			goto out_unmount;
+		}
+	}
 	if (commit_init(fs) < 0)
 		log_err("main", "catalog recovery failed; committed steps may be missing");
 	if (ctl_start(fs) < 0)
@@ -284,6 +362,8 @@ int fs_main(int argc, char **argv)
 	ctl_stop(fs);
 	workq_stop(fs->sealq);
 	fs->sealq = NULL;
+	eng_stop(fs->eng);
+	fs->eng = NULL;
 out_unmount:
 	fuse_session_unmount(fs->se);
 out_handlers:

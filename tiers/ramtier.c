@@ -27,6 +27,8 @@ struct ram_tier {
 	void *reclaim_arg;
 };
 
+static void remove_stale_staging(struct ram_tier *t);
+
 int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 {
 	struct ram_tier *t;
@@ -71,6 +73,7 @@ int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 			cap = (uint64_t)sv.f_bavail * sv.f_frsize;
 	}
 	t->cap = cap;
+	remove_stale_staging(t);
 	ram_recount(t);
 	if ((uint64_t)atomic_load(&t->used) > cap)
 		log_warn("ram", "RAMDIR already holds %llu bytes, more than ram_size=%llu",
@@ -80,6 +83,60 @@ int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 fail:
 	ram_close(t);
 	return rc;
+}
+
+/* Staging directories (".nR-wW.staging", ".nR-wW.in-*") left by a crash
+ * are never part of a shard: remove them (JOB/STEP/.name). */
+static void remove_stale_staging(struct ram_tier *t)
+{
+	DIR *jd = NULL;
+	struct dirent *je;
+	int fd = dup(t->shardsfd);
+
+	if (fd < 0 || !(jd = fdopendir(fd))) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	while ((je = readdir(jd)) != NULL) {
+		int jfd;
+		DIR *sd;
+		struct dirent *se;
+		if (je->d_name[0] == '.')
+			continue;
+		jfd = openat(t->shardsfd, je->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (jfd < 0)
+			continue;
+		sd = fdopendir(jfd);
+		if (!sd) {
+			close(jfd);
+			continue;
+		}
+		while ((se = readdir(sd)) != NULL) {
+			int sfd;
+			DIR *kd;
+			struct dirent *ke;
+			if (se->d_name[0] == '.')
+				continue;
+			sfd = openat(jfd, se->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sfd < 0)
+				continue;
+			kd = fdopendir(sfd);
+			if (!kd) {
+				close(sfd);
+				continue;
+			}
+			while ((ke = readdir(kd)) != NULL) {
+				if (ke->d_name[0] != '.' || !strcmp(ke->d_name, ".") || !strcmp(ke->d_name, ".."))
+					continue;
+				log_info("ram", "removing unfinished %s/%s/%s", je->d_name, se->d_name, ke->d_name);
+				util_rmtree_at(sfd, ke->d_name, NULL);
+			}
+			closedir(kd);
+		}
+		closedir(sd);
+	}
+	closedir(jd);
 }
 
 void ram_close(struct ram_tier *t)
@@ -442,5 +499,124 @@ out:
 		close(fd);
 	mf_free(mf);
 	idx_rec_clear(&rec);
+	return rc;
+}
+
+int ram_stage_begin(struct ram_tier *t, const struct shard_key *k, struct ram_stage *st)
+{
+	static _Atomic unsigned seq;
+	char rel[PATH_MAX], parent[PATH_MAX];
+	char *slash;
+	int rc;
+
+	memset(st, 0, sizeof(*st));
+	st->fd = -1;
+	st->key = *k;
+	rc = ram_shard_relpath(k, rel, sizeof(rel));
+	if (rc < 0)
+		return rc;
+	memcpy(parent, rel, sizeof(rel));
+	slash = strrchr(parent, '/');
+	*slash = '\0';
+	if ((size_t)snprintf(st->rel, sizeof(st->rel), "%s/.%s.in-%d-%u", parent, slash + 1,
+			     (int)getpid(), atomic_fetch_add(&seq, 1)) >= sizeof(st->rel))
+		return -ENAMETOOLONG;
+	rc = util_mkdirs_at(t->shardsfd, parent, 0700);
+	if (rc < 0)
+		return rc;
+	if (mkdirat(t->shardsfd, st->rel, 0755) < 0)
+		return -errno;
+	st->fd = openat(t->shardsfd, st->rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (st->fd < 0) {
+		rc = -errno;
+		unlinkat(t->shardsfd, st->rel, AT_REMOVEDIR);
+		return rc;
+	}
+	return 0;
+}
+
+void ram_stage_abort(struct ram_tier *t, struct ram_stage *st)
+{
+	uint64_t freed = 0;
+	if (st->fd >= 0)
+		close(st->fd);
+	st->fd = -1;
+	if (st->rel[0]) {
+		util_rmtree_at(t->shardsfd, st->rel, &freed);
+		ram_adjust(t, -(int64_t)freed);
+	}
+	st->rel[0] = '\0';
+}
+
+int ram_stage_publish(struct ram_tier *t, struct ram_stage *st, const struct manifest *mf,
+		      uint32_t flags)
+{
+	char rel[PATH_MAX];
+	struct shard_rec rec = { 0 };
+	uint64_t freed = 0;
+	int rc;
+
+	for (size_t i = 0; i < mf->n; i++) {
+		struct stat sb;
+		if (fstatat(st->fd, mf->e[i].path, &sb, AT_SYMLINK_NOFOLLOW) < 0)
+			return -EBADMSG;
+		if (mf->e[i].type == MF_FILE && (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != mf->e[i].size))
+			return -EBADMSG;
+	}
+	rc = ram_shard_relpath(&st->key, rel, sizeof(rel));
+	if (rc < 0)
+		return rc;
+	/* the old copy (if any) goes first: its record, then its files */
+	idx_del_shard(t->idx, &st->key);
+	util_rmtree_at(t->shardsfd, rel, &freed);
+	ram_adjust(t, -(int64_t)freed);
+	if (renameat(t->shardsfd, st->rel, t->shardsfd, rel) < 0)
+		return -errno;
+	close(st->fd);
+	st->fd = -1;
+	st->rel[0] = '\0';
+	rec.key = st->key;
+	rec.state = SH_COMMITTED;
+	rec.flags = flags;
+	memcpy(rec.hash, mf->hash, 32);
+	rec.bytes = mf->total;
+	rec.nfiles = mf->nfiles;
+	rec.commit_time = (uint64_t)time(NULL);
+	rc = mf_encode(mf, &rec.mf, &rec.mflen);
+	if (rc < 0)
+		return rc;
+	rc = idx_put_shard(t->idx, &rec);
+	free(rec.mf);
+	return rc;
+}
+
+int ram_stage_link(struct ram_tier *t, struct ram_stage *st, const struct shard_key *from)
+{
+	int fd = ram_shard_open(t, from), rc;
+	if (fd < 0)
+		return fd;
+	rc = link_tree(fd, st->fd);
+	close(fd);
+	return rc;
+}
+
+int ram_find_hash(struct ram_tier *t, const uint8_t hash[32], struct shard_key *out)
+{
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
+	int rc = idx_list_shards(t->idx, NULL, &recs, &n);
+
+	if (rc < 0)
+		return rc;
+	rc = -ENOENT;
+	for (size_t i = n; i-- > 0;) {
+		if (recs[i].state >= SH_COMMITTED && recs[i].state != SH_BAD && recs[i].mf &&
+		    !memcmp(recs[i].hash, hash, 32)) {
+			*out = recs[i].key;
+			rc = 0;
+			break;
+		}
+	}
+	idx_recs_free(recs, n);
 	return rc;
 }

@@ -59,4 +59,24 @@ int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freed);
  * 0, -EBADMSG (described in err), -ENOENT. */
 int ram_verify(struct ram_tier *t, const struct shard_key *k, char *err, size_t errlen);
 
+/* Shards arriving from elsewhere (replicas pushed by peers, restores
+ * fetched from a peer or the bucket) are written into a private staging
+ * directory and published into place with their manifest. */
+struct ram_stage {
+	struct shard_key key;
+	char rel[512];       /* staging path under shards/ */
+	int fd;              /* the staging directory */
+};
+int  ram_stage_begin(struct ram_tier *t, const struct shard_key *k, struct ram_stage *st);
+/* Check sizes against mf, rename into place (replacing an older copy),
+ * record in the catalog as SH_COMMITTED with flags. 0 or -errno. */
+int  ram_stage_publish(struct ram_tier *t, struct ram_stage *st, const struct manifest *mf,
+		       uint32_t flags);
+void ram_stage_abort(struct ram_tier *t, struct ram_stage *st);
+/* Hard-link the files of shard `from` into a stage (same content under
+ * another key: data-parallel de-duplication, restores of a column mate). */
+int  ram_stage_link(struct ram_tier *t, struct ram_stage *st, const struct shard_key *from);
+/* A committed, not bad shard holding exactly this content. 0 or -ENOENT. */
+int  ram_find_hash(struct ram_tier *t, const uint8_t hash[32], struct shard_key *out);
+
 #endif

@@ -1,0 +1,178 @@
+"""Multi-node clusters for integration tests: N mtcfs processes on loopback,
+each with its own RAMDIR and mount, a static peers= table, a shared secret,
+and helpers that play the training job on every node the way Orbax does.
+
+Everything started here is registered with the harness, so it is unmounted
+and reaped even when a test fails.
+"""
+import os
+import re
+import socket
+import tempfile
+import threading
+import time
+
+import harness
+from harness import Daemon, wait_until, admin_ls
+
+MiB = 1 << 20
+
+
+def free_ports(n):
+    """n distinct free TCP ports on 127.0.0.1 (bound, then released)."""
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def shard_bytes(job, step, rank, size=256 * 1024):
+    """Deterministic per-(job, step, rank) content, cheap to regenerate."""
+    import hashlib
+    seed = hashlib.sha256(("%s/%d/%d" % (job, step, rank)).encode()).digest()
+    reps = size // len(seed) + 1
+    return (seed * reps)[:size]
+
+
+def shard_files(job, step, rank, size=256 * 1024):
+    return {
+        "state/params/0.0": shard_bytes(job, step, rank, size),
+        "state/opt/0.0": shard_bytes(job + "-opt", step, rank, size // 4 + 13),
+        "_CHECKPOINT_METADATA": b'{"step": %d, "rank": %d}' % (step, rank),
+    }
+
+
+class Cluster:
+    def __init__(self, n, ram_size="1G", secret=True, restore_timeout=15, extra=""):
+        self.n = n
+        self.ports = free_ports(n)
+        self.addrs = ["127.0.0.1:%d" % p for p in self.ports]
+        self.dir = tempfile.mkdtemp(prefix="mtcfs-cluster-")
+        self.secret = None
+        if secret:
+            self.secret = os.path.join(self.dir, "secret")
+            with open(self.secret, "w") as f:
+                f.write(os.urandom(24).hex() + "\n")
+        self.nodes = []
+        for i in range(n):
+            opts = "ram_size=%s,listen=%s,peers=%s,restore_timeout=%d" % (
+                ram_size, self.addrs[i], ",".join(self.addrs), restore_timeout)
+            if self.secret:
+                opts += ",secret_file=" + self.secret
+            if extra:
+                opts += "," + extra
+            self.nodes.append(Daemon(opts=opts, name="node%d" % i))
+
+    # -- lifecycle --
+    def start(self):
+        for d in self.nodes:
+            d.start()
+        return self
+
+    def close(self):
+        errs = []
+        for d in self.nodes:
+            try:
+                d.close()
+            except Exception as e:  # keep closing the others
+                errs.append(e)
+        import shutil
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if errs:
+            raise errs[0]
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *a):
+        self.close()
+
+    # -- the job, as Orbax plays it on every node --
+    def yaml(self, job, rank, extra=""):
+        return ("job-name: %s\nframework: orbax\nnode-rank: %d\nnodes: %d\n"
+                "peers-per-node: 1\nbackup-interval-minutes: 30\n%s" % (job, rank, self.n, extra))
+
+    def job_start(self, job, ranks=None, extra="", timeout=60):
+        """Every node (in parallel) writes replicator.yaml and waits for its
+        markers. Returns {rank: restored step (0 = nothing)}."""
+        ranks = list(range(self.n)) if ranks is None else ranks
+        out, errs = {}, []
+
+        def one(r):
+            try:
+                out[r] = self.node_start(r, job, extra, timeout)
+            except Exception as e:
+                errs.append((r, e))
+        ts = [threading.Thread(target=one, args=(r,)) for r in ranks]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if errs:
+            raise AssertionError("job start failed on %s" % errs)
+        return out
+
+    def node_start(self, r, job, extra="", timeout=60):
+        mnt = self.nodes[r].mnt
+        yaml = os.path.join(mnt, "replicator.yaml")
+        wait_until(lambda: not os.path.exists(yaml), timeout, "yaml absent on node %d" % r)
+        with open(yaml + ".tmp", "w") as f:
+            f.write(self.yaml(job, r, extra))
+        os.rename(yaml + ".tmp", yaml)
+        wait_until(lambda: not os.path.exists(yaml), timeout, "yaml consumed on node %d" % r)
+        failed = os.path.join(mnt, "replicator.failed")
+
+        def markers():
+            if os.path.exists(failed):
+                raise AssertionError("node %d: replicator.failed: %s" % (r, open(failed).read()))
+            m = [x for x in os.listdir(mnt) if x.endswith(".restore")]
+            return m or None
+        ms = wait_until(markers, timeout, "markers on node %d" % r)
+        steps = {int(re.match(r".*-s(\d+)-n\d+-w\d+\.restore$", x).group(1)) for x in ms}
+        assert len(steps) == 1, ms
+        return steps.pop()
+
+    def save(self, job, step, ranks=None, size=256 * 1024):
+        ranks = list(range(self.n)) if ranks is None else ranks
+        for r in ranks:
+            mnt = self.nodes[r].mnt
+            tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-%d" % (step, r))
+            for rel, data in shard_files(job, step, r, size).items():
+                p = os.path.join(tmp, rel)
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                harness.write_file(p, data)
+            harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
+            os.rename(tmp, os.path.join(mnt, str(step)))
+
+    def holds(self, r, job):
+        """{(owner, step): state} of node r's catalog for job."""
+        return {(s["rank"], s["step"]): s["state"]
+                for s in admin_ls(self.nodes[r].ramdir)["shards"] if s["job"] == job}
+
+    def wait_replicated(self, job, step, timeout=60):
+        """Every node's shard of step is committed locally and held by at
+        least one other node."""
+        def ok():
+            have = {}
+            for r in range(self.n):
+                for (owner, st), state in self.holds(r, job).items():
+                    if st == step and state in harness.COMMITTED_STATES:
+                        have.setdefault(owner, set()).add(r)
+            return all(len(have.get(o, ())) >= min(2, self.n) for o in range(self.n))
+        wait_until(ok, timeout, "step %d replicated on all nodes" % step)
+
+    def restore_and_verify(self, job, r, step, size=256 * 1024):
+        """Orbax's restore on node r: rename the marker to <step>, read it."""
+        mnt = self.nodes[r].mnt
+        ms = [x for x in os.listdir(mnt) if x.endswith(".restore") and "-s%d-" % step in x]
+        assert ms, os.listdir(mnt)
+        os.replace(os.path.join(mnt, ms[0]), os.path.join(mnt, str(step)))
+        for rel, data in shard_files(job, step, r, size).items():
+            with open(os.path.join(mnt, str(step), rel), "rb") as f:
+                got = f.read()
+            assert got == data, "node %d step %d %s differs" % (r, step, rel)

@@ -1,0 +1,1312 @@
+/* engine.c — see engine.h.
+ * Data connection requests (first NT_REQ on a "data" connection):
+ *   push  {key:{job,step,owner,worker}, manifest:b64}
+ *         -> {have:true} (already held, or same content held: linked)
+ *         -> {send:true}, then one NT_FILE per file of the manifest, then
+ *            {ok:true} once every CRC32C matched and the replica is published
+ *   fetch {job, step, owner, worker} -> {manifest:b64}, then one NT_FILE per file */
+#include "tiers/engine.h"
+#include "tiers/placement.h"
+#include "net/auth.h"
+#include "net/client.h"
+#include "net/coord.h"
+#include "net/frame.h"
+#include "net/server.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "common/workq.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <sys/socket.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#define CTL_TIMEOUT_MS   10000
+#define DATA_TIMEOUT_MS  60000
+#define MAX_PEERS        64
+#define MAX_HOLDS        64
+
+struct pending_call {
+	uint32_t id;
+	bool done;
+	int rc;
+	json_t *resp;
+};
+
+struct eng {
+	struct ram_tier *ram;
+	struct eng_cb cb;
+	struct net_auth auth;
+	char listen[256];
+	char coord_addr[256];
+	char **addrs;                 /* static peers table */
+	uint32_t naddrs;
+	int restore_timeout_s;
+	struct nsrv *srv;
+	struct coord *coord;
+	struct workq *replq;
+
+	pthread_mutex_t mu;           /* protects the fields below */
+	int rank;
+	char job[RCFG_JOB_MAX + 1];
+	uint32_t nodes, dp;
+	int peers[MAX_PEERS];
+	int npeers;
+	bool job_set;
+	bool has_lkg;
+	uint64_t lkg;
+	char lkg_job[RCFG_JOB_MAX + 1];
+	char **table;                 /* rank -> address from the coordinator */
+	uint32_t ntable;
+
+	/* control connection to the coordinator */
+	pthread_mutex_t ctl_mu;       /* protects ctl state; taken before mu */
+	pthread_cond_t ctl_cv;
+	struct nconn *ctl;
+	bool ctl_reader_running;
+	pthread_t ctl_reader;
+	uint32_t next_id;
+	struct pending_call *calls[16];
+	bool stopping;
+};
+
+/* ---------- small helpers ---------- */
+
+static char *b64_encode(const uint8_t *p, size_t n)
+{
+	size_t outlen = 4 * ((n + 2) / 3) + 1;
+	char *o = malloc(outlen);
+	if (o)
+		EVP_EncodeBlock((unsigned char *)o, p, (int)n);
+	return o;
+}
+
+static int b64_decode(const char *s, size_t slen, uint8_t **out, size_t *outlen)
+{
+	uint8_t *o;
+	int n;
+	size_t pad = 0;
+
+	if (slen % 4 || slen > NET_MAX_PAYLOAD)
+		return -EBADMSG;
+	o = malloc(slen / 4 * 3 + 1);
+	if (!o)
+		return -ENOMEM;
+	n = EVP_DecodeBlock(o, (const unsigned char *)s, (int)slen);
+	if (n < 0) {
+		free(o);
+		return -EBADMSG;
+	}
+	if (slen >= 1 && s[slen - 1] == '=')
+		pad++;
+	if (slen >= 2 && s[slen - 2] == '=')
+		pad++;
+	*out = o;
+	*outlen = (size_t)n - pad;
+	return 0;
+}
+
+static bool job_name_ok(const char *j)
+{
+	size_t n = strlen(j);
+	if (n == 0 || n > RCFG_JOB_MAX || j[0] == '.' || j[0] == '-')
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char ch = j[i];
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+		      ch == '.' || ch == '_' || ch == '-'))
+			return false;
+	}
+	return true;
+}
+
+static int parse_key(json_t *o, struct shard_key *k)
+{
+	const char *job;
+	uint64_t step, owner, worker;
+	if (net_json_str(o, "job", RCFG_JOB_MAX, &job) < 0 || !job_name_ok(job) ||
+	    net_json_u64(o, "step", UINT64_MAX >> 1, &step) < 0 ||
+	    net_json_u64(o, "owner", RCFG_NODES_MAX - 1, &owner) < 0 ||
+	    net_json_u64(o, "worker", RCFG_WORKERS_MAX - 1, &worker) < 0)
+		return -EBADMSG;
+	memset(k, 0, sizeof(*k));
+	snprintf(k->job, sizeof(k->job), "%s", job);
+	k->step = step;
+	k->rank = (uint32_t)owner;
+	k->worker = (uint32_t)worker;
+	return 0;
+}
+
+static json_t *key_json(const struct shard_key *k)
+{
+	json_t *o = json_object();
+	json_object_set_new(o, "job", json_string(k->job));
+	json_object_set_new(o, "step", json_integer((json_int_t)k->step));
+	json_object_set_new(o, "owner", json_integer(k->rank));
+	json_object_set_new(o, "worker", json_integer(k->worker));
+	return o;
+}
+
+static void report(struct eng *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void report(struct eng *e, const char *fmt, ...)
+{
+	char line[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	log_err("engine", "%s", line);
+	if (e->cb.report)
+		e->cb.report(e->cb.arg, line);
+}
+
+/* Receive the files of mf into the stage: every file must arrive as an
+ * NT_FILE with exactly the manifest's path and size, and its CRC32C must
+ * match. Directories and symlinks come from the manifest itself. */
+static int recv_files(struct eng *e, struct nconn *c, struct ram_stage *st,
+		      const struct manifest *mf, char *why, size_t whylen)
+{
+	for (size_t i = 0; i < mf->n; i++) {
+		const struct mf_entry *en = &mf->e[i];
+		if (en->type == MF_DIR) {
+			if (mkdirat(st->fd, en->path, (en->mode & 07777) | 0700) < 0 && errno != EEXIST) {
+				snprintf(why, whylen, "mkdir %s: %s", en->path, strerror(errno));
+				return -errno;
+			}
+		} else if (en->type == MF_SYMLINK) {
+			if (en->target[0] == '/' || strstr(en->target, "..")) {
+				snprintf(why, whylen, "symlink %s points outside its shard", en->path);
+				return -EBADMSG;
+			}
+			if (symlinkat(en->target, st->fd, en->path) < 0) {
+				snprintf(why, whylen, "symlink %s: %s", en->path, strerror(errno));
+				return -errno;
+			}
+		}
+	}
+	for (size_t i = 0; i < mf->n; i++) {
+		const struct mf_entry *en = &mf->e[i];
+		struct net_hdr h;
+		json_t *m = NULL;
+		const char *path;
+		uint64_t size;
+		uint32_t crc, got;
+		struct stat sb;
+		int fd, rc;
+
+		if (en->type != MF_FILE)
+			continue;
+		rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &m);
+		if (rc < 0) {
+			snprintf(why, whylen, "receiving %s: %s", en->path, strerror(-rc));
+			return rc;
+		}
+		if (h.type == NT_ERROR) {
+			rc = net_error_errno(m);
+			snprintf(why, whylen, "sender failed: %s",
+				 json_string_value(json_object_get(m, "error")) ?: "?");
+			json_decref(m);
+			return rc;
+		}
+		if (h.type != NT_FILE || net_file_hdr_parse(m, &path, &size, &crc) < 0 ||
+		    strcmp(path, en->path) || size != en->size || crc != en->crc32c) {
+			snprintf(why, whylen, "unexpected frame instead of %s", en->path);
+			json_decref(m);
+			return -EPROTO;
+		}
+		json_decref(m);
+		if (ram_reserve(e->ram, size + 4096) < 0) {
+			snprintf(why, whylen, "RAM tier full (%s needs %llu bytes)", en->path,
+				 (unsigned long long)size);
+			return -ENOSPC;
+		}
+		fd = openat(st->fd, en->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+			    (en->mode & 07777) | 0400);
+		if (fd < 0) {
+			rc = -errno;
+			ram_adjust(e->ram, -(int64_t)(size + 4096));
+			snprintf(why, whylen, "create %s: %s", en->path, strerror(-rc));
+			return rc;
+		}
+		rc = nconn_recv_file(c, fd, size, DATA_TIMEOUT_MS, &got);
+		if (fstat(fd, &sb) == 0)
+			ram_adjust(e->ram, (int64_t)sb.st_blocks * 512 - (int64_t)(size + 4096));
+		close(fd);
+		if (rc < 0) {
+			snprintf(why, whylen, "receiving %s: %s", en->path, strerror(-rc));
+			return rc;
+		}
+		if (got != en->crc32c) {
+			snprintf(why, whylen, "%s: crc32c %08x, manifest says %08x", en->path, got,
+				 en->crc32c);
+			return -EBADMSG;
+		}
+	}
+	return 0;
+}
+
+static int send_files(struct nconn *c, int dirfd, const struct manifest *mf)
+{
+	for (size_t i = 0; i < mf->n; i++) {
+		const struct mf_entry *en = &mf->e[i];
+		int fd, rc;
+		if (en->type != MF_FILE)
+			continue;
+		fd = openat(dirfd, en->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			return -errno;
+		rc = nconn_send_file(c, en->path, fd, en->size, en->crc32c);
+		close(fd);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static void send_error(struct nconn *c, uint32_t id, int err, const char *what)
+{
+	json_t *m = net_error_msg(err, what);
+	nconn_send(c, NT_ERROR, id, m);
+	json_decref(m);
+}
+
+/* ---------- serving data connections ---------- */
+
+static void serve_fetch(struct eng *e, struct nconn *c, uint32_t id, json_t *req)
+{
+	struct shard_rec rec = { 0 };
+	struct manifest *mf = NULL;
+	struct shard_key k;
+	json_t *resp;
+	char *b64;
+	int dfd = -1, rc;
+
+	if (parse_key(req, &k) < 0) {
+		send_error(c, id, EINVAL, "bad fetch request");
+		return;
+	}
+	rc = idx_get_shard(ram_idx(e->ram), &k, &rec);
+	if (rc < 0 || !rec.mf || rec.state < SH_COMMITTED || rec.state == SH_BAD ||
+	    mf_decode(rec.mf, rec.mflen, &mf) < 0) {
+		send_error(c, id, ENOENT, "shard not held here");
+		goto out;
+	}
+	dfd = ram_shard_open(e->ram, &k);
+	if (dfd < 0) {
+		send_error(c, id, ENOENT, "shard directory missing");
+		goto out;
+	}
+	b64 = b64_encode(rec.mf, rec.mflen);
+	resp = json_object();
+	json_object_set_new(resp, "manifest", json_string(b64 ? b64 : ""));
+	free(b64);
+	rc = nconn_send(c, NT_RESP, id, resp);
+	json_decref(resp);
+	if (rc == 0)
+		rc = send_files(c, dfd, mf);
+	if (rc < 0)
+		log_warn("engine", "serving job=%s step=%llu node=%u failed: %s", k.job,
+			 (unsigned long long)k.step, k.rank, strerror(-rc));
+	else
+		log_info("engine", "served job=%s step=%llu node=%u bytes=%llu", k.job,
+			 (unsigned long long)k.step, k.rank, (unsigned long long)mf->total);
+out:
+	if (dfd >= 0)
+		close(dfd);
+	mf_free(mf);
+	idx_rec_clear(&rec);
+}
+
+static int decode_manifest_field(json_t *o, struct manifest **mf)
+{
+	const char *s;
+	uint8_t *raw = NULL;
+	size_t rawlen;
+	int rc;
+
+	if (net_json_str(o, "manifest", NET_MAX_PAYLOAD, &s) < 0)
+		return -EBADMSG;
+	rc = b64_decode(s, strlen(s), &raw, &rawlen);
+	if (rc < 0)
+		return rc;
+	rc = mf_decode(raw, rawlen, mf);
+	free(raw);
+	return rc;
+}
+
+static void serve_push(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *req)
+{
+	struct shard_rec rec = { 0 };
+	struct manifest *mf = NULL;
+	struct ram_stage st = { .fd = -1 };
+	struct shard_key k, same;
+	char why[512] = "";
+	json_t *resp;
+	int rc;
+
+	if (parse_key(json_object_get(req, "key"), &k) < 0 || decode_manifest_field(req, &mf) < 0) {
+		send_error(c, id, EINVAL, "bad push request");
+		goto out;
+	}
+	if (idx_get_shard(ram_idx(e->ram), &k, &rec) == 0 && rec.state >= SH_COMMITTED &&
+	    rec.state != SH_BAD && !memcmp(rec.hash, mf->hash, 32)) {
+		resp = json_pack("{s:b}", "have", 1);
+		nconn_send(c, NT_RESP, id, resp);
+		json_decref(resp);
+		goto out;
+	}
+	rc = ram_stage_begin(e->ram, &k, &st);
+	if (rc < 0) {
+		send_error(c, id, -rc, "cannot stage");
+		goto out;
+	}
+	if (ram_find_hash(e->ram, mf->hash, &same) == 0 && ram_stage_link(e->ram, &st, &same) == 0 &&
+	    ram_stage_publish(e->ram, &st, mf, 0) == 0) {
+		/* same content already here (data parallelism): metadata only */
+		log_info("engine", "replica job=%s step=%llu node=%u linked from node %u (same content)",
+			 k.job, (unsigned long long)k.step, k.rank, same.rank);
+		resp = json_pack("{s:b}", "have", 1);
+		nconn_send(c, NT_RESP, id, resp);
+		json_decref(resp);
+		goto out;
+	}
+	ram_stage_abort(e->ram, &st);
+	rc = ram_stage_begin(e->ram, &k, &st);
+	if (rc < 0) {
+		send_error(c, id, -rc, "cannot stage");
+		goto out;
+	}
+	resp = json_pack("{s:b}", "send", 1);
+	rc = nconn_send(c, NT_RESP, id, resp);
+	json_decref(resp);
+	if (rc < 0)
+		goto out;
+	rc = recv_files(e, c, &st, mf, why, sizeof(why));
+	if (rc == 0)
+		rc = ram_stage_publish(e->ram, &st, mf, 0);
+	if (rc < 0) {
+		log_warn("engine", "replica job=%s step=%llu node=%u from rank %d rejected: %s",
+			 k.job, (unsigned long long)k.step, k.rank, peer, why[0] ? why : strerror(-rc));
+		send_error(c, id, -rc, why[0] ? why : "replica rejected");
+		goto out;
+	}
+	log_info("engine", "replica job=%s step=%llu node=%u from rank %d bytes=%llu", k.job,
+		 (unsigned long long)k.step, k.rank, peer, (unsigned long long)mf->total);
+	resp = json_pack("{s:b}", "ok", 1);
+	nconn_send(c, NT_RESP, id, resp);
+	json_decref(resp);
+out:
+	if (st.fd >= 0 || st.rel[0])
+		ram_stage_abort(e->ram, &st);
+	mf_free(mf);
+	idx_rec_clear(&rec);
+}
+
+static void on_data(void *arg, struct nconn *c, int peer_rank)
+{
+	struct eng *e = arg;
+	struct net_hdr h;
+	json_t *m = NULL;
+	const char *op;
+
+	if (nconn_recv(c, DATA_TIMEOUT_MS, &h, &m) < 0 || h.type != NT_REQ ||
+	    net_json_str(m, "op", 32, &op) < 0) {
+		json_decref(m);
+		nconn_close(c);
+		return;
+	}
+	if (!strcmp(op, "fetch"))
+		serve_fetch(e, c, h.req_id, m);
+	else if (!strcmp(op, "push"))
+		serve_push(e, c, peer_rank, h.req_id, m);
+	else
+		send_error(c, h.req_id, ENOSYS, "unknown op");
+	json_decref(m);
+	nconn_close(c);
+}
+
+static void on_msg(void *arg, uint64_t conn, int peer_rank, uint8_t type, uint32_t req_id,
+		   json_t *msg)
+{
+	struct eng *e = arg;
+	coord_on_msg(e->coord, conn, peer_rank, type, req_id, msg);
+	json_decref(msg);
+}
+
+static void on_close(void *arg, uint64_t conn, int peer_rank)
+{
+	struct eng *e = arg;
+	coord_on_close(e->coord, conn, peer_rank);
+}
+
+static const struct nsrv_ops srv_ops = {
+	.on_msg = on_msg,
+	.on_close = on_close,
+	.on_data = on_data,
+};
+
+/* ---------- the control connection ---------- */
+
+static void ctl_fail_all(struct eng *e, int rc)
+{
+	for (size_t i = 0; i < sizeof(e->calls) / sizeof(e->calls[0]); i++) {
+		if (e->calls[i] && !e->calls[i]->done) {
+			e->calls[i]->done = true;
+			e->calls[i]->rc = rc;
+		}
+	}
+	pthread_cond_broadcast(&e->ctl_cv);
+}
+
+static void handle_event(struct eng *e, json_t *m)
+{
+	const char *op, *job;
+	uint64_t step;
+
+	if (net_json_str(m, "op", 32, &op) < 0)
+		return;
+	if (!strcmp(op, "lkg") && net_json_str(m, "job", RCFG_JOB_MAX, &job) == 0 &&
+	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) == 0) {
+		pthread_mutex_lock(&e->mu);
+		e->has_lkg = true;
+		e->lkg = step;
+		snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", job);
+		pthread_mutex_unlock(&e->mu);
+		log_info("engine", "job %s: step %llu complete on every node", job, (unsigned long long)step);
+		if (e->cb.on_lkg)
+			e->cb.on_lkg(e->cb.arg, job, step);
+	}
+}
+
+static void *ctl_reader(void *arg)
+{
+	struct eng *e = arg;
+	struct nconn *c;
+
+	pthread_setname_np(pthread_self(), "mtcfs-ctlrd");
+	pthread_mutex_lock(&e->ctl_mu);
+	c = e->ctl;
+	pthread_mutex_unlock(&e->ctl_mu);
+	for (;;) {
+		struct net_hdr h;
+		json_t *m = NULL;
+		int rc = nconn_recv(c, 1000, &h, &m);
+
+		if (rc == -ETIMEDOUT || rc == -EAGAIN) {
+			bool stop;
+			pthread_mutex_lock(&e->ctl_mu);
+			stop = e->stopping;
+			pthread_mutex_unlock(&e->ctl_mu);
+			if (stop)
+				break;
+			continue;
+		}
+		if (rc < 0) {
+			log_warn("engine", "control connection to the coordinator lost: %s", strerror(-rc));
+			break;
+		}
+		if (h.type == NT_EVENT) {
+			handle_event(e, m);
+			json_decref(m);
+			continue;
+		}
+		pthread_mutex_lock(&e->ctl_mu);
+		for (size_t i = 0; i < sizeof(e->calls) / sizeof(e->calls[0]); i++) {
+			struct pending_call *p = e->calls[i];
+			if (p && !p->done && p->id == h.req_id) {
+				p->done = true;
+				p->rc = h.type == NT_ERROR ? net_error_errno(m) : 0;
+				p->resp = m;
+				m = NULL;
+				pthread_cond_broadcast(&e->ctl_cv);
+				break;
+			}
+		}
+		pthread_mutex_unlock(&e->ctl_mu);
+		json_decref(m);
+	}
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->ctl == c)
+		e->ctl = NULL;
+	ctl_fail_all(e, -ECONNRESET);
+	pthread_mutex_unlock(&e->ctl_mu);
+	nconn_close(c);
+	return NULL;
+}
+
+static json_t *register_msg(struct eng *e)
+{
+	json_t *m = json_object();
+	json_object_set_new(m, "op", json_string("register"));
+	json_object_set_new(m, "addr", json_string(e->listen));
+	pthread_mutex_lock(&e->mu);
+	if (e->job_set) {
+		json_object_set_new(m, "job", json_string(e->job));
+		json_object_set_new(m, "nodes", json_integer(e->nodes));
+		json_object_set_new(m, "dp", json_integer(e->dp));
+	}
+	pthread_mutex_unlock(&e->mu);
+	return m;
+}
+
+/* Connect the control connection if needed. ctl_mu held. */
+static int ctl_ensure_locked(struct eng *e)
+{
+	struct nconn *c = NULL;
+	int rank, rc;
+
+	if (e->ctl)
+		return 0;
+	if (e->ctl_reader_running) {
+		pthread_mutex_unlock(&e->ctl_mu);
+		pthread_join(e->ctl_reader, NULL);
+		pthread_mutex_lock(&e->ctl_mu);
+		e->ctl_reader_running = false;
+		if (e->ctl)
+			return 0;
+	}
+	pthread_mutex_lock(&e->mu);
+	rank = e->rank;
+	pthread_mutex_unlock(&e->mu);
+	if (!e->coord_addr[0])
+		return -ENOTCONN;
+	rc = nconn_connect(e->coord_addr, rank, "control", &e->auth, 5000, &c, NULL);
+	if (rc < 0)
+		return rc;
+	e->ctl = c;
+	rc = pthread_create(&e->ctl_reader, NULL, ctl_reader, e);
+	if (rc) {
+		e->ctl = NULL;
+		nconn_close(c);
+		return -rc;
+	}
+	e->ctl_reader_running = true;
+	return 0;
+}
+
+/* One request on the control connection; *resp owned by the caller. */
+static int ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms)
+{
+	struct pending_call p = { 0 };
+	struct timespec ts;
+	size_t slot = SIZE_MAX;
+	int rc;
+
+	*resp = NULL;
+	pthread_mutex_lock(&e->ctl_mu);
+	rc = ctl_ensure_locked(e);
+	if (rc < 0)
+		goto out;
+	for (size_t i = 0; i < sizeof(e->calls) / sizeof(e->calls[0]); i++)
+		if (!e->calls[i]) {
+			slot = i;
+			break;
+		}
+	if (slot == SIZE_MAX) {
+		rc = -EBUSY;
+		goto out;
+	}
+	p.id = ++e->next_id ? e->next_id : ++e->next_id;
+	e->calls[slot] = &p;
+	rc = nconn_send(e->ctl, NT_REQ, p.id, req);
+	if (rc < 0) {
+		e->calls[slot] = NULL;
+		goto out;
+	}
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	while (!p.done) {
+		if (pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts) == ETIMEDOUT) {
+			p.rc = -ETIMEDOUT;
+			break;
+		}
+	}
+	e->calls[slot] = NULL;
+	rc = p.rc;
+	*resp = p.resp;
+out:
+	pthread_mutex_unlock(&e->ctl_mu);
+	return rc;
+}
+
+static int ctl_event(struct eng *e, json_t *ev)
+{
+	int rc;
+	pthread_mutex_lock(&e->ctl_mu);
+	rc = ctl_ensure_locked(e);
+	if (rc == 0)
+		rc = nconn_send(e->ctl, NT_EVENT, 0, ev);
+	pthread_mutex_unlock(&e->ctl_mu);
+	return rc;
+}
+
+static int do_register(struct eng *e)
+{
+	json_t *req = register_msg(e), *resp = NULL;
+	int rc = ctl_call(e, req, &resp, CTL_TIMEOUT_MS);
+	json_t *addrs = json_object_get(resp, "addrs");
+
+	json_decref(req);
+	if (rc == 0 && json_is_array(addrs)) {
+		size_t i;
+		json_t *a;
+		pthread_mutex_lock(&e->mu);
+		for (uint32_t x = 0; x < e->ntable; x++)
+			free(e->table[x]);
+		free(e->table);
+		e->ntable = 0;
+		e->table = calloc(json_array_size(addrs) + 1, sizeof(char *));
+		if (e->table) {
+			json_array_foreach(addrs, i, a)
+				e->table[i] = json_is_string(a) ? strdup(json_string_value(a)) : NULL;
+			e->ntable = (uint32_t)json_array_size(addrs);
+		}
+		pthread_mutex_unlock(&e->mu);
+	}
+	json_decref(resp);
+	return rc;
+}
+
+/* Address of a rank: the static table, else the coordinator's. */
+static int addr_of(struct eng *e, uint32_t rank, char *out, size_t len)
+{
+	int rc = -ENOENT;
+	if (rank < e->naddrs) {
+		snprintf(out, len, "%s", e->addrs[rank]);
+		return 0;
+	}
+	for (int attempt = 0; attempt < 2 && rc < 0; attempt++) {
+		pthread_mutex_lock(&e->mu);
+		if (rank < e->ntable && e->table[rank]) {
+			snprintf(out, len, "%s", e->table[rank]);
+			rc = 0;
+		}
+		pthread_mutex_unlock(&e->mu);
+		if (rc < 0 && attempt == 0)
+			do_register(e);
+	}
+	return rc;
+}
+
+/* ---------- replication ---------- */
+
+struct repl_job {
+	struct eng *e;
+	struct shard_key key;
+	uint8_t hash[32];
+	int attempt;
+};
+
+static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
+		   const struct shard_rec *rec, const struct manifest *mf)
+{
+	char addr[256];
+	struct nconn *c = NULL;
+	json_t *req, *resp = NULL;
+	char *b64;
+	int rank, dfd = -1, rc;
+
+	rc = addr_of(e, peer, addr, sizeof(addr));
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&e->mu);
+	rank = e->rank;
+	pthread_mutex_unlock(&e->mu);
+	rc = nconn_connect(addr, rank, "data", &e->auth, 5000, &c, NULL);
+	if (rc < 0)
+		return rc;
+	b64 = b64_encode(rec->mf, rec->mflen);
+	req = json_object();
+	json_object_set_new(req, "op", json_string("push"));
+	json_object_set_new(req, "key", key_json(k));
+	json_object_set_new(req, "manifest", json_string(b64 ? b64 : ""));
+	free(b64);
+	rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
+	json_decref(req);
+	if (rc < 0)
+		goto out;
+	if (json_is_true(json_object_get(resp, "have")))
+		goto out;
+	if (!json_is_true(json_object_get(resp, "send"))) {
+		rc = -EPROTO;
+		goto out;
+	}
+	json_decref(resp);
+	resp = NULL;
+	dfd = ram_shard_open(e->ram, k);
+	if (dfd < 0) {
+		rc = dfd;
+		goto out;
+	}
+	rc = send_files(c, dfd, mf);
+	if (rc == 0) {
+		struct net_hdr h;
+		rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &resp);
+		if (rc == 0 && h.type == NT_ERROR)
+			rc = net_error_errno(resp);
+		else if (rc == 0 && !json_is_true(json_object_get(resp, "ok")))
+			rc = -EPROTO;
+	}
+out:
+	if (dfd >= 0)
+		close(dfd);
+	json_decref(resp);
+	nconn_close(c);
+	return rc;
+}
+
+static void repl_run(void *arg)
+{
+	struct repl_job *j = arg;
+	struct eng *e = j->e;
+	struct shard_rec rec = { 0 };
+	struct manifest *mf = NULL;
+	int peers[MAX_PEERS], npeers, failed = 0;
+	uint32_t nodes, dp;
+	char hex[65];
+	json_t *ev;
+
+	pthread_mutex_lock(&e->mu);
+	npeers = e->npeers;
+	memcpy(peers, e->peers, sizeof(peers));
+	nodes = e->nodes;
+	dp = e->dp;
+	pthread_mutex_unlock(&e->mu);
+
+	/* tell the coordinator first: it decides the job-wide LKG */
+	net_hex_encode(j->hash, 32, hex);
+	if (j->attempt == 0) {
+		ev = json_object();
+		json_object_set_new(ev, "op", json_string("committed"));
+		json_object_set_new(ev, "job", json_string(j->key.job));
+		json_object_set_new(ev, "nodes", json_integer(nodes));
+		json_object_set_new(ev, "dp", json_integer(dp));
+		json_object_set_new(ev, "step", json_integer((json_int_t)j->key.step));
+		json_object_set_new(ev, "hash", json_string(hex));
+		if (ctl_event(e, ev) < 0)
+			log_warn("engine", "cannot report step %llu to the coordinator at %s",
+				 (unsigned long long)j->key.step, e->coord_addr);
+		json_decref(ev);
+	}
+	if (idx_get_shard(ram_idx(e->ram), &j->key, &rec) < 0 || !rec.mf ||
+	    mf_decode(rec.mf, rec.mflen, &mf) < 0)
+		goto out;   /* dropped meanwhile: nothing to replicate */
+	for (int i = 0; i < npeers; i++) {
+		uint64_t t0 = util_now_ns();
+		int rc = push_to(e, (uint32_t)peers[i], &j->key, &rec, mf);
+		double secs = (double)(util_now_ns() - t0) / 1e9;
+		if (rc < 0) {
+			failed++;
+			log_warn("engine", "replicating job=%s step=%llu to rank %d failed: %s",
+				 j->key.job, (unsigned long long)j->key.step, peers[i], strerror(-rc));
+		} else {
+			log_info("engine", "replicated job=%s step=%llu to rank %d bytes=%llu secs=%.3f",
+				 j->key.job, (unsigned long long)j->key.step, peers[i],
+				 (unsigned long long)mf->total, secs);
+		}
+	}
+	if (!failed && npeers > 0) {
+		idx_set_state(ram_idx(e->ram), &j->key, SH_REPLICATED, 0, 0);
+	} else if (failed && j->attempt < 3) {
+		struct repl_job *again = malloc(sizeof(*again));
+		if (again) {
+			*again = *j;
+			again->attempt++;
+			struct timespec ts = { .tv_sec = 1 << j->attempt, .tv_nsec = 0 };
+			nanosleep(&ts, NULL);
+			if (workq_submit(e->replq, repl_run, again) < 0)
+				free(again);
+		}
+	} else if (failed) {
+		report(e, "job %s step %llu: could not be replicated to %d of %d peers; it has fewer copies than configured",
+		       j->key.job, (unsigned long long)j->key.step, failed, npeers);
+	}
+out:
+	mf_free(mf);
+	idx_rec_clear(&rec);
+	free(j);
+}
+
+void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[32])
+{
+	struct repl_job *j;
+	if (!e)
+		return;
+	j = calloc(1, sizeof(*j));
+	if (!j)
+		return;
+	j->e = e;
+	j->key = *k;
+	memcpy(j->hash, hash, 32);
+	if (workq_submit(e->replq, repl_run, j) < 0)
+		free(j);
+}
+
+void eng_drain(struct eng *e)
+{
+	if (e)
+		workq_drain(e->replq);
+}
+
+bool eng_lkg(struct eng *e, const char *job, uint64_t *step)
+{
+	bool r;
+	pthread_mutex_lock(&e->mu);
+	r = e->has_lkg && !strcmp(e->lkg_job, job);
+	if (r)
+		*step = e->lkg;
+	pthread_mutex_unlock(&e->mu);
+	return r;
+}
+
+int eng_rank(const struct eng *e)
+{
+	int r;
+	pthread_mutex_lock((pthread_mutex_t *)&e->mu);
+	r = e->rank;
+	pthread_mutex_unlock((pthread_mutex_t *)&e->mu);
+	return r;
+}
+
+int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
+{
+	int peers[MAX_PEERS], n;
+
+	pthread_mutex_lock(&e->mu);
+	if (e->rank >= 0 && c->node_rank != e->rank) {
+		snprintf(err, errlen, "node-rank: %d, but this node is rank %d (mount options rank=/peers=/listen=)",
+			 c->node_rank, e->rank);
+		pthread_mutex_unlock(&e->mu);
+		return -EINVAL;
+	}
+	if (e->naddrs && (uint32_t)c->nodes != e->naddrs) {
+		snprintf(err, errlen, "nodes: %d, but the mount's peers= table has %u entries",
+			 c->nodes, e->naddrs);
+		pthread_mutex_unlock(&e->mu);
+		return -EINVAL;
+	}
+	if (c->peer_ranks) {
+		n = c->n_peer_ranks > MAX_PEERS ? MAX_PEERS : c->n_peer_ranks;
+		memcpy(peers, c->peer_ranks, (size_t)n * sizeof(int));
+	} else {
+		n = place_peers(c->node_rank, c->nodes, c->peers_per_node, c->assume_dp, peers, MAX_PEERS);
+		if (n < 0)
+			n = 0;
+	}
+	e->rank = c->node_rank;
+	snprintf(e->job, sizeof(e->job), "%s", c->job);
+	e->nodes = (uint32_t)c->nodes;
+	e->dp = (uint32_t)c->assume_dp;
+	memcpy(e->peers, peers, (size_t)n * sizeof(int));
+	e->npeers = n;
+	e->job_set = true;
+	if (strcmp(e->lkg_job, c->job))
+		e->has_lkg = false;
+	pthread_mutex_unlock(&e->mu);
+	log_info("engine", "job=%s rank=%d nodes=%d peers=%d", c->job, c->node_rank, c->nodes, n);
+	if (do_register(e) < 0)
+		log_warn("engine", "cannot register with the coordinator at %s yet", e->coord_addr);
+	return 0;
+}
+
+/* ---------- restore ---------- */
+
+struct plan_entry {
+	uint32_t plan;
+	bool found;
+	uint64_t step;
+	uint32_t holder, owner;
+	uint8_t hash[32];
+	char addr[256];
+};
+
+static int parse_plan(json_t *m, struct plan_entry *p)
+{
+	uint64_t v;
+	const char *addr = "";
+
+	memset(p, 0, sizeof(*p));
+	if (net_json_u64(m, "plan", UINT32_MAX, &v) < 0)
+		return -EPROTO;
+	p->plan = (uint32_t)v;
+	p->found = json_is_true(json_object_get(m, "found"));
+	if (!p->found)
+		return 0;
+	if (net_json_u64(m, "step", UINT64_MAX >> 1, &p->step) < 0 ||
+	    net_json_u64(m, "holder", RCFG_NODES_MAX - 1, &v) < 0)
+		return -EPROTO;
+	p->holder = (uint32_t)v;
+	if (net_json_u64(m, "owner", RCFG_NODES_MAX - 1, &v) < 0 || net_json_hex(m, "hash", p->hash, 32) < 0)
+		return -EPROTO;
+	p->owner = (uint32_t)v;
+	net_json_str(m, "addr", 255, &addr);
+	snprintf(p->addr, sizeof(p->addr), "%s", addr);
+	return 0;
+}
+
+static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
+{
+	struct shard_rec *recs = NULL;
+	size_t n = 0, k = 0;
+	json_t *m = json_object(), *holds = json_array();
+
+	json_object_set_new(m, "op", json_string("catalog"));
+	json_object_set_new(m, "job", json_string(c->job));
+	json_object_set_new(m, "nodes", json_integer(c->nodes));
+	json_object_set_new(m, "dp", json_integer(c->assume_dp));
+	if (idx_list_shards(ram_idx(e->ram), c->job, &recs, &n) == 0) {
+		for (size_t i = n; i-- > 0 && k < MAX_HOLDS;) {
+			char hex[65];
+			if (recs[i].state < SH_COMMITTED || recs[i].state == SH_BAD || !recs[i].mf ||
+			    recs[i].key.worker != 0 || recs[i].key.rank >= (uint32_t)c->nodes)
+				continue;
+			net_hex_encode(recs[i].hash, 32, hex);
+			json_array_append_new(holds, json_pack("[i,I,s]", (int)recs[i].key.rank,
+							       (json_int_t)recs[i].key.step, hex));
+			k++;
+		}
+		idx_recs_free(recs, n);
+	}
+	json_object_set_new(m, "holds", holds);
+	return m;
+}
+
+/* Make this node's shard of plan p present under its own key. */
+static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
+		  char *why, size_t whylen)
+{
+	struct shard_key mine = { 0 }, src = { 0 };
+	struct ram_stage st = { .fd = -1 };
+	struct manifest *mf = NULL;
+	struct nconn *conn = NULL;
+	json_t *req = NULL, *resp = NULL;
+	char addr[256];
+	int rc;
+
+	snprintf(mine.job, sizeof(mine.job), "%s", c->job);
+	mine.step = p->step;
+	mine.rank = (uint32_t)c->node_rank;
+	src = mine;
+	src.rank = p->owner;
+
+	if (p->holder == (uint32_t)c->node_rank) {
+		char err[300];
+		rc = ram_verify(e->ram, &src, err, sizeof(err));
+		if (rc < 0) {
+			snprintf(why, whylen, "local copy of node %u's shard fails verification: %.300s",
+				 p->owner, err);
+			idx_set_state(ram_idx(e->ram), &src, SH_BAD, 0, 0);
+			return rc;
+		}
+		if (p->owner == mine.rank)
+			return idx_set_state(ram_idx(e->ram), &mine, 0, SHF_OWN | SHF_RESTORED, 0);
+		/* a column mate's shard held here: same data under our key */
+		struct shard_rec rec = { 0 };
+		rc = idx_get_shard(ram_idx(e->ram), &src, &rec);
+		if (rc == 0)
+			rc = mf_decode(rec.mf, rec.mflen, &mf);
+		idx_rec_clear(&rec);
+		if (rc == 0)
+			rc = ram_stage_begin(e->ram, &mine, &st);
+		if (rc == 0)
+			rc = ram_stage_link(e->ram, &st, &src);
+		if (rc == 0)
+			rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
+		if (rc < 0) {
+			snprintf(why, whylen, "linking node %u's shard: %s", p->owner, strerror(-rc));
+			ram_stage_abort(e->ram, &st);
+		}
+		mf_free(mf);
+		return rc;
+	}
+	if (p->addr[0])
+		snprintf(addr, sizeof(addr), "%s", p->addr);
+	else if ((rc = addr_of(e, p->holder, addr, sizeof(addr))) < 0) {
+		snprintf(why, whylen, "no address for rank %u", p->holder);
+		return rc;
+	}
+	rc = nconn_connect(addr, c->node_rank, "data", &e->auth, 5000, &conn, NULL);
+	if (rc < 0) {
+		snprintf(why, whylen, "connecting to rank %u at %s: %s", p->holder, addr, strerror(-rc));
+		return rc;
+	}
+	req = key_json(&src);
+	json_object_set_new(req, "op", json_string("fetch"));
+	rc = nconn_call(conn, req, &resp, DATA_TIMEOUT_MS);
+	if (rc < 0) {
+		snprintf(why, whylen, "rank %u refused the fetch: %s", p->holder, strerror(-rc));
+		goto out;
+	}
+	rc = decode_manifest_field(resp, &mf);
+	if (rc < 0 || memcmp(mf->hash, p->hash, 32)) {
+		snprintf(why, whylen, "rank %u sent a manifest that does not match the plan", p->holder);
+		rc = -EBADMSG;
+		goto out;
+	}
+	rc = ram_stage_begin(e->ram, &mine, &st);
+	if (rc == 0)
+		rc = recv_files(e, conn, &st, mf, why, whylen);
+	if (rc == 0)
+		rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
+	if (rc == 0)
+		log_info("engine", "restored job=%s step=%llu from rank %u bytes=%llu", c->job,
+			 (unsigned long long)p->step, p->holder, (unsigned long long)mf->total);
+out:
+	if (st.fd >= 0 || st.rel[0])
+		ram_stage_abort(e->ram, &st);
+	json_decref(req);
+	json_decref(resp);
+	nconn_close(conn);
+	mf_free(mf);
+	return rc;
+}
+
+static void to_restore_plan(const struct rcfg *c, const struct plan_entry *p, struct restore_plan *rp)
+{
+	memset(rp, 0, sizeof(*rp));
+	rp->found = p->found;
+	if (!p->found)
+		return;
+	rp->step = p->step;
+	snprintf(rp->key.job, sizeof(rp->key.job), "%s", c->job);
+	rp->key.step = p->step;
+	rp->key.rank = (uint32_t)c->node_rank;
+	rp->source = p->holder == (uint32_t)c->node_rank ? RS_LOCAL : RS_PEER;
+}
+
+int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void *arg,
+		void (*prerestore)(void *arg, const struct restore_plan *p),
+		struct restore_plan *plan)
+{
+	int call_ms = (e->restore_timeout_s + 30) * 1000;
+	uint64_t deadline = util_now_ns() + (uint64_t)(3 * e->restore_timeout_s + 60) * 1000000000ULL;
+	json_t *req = NULL, *resp = NULL;
+	struct plan_entry p;
+	int rc, rounds = 0;
+
+restart:
+	json_decref(req);
+	req = catalog_msg(e, c);
+	rc = ctl_call(e, req, &resp, call_ms);
+	if (rc < 0) {
+		char line[512];
+		snprintf(line, sizeof(line), "restore: the coordinator at %s did not answer: %s",
+			 e->coord_addr, strerror(-rc));
+		if (rep)
+			rep(arg, line);
+		log_err("engine", "%s", line);
+		if (util_now_ns() < deadline && rounds++ < 20) {
+			struct timespec ts = { 1, 0 };
+			nanosleep(&ts, NULL);
+			goto restart;
+		}
+		goto out;
+	}
+	for (;;) {
+		const char *op = "";
+		char why[512] = "";
+
+		if (net_json_str(resp, "op", 32, &op) == 0 && !strcmp(op, "restart")) {
+			json_decref(resp);
+			resp = NULL;
+			goto restart;
+		}
+		rc = parse_plan(resp, &p);
+		json_decref(resp);
+		resp = NULL;
+		if (rc < 0)
+			goto out;
+		to_restore_plan(c, &p, plan);
+		if (prerestore)
+			prerestore(arg, plan);
+		if (p.found) {
+			rc = obtain(e, c, &p, why, sizeof(why));
+			if (rc < 0) {
+				json_t *ff;
+				char line[800];
+				snprintf(line, sizeof(line),
+					 "restore of step %llu: source rank %u failed (%s); asking for another source",
+					 (unsigned long long)p.step, p.holder, why);
+				log_warn("engine", "%s", line);
+				if (rep)
+					rep(arg, line);
+				ff = json_object();
+				json_object_set_new(ff, "op", json_string("fetch_failed"));
+				json_object_set_new(ff, "job", json_string(c->job));
+				json_object_set_new(ff, "plan", json_integer(p.plan));
+				json_object_set_new(ff, "holder", json_integer(p.holder));
+				json_object_set_new(ff, "owner", json_integer(p.owner));
+				json_object_set_new(ff, "step", json_integer((json_int_t)p.step));
+				rc = ctl_call(e, ff, &resp, call_ms);
+				json_decref(ff);
+				if (rc < 0 || util_now_ns() > deadline)
+					goto out;
+				continue;
+			}
+		}
+		/* the job-wide barrier */
+		json_t *rd = json_object();
+		json_object_set_new(rd, "op", json_string("ready"));
+		json_object_set_new(rd, "job", json_string(c->job));
+		json_object_set_new(rd, "plan", json_integer(p.plan));
+		rc = ctl_call(e, rd, &resp, call_ms);
+		json_decref(rd);
+		if (rc < 0)
+			goto out;
+		if (net_json_str(resp, "op", 32, &op) == 0 && !strcmp(op, "go")) {
+			json_decref(resp);
+			resp = NULL;
+			if (p.found) {
+				pthread_mutex_lock(&e->mu);
+				e->has_lkg = true;
+				e->lkg = p.step;
+				snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", c->job);
+				pthread_mutex_unlock(&e->mu);
+			}
+			rc = 0;
+			break;
+		}
+		if (util_now_ns() > deadline) {
+			rc = -ETIMEDOUT;
+			goto out;
+		}
+		/* a new plan (another node's source failed): go around again */
+	}
+out:
+	json_decref(req);
+	json_decref(resp);
+	return rc;
+}
+
+/* ---------- life cycle ---------- */
+
+static int split_peers(struct eng *e, const char *peers)
+{
+	char *dup = strdup(peers), *p = dup, *comma;
+	if (!dup)
+		return -ENOMEM;
+	while (p && *p) {
+		char **na;
+		comma = strchr(p, ',');
+		if (comma)
+			*comma = '\0';
+		na = realloc(e->addrs, (e->naddrs + 1) * sizeof(*na));
+		if (!na) {
+			free(dup);
+			return -ENOMEM;
+		}
+		e->addrs = na;
+		e->addrs[e->naddrs++] = strdup(p);
+		p = comma ? comma + 1 : NULL;
+	}
+	free(dup);
+	return e->naddrs ? 0 : -EINVAL;
+}
+
+int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_cb *cb,
+	      struct eng **out)
+{
+	struct eng *e = calloc(1, sizeof(*e));
+	int rc;
+
+	if (!e)
+		return -ENOMEM;
+	e->ram = ram;
+	if (cb)
+		e->cb = *cb;
+	e->rank = o->rank;
+	e->restore_timeout_s = o->restore_timeout_s > 0 ? o->restore_timeout_s : 300;
+	pthread_mutex_init(&e->mu, NULL);
+	pthread_mutex_init(&e->ctl_mu, NULL);
+	pthread_cond_init(&e->ctl_cv, NULL);
+	if (!o->listen) {
+		log_err("engine", "the peer tier needs listen=HOST:PORT");
+		rc = -EINVAL;
+		goto fail;
+	}
+	snprintf(e->listen, sizeof(e->listen), "%s", o->listen);
+	if (o->peers && (rc = split_peers(e, o->peers)) < 0) {
+		log_err("engine", "peers=%s is not a list of HOST:PORT", o->peers);
+		goto fail;
+	}
+	if (e->rank < 0 && e->naddrs) {
+		for (uint32_t i = 0; i < e->naddrs; i++)
+			if (!strcmp(e->addrs[i], e->listen))
+				e->rank = (int)i;
+		if (e->rank < 0) {
+			log_err("engine", "listen=%s is not in peers=%s and no rank= is given", e->listen, o->peers);
+			rc = -EINVAL;
+			goto fail;
+		}
+	}
+	if (o->coordinator)
+		snprintf(e->coord_addr, sizeof(e->coord_addr), "%s", o->coordinator);
+	else if (e->naddrs)
+		snprintf(e->coord_addr, sizeof(e->coord_addr), "%s", e->addrs[0]);
+	if (o->secret_file) {
+		rc = auth_load_secret(o->secret_file, &e->auth);
+		if (rc < 0)
+			goto fail;
+	}
+	rc = workq_start("mtcfs-repl", &e->replq);
+	if (rc < 0)
+		goto fail;
+	rc = nsrv_start(e->listen, e->rank, &e->auth, &srv_ops, e, &e->srv);
+	if (rc < 0) {
+		log_err("engine", "cannot listen on %s: %s", e->listen, strerror(-rc));
+		goto fail;
+	}
+	rc = coord_start(e->srv, e->restore_timeout_s, &e->coord);
+	if (rc < 0)
+		goto fail;
+	log_info("engine", "peer tier up listen=%s rank=%d coordinator=%s peers=%u", e->listen,
+		 e->rank, e->coord_addr, e->naddrs);
+	*out = e;
+	return 0;
+fail:
+	eng_stop(e);
+	return rc;
+}
+
+void eng_stop(struct eng *e)
+{
+	if (!e)
+		return;
+	pthread_mutex_lock(&e->ctl_mu);
+	e->stopping = true;
+	if (e->ctl)
+		shutdown(nconn_fd(e->ctl), SHUT_RDWR);
+	pthread_mutex_unlock(&e->ctl_mu);
+	if (e->ctl_reader_running)
+		pthread_join(e->ctl_reader, NULL);
+	workq_stop(e->replq);
+	coord_quiesce(e->coord);
+	nsrv_stop(e->srv);
+	coord_stop(e->coord);
+	for (uint32_t i = 0; i < e->naddrs; i++)
+		free(e->addrs[i]);
+	free(e->addrs);
+	for (uint32_t i = 0; i < e->ntable; i++)
+		free(e->table[i]);
+	free(e->table);
+	auth_clear(&e->auth);
+	pthread_mutex_destroy(&e->mu);
+	pthread_mutex_destroy(&e->ctl_mu);
+	pthread_cond_destroy(&e->ctl_cv);
+	free(e);
+}

@@ -1,0 +1,63 @@
+/* engine: the only code that moves shards between nodes (DESIGN §2, §4-5).
+ * It owns this node's peer server (data connections: replicas pushed to
+ * us, shards fetched from us; control connections: the coordinator when we
+ * are rank 0), the control connection to the coordinator, the replication
+ * queue and the restore procedure. Threads: the server's loop and data
+ * threads, a reader thread for the control connection, the replication
+ * worker, and the caller's (the control thread for restores, the seal
+ * worker for commits). Lock order: e->mu before ram/catalog internals. */
+#ifndef MTCFS_TIERS_ENGINE_H
+#define MTCFS_TIERS_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fs/rcfg.h"
+#include "tiers/ramtier.h"
+#include "tiers/restore.h"
+
+struct eng;
+
+struct eng_opts {
+	const char *listen;        /* host:port of this node's peer endpoint */
+	const char *peers;         /* "A0,A1,..." static table, or NULL */
+	const char *coordinator;   /* rank 0's endpoint for registration, or NULL */
+	const char *secret_file;   /* shared secret; NULL = unauthenticated (warned) */
+	int rank;                  /* -1: from the peers table (our listen entry) or replicator.yaml */
+	int restore_timeout_s;
+};
+
+struct eng_cb {
+	/* The coordinator says step is complete on every node of job. Called
+	 * on the control connection's reader thread: must not block long. */
+	void (*on_lkg)(void *arg, const char *job, uint64_t step);
+	/* A recoverable problem for replicator.errors (one line). */
+	void (*report)(void *arg, const char *line);
+	void *arg;
+};
+
+int  eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_cb *cb,
+	       struct eng **out);
+void eng_stop(struct eng *e);        /* accepts NULL */
+/* This node's rank as known from the mount options, or -1. */
+int  eng_rank(const struct eng *e);
+/* Take the job's configuration (placement, node count). -EINVAL with a
+ * message in err when it contradicts the mount (e.g. node-rank vs peers=). */
+int  eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen);
+/* The restore of DESIGN §5, blocking (control thread): sends the catalog,
+ * gets the plan, calls prerestore() with it, fetches what is missing
+ * (verifying CRC32C, falling back to other holders), passes the job-wide
+ * barrier. On return *plan says what to publish. 0 or -errno (then nothing
+ * may be published). */
+int  eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn report, void *arg,
+		 void (*prerestore)(void *arg, const struct restore_plan *p),
+		 struct restore_plan *plan);
+/* A shard of ours was sealed: replicate it to the peers and tell the
+ * coordinator (asynchronous; never blocks on the network). */
+void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[32]);
+/* Newest step complete across the job (from the coordinator), if known. */
+bool eng_lkg(struct eng *e, const char *job, uint64_t *step);
+/* Waits until the replication queue is empty (tests, shutdown). */
+void eng_drain(struct eng *e);
+
+#endif
