@@ -1,20 +1,31 @@
-"""mtcfs demo: one node, an Orbax-style job, a crash of mtcfs, a restore.
+"""mtcfs demo: a local multi-node job on loopback.
 
-Everything it starts (tmpfs, mount, daemon) is stopped and removed at the
+Three mtcfs nodes (separate processes, each with its own RAM tier and
+mount, a static peers= table and a shared secret) run an Orbax-style job:
+every node saves steps, mtcfs replicates each node's shard to a peer. Then
+node 1 is killed with kill -9 and comes back with an EMPTY RAM tier; the job
+restarts on every node and node 1 gets its last step back from its peer,
+byte for byte, while the others restore from their own RAM.
+
+Everything it starts (tmpfs, mounts, daemons) is stopped and removed at the
 end, also on errors and Ctrl-C.
 """
 import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 MiB = 1 << 20
+JOB = "demo-job"
 
 
 def say(msg):
@@ -36,16 +47,25 @@ def mounted(mnt):
         return any(l.split()[1] == mnt and l.split()[2] == "fuse.mtcfs" for l in f)
 
 
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
 class Node:
-    def __init__(self, binary, ramdir, mnt, log):
-        self.binary, self.ramdir, self.mnt, self.log = binary, ramdir, mnt, log
-        self.proc = None
+    def __init__(self, binary, rank, ramdir, mnt, opts, log):
+        self.binary, self.rank, self.ramdir, self.mnt = binary, rank, ramdir, mnt
+        self.opts, self.log, self.proc = opts, log, None
 
     def start(self):
-        self.proc = subprocess.Popen(
-            [self.binary, "-f", "-d", "-o", "ram_size=2G", self.ramdir, self.mnt],
-            stdout=self.log, stderr=self.log, start_new_session=True)
-        wait_until(lambda: mounted(self.mnt), 30, "the mount")
+        self.proc = subprocess.Popen([self.binary, "-f", "-d", "-o", self.opts, self.ramdir, self.mnt],
+                                     stdout=self.log, stderr=self.log, start_new_session=True)
+        wait_until(lambda: mounted(self.mnt), 30, "the mount of node %d" % self.rank)
 
     def kill9(self):
         self.proc.kill()
@@ -66,109 +86,153 @@ class Node:
             subprocess.run(["umount", "-l", self.mnt], stderr=subprocess.DEVNULL)
 
 
-def job_start(mnt, job):
-    """What Orbax's initialize_multi_tier_checkpointing does on a node."""
+def node_job_start(node, nodes, out):
+    """What Orbax's initialize_multi_tier_checkpointing does on one node."""
+    mnt = node.mnt
     yaml = os.path.join(mnt, "replicator.yaml")
     wait_until(lambda: not os.path.exists(yaml), 30, "replicator.yaml to be absent")
     with open(yaml + ".tmp", "w") as f:
-        f.write("job-name: %s\nframework: orbax\nassume-data-parallelism: 1\n"
-                "node-rank: 0\nnodes: 1\npeer-ranks: []\nbackup-interval-minutes: 30\n" % job)
+        f.write("job-name: %s\nframework: orbax\nnode-rank: %d\nnodes: %d\npeers-per-node: 1\n"
+                "backup-interval-minutes: 30\n" % (JOB, node.rank, nodes))
     os.replace(yaml + ".tmp", yaml)
     t0 = time.monotonic()
-    wait_until(lambda: not os.path.exists(yaml), 30, "mtcfs to take replicator.yaml")
-    for bad in ("replicator.failed",):
-        if os.path.exists(os.path.join(mnt, bad)):
-            raise SystemExit("demo: mtcfs rejected the config: " + open(os.path.join(mnt, bad)).read())
-    markers = wait_until(lambda: [m for m in os.listdir(mnt) if m.endswith(".restore")],
-                         30, "a .restore marker")
-    ready = time.monotonic() - t0
-    step = max(int(m.rsplit("-s", 1)[1].split("-")[0]) for m in markers)
-    if step == 0:
-        say("  markers %s: nothing to restore (%.0f ms)" % (markers, ready * 1e3))
-        return None
-    marker = [m for m in markers if "-s%d-" % step in m][0]
-    os.replace(os.path.join(mnt, marker), os.path.join(mnt, str(step)))
-    say("  marker %s -> %s, renamed to %d/ (%.0f ms)" % (
-        marker, os.readlink(os.path.join(mnt, str(step))), step, ready * 1e3))
-    return step
+    wait_until(lambda: not os.path.exists(yaml), 60, "mtcfs to take replicator.yaml")
+    failed = os.path.join(mnt, "replicator.failed")
+
+    def markers():
+        if os.path.exists(failed):
+            raise SystemExit("demo: node %d: %s" % (node.rank, open(failed).read()))
+        return [m for m in os.listdir(mnt) if m.endswith(".restore")]
+    ms = wait_until(markers, 120, "a .restore marker on node %d" % node.rank)
+    step = int(re.match(r".*-s(\d+)-n\d+-w\d+\.restore$", ms[0]).group(1))
+    target = None
+    if step:
+        target = os.readlink(os.path.join(mnt, ms[0]))
+        os.replace(os.path.join(mnt, ms[0]), os.path.join(mnt, str(step)))
+    out[node.rank] = (step, target, time.monotonic() - t0)
 
 
-def state(step, seed):
-    """The 'model state' of a step: a few arrays of deterministic bytes."""
+def job_start(nodes):
+    out, ts = {}, []
+    for n in nodes:
+        t = threading.Thread(target=node_job_start, args=(n, len(nodes), out))
+        t.start()
+        ts.append(t)
+    for t in ts:
+        t.join()
+    if len(out) != len(nodes):
+        raise SystemExit("demo: the job did not start on every node")
+    return out
+
+
+def state(step, rank):
+    """A node's 'model state' at a step: deterministic bytes."""
     out = {}
-    for i, size in enumerate((64 * MiB, 16 * MiB, 3 * MiB + 17)):
-        h = hashlib.sha256(b"%d/%d/%d" % (seed, step, i)).digest()
-        out["state/array%d/0.0" % i] = (h * (size // 32 + 1))[:size]
+    for i, size in enumerate((24 * MiB, 8 * MiB + 17)):
+        h = hashlib.sha256(b"%d/%d/%d" % (rank, step, i)).digest()
+        out["state/array%d/shard%d" % (i, rank)] = (h * (size // 32 + 1))[:size]
     out["_CHECKPOINT_METADATA"] = b'{"step": %d}' % step
     return out
 
 
-def save(mnt, step, files):
+def save(node, step):
     """Orbax's save: tmp dir, files, commit_success.txt, final rename."""
-    tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-%d" % (step, os.getpid()))
-    for rel, data in files.items():
+    tmp = os.path.join(node.mnt, "%d.orbax-checkpoint-tmp-%d" % (step, os.getpid()))
+    for rel, data in state(step, node.rank).items():
         p = os.path.join(tmp, rel)
         os.makedirs(os.path.dirname(p), exist_ok=True)
         with open(p, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
     with open(os.path.join(tmp, "commit_success.txt"), "w") as f:
         f.write("Checkpoint commit was successful to %s\n" % tmp)
-    t0 = time.perf_counter()
-    os.rename(tmp, os.path.join(mnt, str(step)))
-    return (time.perf_counter() - t0) * 1e3
+    os.rename(tmp, os.path.join(node.mnt, str(step)))
 
 
-def verify(mnt, step, files):
-    for rel, data in files.items():
-        with open(os.path.join(mnt, str(step), rel), "rb") as f:
+def catalog(admin, node):
+    out = subprocess.run([admin, "ls", node.ramdir, "--json"], stdout=subprocess.PIPE).stdout
+    return json.loads(out)["shards"]
+
+
+def verify(node, step):
+    for rel, data in state(step, node.rank).items():
+        with open(os.path.join(node.mnt, str(step), rel), "rb") as f:
             if f.read() != data:
-                raise SystemExit("demo: restored %s of step %d differs!" % (rel, step))
+                raise SystemExit("demo: node %d: restored %s differs!" % (node.rank, rel))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
+    ap.add_argument("--nodes", type=int, default=3)
     a = ap.parse_args()
     binary = os.path.abspath(os.path.join(a.build, "mtcfs"))
     admin = os.path.abspath(os.path.join(a.build, "mtcfs-admin"))
     work = tempfile.mkdtemp(prefix="mtcfs-demo-")
     tmpfs = os.path.join(work, "ram")
-    mnt = os.path.join(work, "ckpt")
     os.mkdir(tmpfs)
-    os.mkdir(mnt)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3G,huge=always", "mtcfs-demo", tmpfs], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4G,huge=always", "mtcfs-demo", tmpfs], check=True)
+    secret = os.path.join(work, "secret")
+    with open(secret, "w") as f:
+        f.write(os.urandom(24).hex() + "\n")
+    addrs = ["127.0.0.1:%d" % p for p in free_ports(a.nodes)]
     log = open(os.path.join(work, "mtcfs.log"), "ab")
-    node = Node(binary, tmpfs, mnt, log)
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))
+    nodes = []
+    for r in range(a.nodes):
+        ramdir, mnt = os.path.join(tmpfs, "node%d" % r), os.path.join(work, "ckpt%d" % r)
+        os.mkdir(ramdir)
+        os.mkdir(mnt)
+        opts = "ram_size=1G,listen=%s,peers=%s,secret_file=%s,restore_timeout=30" % (
+            addrs[r], ",".join(addrs), secret)
+        nodes.append(Node(binary, r, ramdir, mnt, opts, log))
+    signal.signal(signal.SIGTERM, lambda *x: sys.exit(1))
     ok = False
     try:
-        say("RAM tier: tmpfs %s, mount %s" % (tmpfs, mnt))
-        node.start()
-        say("job incarnation 1 starts")
-        job_start(mnt, "demo-job")
-        for step in (100, 200, 300):
-            ms = save(mnt, step, state(step, 1))
-            say("  saved step %d (83 MiB), commit rename took %.2f ms" % (step, ms))
-        def committed(step):
-            out = subprocess.run([admin, "ls", tmpfs, "--json"], stdout=subprocess.PIPE).stdout
-            return any(s["step"] == step and s["state"] == "committed"
-                       for s in json.loads(out)["shards"])
-        wait_until(lambda: committed(300), 30, "step 300 to be committed")
-        subprocess.run([admin, "ls", tmpfs])
-        say("kill -9 mtcfs (the training job dies with it), restart mtcfs on the same RAM tier")
-        node.kill9()
-        node.start()
-        say("job incarnation 2 starts")
-        step = job_start(mnt, "demo-job")
-        if step != 300:
-            raise SystemExit("demo: expected to restore step 300, got %s" % step)
-        verify(mnt, step, state(step, 1))
-        say("  step %d restored: every byte equals what was written" % step)
+        say("%d nodes on loopback %s, RAM tiers on tmpfs %s" % (a.nodes, ", ".join(addrs), tmpfs))
+        for n in nodes:
+            n.start()
+        say("job incarnation 1 starts on every node")
+        res = job_start(nodes)
+        say("  nothing to restore: %s" % sorted({s for s, _, _ in res.values()}))
+        for step in (100, 200):
+            for n in nodes:
+                save(n, step)
+            say("  every node saved step %d (32 MiB per node)" % step)
+
+        def replicated():
+            owners = {}
+            for n in nodes:
+                for s in catalog(admin, n):
+                    if s["step"] == 200 and s["state"] in ("committed", "replicated"):
+                        owners.setdefault(s["rank"], set()).add(n.rank)
+            return all(len(owners.get(r, ())) >= 2 for r in range(a.nodes))
+        wait_until(replicated, 60, "step 200 to be replicated")
+        say("  step 200 of every node is in RAM on two nodes:")
+        for n in nodes:
+            held = ["node %d%s" % (s["rank"], "" if s["own"] else " (replica)")
+                    for s in catalog(admin, n) if s["step"] == 200]
+            say("    node %d holds step 200 of %s" % (n.rank, ", ".join(held)))
+        say("kill -9 node 1 and give it an EMPTY RAM tier (a replaced machine)")
+        nodes[1].kill9()
+        shutil.rmtree(nodes[1].ramdir)
+        os.mkdir(nodes[1].ramdir)
+        nodes[1].start()
+        say("job incarnation 2 starts on every node")
+        res = job_start(nodes)
+        for r in sorted(res):
+            step, target, secs = res[r]
+            say("  node %d: restored step %d (%s), markers after %.0f ms" % (r, step, target, secs * 1e3))
+            if step != 200:
+                raise SystemExit("demo: node %d restored step %s, expected 200" % (r, step))
+            verify(nodes[r], step)
+        src = [l for l in open(os.path.join(work, "mtcfs.log"), errors="replace")
+               if "restored job=%s step=200" % JOB in l]
+        for l in src:
+            say("  " + l.split(" INFO ")[-1].strip())
+        say("  every node's step 200 equals what it wrote; node 1's came from its peer")
         ok = True
     finally:
-        node.stop()
+        for n in nodes:
+            n.stop()
         log.close()
         subprocess.run(["umount", tmpfs], stderr=subprocess.DEVNULL)
         if ok:
