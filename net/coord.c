@@ -525,6 +525,46 @@ static void on_register(struct coord *c, uint64_t conn, int rank, uint32_t req_i
 	send_msg(c, conn, NT_RESP, req_id, r);
 }
 
+/* {job} -> what the coordinator knows of a job, for mtcfs-admin. */
+static void on_status(struct coord *c, uint64_t conn, uint32_t req_id, json_t *m)
+{
+	const char *name;
+	struct cjob *j = NULL;
+	json_t *r = json_object(), *nodes;
+
+	if (net_json_str(m, "job", 128, &name) == 0)
+		for (j = c->jobs; j; j = j->next)
+			if (!strcmp(j->name, name))
+				break;
+	json_object_set_new(r, "addrs", addrs_json(c));
+	if (!j) {
+		json_object_set_new(r, "known", json_false());
+		send_msg(c, conn, NT_RESP, req_id, r);
+		return;
+	}
+	json_object_set_new(r, "known", json_true());
+	json_object_set_new(r, "job", json_string(j->name));
+	json_object_set_new(r, "nodes_total", json_integer(j->nodes));
+	json_object_set_new(r, "dp", json_integer(j->dp));
+	json_object_set_new(r, "lkg", j->has_lkg ? json_integer((json_int_t)j->lkg) : json_null());
+	json_object_set_new(r, "restore", json_string(j->state == R_IDLE ? "idle" :
+						     j->state == R_COLLECT ? "collecting" : "planned"));
+	json_object_set_new(r, "plan", json_integer(j->plan_id));
+	nodes = json_array();
+	for (uint32_t x = 0; x < j->nodes; x++) {
+		json_t *n = json_object(), *cm = json_array();
+		for (int k = 0; k < COMMITS_KEPT; k++)
+			if (j->n[x].commits[k])
+				json_array_append_new(cm, json_integer((json_int_t)(j->n[x].commits[k] - 1)));
+		json_object_set_new(n, "rank", json_integer(x));
+		json_object_set_new(n, "connected", json_boolean(j->n[x].conn != 0));
+		json_object_set_new(n, "commits", cm);
+		json_array_append_new(nodes, n);
+	}
+	json_object_set_new(r, "nodes", nodes);
+	send_msg(c, conn, NT_RESP, req_id, r);
+}
+
 void coord_on_msg(struct coord *c, uint64_t conn, int rank, uint8_t type, uint32_t req_id,
 		  json_t *msg)
 {
@@ -548,6 +588,8 @@ void coord_on_msg(struct coord *c, uint64_t conn, int rank, uint8_t type, uint32
 		on_fetch_failed(c, conn, rank, req_id, msg);
 	else if (!strcmp(op, "ready") && type == NT_REQ)
 		on_ready(c, conn, rank, req_id, msg);
+	else if (!strcmp(op, "status") && type == NT_REQ)
+		on_status(c, conn, req_id, msg);
 	else if (!strcmp(op, "committed"))
 		on_committed(c, conn, rank, msg);
 	else if (type == NT_REQ)

@@ -412,6 +412,33 @@ out:
 	idx_rec_clear(&rec);
 }
 
+/* {job} -> this node's holdings, for mtcfs-admin's cluster view. */
+static void serve_list(struct eng *e, struct nconn *c, uint32_t id, json_t *req)
+{
+	struct shard_rec *recs = NULL;
+	const char *job = NULL;
+	size_t n = 0;
+	json_t *resp = json_object(), *arr = json_array();
+
+	if (net_json_str(req, "job", RCFG_JOB_MAX, &job) < 0)
+		job = NULL;
+	if (idx_list_shards(ram_idx(e->ram), job, &recs, &n) == 0) {
+		for (size_t i = 0; i < n; i++) {
+			json_array_append_new(arr, json_pack("{s:s,s:I,s:i,s:s,s:b,s:I}",
+				"job", recs[i].key.job, "step", (json_int_t)recs[i].key.step,
+				"owner", (int)recs[i].key.rank, "state", shard_state_name(recs[i].state),
+				"own", (recs[i].flags & SHF_OWN) != 0, "bytes", (json_int_t)recs[i].bytes));
+		}
+		idx_recs_free(recs, n);
+	}
+	pthread_mutex_lock(&e->mu);
+	json_object_set_new(resp, "rank", json_integer(e->rank));
+	pthread_mutex_unlock(&e->mu);
+	json_object_set_new(resp, "shards", arr);
+	nconn_send(c, NT_RESP, id, resp);
+	json_decref(resp);
+}
+
 static void on_data(void *arg, struct nconn *c, int peer_rank)
 {
 	struct eng *e = arg;
@@ -429,6 +456,8 @@ static void on_data(void *arg, struct nconn *c, int peer_rank)
 		serve_fetch(e, c, h.req_id, m);
 	else if (!strcmp(op, "push"))
 		serve_push(e, c, peer_rank, h.req_id, m);
+	else if (!strcmp(op, "list"))
+		serve_list(e, c, h.req_id, m);
 	else
 		send_error(c, h.req_id, ENOSYS, "unknown op");
 	json_decref(m);
@@ -1274,6 +1303,16 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	rc = coord_start(e->srv, e->restore_timeout_s, &e->coord);
 	if (rc < 0)
 		goto fail;
+	{
+		/* how mtcfs-admin reaches the cluster from this RAMDIR */
+		json_t *pm = json_pack("{s:s,s:s,s:s?,s:i}", "listen", e->listen, "coordinator",
+				       e->coord_addr, "secret_file", o->secret_file, "rank", e->rank);
+		char *txt = json_dumps(pm, JSON_COMPACT);
+		if (txt)
+			idx_put_meta(ram_idx(ram), "peer", txt, strlen(txt));
+		free(txt);
+		json_decref(pm);
+	}
 	log_info("engine", "peer tier up listen=%s rank=%d coordinator=%s peers=%u", e->listen,
 		 e->rank, e->coord_addr, e->naddrs);
 	*out = e;

@@ -17,6 +17,11 @@
 
 #include <jansson.h>
 
+#include "fs/rcfg.h"
+#include "net/auth.h"
+#include "net/client.h"
+#include "net/frame.h"
+
 static bool want_json;
 
 static int open_catalog(const char *ramdir, struct idx **x)
@@ -144,12 +149,259 @@ static int cmd_ls(const char *ramdir, const char *job)
 	return 0;
 }
 
+/* ---- steps: the step x node matrix, from the cluster when reachable ---- */
+
+struct holding { uint64_t step; uint32_t owner, holder; bool ok; };
+
+struct view {
+	char job[RCFG_JOB_MAX + 1];
+	uint32_t nodes;
+	bool has_lkg, coord_ok;
+	uint64_t lkg;
+	bool *reached;            /* [nodes] */
+	struct holding *h;
+	size_t nh, cap;
+};
+
+static void add_holding(struct view *v, uint64_t step, uint32_t owner, uint32_t holder, bool ok)
+{
+	if (v->nh == v->cap) {
+		size_t nc = v->cap ? v->cap * 2 : 64;
+		struct holding *nh = realloc(v->h, nc * sizeof(*nh));
+		if (!nh)
+			return;
+		v->h = nh;
+		v->cap = nc;
+	}
+	v->h[v->nh++] = (struct holding){ step, owner, holder, ok };
+}
+
+static bool state_ok(const char *st)
+{
+	return !strcmp(st, "committed") || !strcmp(st, "replicated") || !strcmp(st, "backed-up");
+}
+
+/* Ask every node for its holdings (data connection "list"). */
+static void query_cluster(struct view *v, struct idx *x, int my_rank)
+{
+	struct net_auth auth = { 0 };
+	struct nconn *c = NULL;
+	json_t *pm = NULL, *req = NULL, *resp = NULL, *addrs;
+	const char *coord, *secret = NULL;
+	void *val = NULL;
+	size_t len;
+
+	if (idx_get_meta(x, "peer", &val, &len) < 0)
+		return;
+	pm = json_loadb(val, len, 0, NULL);
+	free(val);
+	if (!pm || net_json_str(pm, "coordinator", 255, &coord) < 0)
+		goto out;
+	if (net_json_str(pm, "secret_file", 4095, &secret) == 0 && auth_load_secret(secret, &auth) < 0)
+		goto out;
+	if (nconn_connect(coord, AUTH_RANK_TOOL, "control", &auth, 3000, &c, NULL) < 0) {
+		fprintf(stderr, "mtcfs-admin: coordinator %s not reachable; showing this node's view only\n", coord);
+		goto out;
+	}
+	req = json_pack("{s:s,s:s}", "op", "status", "job", v->job);
+	if (nconn_call(c, req, &resp, 5000) < 0)
+		goto out;
+	v->coord_ok = true;
+	if (json_is_integer(json_object_get(resp, "lkg"))) {
+		v->has_lkg = true;
+		v->lkg = (uint64_t)json_integer_value(json_object_get(resp, "lkg"));
+	}
+	addrs = json_object_get(resp, "addrs");
+	for (uint32_t r = 0; r < v->nodes && r < json_array_size(addrs); r++) {
+		json_t *a = json_array_get(addrs, r), *lr = NULL, *lresp = NULL, *sh;
+		struct nconn *d = NULL;
+		size_t i;
+		if (!json_is_string(a) || (int)r == my_rank)
+			continue;
+		if (nconn_connect(json_string_value(a), AUTH_RANK_TOOL, "data", &auth, 2000, &d, NULL) < 0)
+			continue;
+		lr = json_pack("{s:s,s:s}", "op", "list", "job", v->job);
+		if (nconn_call(d, lr, &lresp, 5000) == 0) {
+			v->reached[r] = true;
+			json_array_foreach(json_object_get(lresp, "shards"), i, sh) {
+				const char *st = json_string_value(json_object_get(sh, "state"));
+				add_holding(v, (uint64_t)json_integer_value(json_object_get(sh, "step")),
+					    (uint32_t)json_integer_value(json_object_get(sh, "owner")), r,
+					    st && state_ok(st));
+			}
+		}
+		json_decref(lr);
+		json_decref(lresp);
+		nconn_close(d);
+	}
+out:
+	json_decref(pm);
+	json_decref(req);
+	json_decref(resp);
+	nconn_close(c);
+	auth_clear(&auth);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? 1 : x > y ? -1 : 0;   /* newest first */
+}
+
+static int cmd_steps(const char *ramdir, const char *job)
+{
+	struct view v = { 0 };
+	struct shard_rec *recs = NULL;
+	struct idx *x = NULL;
+	struct rcfg cfg = { 0 };
+	char err[256];
+	void *val = NULL;
+	size_t len, n = 0, ns = 0;
+	uint64_t *steps = NULL;
+	int my_rank = 0, rc = 0;
+
+	if (open_catalog(ramdir, &x) < 0)
+		return 3;
+	if (idx_get_meta(x, "config", &val, &len) == 0) {
+		if (rcfg_parse(val, len, NULL, &cfg, err, sizeof(err)) == 0) {
+			snprintf(v.job, sizeof(v.job), "%s", cfg.job);
+			v.nodes = (uint32_t)cfg.nodes;
+			my_rank = cfg.node_rank;
+		}
+		free(val);
+	}
+	if (job)
+		snprintf(v.job, sizeof(v.job), "%s", job);
+	if (!v.job[0]) {
+		fprintf(stderr, "mtcfs-admin: no job configured on this node; use --job NAME\n");
+		idx_close(x);
+		return 2;
+	}
+	if (v.nodes == 0)
+		v.nodes = 1;
+	v.reached = calloc(v.nodes, sizeof(bool));
+	if (idx_list_shards(x, v.job, &recs, &n) == 0) {
+		for (size_t i = 0; i < n; i++)
+			if (recs[i].key.rank < v.nodes)
+				add_holding(&v, recs[i].key.step, recs[i].key.rank, (uint32_t)my_rank,
+					    state_ok(shard_state_name(recs[i].state)));
+		idx_recs_free(recs, n);
+	}
+	if ((uint32_t)my_rank < v.nodes)
+		v.reached[my_rank] = true;
+	query_cluster(&v, x, my_rank);
+	idx_close(x);
+
+	steps = malloc((v.nh + 1) * sizeof(*steps));
+	for (size_t i = 0; steps && i < v.nh; i++)
+		steps[ns++] = v.h[i].step;
+	if (steps)
+		qsort(steps, ns, sizeof(*steps), cmp_u64);
+	{
+		size_t u = 0;
+		for (size_t i = 0; i < ns; i++)
+			if (u == 0 || steps[u - 1] != steps[i])
+				steps[u++] = steps[i];
+		ns = u;
+	}
+	json_t *root = json_object(), *arr = json_array();
+	json_object_set_new(root, "job", json_string(v.job));
+	json_object_set_new(root, "nodes", json_integer(v.nodes));
+	json_object_set_new(root, "lkg", v.has_lkg ? json_integer((json_int_t)v.lkg) : json_null());
+	json_object_set_new(root, "coordinator_reachable", json_boolean(v.coord_ok));
+	{
+		json_t *re = json_array();
+		for (uint32_t r = 0; r < v.nodes; r++)
+			json_array_append_new(re, json_boolean(v.reached[r]));
+		json_object_set_new(root, "nodes_reached", re);
+	}
+	if (!want_json) {
+		char lkg[32] = "unknown";
+		if (v.has_lkg)
+			snprintf(lkg, sizeof(lkg), "step %llu", (unsigned long long)v.lkg);
+		printf("job %s, %u node%s, last complete step (LKG): %s%s\n", v.job, v.nodes,
+		       v.nodes == 1 ? "" : "s", lkg,
+		       v.coord_ok ? " (coordinator's view)" : " (this node's view only)");
+		printf("cells: the ranks holding a verified copy of that node's shard in RAM\n");
+		printf("%-10s", "STEP");
+		for (uint32_t r = 0; r < v.nodes; r++) {
+			char hd[16];
+			snprintf(hd, sizeof(hd), "node%u%s", r, v.reached[r] ? "" : "?");
+			printf(" %-10s", hd);
+		}
+		printf(" STATUS\n");
+	}
+	for (size_t i = 0; i < ns; i++) {
+		json_t *row = json_object(), *cells = json_object(), *missing = json_array();
+		char status[256] = "complete";
+		size_t sl = 0;
+		bool complete = true;
+		if (!want_json)
+			printf("%-10llu", (unsigned long long)steps[i]);
+		for (uint32_t o = 0; o < v.nodes; o++) {
+			json_t *hs = json_array();
+			char cell[64] = "";
+			size_t cl = 0;
+			for (size_t k = 0; k < v.nh; k++) {
+				if (v.h[k].step != steps[i] || v.h[k].owner != o || !v.h[k].ok)
+					continue;
+				json_array_append_new(hs, json_integer(v.h[k].holder));
+				cl += (size_t)snprintf(cell + cl, sizeof(cell) - cl, "%s%u",
+						       cl ? "," : "", v.h[k].holder);
+				if (cl >= sizeof(cell))
+					cl = sizeof(cell) - 1;
+			}
+			if (json_array_size(hs) == 0) {
+				complete = false;
+				json_array_append_new(missing, json_integer(o));
+				snprintf(cell, sizeof(cell), "-");
+			}
+			char key[16];
+			snprintf(key, sizeof(key), "%u", o);
+			json_object_set_new(cells, key, hs);
+			if (!want_json)
+				printf(" %-10s", cell);
+		}
+		if (!complete) {
+			sl = (size_t)snprintf(status, sizeof(status), "incomplete: no copy of node");
+			for (size_t k = 0; k < json_array_size(missing) && sl < sizeof(status); k++)
+				sl += (size_t)snprintf(status + sl, sizeof(status) - sl, "%s %lld",
+						       k ? "," : "",
+						       (long long)json_integer_value(json_array_get(missing, k)));
+		}
+		if (v.has_lkg && steps[i] == v.lkg && sl < sizeof(status))
+			snprintf(status + strlen(status), sizeof(status) - strlen(status), "  <- LKG");
+		if (!want_json)
+			printf(" %s\n", status);
+		json_object_set_new(row, "step", json_integer((json_int_t)steps[i]));
+		json_object_set_new(row, "complete", json_boolean(complete));
+		json_object_set_new(row, "lkg", json_boolean(v.has_lkg && steps[i] == v.lkg));
+		json_object_set_new(row, "holders", cells);
+		json_object_set_new(row, "missing", missing);
+		json_array_append_new(arr, row);
+	}
+	json_object_set_new(root, "steps", arr);
+	if (want_json) {
+		json_dumpf(root, stdout, JSON_INDENT(1));
+		putchar('\n');
+	} else if (ns == 0) {
+		printf("(no steps held)\n");
+	}
+	json_decref(root);
+	free(steps);
+	free(v.h);
+	free(v.reached);
+	rcfg_free(&cfg);
+	return rc;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: mtcfs-admin COMMAND [ARGS] [--json]\n\n"
 		"commands:\n"
 		"  ls RAMDIR [--job NAME]   shards in the node's catalog with their files, sizes, CRC32C\n"
+		"  steps RAMDIR [--job NAME] step x node matrix: which nodes hold each node's shard, the LKG\n"
 		"  help                     this text\n");
 }
 
@@ -189,6 +441,13 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		return cmd_ls(args[1], job);
+	}
+	if (!strcmp(args[0], "steps")) {
+		if (nargs != 2) {
+			fprintf(stderr, "usage: mtcfs-admin steps RAMDIR [--job NAME] [--json]\n");
+			return 2;
+		}
+		return cmd_steps(args[1], job);
 	}
 	fprintf(stderr, "mtcfs-admin: unknown command %s\n", args[0]);
 	usage(stderr);
