@@ -1045,6 +1045,12 @@ bool nconn_unregister(struct nconn *c)
 	return atomic_exchange(&c->unreg_arg, NULL) != NULL;
 }
 
+void nconn_shutdown(struct nconn *c)
+{
+	if (c && c->fd >= 0)
+		shutdown(c->fd, SHUT_RDWR);
+}
+
 void nconn_close(struct nconn *c)
 {
 	void *reg;

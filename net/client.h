@@ -96,7 +96,12 @@ int nconn_send_file(struct nconn *c, const char *path, int fd, uint64_t size,
 int nconn_recv_file(struct nconn *c, int fd, uint64_t size, int timeout_ms,
 		    uint32_t *crc_out);
 
-/* Close the socket and free c; accepts NULL. */
+/* Shut the socket down both ways without freeing c: a thread blocked in
+ * nconn_recv/nconn_send on c returns (-ECONNRESET/-EPIPE) at once. Any
+ * thread; c stays valid until nconn_close. */
+void nconn_shutdown(struct nconn *c);
+/* Close the socket and free c; accepts NULL. No other thread may still be
+ * using c (nconn_shutdown first, join, then close). */
 void nconn_close(struct nconn *c);
 
 /* ---- for net/server.c and benchmarks ---- */

@@ -1329,7 +1329,7 @@ void eng_stop(struct eng *e)
 	pthread_mutex_lock(&e->ctl_mu);
 	e->stopping = true;
 	if (e->ctl)
-		shutdown(nconn_fd(e->ctl), SHUT_RDWR);
+		nconn_shutdown(e->ctl);
 	pthread_mutex_unlock(&e->ctl_mu);
 	if (e->ctl_reader_running)
 		pthread_join(e->ctl_reader, NULL);
