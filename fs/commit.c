@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -225,6 +226,39 @@ void commit_hide(struct fs *fs, uint64_t step)
 	idx_set_state(ram_idx(fs->ram), &k, 0, SHF_HIDDEN, 0);
 }
 
+/* Top-level symlinks into a shard's store directory (a renamed .restore
+ * marker: Orbax's <step>, PyTorch's step=<N>) would dangle once the shard
+ * goes: remove them with it. */
+static void unlink_views(struct fs *fs, const struct shard_key *k)
+{
+	char rel[512], target[600], buf[600];
+	int nsfd = ram_ns_fd(fs->ram), fd;
+	struct dirent *de;
+	DIR *d;
+
+	if (ram_shard_relpath(k, rel, sizeof(rel)) < 0)
+		return;
+	snprintf(target, sizeof(target), ".mtcfs/%s", rel);
+	fd = openat(nsfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || !(d = fdopendir(fd))) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	while ((de = readdir(d)) != NULL) {
+		ssize_t l;
+		if (de->d_type != DT_LNK)
+			continue;
+		l = readlinkat(nsfd, de->d_name, buf, sizeof(buf) - 1);
+		if (l <= 0)
+			continue;
+		buf[l] = '\0';
+		if (!strcmp(buf, target) || (!strncmp(buf, target, strlen(target)) && buf[strlen(target)] == '/'))
+			unlinkat(nsfd, de->d_name, 0);
+	}
+	closedir(d);
+}
+
 /* Drop one own shard: its store copy, its record, and its namespace view. */
 static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_ino)
 {
@@ -248,6 +282,7 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 		util_rmtree_at(ram_ns_fd(fs->ram), name, &freed);
 		ram_adjust(fs->ram, -(int64_t)freed);   /* ram_drop accounts its own */
 	}
+	unlink_views(fs, k);
 	ram_drop(fs->ram, k, &freed);
 	log_info("gc", "dropped job=%s step=%llu rank=%u freed=%llu", k->job,
 		 (unsigned long long)k->step, k->rank, (unsigned long long)freed);

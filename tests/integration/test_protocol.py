@@ -1,0 +1,1034 @@
+"""The application protocol of DESIGN §3 (issue 3), on one node.
+
+replicator.yaml validation (one test per rule, exact message substrings
+from fs/rcfg.c), $VAR expansion, the empty file, jax-init-info.txt, the
+namespace clean-up, replicator.prerestore and the .restore markers, local
+GC, and replays of the exact start-up/save/restore sequences of Orbax
+(ReplicatorCheckpointManager / initialize_multi_tier_checkpointing) and of
+the PyTorch reference (resiliency high-scale-ckpt utils) over several job
+incarnations and an mtcfs restart.
+
+Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \
+     /usr/bin/python3 tests/integration/test_protocol.py [-k NAME]
+"""
+
+import errno
+import fcntl
+import json
+import os
+import random
+import struct
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import crc32c as crcmod  # noqa: E402
+from harness import (assert_manifest, read_file, read_tree,  # noqa: E402
+                     wait_until, write_file)
+
+MiB = 1 << 20
+YAML = "replicator.yaml"
+YAML_TMP = "replicator.yaml.tmp"
+ERRORS = "replicator.errors"
+FAILED = "replicator.failed"
+PRERESTORE = "replicator.prerestore"
+JAXINFO = "jax-init-info.txt"
+PROTO_TIMEOUT = 30.0
+
+# The messages of the rejected-config log line (log_err): expected in tests
+# that feed invalid configs or corrupt shards on purpose.
+REJECTED_LOG = r"replicator\.yaml rejected"
+VERIFY_LOG = r"fails verification"
+
+
+def pattern(seed, n):
+    return random.Random(seed).randbytes(n)
+
+
+# --- the exact texts the applications write ----------------------------------
+
+def orbax_yaml(job, rank=0, nodes=1, dp=1, peer_ranks=(), minutes=30):
+    """Orbax's _create_replicator_file: stripped lines, no final newline."""
+    return "\n".join([
+        "job-name: %s" % job,
+        "framework: orbax",
+        "assume-data-parallelism: %d" % dp,
+        "node-rank: %d" % rank,
+        "nodes: %d" % nodes,
+        "peer-ranks: %s" % list(peer_ranks),
+        "backup-interval-minutes: %d" % minutes,
+    ])
+
+
+def pytorch_yaml(job, rank=0, nodes=1, peers_per_node=1, minutes=30):
+    """The PyTorch reference's yaml.dump(config, default_flow_style=False,
+    sort_keys=False) of init_high_scale_ckpt's dict."""
+    return ("job-name: %s\nframework: pytorch.distributed\nnode-rank: %d\n"
+            "nodes: %d\npeers-per-node: %d\nbackup-interval-minutes: %d\n"
+            % (job, rank, nodes, peers_per_node, minutes))
+
+
+def simple_yaml(job, extra=""):
+    return "job-name: %s\nnode-rank: 0\nnodes: 1\n%s" % (job, extra)
+
+
+def flock_struct(l_type):
+    return struct.pack("hhqqi4x", l_type, os.SEEK_SET, 0, 0, 0)
+
+
+def write_all(fd, data):
+    mv = memoryview(data)
+    while mv:
+        mv = mv[os.write(fd, mv):]
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def marker_step(name):
+    """Orbax's _extract_step: '{job}-s{step}-n{rank}-w{w}.restore'."""
+    return name.rsplit("-", 3)[1][1:]
+
+
+class ProtoCase(harness.MountTestCase):
+    """Helpers for the application side of the protocol."""
+
+    OPTS = "ram_size=2G,jax_init_info"
+
+    def m(self, *parts):
+        return os.path.join(self.mnt, *parts)
+
+    def top(self):
+        return sorted(os.listdir(self.mnt))
+
+    def markers(self):
+        return sorted(n for n in os.listdir(self.mnt) if n.endswith(".restore"))
+
+    def alive(self):
+        self.fs.check_alive()
+
+    def wait(self, cond, msg, timeout=PROTO_TIMEOUT):
+        return wait_until(cond, timeout, msg, check=self.alive)
+
+    # -- writing replicator.yaml --
+
+    def wait_yaml_gone(self, timeout=PROTO_TIMEOUT):
+        self.wait(lambda: not os.path.lexists(self.m(YAML)),
+                  "replicator.yaml to disappear", timeout)
+
+    def put_yaml(self, text, via_tmp=False):
+        """Write replicator.yaml as the apps do (waits until it is absent
+        first). Returns the monotonic time of the write's completion."""
+        self.wait_yaml_gone()
+        data = text.encode() if isinstance(text, str) else text
+        if via_tmp:                                 # Orbax
+            with open(self.m(YAML_TMP), "wb") as f:
+                f.write(data)
+            os.replace(self.m(YAML_TMP), self.m(YAML))
+        else:                                       # PyTorch reference
+            with open(self.m(YAML), "wb") as f:
+                f.write(data)
+        return time.monotonic()
+
+    def configure(self, text, via_tmp=False, workers=1):
+        """Write the yaml, wait until accepted and until the markers are all
+        there; asserts no .failed/.errors. Returns the sorted markers."""
+        self.put_yaml(text, via_tmp)
+        self.wait_yaml_gone()
+        self.assertNoProblemFiles()
+        ms = self.wait_markers(workers)
+        self.assertNoProblemFiles()
+        return ms
+
+    def wait_markers(self, n=1):
+        return self.wait(lambda: (lambda ms: ms if len(ms) >= n else None)(
+            self.markers()), "%d .restore marker(s)" % n)
+
+    def assertNoProblemFiles(self):
+        for n in (FAILED, ERRORS):
+            if os.path.lexists(self.m(n)):
+                self.fail("%s exists: %r" % (n, read_file(self.m(n))))
+
+    def prerestore(self):
+        self.wait(lambda: os.path.exists(self.m(PRERESTORE)),
+                  "replicator.prerestore")
+        return read_file(self.m(PRERESTORE)).decode()
+
+    def assert_nothing_restored(self, job, rank=0, workers=1):
+        self.assertEqual(self.prerestore(), "{}\n")
+        want = ["%s-s0-n%d-w%d.restore" % (job, rank, w)
+                for w in range(workers)]
+        self.assertEqual(self.markers(), want)
+        for n in want:
+            st = os.lstat(self.m(n))
+            self.assertTrue(os.path.isfile(self.m(n))
+                            and not os.path.islink(self.m(n)), n)
+            self.assertEqual(st.st_size, 0, n)
+
+    def assert_restore_markers(self, job, step, files, rank=0, workers=1):
+        """prerestore names step; one relative symlink per worker that
+        resolves inside the mount to exactly files."""
+        self.assertEqual(self.prerestore(), "restore-step: %d\n" % step)
+        want = ["%s-s%d-n%d-w%d.restore" % (job, step, rank, w)
+                for w in range(workers)]
+        self.assertEqual(self.markers(), want)
+        mnt_real = os.path.realpath(self.mnt)
+        for n in want:
+            p = self.m(n)
+            self.assertTrue(os.path.islink(p), "%s is not a symlink" % n)
+            target = os.readlink(p)
+            self.assertFalse(target.startswith("/"),
+                             "%s -> %s is not relative" % (n, target))
+            real = os.path.realpath(p)
+            self.assertTrue(real.startswith(mnt_real + os.sep),
+                            "%s resolves outside the mount: %s" % (n, real))
+            self.assertTrue(os.path.isdir(p), "%s -> %s" % (n, target))
+            self.assertEqual(read_tree(p), files, "files behind %s" % n)
+
+    # -- the Orbax application --
+
+    def ts_write(self, dirpath, key, value):
+        """TensorStore file kvstore write (K.__lock + OFD lock + ftruncate +
+        write + fsync + rename over K + fsync of the directory)."""
+        full = os.path.join(dirpath, key)
+        d = os.path.dirname(full)
+        os.makedirs(d, exist_ok=True)
+        lock_path = full + ".__lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, flock_struct(fcntl.F_WRLCK))
+            os.ftruncate(fd, 0)
+            write_all(fd, value)
+            os.fsync(fd)
+            os.rename(lock_path, full)
+            fsync_dir(d)
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, flock_struct(fcntl.F_UNLCK))
+        finally:
+            os.close(fd)
+
+    def orbax_save(self, step, seed, big=0):
+        """Save a step as Orbax does; returns {relpath: bytes}."""
+        tmp = self.m("%d.orbax-checkpoint-tmp-%d" % (step, 1000 + step))
+        os.mkdir(tmp)
+        files = {}
+        for item, n in (("state", 4), ("metrics", 1)):
+            itmp = os.path.join(tmp, "%s.orbax-checkpoint-tmp-%d"
+                                % (item, 2000 + step))
+            os.mkdir(itmp)
+            for i in range(n):
+                key = "params.layer%d/0.0" % i
+                val = pattern(seed * 100 + i, 50000 + 1000 * i + seed)
+                self.ts_write(itmp, key, val)
+                files["%s/%s" % (item, key)] = val
+                zarray = json.dumps({"shape": [i + 1], "seed": seed}).encode()
+                self.ts_write(itmp, "params.layer%d/.zarray" % i, zarray)
+                files["%s/params.layer%d/.zarray" % (item, i)] = zarray
+            meta = json.dumps({"tree_metadata": {"step": step}}).encode()
+            write_file(os.path.join(itmp, "_METADATA"), meta)
+            files["%s/_METADATA" % item] = meta
+            os.rename(itmp, os.path.join(tmp, item))
+            fsync_dir(tmp)
+        if big:
+            blob = pattern(seed, big)
+            write_file(os.path.join(tmp, "state", "big.bin"), blob)
+            files["state/big.bin"] = blob
+        cmeta = json.dumps({"item_handlers": {"state": "PyTreeHandler"},
+                            "commit_timestamp_nsecs": step}).encode()
+        write_file(os.path.join(tmp, "_CHECKPOINT_METADATA"), cmeta)
+        files["_CHECKPOINT_METADATA"] = cmeta
+        ok = ("Checkpoint commit was successful to %s"
+              % self.m(str(step))).encode()
+        write_file(os.path.join(tmp, "commit_success.txt"), ok)
+        files["commit_success.txt"] = ok
+        os.rename(tmp, self.m(str(step)))
+        return files
+
+    def orbax_startup(self, job):
+        """initialize_multi_tier_checkpointing's file protocol; returns
+        (restored step or 0, path of MNT/<step> or None)."""
+        info = read_file(self.m(JAXINFO)).decode().split("\n")
+        self.assertGreaterEqual(len(info), 2, info)
+        self.assertTrue(info[0] and info[1], info)
+        self.wait_yaml_gone()
+        self.put_yaml(orbax_yaml(job), via_tmp=True)
+        self.wait_yaml_gone()
+        self.assertNoProblemFiles()
+        # _block_and_process_restore_dir
+        files = self.wait_markers()
+        self.assertNoProblemFiles()
+        self.orbax_markers = files
+        f = files[0]
+        step = marker_step(f)
+        if step != "0":
+            os.rename(self.m(f), self.m(step))
+            return int(step), self.m(step)
+        return 0, None
+
+    # -- the PyTorch reference --
+
+    def pytorch_startup(self, job):
+        """block_and_proces_restore_dir; returns (step, MNT/step=N or None)."""
+        self.put_yaml(pytorch_yaml(job))
+        self.wait_yaml_gone()
+        # handle_replicator_fail_situation
+        self.assertNoProblemFiles()
+        # process_replicator_prerestore: a YAML mapping or {}
+        text = self.prerestore()
+        if text.strip() == "{}":
+            step = 0
+        else:
+            kv = dict(ln.split(": ", 1) for ln in text.splitlines())
+            step = int(kv.get("restore-step", 0))
+        f = self.wait_markers()[0]
+        self.assertNoProblemFiles()
+        mstep = int(f.rsplit("-", 3)[1][1:])
+        self.assertEqual(mstep, step, "marker %s vs prerestore %r"
+                         % (f, text))
+        if mstep == 0:
+            return 0, None
+        target = self.m("step=%d" % mstep)
+        os.rename(self.m(f), target)
+        return mstep, target
+
+    def pytorch_save(self, step, seed):
+        os.close(os.open(self.m("step=%d-unfinished" % step),
+                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+        os.makedirs(self.m("step=%d" % step, "0"))
+        files = {"0/__0_0.distcp": pattern(seed, 2 * MiB + seed),
+                 "0/__0_1.distcp": pattern(seed + 1, 300000),
+                 "0/.metadata": pattern(seed + 2, 4000)}
+        for rel, data in files.items():
+            with open(self.m("step=%d" % step, rel), "wb") as f:
+                for off in range(0, len(data), 256 * 1024):
+                    f.write(data[off:off + 256 * 1024])
+                f.flush()
+                os.fsync(f.fileno())
+        os.unlink(self.m("step=%d-unfinished" % step))
+        os.rename(self.m("step=%d" % step), self.m(str(step)))
+        return files
+
+    # -- checks --
+
+    def wait_steps(self, job, steps, timeout=harness.COMMIT_TIMEOUT):
+        """Wait until mtcfs-admin ls lists exactly steps (all committed)."""
+        last = {}
+
+        def cond():
+            got = [s for s in harness.admin_ls(self.ramdir).get("shards", [])
+                   if s.get("job") == job]
+            last["v"] = [(s["step"], s.get("state")) for s in got]
+            return (sorted(s["step"] for s in got) == sorted(steps)
+                    and all(s.get("state") in harness.COMMITTED_STATES
+                            for s in got))
+        try:
+            self.wait(cond, "steps %s of job %s" % (steps, job), timeout)
+        except AssertionError as e:
+            raise AssertionError("%s; last seen %s" % (e, last.get("v")))
+
+    def assert_read_only(self, root):
+        for dp, dns, fns in os.walk(root):
+            for fn in fns:
+                p = os.path.join(dp, fn)
+                self.assertErrno(errno.EROFS, os.open, p, os.O_WRONLY)
+            self.assertErrno(errno.EROFS, os.open, os.path.join(dp, "new"),
+                             os.O_WRONLY | os.O_CREAT, 0o644)
+            break
+
+    def flip_byte(self, job, step, rel, off=100):
+        p = os.path.join(harness.shard_dir(self.ramdir, step, job), rel)
+        with open(p, "r+b") as f:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ 0x5A]))
+
+
+# =============================================================================
+# (a) validation: one test per rule
+# =============================================================================
+
+VALID_TAIL = "framework: orbax\n"
+
+
+class Validation(ProtoCase):
+
+    def rejected(self, text, *substrings, via_tmp=False):
+        """text is rejected with a one-line replicator.failed containing each
+        substring; replicator.yaml is deleted; the daemon keeps serving and a
+        later valid replicator.yaml works (and cleans the .failed away)."""
+        self.fs.expect_log(REJECTED_LOG)
+        before = self.top()
+        self.put_yaml(text, via_tmp)
+        self.wait_yaml_gone()
+        self.assertTrue(os.path.exists(self.m(FAILED)),
+                        "no replicator.failed; top: %s" % self.top())
+        msg = read_file(self.m(FAILED)).decode()
+        self.assertTrue(msg.endswith("\n"), repr(msg))
+        self.assertEqual(len(msg.splitlines()), 1, repr(msg))
+        for s in substrings:
+            self.assertIn(s, msg)
+        # nothing else happened: no clean-up, no markers, no prerestore
+        self.assertEqual(self.top(), sorted(before + [FAILED]))
+        self.assertFalse(os.path.lexists(self.m(ERRORS)))
+        # still serving
+        self.alive()
+        write_file(self.m("probe"), b"still serving")
+        self.assertEqual(read_file(self.m("probe")), b"still serving")
+        os.unlink(self.m("probe"))
+        # a later valid yaml works
+        self.configure(simple_yaml("after-failure"))
+        self.assert_nothing_restored("after-failure")
+        self.assertEqual(self.top(), sorted([JAXINFO, PRERESTORE,
+                                      "after-failure-s0-n0-w0.restore"]))
+        return msg
+
+    def test_not_yaml(self):
+        msg = self.rejected("job-name: [unclosed\n", "invalid YAML at line ")
+        sys.stderr.write("[%s] " % msg.strip())
+
+    def test_not_yaml_via_tmp_rename(self):
+        self.rejected("job-name: run\nnodes: 1\n  node-rank: 0\n",
+                      "invalid YAML at line 3", via_tmp=True)
+
+    def test_not_a_mapping(self):
+        self.rejected("- a\n- b\n", "line 1: the top level must be a mapping "
+                      "of keys (job-name: ..., nodes: ...), got a list")
+
+    def test_scalar_document(self):
+        self.rejected("just a string\n", "the top level must be a mapping",
+                      "got a scalar")
+
+    def test_unknown_key(self):
+        self.rejected(simple_yaml("j", "colour: red\n"),
+                      'line 4: unknown key "colour" (known keys: job-name,')
+
+    def test_wrong_type_list_for_int(self):
+        self.rejected("job-name: j\nnode-rank: [1]\nnodes: 1\n",
+                      "line 2: 'node-rank' expects an integer, got a list")
+
+    def test_wrong_type_string_for_int(self):
+        self.rejected("job-name: j\nnode-rank: 0\nnodes: two\n",
+                      "line 3: 'nodes' expects a non-negative integer, "
+                      'got "two"')
+
+    def test_wrong_type_mapping_for_string(self):
+        self.rejected("job-name: {a: 1}\nnode-rank: 0\nnodes: 1\n",
+                      "line 1: 'job-name' expects a string, got a mapping")
+
+    def test_wrong_type_scalar_for_list(self):
+        self.rejected(simple_yaml("j", "peer-ranks: 1\n"),
+                      "line 4: 'peer-ranks' expects a list of integers such "
+                      'as [1, 2], got "1"')
+
+    def test_bad_framework(self):
+        self.rejected(simple_yaml("j", "framework: tensorflow\n"),
+                      "line 4: 'framework' \"tensorflow\" is not one of "
+                      "orbax, pytorch.distributed, pytorch")
+
+    def test_duplicate_key(self):
+        self.rejected(simple_yaml("j", "nodes: 1\n"),
+                      "line 4: duplicate key 'nodes' (first given at line 3)")
+
+    def test_missing_job_name(self):
+        self.rejected("node-rank: 0\nnodes: 1\n",
+                      "missing required key: job-name")
+
+    def test_missing_node_rank(self):
+        self.rejected("job-name: j\nnodes: 1\n",
+                      "missing required key: node-rank")
+
+    def test_missing_nodes(self):
+        self.rejected("job-name: j\nnode-rank: 0\n",
+                      "missing required key: nodes")
+
+    def test_missing_all(self):
+        self.rejected("framework: orbax\n",
+                      "missing required keys: job-name, node-rank, nodes")
+
+    def test_node_rank_not_below_nodes(self):
+        self.rejected("job-name: j\nnode-rank: 1\nnodes: 1\n",
+                      "line 2: 'node-rank' 1 must be less than 'nodes' 1 "
+                      "(ranks are 0..0)")
+
+    def test_negative_node_rank(self):
+        self.rejected("job-name: j\nnode-rank: -1\nnodes: 1\n",
+                      "line 2: 'node-rank' must not be negative, got -1")
+
+    def test_negative_nodes(self):
+        self.rejected("job-name: j\nnode-rank: 0\nnodes: -3\n",
+                      "line 3: 'nodes' must not be negative, got -3")
+
+    def test_zero_nodes(self):
+        self.rejected("job-name: j\nnode-rank: 0\nnodes: 0\n",
+                      "line 3: 'nodes' must be at least 1, got 0")
+
+    def test_negative_interval(self):
+        self.rejected(simple_yaml("j", "backup-interval-minutes: -5\n"),
+                      "line 4: 'backup-interval-minutes' must not be "
+                      "negative, got -5")
+
+    def test_negative_peer_rank(self):
+        self.rejected(simple_yaml("j", "peer-ranks: [-1]\n"),
+                      "line 4: 'peer-ranks' entry must not be negative, "
+                      "got -1")
+
+    def test_peer_rank_out_of_range(self):
+        self.rejected(simple_yaml("j", "peer-ranks: [1]\n"),
+                      "line 4: 'peer-ranks' entry 1 is out of range: with "
+                      "'nodes' 1 ranks are 0..0")
+
+    def test_peer_rank_self(self):
+        self.rejected(simple_yaml("j", "peer-ranks: [0]\n"),
+                      "line 4: 'peer-ranks' entry 0 is this node's own "
+                      "'node-rank'")
+
+    def test_peer_rank_duplicated(self):
+        # needs nodes > 1: validation names the duplicate before the
+        # single-node rule could apply
+        self.rejected("job-name: j\nnode-rank: 0\nnodes: 4\n"
+                      "peer-ranks: [1, 2, 1]\n",
+                      "line 4: 'peer-ranks' lists 1 twice")
+
+    def test_both_peer_keys(self):
+        # what the PyTorch reference writes when given peer_ranks
+        self.rejected(simple_yaml("j", "peers-per-node: 1\npeer-ranks: []\n"),
+                      "'peer-ranks' (line 5) and 'peers-per-node' (line 4) "
+                      "are mutually exclusive: give one of them")
+
+    def test_both_interval_keys(self):
+        self.rejected(simple_yaml("j", "backup-interval-minutes: 30\n"
+                                  "backup-interval-steps: 100\n"),
+                      "'backup-interval-minutes' (line 4) and "
+                      "'backup-interval-steps' (line 5) are mutually "
+                      "exclusive: give one of them")
+
+    def test_nodes_not_divisible_by_dp(self):
+        self.rejected(simple_yaml("j", "assume-data-parallelism: 2\n"),
+                      "line 4: 'nodes' 1 is not divisible by "
+                      "'assume-data-parallelism' 2")
+
+    def test_nodes_not_divisible_by_dp_multi(self):
+        self.rejected("job-name: j\nnode-rank: 0\nnodes: 3\n"
+                      "assume-data-parallelism: 2\n",
+                      "'nodes' 3 is not divisible by "
+                      "'assume-data-parallelism' 2")
+
+    def test_job_name_with_slash(self):
+        self.rejected(simple_yaml("a/b"),
+                      "line 1: 'job-name' \"a/b\" cannot be used as a file "
+                      "name: it may contain only letters, digits, '.', '_' "
+                      "and '-' (found '/')")
+
+    def test_job_name_dot(self):
+        self.rejected(simple_yaml(".hidden"),
+                      "line 1: 'job-name' \".hidden\" cannot be used as a "
+                      "file name: it must not start with '.' or '-'")
+
+    def test_job_name_dotdot(self):
+        self.rejected(simple_yaml(".."), "'job-name' \"..\" cannot be used",
+                      "must not start with '.'")
+
+    def test_job_name_empty(self):
+        self.rejected('job-name: ""\nnode-rank: 0\nnodes: 1\n',
+                      "'job-name' \"\" cannot be used as a file name: it is "
+                      "empty")
+
+    def test_more_than_one_node_needs_peer_tier(self):
+        self.rejected(orbax_yaml("j", rank=0, nodes=2, dp=1, peer_ranks=[1]),
+                      "nodes: 2 needs the peer tier")
+
+    def test_yaml_directory_is_not_config(self):
+        self.fs.expect_log(REJECTED_LOG)
+        os.mkdir(self.m(YAML))
+        # a mkdir does not wake the control thread; a later valid file
+        # does. A rename of a directory onto the name does.
+        os.rmdir(self.m(YAML))
+        os.mkdir(self.m("d.tmp"))
+        os.rename(self.m("d.tmp"), self.m(YAML))
+        self.wait_yaml_gone()
+        self.assertEqual(read_file(self.m(FAILED)).decode(),
+                         "replicator.yaml is not a regular file\n")
+        self.configure(simple_yaml("j"))
+        self.assert_nothing_restored("j")
+
+    def test_failed_then_valid_restores(self):
+        # a failure in the middle of a job's life does not lose its steps
+        self.configure(simple_yaml("run"))
+        files = self.orbax_save(3, seed=3)
+        self.wait_committed(3, job="run")
+        self.fs.expect_log(REJECTED_LOG)
+        self.put_yaml(simple_yaml("run", "nodes: 1\n"))
+        self.wait_yaml_gone()
+        self.assertIn("duplicate key 'nodes'", read_file(self.m(FAILED))
+                      .decode())
+        self.assertEqual(sorted(os.listdir(self.m("3"))),
+                         sorted({p.split("/")[0] for p in files}))
+        self.configure(simple_yaml("run"))
+        self.assert_restore_markers("run", 3, files)
+
+
+# =============================================================================
+# (b) $VAR / ${VAR}, (c) empty file, jax-init-info.txt
+# =============================================================================
+
+class EnvExpansion(ProtoCase):
+    START = False
+
+    def setUp(self):
+        super().setUp()
+        self.fs.env.update({"MTCFS_T_JOB": "envjob", "MTCFS_T_RANK": "0",
+                            "MTCFS_T_NODES": "1", "MTCFS_T_WORKERS": "2",
+                            "MTCFS_T_BAD": "abc"})
+        self.fs.env.pop("MTCFS_T_UNSET", None)
+        self.fs.start()
+
+    def test_dollar_and_braces(self):
+        self.configure("job-name: ${MTCFS_T_JOB}-x.$MTCFS_T_JOB\n"
+                       "node-rank: $MTCFS_T_RANK\n"
+                       "nodes: ${MTCFS_T_NODES}\n"
+                       "workers-per-node: $MTCFS_T_WORKERS\n"
+                       "peer-ranks: []\n", workers=2)
+        self.assert_nothing_restored("envjob-x.envjob", workers=2)
+
+    def test_expansion_in_orbax_format(self):
+        self.configure(orbax_yaml("$MTCFS_T_JOB").replace(
+            "node-rank: 0", "node-rank: ${MTCFS_T_RANK}"), via_tmp=True)
+        self.assert_nothing_restored("envjob")
+
+    def test_unset_variable(self):
+        self.rejected_env("job-name: ${MTCFS_T_UNSET}\nnode-rank: 0\n"
+                          "nodes: 1\n", "line 1: 'job-name': environment "
+                          "variable MTCFS_T_UNSET is not set")
+
+    def test_expanded_value_invalid(self):
+        self.rejected_env("job-name: j\nnode-rank: $MTCFS_T_BAD\nnodes: 1\n",
+                          "line 2: 'node-rank' expects a non-negative "
+                          'integer, got "abc" (from "$MTCFS_T_BAD")')
+
+    def test_invalid_reference(self):
+        self.rejected_env("job-name: ${1x}\nnode-rank: 0\nnodes: 1\n",
+                          "invalid variable reference")
+
+    rejected_env = Validation.rejected
+
+
+class EmptyYaml(ProtoCase):
+
+    def test_empty_file_is_deleted_and_ignored(self):
+        write_file(self.m("junk.tmp"), b"stays")
+        os.mkdir(self.m("7.orbax-checkpoint-tmp-1"))
+        before = self.top()
+        # created empty (open O_CREAT + close)
+        self.put_yaml(b"")
+        self.wait_yaml_gone()
+        # whitespace only, via tmp + rename
+        self.put_yaml(b"  \n\n\t\n", via_tmp=True)
+        self.wait_yaml_gone()
+        self.assertEqual(self.top(), before)
+        for n in (FAILED, ERRORS, PRERESTORE):
+            self.assertFalse(os.path.lexists(self.m(n)), n)
+        self.assertEqual(self.markers(), [])
+        # still serves, and a later valid file configures
+        self.configure(simple_yaml("j"))
+        self.assert_nothing_restored("j")
+        self.assertFalse(os.path.lexists(self.m("junk.tmp")))
+
+
+class JaxInitInfo(ProtoCase):
+    START = False
+
+    def test_default(self):
+        self.fs.start()
+        self.assertEqual(self.top(), sorted([JAXINFO]))
+        self.assertEqual(read_file(self.m(JAXINFO)), b"0\n127.0.0.1:8476\n")
+
+    def test_rank_and_port(self):
+        self.fs.opts = "ram_size=2G,jax_init_info,rank=3,jax_port=9123"
+        self.fs.start()
+        self.assertEqual(read_file(self.m(JAXINFO)), b"3\n127.0.0.1:9123\n")
+        # survives the clean-up of a valid yaml
+        self.configure(simple_yaml("j"))
+        self.assertEqual(read_file(self.m(JAXINFO)), b"3\n127.0.0.1:9123\n")
+
+    def test_absent_without_option(self):
+        self.fs.opts = "ram_size=2G"
+        self.fs.start()
+        self.assertEqual(self.top(), sorted([]))
+        self.configure(simple_yaml("j"))
+        self.assertEqual(self.top(), sorted([PRERESTORE, "j-s0-n0-w0.restore"]))
+
+
+# =============================================================================
+# (d) Orbax and (e) PyTorch replays over job incarnations
+# =============================================================================
+
+class OrbaxReplay(ProtoCase):
+
+    def test_orbax_two_incarnations_and_mtcfs_restart(self):
+        job = "run1"
+        # --- incarnation 1: nothing to restore
+        step, path = self.orbax_startup(job)
+        self.assertEqual(self.orbax_markers, ["run1-s0-n0-w0.restore"])
+        self.assertEqual(step, 0)
+        self.assert_nothing_restored(job)
+        saved = {}
+        for s in (10, 20):
+            saved[s] = self.orbax_save(s, seed=s)
+            sh = self.wait_committed(s, job=job)
+            assert_manifest(self, sh, saved[s])
+        self.wait_steps(job, [20])                      # local GC
+        self.assertNotIn("10", self.top())
+        # --- incarnation 2 (the app restarted, mtcfs did not)
+        step, path = self.orbax_startup(job)
+        self.assertEqual(self.orbax_markers, ["run1-s20-n0-w0.restore"])
+        self.assertEqual(step, 20)
+        self.assertEqual(self.prerestore(), "restore-step: 20\n")
+        self.assertTrue(os.path.islink(path))
+        self.assertFalse(os.readlink(path).startswith("/"))
+        self.assertEqual(self.top(), sorted([JAXINFO, "20", PRERESTORE]))
+        self.assertEqual(read_tree(path), saved[20])
+        for rel, data in saved[20].items():             # single reads too
+            with open(os.path.join(path, rel), "rb") as f:
+                self.assertEqual(f.read(), data, rel)
+        self.assert_read_only(path)
+        self.assert_read_only(os.path.join(path, "state"))
+        self.assertErrno(errno.EROFS, os.truncate,
+                         os.path.join(path, "commit_success.txt"), 0)
+        saved[30] = self.orbax_save(30, seed=30)
+        self.wait_committed(30, job=job)
+        self.wait_steps(job, [30])       # the restored 20 goes after 30
+        # --- mtcfs itself restarts (kill -9), then incarnation 3
+        self.fs.restart(kill=True)
+        self.wait_steps(job, [30])
+        step, path = self.orbax_startup(job)
+        self.assertEqual(self.orbax_markers, ["run1-s30-n0-w0.restore"])
+        self.assertEqual(step, 30)
+        self.assertEqual(self.top(), sorted([JAXINFO, "30", PRERESTORE]))
+        self.assertEqual(read_tree(path), saved[30])
+        saved[40] = self.orbax_save(40, seed=40)
+        sh = self.wait_committed(40, job=job)
+        assert_manifest(self, sh, saved[40])
+        self.wait_steps(job, [40])
+
+
+class PyTorchReplay(ProtoCase):
+    OPTS = "ram_size=2G"
+
+    def test_pytorch_two_incarnations(self):
+        job = "run2"
+        step, path = self.pytorch_startup(job)
+        self.assertEqual(step, 0)
+        self.assert_nothing_restored(job)
+        saved = {}
+        for s in (5, 10):
+            saved[s] = self.pytorch_save(s, seed=s)
+            assert_manifest(self, self.wait_committed(s, job=job), saved[s])
+        self.wait_steps(job, [10])
+        # incarnation 2
+        step, path = self.pytorch_startup(job)
+        self.assertEqual(step, 10)
+        self.assertEqual(path, self.m("step=10"))
+        self.assertTrue(os.path.islink(path))
+        self.assertEqual(self.top(), sorted([PRERESTORE, "step=10"]))
+        self.assertEqual(read_tree(path), saved[10])
+        self.assert_read_only(os.path.join(path, "0"))
+        saved[15] = self.pytorch_save(15, seed=15)
+        assert_manifest(self, self.wait_committed(15, job=job), saved[15])
+        self.wait_steps(job, [15])
+        # incarnation 3, after an mtcfs restart
+        self.fs.restart(kill=True)
+        step, path = self.pytorch_startup(job)
+        self.assertEqual(step, 15)
+        self.assertEqual(read_tree(path), saved[15])
+
+
+# =============================================================================
+# (f) workers-per-node, (g) verification, (h) clean-up, (j) GC, restart
+# =============================================================================
+
+class Markers(ProtoCase):
+
+    def test_workers_per_node_three(self):
+        cfg = simple_yaml("wk", "workers-per-node: 3\n")
+        self.configure(cfg, workers=3)
+        self.assert_nothing_restored("wk", workers=3)
+        files = self.orbax_save(5, seed=5)
+        self.wait_committed(5, job="wk")
+        self.configure(cfg, workers=3)
+        self.assert_restore_markers("wk", 5, files, workers=3)
+        targets = {os.readlink(self.m(n)) for n in self.markers()}
+        self.assertEqual(len(targets), 1, targets)
+        reals = {os.path.realpath(self.m(n)) for n in self.markers()}
+        self.assertEqual(len(reals), 1, reals)
+        # Orbax renames one of them
+        os.rename(self.m("wk-s5-n0-w1.restore"), self.m("5"))
+        self.assertEqual(read_tree(self.m("5")), files)
+
+    def test_marker_target_is_read_only(self):
+        self.configure(simple_yaml("ro"))
+        files = self.orbax_save(8, seed=8)
+        self.wait_committed(8, job="ro")
+        self.configure(simple_yaml("ro"))
+        self.assert_restore_markers("ro", 8, files)
+        mk = self.m(self.markers()[0])
+        p = os.path.join(mk, "commit_success.txt")
+        for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_TRUNC,
+                      os.O_WRONLY | os.O_APPEND):
+            self.assertErrno(errno.EROFS, os.open, p, flags)
+        self.assertErrno(errno.EROFS, os.open, os.path.join(mk, "new"),
+                         os.O_WRONLY | os.O_CREAT, 0o644)
+        self.assertErrno(errno.EROFS, os.mkdir, os.path.join(mk, "d"))
+        self.assertErrno(errno.EROFS, os.unlink, p)
+        self.assertErrno(errno.EROFS, os.rename, p, self.m("stolen"))
+        self.assertEqual(read_tree(mk), files)
+
+    def test_nodes_rank_in_marker_names(self):
+        # rank=N mount option is for jax-init-info only; the marker uses
+        # node-rank of the yaml
+        self.configure(simple_yaml("nr", "workers-per-node: 2\n"), workers=2)
+        self.assert_nothing_restored("nr", rank=0, workers=2)
+
+
+class Verification(ProtoCase):
+
+    def test_flipped_byte_in_only_step(self):
+        self.fs.expect_log(VERIFY_LOG)
+        self.configure(simple_yaml("vf"))
+        files = self.orbax_save(5, seed=5)
+        self.wait_committed(5, job="vf")
+        self.flip_byte("vf", 5, "state/params.layer0/0.0")
+        self.put_yaml(simple_yaml("vf"))
+        self.wait_yaml_gone()
+        self.wait_markers()
+        self.assertFalse(os.path.lexists(self.m(FAILED)))
+        errs = read_file(self.m(ERRORS)).decode()
+        self.assertIn("step 5", errs)
+        self.assertIn("fails verification", errs)
+        self.assertTrue(errs.endswith("\n"))
+        self.assert_nothing_restored("vf")
+        s = harness.find_shard(harness.admin_ls(self.ramdir), 5, job="vf")
+        self.assertEqual(s and s.get("state"), "bad", s)
+        # the job goes on: a new step commits and is restored
+        os.unlink(self.m(ERRORS))
+        files6 = self.orbax_save(6, seed=6)
+        self.wait_committed(6, job="vf")
+        self.configure(simple_yaml("vf"))
+        self.assert_restore_markers("vf", 6, files6)
+        del files
+
+    def test_fallback_to_older_verified_step(self):
+        # Before any replicator.yaml there is no GC (job "default"), so two
+        # steps can coexist; the newest is corrupted behind mtcfs's back.
+        self.fs.expect_log(VERIFY_LOG)
+        f5 = self.orbax_save(5, seed=5)
+        self.wait_committed(5)
+        f6 = self.orbax_save(6, seed=6)
+        self.wait_committed(6)
+        self.assertEqual(harness.shard_steps(self.ramdir), [5, 6])
+        self.flip_byte("default", 6, "_CHECKPOINT_METADATA", off=3)
+        self.put_yaml(orbax_yaml("default"), via_tmp=True)
+        self.wait_yaml_gone()
+        self.wait_markers()
+        errs = read_file(self.m(ERRORS)).decode()
+        self.assertIn("step 6", errs)
+        self.assertNotIn("step 5", errs)
+        self.assertFalse(os.path.lexists(self.m(FAILED)))
+        self.assert_restore_markers("default", 5, f5)
+        del f6
+
+
+class Cleanup(ProtoCase):
+
+    def test_stale_things_are_cleaned(self):
+        self.configure(simple_yaml("cl"))
+        committed = self.orbax_save(5, seed=5)
+        self.wait_committed(5, job="cl")
+        # the leftovers of a crashed incarnation
+        os.symlink("cl-s3-n0-w0.restore", self.m("7"))
+        write_file(self.m("junk.tmp"), b"junk")
+        os.makedirs(self.m("9.orbax-checkpoint-tmp-77", "state"))
+        write_file(self.m("9.orbax-checkpoint-tmp-77", "state", "f"), b"half")
+        os.mkdir(self.m("11"))                      # digits, uncommitted
+        write_file(self.m("11", "f"), b"uncommitted")
+        os.makedirs(self.m("step=12", "0"))
+        write_file(self.m("step=12-unfinished"), b"")
+        write_file(self.m("old-s3-n0-w0.restore"), b"")
+        os.symlink(".mtcfs/old/3/n0-w0", self.m("old-s4-n0-w0.restore"))
+        write_file(self.m(ERRORS), b"old error\n")
+        write_file(self.m(FAILED), b"old failure\n")
+        write_file(self.m("replicator.yaml.tmp"), b"job-name: stale\n")
+        os.symlink("/nonexistent", self.m("dangling"))
+        self.assertIn(PRERESTORE, self.top())
+        self.put_yaml(simple_yaml("cl"))
+        self.wait_yaml_gone()
+        self.wait_markers()
+        self.assertEqual(self.top(), sorted([JAXINFO, "cl-s5-n0-w0.restore",
+                                      PRERESTORE]))
+        self.assert_restore_markers("cl", 5, committed)
+        # committed data stays in the store
+        self.assertEqual(harness.shard_steps(self.ramdir, "cl"), [5])
+
+    def test_cleanup_keeps_only_jax_info_even_when_nothing(self):
+        write_file(self.m("a.tmp"), b"x")
+        os.mkdir(self.m("3"))
+        self.configure(simple_yaml("cl2"))
+        self.assertEqual(self.top(), sorted([JAXINFO, "cl2-s0-n0-w0.restore",
+                                      PRERESTORE]))
+
+
+class GC(ProtoCase):
+
+    def test_older_steps_dropped_after_commit(self):
+        self.configure(simple_yaml("gc"))
+        f10 = self.orbax_save(10, seed=10)
+        self.wait_committed(10, job="gc")
+        self.pytorch_save(20, seed=20)
+        self.wait_committed(20, job="gc")
+        self.wait_steps("gc", [20])
+        self.wait(lambda: "10" not in self.top(), "MNT/10 gone")
+        self.assertEqual(self.top(), sorted([JAXINFO, "20", PRERESTORE,
+                                      "gc-s0-n0-w0.restore"]))
+        self.assertFalse(os.path.exists(
+            harness.shard_dir(self.ramdir, 10, "gc")))
+        del f10
+
+    def test_restored_step_kept_until_newer_commit(self):
+        self.configure(simple_yaml("gr"))
+        f10 = self.orbax_save(10, seed=10)
+        self.wait_committed(10, job="gr")
+        self.configure(simple_yaml("gr"))
+        self.assert_restore_markers("gr", 10, f10)
+        # an in-place digits dir + commit_success.txt
+        os.mkdir(self.m("20"))
+        write_file(self.m("20", "w"), b"twenty")
+        self.assertEqual(harness.shard_steps(self.ramdir, "gr"), [10])
+        write_file(self.m("20", "commit_success.txt"), b"ok")
+        self.wait_committed(20, job="gr")
+        self.wait_steps("gr", [20])
+
+    def test_restored_step_leaves_mnt_when_dropped(self):
+        # Orbax renamed the marker to MNT/10; once a newer commit lets GC
+        # drop step 10 from the store, MNT/10 must go too ("dropped from the
+        # store and from MNT") rather than stay as a dangling symlink.
+        self.configure(simple_yaml("gd"))
+        self.orbax_save(10, seed=10)
+        self.wait_committed(10, job="gd")
+        step, path = self.orbax_startup("gd")
+        self.assertEqual((step, os.path.islink(path)), (10, True))
+        self.orbax_save(20, seed=20)
+        self.wait_committed(20, job="gd")
+        self.wait_steps("gd", [20])
+        self.assertFalse(os.path.exists(path), "MNT/10 still resolves")
+        try:
+            self.wait(lambda: not os.path.lexists(path),
+                      "MNT/10 (the restored step's symlink) gone", timeout=5)
+        except AssertionError:
+            self.fail("after GC dropped step 10, MNT/10 is left as a dangling "
+                      "symlink -> %s; top: %s"
+                      % (os.readlink(path), self.top()))
+
+    def test_gc_keeps_other_jobs(self):
+        # job "a" commits; job "b" is configured: a's step is not b's to drop
+        self.configure(simple_yaml("a"))
+        self.orbax_save(1, seed=1)
+        self.wait_committed(1, job="a")
+        self.configure(simple_yaml("b"))
+        self.orbax_save(2, seed=2)
+        self.wait_committed(2, job="b")
+        self.orbax_save(3, seed=3)
+        self.wait_committed(3, job="b")
+        self.wait_steps("b", [3])
+        self.assertEqual(harness.shard_steps(self.ramdir, "a"), [1])
+
+
+class StartWithYaml(ProtoCase):
+
+    def test_yaml_present_at_start_is_processed(self):
+        self.configure(simple_yaml("sy"))
+        files = self.orbax_save(4, seed=4)
+        self.wait_committed(4, job="sy")
+        self.fs.stop()
+        with open(os.path.join(self.ramdir, "ns", YAML), "w") as f:
+            f.write(orbax_yaml("sy"))
+        self.fs.start()
+        self.wait_yaml_gone()
+        self.wait_markers()
+        self.assertNoProblemFiles()
+        self.assert_restore_markers("sy", 4, files)
+
+
+# =============================================================================
+# (i) time to markers with a 1 GiB committed step
+# =============================================================================
+
+class TimeToMarkers(ProtoCase):
+    OPTS = "ram_size=2G,jax_init_info"
+
+    def test_time_to_markers_1gib(self):
+        self.configure(simple_yaml("big"))
+        tmp = self.m("50.orbax-checkpoint-tmp-1")
+        os.mkdir(tmp)
+        body = pattern(500, 64 * MiB - 8)
+        body_crc = crcmod.crc32c(body)
+        files = {}
+        for i in range(16):
+            head = struct.pack("<Q", 0xABCDEF00 + i)
+            name = "shard-%02d.bin" % i
+            fd = os.open(os.path.join(tmp, name),
+                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                write_all(fd, head)
+                for off in range(0, len(body), 8 * MiB):
+                    write_all(fd, memoryview(body)[off:off + 8 * MiB])
+            finally:
+                os.close(fd)
+            files[name] = (64 * MiB, crcmod.crc32c_combine(
+                crcmod.crc32c(head), body_crc, len(body)))
+        write_file(os.path.join(tmp, "commit_success.txt"), b"ok")
+        files["commit_success.txt"] = b"ok"
+        os.rename(tmp, self.m("50"))
+        sh = self.wait_committed(50, job="big", timeout=300)
+        assert_manifest(self, sh, files)
+        times = []
+        for rnd in range(3):
+            self.wait_yaml_gone()
+            t0 = time.monotonic()
+            with open(self.m(YAML_TMP), "w") as f:
+                f.write(orbax_yaml("big"))
+            os.replace(self.m(YAML_TMP), self.m(YAML))
+            want = "big-s50-n0-w0.restore"
+            deadline = t0 + 60
+            while not os.path.lexists(self.m(want)):
+                self.assertLess(time.monotonic(), deadline,
+                                "markers never appeared: %s" % self.top())
+                time.sleep(0.0005)
+            dt = time.monotonic() - t0
+            times.append(dt)
+            self.assertNoProblemFiles()
+            self.assertEqual(self.prerestore(), "restore-step: 50\n")
+            # Orbax takes the marker (so the next round cannot see it)
+            os.rename(self.m(want), self.m("50"))
+        sys.stderr.write("[time from replicator.yaml to markers, 1 GiB "
+                         "step: %s s] " % ", ".join("%.3f" % t
+                                                    for t in times))
+        print("\nTIME-TO-MARKERS-1GiB: %s" % " ".join("%.4f" % t
+                                                     for t in times))
+        for dt in times:
+            self.assertLess(dt, 5.0, "markers took %.2f s" % dt)
+        # the restore reads back the right bytes
+        mk = self.m("50")
+        self.assertTrue(os.path.islink(mk))
+        self.assertEqual(os.path.getsize(os.path.join(mk, "shard-07.bin")),
+                         64 * MiB)
+        with open(os.path.join(mk, "shard-07.bin"), "rb") as f:
+            self.assertEqual(f.read(8), struct.pack("<Q", 0xABCDEF07))
+
+
+if __name__ == "__main__":
+    harness.main()
