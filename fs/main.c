@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 struct fs *g_fs;
@@ -346,6 +347,15 @@ int fs_main(int argc, char **argv)
 	if (ctl_start(fs) < 0)
 		goto out_unmount;
 	check_pipe_size();
+	{
+		/* for mtcfs-admin status: where this daemon serves */
+		char meta[PATH_MAX + 128];
+		int n = snprintf(meta, sizeof(meta), "{\"pid\":%d,\"mountpoint\":\"%s\",\"ram_size\":%llu,\"started\":%lld}",
+				 (int)getpid(), fo.mountpoint, (unsigned long long)ram_cap(fs->ram),
+				 (long long)time(NULL));
+		if (n > 0 && (size_t)n < sizeof(meta))
+			idx_put_meta(ram_idx(fs->ram), "daemon", meta, (size_t)n);
+	}
 	log_info("main", "serving ramdir=%s mount=%s ram_size=%llu used=%llu",
 		 ram_path(fs->ram), fo.mountpoint, (unsigned long long)ram_cap(fs->ram),
 		 (unsigned long long)ram_used(fs->ram));

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -395,6 +397,260 @@ static int cmd_steps(const char *ramdir, const char *job)
 	return rc;
 }
 
+/* ---- verify: re-read every local shard and compare with its manifest ---- */
+
+static bool on_tty;
+
+static void progress(uint64_t done, uint64_t total, uint64_t t0_ns, const char *what)
+{
+	double secs, rate;
+	if (!on_tty || want_json)
+		return;
+	secs = (double)(util_now_ns() - t0_ns) / 1e9;
+	rate = secs > 0 ? (double)done / secs : 0;
+	fprintf(stderr, "\r%-40.40s %6.1f%%  %8.1f MiB/s  ETA %4.0fs ", what,
+		total ? 100.0 * (double)done / (double)total : 100.0, rate / 1048576.0,
+		rate > 0 ? (double)(total - done) / rate : 0.0);
+}
+
+static int cmd_verify(const char *ramdir, const char *job)
+{
+	struct shard_rec *recs = NULL;
+	struct idx *x = NULL;
+	size_t n = 0, bad = 0;
+	uint64_t total = 0, done = 0, t0 = util_now_ns();
+	json_t *arr = json_array();
+	int rc;
+
+	if (open_catalog(ramdir, &x) < 0)
+		return 3;
+	rc = idx_list_shards(x, job, &recs, &n);
+	idx_close(x);
+	if (rc < 0) {
+		fprintf(stderr, "mtcfs-admin: reading catalog: %s\n", strerror(-rc));
+		return 3;
+	}
+	on_tty = isatty(STDERR_FILENO);
+	for (size_t i = 0; i < n; i++)
+		total += recs[i].bytes;
+	for (size_t i = 0; i < n; i++) {
+		struct shard_rec *r = &recs[i];
+		struct manifest *mf = NULL;
+		char rel[512], path[PATH_MAX], err[512] = "", what[200];
+		const char *verdict;
+		int fd = -1;
+
+		snprintf(what, sizeof(what), "%s step %llu node %u", r->key.job,
+			 (unsigned long long)r->key.step, r->key.rank);
+		progress(done, total, t0, what);
+		if (r->state == SH_SEALING) {
+			verdict = "sealing";
+		} else if (!r->mf || mf_decode(r->mf, r->mflen, &mf) < 0) {
+			verdict = "bad";
+			snprintf(err, sizeof(err), "manifest does not decode");
+		} else if (ram_shard_relpath(&r->key, rel, sizeof(rel)) < 0 ||
+			   snprintf(path, sizeof(path), "%s/shards/%s", ramdir, rel) >= (int)sizeof(path) ||
+			   (fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+			verdict = "bad";
+			snprintf(err, sizeof(err), "shard directory missing");
+		} else if (mf_verify(fd, mf, err, sizeof(err)) < 0) {
+			verdict = "bad";
+		} else {
+			verdict = "ok";
+		}
+		if (fd >= 0)
+			close(fd);
+		mf_free(mf);
+		done += r->bytes;
+		if (!strcmp(verdict, "bad"))
+			bad++;
+		if (want_json) {
+			json_t *o = json_pack("{s:s,s:I,s:i,s:b,s:s,s:I}", "job", r->key.job,
+					      "step", (json_int_t)r->key.step, "rank", (int)r->key.rank,
+					      "own", (r->flags & SHF_OWN) != 0, "result", verdict,
+					      "bytes", (json_int_t)r->bytes);
+			if (err[0])
+				json_object_set_new(o, "error", json_string(err));
+			json_array_append_new(arr, o);
+		} else {
+			if (on_tty)
+				fprintf(stderr, "\r%-80s\r", "");
+			printf("%-4s %-16s step %-8llu node %-4u %s%s%s\n", verdict, r->key.job,
+			       (unsigned long long)r->key.step, r->key.rank,
+			       (r->flags & SHF_OWN) ? "own" : "replica", err[0] ? ": " : "", err);
+		}
+	}
+	if (want_json) {
+		json_t *root = json_pack("{s:o,s:I,s:I}", "shards", arr, "bad", (json_int_t)bad,
+					 "bytes", (json_int_t)total);
+		json_dumpf(root, stdout, JSON_INDENT(1));
+		putchar('\n');
+		json_decref(root);
+	} else {
+		json_decref(arr);
+		printf("%zu shard%s, %zu bad, %.1f MiB checked in %.2f s\n", n, n == 1 ? "" : "s", bad,
+		       (double)total / 1048576.0, (double)(util_now_ns() - t0) / 1e9);
+	}
+	idx_recs_free(recs, n);
+	return bad ? 1 : 0;
+}
+
+/* ---- status ---- */
+
+static json_t *meta_json(struct idx *x, const char *name)
+{
+	void *v = NULL;
+	size_t len;
+	json_t *j = NULL;
+	if (idx_get_meta(x, name, &v, &len) == 0) {
+		j = json_loadb(v, len, 0, NULL);
+		free(v);
+	}
+	return j;
+}
+
+static char *meta_str(struct idx *x, const char *name)
+{
+	void *v = NULL;
+	size_t len;
+	if (idx_get_meta(x, name, &v, &len) < 0)
+		return NULL;
+	return v;   /* NUL-terminated by idx_get_meta */
+}
+
+static int status_once(const char *ramdir)
+{
+	struct idx *x = NULL;
+	struct rcfg cfg = { 0 };
+	struct shard_rec *recs = NULL;
+	json_t *root = json_object(), *daemon, *peer;
+	char *phase, *config, err[256];
+	size_t n = 0;
+	bool alive = false, have_cfg = false;
+	uint64_t newest_commit = 0, newest_repl = 0, commit_time = 0;
+	bool any_commit = false, any_repl = false;
+
+	if (open_catalog(ramdir, &x) < 0) {
+		json_decref(root);
+		return 3;
+	}
+	daemon = meta_json(x, "daemon");
+	peer = meta_json(x, "peer");
+	phase = meta_str(x, "phase");
+	config = meta_str(x, "config");
+	if (config && rcfg_parse(config, strlen(config), NULL, &cfg, err, sizeof(err)) == 0)
+		have_cfg = true;
+	if (daemon) {
+		json_int_t pid = json_integer_value(json_object_get(daemon, "pid"));
+		alive = pid > 0 && kill((pid_t)pid, 0) == 0;
+	}
+	json_object_set_new(root, "ramdir", json_string(ramdir));
+	json_object_set_new(root, "daemon_running", json_boolean(alive));
+	json_object_set_new(root, "phase", json_string(alive ? (phase ? phase : "waiting-for-config") : "stopped"));
+	if (have_cfg) {
+		json_object_set_new(root, "job", json_string(cfg.job));
+		json_object_set_new(root, "rank", json_integer(cfg.node_rank));
+		json_object_set_new(root, "nodes", json_integer(cfg.nodes));
+	}
+	if (daemon) {
+		const char *mp = json_string_value(json_object_get(daemon, "mountpoint"));
+		struct statvfs sv;
+		json_object_set(root, "mountpoint", json_object_get(daemon, "mountpoint"));
+		json_object_set(root, "ram_size", json_object_get(daemon, "ram_size"));
+		if (alive && mp && statvfs(mp, &sv) == 0)
+			json_object_set_new(root, "ram_used",
+					    json_integer((json_int_t)((sv.f_blocks - sv.f_bfree) * sv.f_frsize)));
+	}
+	if (have_cfg && idx_list_shards(x, cfg.job, &recs, &n) == 0) {
+		for (size_t i = 0; i < n; i++) {
+			if (!(recs[i].flags & SHF_OWN) || recs[i].state < SH_COMMITTED || recs[i].state == SH_BAD)
+				continue;
+			if (!any_commit || recs[i].key.step >= newest_commit) {
+				newest_commit = recs[i].key.step;
+				commit_time = recs[i].commit_time;
+				any_commit = true;
+			}
+			if (recs[i].state >= SH_REPLICATED && (!any_repl || recs[i].key.step > newest_repl)) {
+				newest_repl = recs[i].key.step;
+				any_repl = true;
+			}
+		}
+		idx_recs_free(recs, n);
+	}
+	json_object_set_new(root, "last_commit_step", any_commit ? json_integer((json_int_t)newest_commit) : json_null());
+	json_object_set_new(root, "last_commit_time", any_commit ? json_integer((json_int_t)commit_time) : json_null());
+	json_object_set_new(root, "last_replicated_step", any_repl ? json_integer((json_int_t)newest_repl) : json_null());
+	json_object_set_new(root, "replication_lag_steps",
+			    any_commit && have_cfg && cfg.nodes > 1
+				    ? json_integer(any_repl ? (json_int_t)(newest_commit - newest_repl) : 1)
+				    : json_null());
+	if (peer) {
+		struct net_auth auth = { 0 };
+		const char *coord = json_string_value(json_object_get(peer, "coordinator"));
+		const char *secret = json_string_value(json_object_get(peer, "secret_file"));
+		struct nconn *c = NULL;
+		json_t *req, *resp = NULL, *peers = json_array();
+		json_object_set(root, "listen", json_object_get(peer, "listen"));
+		json_object_set(root, "coordinator", json_object_get(peer, "coordinator"));
+		if ((!secret || auth_load_secret(secret, &auth) == 0) && coord &&
+		    nconn_connect(coord, AUTH_RANK_TOOL, "control", &auth, 2000, &c, NULL) == 0) {
+			req = json_pack("{s:s,s:s}", "op", "status", "job", have_cfg ? cfg.job : "");
+			if (nconn_call(c, req, &resp, 3000) == 0) {
+				json_t *nodes = json_object_get(resp, "nodes"), *nd;
+				size_t i;
+				json_object_set_new(root, "coordinator_reachable", json_true());
+				json_object_set(root, "lkg", json_object_get(resp, "lkg"));
+				json_array_foreach(nodes, i, nd)
+					json_array_append_new(peers, json_pack("{s:O,s:O}", "rank",
+						json_object_get(nd, "rank"), "connected", json_object_get(nd, "connected")));
+			}
+			json_decref(req);
+			json_decref(resp);
+			nconn_close(c);
+		} else {
+			json_object_set_new(root, "coordinator_reachable", json_false());
+		}
+		json_object_set_new(root, "peers", peers);
+		auth_clear(&auth);
+	}
+	if (want_json) {
+		json_dumpf(root, stdout, JSON_INDENT(1));
+		putchar('\n');
+	} else {
+		const char *k;
+		json_t *v;
+		json_object_foreach(root, k, v) {
+			char *t = json_is_string(v) ? strdup(json_string_value(v)) : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+			printf("%-24s %s\n", k, t ? t : "");
+			free(t);
+		}
+	}
+	json_decref(root);
+	json_decref(daemon);
+	json_decref(peer);
+	free(phase);
+	free(config);
+	rcfg_free(&cfg);
+	idx_close(x);
+	return alive ? 0 : 1;
+}
+
+static int cmd_status(const char *ramdir, bool watch)
+{
+	int rc;
+	if (!watch)
+		return status_once(ramdir);
+	for (;;) {
+		if (isatty(STDOUT_FILENO))
+			printf("\033[H\033[2J");
+		rc = status_once(ramdir);
+		fflush(stdout);
+		if (rc == 3)
+			return rc;
+		sleep(1);
+	}
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -402,6 +658,8 @@ static void usage(FILE *f)
 		"commands:\n"
 		"  ls RAMDIR [--job NAME]   shards in the node's catalog with their files, sizes, CRC32C\n"
 		"  steps RAMDIR [--job NAME] step x node matrix: which nodes hold each node's shard, the LKG\n"
+		"  status RAMDIR [--watch]  phase, job, rank, peers and their reachability, RAM use, last commit, replication lag\n"
+		"  verify RAMDIR [--job NAME] re-check the CRC32C of every local shard; exit 1 on any mismatch\n"
 		"  help                     this text\n");
 }
 
@@ -409,11 +667,14 @@ int main(int argc, char **argv)
 {
 	const char *args[8];
 	const char *job = NULL;
+	bool watch = false;
 	int nargs = 0;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json")) {
 			want_json = true;
+		} else if (!strcmp(argv[i], "--watch")) {
+			watch = true;
 		} else if (!strcmp(argv[i], "--job") && i + 1 < argc) {
 			job = argv[++i];
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -441,6 +702,13 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		return cmd_ls(args[1], job);
+	}
+	if (!strcmp(args[0], "verify") || !strcmp(args[0], "status")) {
+		if (nargs != 2) {
+			fprintf(stderr, "usage: mtcfs-admin %s RAMDIR [--json]\n", args[0]);
+			return 2;
+		}
+		return args[0][1] == 'e' ? cmd_verify(args[1], job) : cmd_status(args[1], watch);
 	}
 	if (!strcmp(args[0], "steps")) {
 		if (nargs != 2) {
