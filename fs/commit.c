@@ -5,6 +5,7 @@
  * builds the manifest. Policy (which steps may go) lives here too. */
 #include "fs/fs_i.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/util.h"
 
 #include <dirent.h>
@@ -171,6 +172,8 @@ static void seal_job(void *arg)
 		goto out;
 	}
 	mf_hash_hex(mf->hash, hex);
+	metrics_add(MC_COMMITS, 1);
+	metrics_observe(MH_SEAL_SECONDS, (double)(util_now_ns() - t0) / 1e9);
 	eng_committed(fs->eng, &k, mf->hash);
 	log_info("commit", "committed job=%s step=%llu rank=%u files=%u bytes=%llu hash=%s seal_ms=%.1f",
 		 k.job, (unsigned long long)step, k.rank, mf->nfiles,
@@ -179,6 +182,8 @@ out:
 	if (dfd >= 0)
 		close(dfd);
 	mf_free(mf);
+	if (rc < 0)
+		metrics_add(MC_COMMIT_FAILURES, 1);
 	pthread_mutex_lock(&fs->mu);
 	s = commit_find(fs, step);
 	if (s && s->dir_ino == ino) {
@@ -284,6 +289,7 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	}
 	unlink_views(fs, k);
 	ram_drop(fs->ram, k, &freed);
+	metrics_add(MC_GC_DROPPED, 1);
 	log_info("gc", "dropped job=%s step=%llu rank=%u freed=%llu", k->job,
 		 (unsigned long long)k->step, k->rank, (unsigned long long)freed);
 	return freed;
@@ -294,6 +300,7 @@ static uint64_t drop_replica(struct fs *fs, const struct shard_key *k)
 {
 	uint64_t freed = 0;
 	ram_drop(fs->ram, k, &freed);
+	metrics_add(MC_GC_DROPPED, 1);
 	log_info("gc", "dropped replica job=%s step=%llu node=%u freed=%llu", k->job,
 		 (unsigned long long)k->step, k->rank, (unsigned long long)freed);
 	return freed;

@@ -8,6 +8,7 @@
 #include "fs/fs_i.h"
 #include "fs/rcfg.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/util.h"
 #include "tiers/restore.h"
 
@@ -254,6 +255,7 @@ static void process_yaml(struct fs *fs)
 		 * before the fetch and the barrier */
 		rc = eng_restore(fs->eng, &c, ctl_report_error, fs, prerestore_cb, &plan);
 		if (rc < 0) {
+			metrics_add(MC_RESTORE_FAILURES, 1);
 			snprintf(err, sizeof(err), "restore failed: %s; no .restore markers published",
 				 strerror(-rc));
 			report_failed(fs, err);
@@ -282,6 +284,9 @@ static void process_yaml(struct fs *fs)
 	log_info("ctl", "restore job=%s step=%llu source=%s ready_ms=%.1f", c.job,
 		 (unsigned long long)(plan.found ? plan.step : 0), restore_source_name(plan.source),
 		 (double)(util_now_ns() - t0) / 1e6);
+	metrics_add(!plan.found ? MC_RESTORES_NONE : plan.source == RS_PEER ? MC_RESTORES_PEER :
+		    plan.source == RS_BUCKET ? MC_RESTORES_BUCKET : MC_RESTORES_LOCAL, 1);
+	metrics_observe(MH_RESTORE_SECONDS, (double)(util_now_ns() - t0) / 1e9);
 	set_phase(fs, "ready");
 	commit_gc(fs);
 	rcfg_free(&c);

@@ -5,6 +5,7 @@
  * the read-only store view ".mtcfs" that restore markers point into. */
 #include "fs/fs_i.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/util.h"
 
 #include <dirent.h>
@@ -889,10 +890,12 @@ static void ll_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 	else if (res > 0)
 		pthread_mutex_lock(&n->amu), n->size = n->size > (uint64_t)off + (uint64_t)res ? n->size : (uint64_t)off + (uint64_t)res, pthread_mutex_unlock(&n->amu);
 	atomic_fetch_sub(&n->inflight, 1);
-	if (res < 0)
+	if (res < 0) {
 		fuse_reply_err(req, (int)-res);
-	else
+	} else {
+		metrics_add(MC_BYTES_WRITTEN, (uint64_t)res);
 		fuse_reply_write(req, (size_t)res);
+	}
 }
 
 static void ll_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)

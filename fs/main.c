@@ -5,6 +5,7 @@
 #include "fs/fs_i.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "net/metrics_http.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -86,7 +87,8 @@ static void usage(const char *prog)
 	       "    -o listen=HOST:PORT    this node's peer/coordinator endpoint\n"
 	       "    -o peers=A0,A1,...     static table: rank i at Ai (rank 0 runs the coordinator)\n"
 	       "    -o coordinator=H:P     rank 0's endpoint for dynamic registration\n"
-	       "    -o secret_file=PATH    shared secret peers must prove (HMAC challenge)\n\n"
+	       "    -o secret_file=PATH    shared secret peers must prove (HMAC challenge)\n"
+	       "    -o metrics=HOST:PORT   Prometheus text endpoint at /metrics\n\n"
 	       "RAMDIR should be a tmpfs directory (mount -t tmpfs -o huge=always is fastest).\n",
 	       prog);
 }
@@ -137,6 +139,43 @@ static void opts_free(struct fs_opts *o)
 	}
 }
 
+/* Gauges for a scrape (the metrics thread). */
+static void gauges(void *arg, struct metrics_gauges *g)
+{
+	struct fs *fs = arg;
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
+	char job[129];
+	uint32_t rank;
+
+	g->ram_used = ram_used(fs->ram);
+	g->ram_size = ram_cap(fs->ram);
+	pthread_mutex_lock(&fs->mu);
+	snprintf(job, sizeof(job), "%s", fs->job);
+	rank = fs->rank;
+	pthread_mutex_unlock(&fs->mu);
+	if (fs->eng) {
+		uint32_t nodes;
+		bool up;
+		uint64_t lkg;
+		eng_status(fs->eng, &nodes, &up);
+		g->peers_total = (int)nodes;
+		g->peers_reachable = up ? 1 : 0;
+		if (eng_lkg(fs->eng, job, &lkg))
+			g->lkg_step = (int64_t)lkg;
+	}
+	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) == 0) {
+		for (size_t i = 0; i < n; i++)
+			if ((recs[i].flags & SHF_OWN) && recs[i].key.rank == rank &&
+			    recs[i].state >= SH_COMMITTED && recs[i].state != SH_BAD &&
+			    (int64_t)recs[i].key.step > g->last_commit_step)
+				g->last_commit_step = (int64_t)recs[i].key.step;
+		idx_recs_free(recs, n);
+	}
+	if (!fs->eng && g->last_commit_step >= 0)
+		g->lkg_step = g->last_commit_step;
+}
+
 static int parse_opts(struct fs *fs, struct cmdline *c, uint64_t *cap)
 {
 	*cap = 0;
@@ -148,9 +187,9 @@ static int parse_opts(struct fs *fs, struct cmdline *c, uint64_t *cap)
 		fprintf(stderr, "mtcfs: ram_size=%s is too small (at least 1M)\n", c->o.ram_size);
 		return -EINVAL;
 	}
-	if (c->o.bucket || c->o.tls_cert || c->o.tls_key || c->o.tls_ca || c->o.metrics ||
+	if (c->o.bucket || c->o.tls_cert || c->o.tls_key || c->o.tls_ca ||
 	    c->o.gcs_endpoint || c->o.gcs_key_file) {
-		fprintf(stderr, "mtcfs: the bucket, TLS and metrics options are not available in this build yet\n");
+		fprintf(stderr, "mtcfs: the bucket and TLS options are not available in this build yet\n");
 		return -ENOTSUP;
 	}
 	if ((c->o.peers || c->o.coordinator || c->o.secret_file) && !c->o.listen) {
@@ -230,6 +269,7 @@ int fs_main(int argc, char **argv)
 	struct stat st;
 	uint64_t cap;
 	pthread_t ra;
+	struct mhttp *mh = NULL;
 	int rc = 1;
 
 	fix_peer_options(argc, argv);
@@ -361,6 +401,8 @@ int fs_main(int argc, char **argv)
 		 (unsigned long long)ram_used(fs->ram));
 	if (pthread_create(&ra, NULL, tune_readahead, fs) == 0)
 		pthread_detach(ra);
+	if (fs->o.metrics && mhttp_start(fs->o.metrics, gauges, fs, &mh) < 0)
+		goto out_unmount;
 
 	lc = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_max_threads(lc, 8);
@@ -369,6 +411,7 @@ int fs_main(int argc, char **argv)
 	rc = fuse_session_loop_mt(fs->se, lc) ? 1 : 0;
 	fuse_loop_cfg_destroy(lc);
 
+	mhttp_stop(mh);
 	ctl_stop(fs);
 	workq_stop(fs->sealq);
 	fs->sealq = NULL;

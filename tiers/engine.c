@@ -13,6 +13,7 @@
 #include "net/frame.h"
 #include "net/server.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/util.h"
 #include "common/workq.h"
 
@@ -400,6 +401,7 @@ static void serve_push(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 		send_error(c, id, -rc, why[0] ? why : "replica rejected");
 		goto out;
 	}
+	metrics_add(MC_REPLICAS_RECEIVED, 1);
 	log_info("engine", "replica job=%s step=%llu node=%u from rank %d bytes=%llu", k.job,
 		 (unsigned long long)k.step, k.rank, peer, (unsigned long long)mf->total);
 	resp = json_pack("{s:b}", "ok", 1);
@@ -769,8 +771,10 @@ static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
 	json_decref(req);
 	if (rc < 0)
 		goto out;
-	if (json_is_true(json_object_get(resp, "have")))
+	if (json_is_true(json_object_get(resp, "have"))) {
+		rc = 1;   /* the peer had the content: nothing sent */
 		goto out;
+	}
 	if (!json_is_true(json_object_get(resp, "send"))) {
 		rc = -EPROTO;
 		goto out;
@@ -841,9 +845,13 @@ static void repl_run(void *arg)
 		double secs = (double)(util_now_ns() - t0) / 1e9;
 		if (rc < 0) {
 			failed++;
+			metrics_add(MC_REPL_FAILURES, 1);
 			log_warn("engine", "replicating job=%s step=%llu to rank %d failed: %s",
 				 j->key.job, (unsigned long long)j->key.step, peers[i], strerror(-rc));
 		} else {
+			metrics_add(MC_REPL_SHARDS, 1);
+			metrics_add(MC_REPL_BYTES, rc == 1 ? 0 : mf->total);
+			metrics_observe(MH_REPL_SECONDS, secs);
 			log_info("engine", "replicated job=%s step=%llu to rank %d bytes=%llu secs=%.3f",
 				 j->key.job, (unsigned long long)j->key.step, peers[i],
 				 (unsigned long long)mf->total, secs);
@@ -901,6 +909,16 @@ bool eng_lkg(struct eng *e, const char *job, uint64_t *step)
 		*step = e->lkg;
 	pthread_mutex_unlock(&e->mu);
 	return r;
+}
+
+void eng_status(struct eng *e, uint32_t *nodes, bool *coordinator_up)
+{
+	pthread_mutex_lock(&e->ctl_mu);
+	*coordinator_up = e->ctl != NULL;
+	pthread_mutex_unlock(&e->ctl_mu);
+	pthread_mutex_lock(&e->mu);
+	*nodes = e->job_set ? e->nodes : e->naddrs;
+	pthread_mutex_unlock(&e->mu);
 }
 
 int eng_rank(const struct eng *e)
@@ -1092,6 +1110,8 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 		rc = recv_files(e, conn, &st, mf, why, whylen);
 	if (rc == 0)
 		rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
+	if (rc == 0)
+		metrics_add(MC_RESTORE_BYTES, mf->total);
 	if (rc == 0)
 		log_info("engine", "restored job=%s step=%llu from rank %u bytes=%llu", c->job,
 			 (unsigned long long)p->step, p->holder, (unsigned long long)mf->total);

@@ -57,6 +57,8 @@ int  eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn report, 
 void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[32]);
 /* Newest step complete across the job (from the coordinator), if known. */
 bool eng_lkg(struct eng *e, const char *job, uint64_t *step);
+/* For metrics: nodes of the job and whether the coordinator is connected. */
+void eng_status(struct eng *e, uint32_t *nodes, bool *coordinator_up);
 /* Waits until the replication queue is empty (tests, shutdown). */
 void eng_drain(struct eng *e);
 
