@@ -102,6 +102,7 @@ int commit_begin(struct fs *fs, uint64_t step, ino_t dir_ino)
 	key_of(s, &rec.key);
 	pthread_mutex_unlock(&fs->mu);
 
+	atomic_fetch_add(&fs->sealing, 1);
 	rec.state = SH_SEALING;
 	rec.flags = SHF_OWN;
 	rec.ns_ino = dir_ino;
@@ -113,6 +114,7 @@ int commit_begin(struct fs *fs, uint64_t step, ino_t dir_ino)
 		pthread_mutex_lock(&fs->mu);
 		step_remove(fs, step);
 		pthread_mutex_unlock(&fs->mu);
+		atomic_fetch_sub(&fs->sealing, 1);
 		return -EIO;
 	}
 	return 0;
@@ -132,6 +134,7 @@ void commit_abort(struct fs *fs, uint64_t step)
 	key_of(s, &k);
 	step_remove(fs, step);
 	pthread_mutex_unlock(&fs->mu);
+	atomic_fetch_sub(&fs->sealing, 1);
 	idx_del_shard(ram_idx(fs->ram), &k);
 }
 
@@ -146,11 +149,13 @@ static void seal_job(void *arg)
 	char name[32], hex[65];
 	ino_t ino;
 	int dfd = -1, rc;
+	bool frozen = false;
 
 	pthread_mutex_lock(&fs->mu);
 	s = commit_find(fs, step);
 	if (!s || s->sealed) {
 		pthread_mutex_unlock(&fs->mu);
+		atomic_fetch_sub(&fs->sealing, 1);
 		return;
 	}
 	key_of(s, &k);
@@ -166,6 +171,8 @@ static void seal_job(void *arg)
 		goto out;
 	}
 	fs_freeze_subtree(fs, dfd, step);
+	frozen = true;
+	atomic_fetch_sub(&fs->sealing, 1);
 	rc = ram_seal(fs->ram, &k, dfd, ino, SHF_OWN, &mf);
 	if (rc < 0) {
 		log_err("commit", "sealing step %llu failed: %s", (unsigned long long)step, strerror(-rc));
@@ -181,6 +188,8 @@ static void seal_job(void *arg)
 out:
 	if (dfd >= 0)
 		close(dfd);
+	if (!frozen)
+		atomic_fetch_sub(&fs->sealing, 1);
 	mf_free(mf);
 	if (rc < 0)
 		metrics_add(MC_COMMIT_FAILURES, 1);
@@ -477,7 +486,9 @@ int commit_init(struct fs *fs)
 			pthread_mutex_unlock(&fs->mu);
 			if (r->state == SH_SEALING) {
 				log_info("commit", "resuming the seal of step %llu", (unsigned long long)r->key.step);
-				commit_queue(fs, r->key.step);
+				atomic_fetch_add(&fs->sealing, 1);
+				if (commit_queue(fs, r->key.step) < 0)
+					atomic_fetch_sub(&fs->sealing, 1);
 			}
 		}
 	}

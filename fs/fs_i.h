@@ -34,6 +34,7 @@ struct fnode {
 	uint64_t step;              /* valid when FN_FROZEN: the step it belongs to */
 	uint64_t marker_step;       /* commit_success.txt in top-level digits dir: step+1, else 0 */
 	ino_t marker_dir_ino;
+	struct fnode *parent;       /* protected by fs->mu; holds a reference (NULL for root) */
 	pthread_mutex_t amu;        /* accounting */
 	uint64_t blocks, size;      /* protected by amu: last measured */
 };
@@ -74,6 +75,7 @@ struct fs {
 	struct fnode root;
 	struct fnode **htab;        /* protected by mu */
 	size_t hsize;
+	_Atomic int sealing;        /* commits not yet frozen node by node */
 	struct fs_step *steps;      /* protected by mu */
 	size_t nsteps, capsteps;
 

@@ -47,9 +47,21 @@ static struct fnode *node_of(struct fs *fs, fuse_ino_t ino)
 	return (struct fnode *)(uintptr_t)ino;
 }
 
-static inline bool is_frozen(struct fnode *n)
+/* Read-only? A node's own flag, or — while a commit is being sealed and its
+ * tree not yet frozen node by node — a frozen ancestor. The ancestor walk
+ * makes a committed step read-only the moment its rename returns. */
+static bool is_frozen(struct fnode *n)
 {
-	return atomic_load(&n->flags) & (FN_FROZEN | FN_STORE);
+	bool r;
+	if (atomic_load(&n->flags) & (FN_FROZEN | FN_STORE))
+		return true;
+	if (atomic_load(&g_fs->sealing) == 0)
+		return false;
+	pthread_mutex_lock(&g_fs->mu);
+	for (r = false; n && !r; n = n->parent)
+		r = atomic_load(&n->flags) & (FN_FROZEN | FN_STORE);
+	pthread_mutex_unlock(&g_fs->mu);
+	return r;
 }
 
 static inline size_t hslot(struct fs *fs, ino_t ino, dev_t dev)
@@ -203,6 +215,10 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 	n->ino = st->st_ino;
 	n->dev = st->st_dev;
 	n->nlookup = 1;
+	if (parent != &fs->root) {
+		n->parent = parent;
+		parent->nlookup++;
+	}
 	n->blocks = (uint64_t)st->st_blocks;
 	n->size = (uint64_t)st->st_size;
 	pthread_mutex_init(&n->amu, NULL);
@@ -232,23 +248,29 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 	return n;
 }
 
+/* Drop references; a node going away releases the one it holds on its
+ * parent (iteratively: a chain of directories may go at once). */
 static void node_unref(struct fs *fs, struct fnode *n, uint64_t count)
 {
-	if (n == &fs->root)
-		return;
-	pthread_mutex_lock(&fs->mu);
-	if (count > n->nlookup)
-		count = n->nlookup;
-	n->nlookup -= count;
-	if (n->nlookup == 0) {
+	while (n && n != &fs->root) {
+		struct fnode *parent;
+		pthread_mutex_lock(&fs->mu);
+		if (count > n->nlookup)
+			count = n->nlookup;
+		n->nlookup -= count;
+		if (n->nlookup != 0) {
+			pthread_mutex_unlock(&fs->mu);
+			return;
+		}
 		htab_remove(fs, n);
+		parent = n->parent;
 		pthread_mutex_unlock(&fs->mu);
 		close(n->fd);
 		pthread_mutex_destroy(&n->amu);
 		free(n);
-		return;
+		n = parent;
+		count = 1;
 	}
-	pthread_mutex_unlock(&fs->mu);
 }
 
 /* lookup of `name` under parent; fills e. 0 or -errno. */
@@ -563,6 +585,8 @@ static int before_remove(struct fs *fs, struct fnode *dir, const char *name)
 		return -EPERM;
 	if (atomic_load(&dir->flags) & FN_FROZEN)
 		commit_wait_sealed(fs, dir->step);
+	else if (is_frozen(dir))
+		workq_drain(fs->sealq);   /* frozen through an ancestor: its seal is queued */
 	return 0;
 }
 
@@ -673,6 +697,20 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	pthread_mutex_lock(&fs->mu);
 	{
 		struct fnode *n = htab_find(fs, st.st_ino, st.st_dev);
+		struct fnode *oldp = NULL;
+		if (n && n->parent != (dst == &fs->root ? NULL : dst)) {
+			/* the moved node now hangs under dst */
+			oldp = n->parent;
+			n->parent = dst == &fs->root ? NULL : dst;
+			if (n->parent)
+				n->parent->nlookup++;
+		}
+		if (oldp) {
+			pthread_mutex_unlock(&fs->mu);
+			node_unref(fs, oldp, 1);
+			pthread_mutex_lock(&fs->mu);
+			n = htab_find(fs, st.st_ino, st.st_dev);
+		}
 		if (n) {
 			if (dst == &fs->root && S_ISDIR(st.st_mode) && util_is_step_name(newname, &tstep)) {
 				n->step = tstep;

@@ -153,7 +153,8 @@ static void compute_plan(struct coord *c, struct cjob *j)
 	bool *live = calloc(j->nodes, sizeof(bool));
 	struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .h = j->holds, .nh = j->nholds,
 				.live = live, .bad = j->bad, .nbad = j->nbad };
-	uint64_t t0 = util_now_ns();
+	uint64_t t0 = util_now_ns(), old_step = j->plan.step;
+	bool was_planned = j->state == R_PLANNED, old_found = j->plan.found;
 	uint32_t missing = 0;
 
 	if (!live)
@@ -166,11 +167,16 @@ static void compute_plan(struct coord *c, struct cjob *j)
 	lkg_plan_free(&j->plan);
 	if (lkg_plan(&in, &j->plan) < 0)
 		memset(&j->plan, 0, sizeof(j->plan));
-	j->plan_id++;
+	if (was_planned && j->plan.found == old_found && j->plan.step == old_step) {
+		/* another source for the same step: nodes that already have
+		 * their shard stay at the barrier */
+	} else {
+		j->plan_id++;
+		j->plan_time = util_now_ns();
+		for (uint32_t r = 0; r < j->nodes; r++)
+			j->n[r].ready = false;
+	}
 	j->state = R_PLANNED;
-	j->plan_time = util_now_ns();
-	for (uint32_t r = 0; r < j->nodes; r++)
-		j->n[r].ready = false;
 	log_info("coord", "plan job=%s plan=%u found=%d step=%llu nodes=%u missing=%u holds=%zu bad=%zu plan_ms=%.2f",
 		 j->name, j->plan_id, j->plan.found, (unsigned long long)j->plan.step, j->nodes,
 		 missing, j->nholds, j->nbad, (double)(util_now_ns() - t0) / 1e6);

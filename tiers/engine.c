@@ -180,7 +180,8 @@ static int recv_files(struct eng *e, struct nconn *c, struct ram_stage *st,
 	for (size_t i = 0; i < mf->n; i++) {
 		const struct mf_entry *en = &mf->e[i];
 		if (en->type == MF_DIR) {
-			if (mkdirat(st->fd, en->path, (en->mode & 07777) | 0700) < 0 && errno != EEXIST) {
+			/* modes come from the network: no setuid/setgid/sticky bits */
+			if (mkdirat(st->fd, en->path, (en->mode & 0777) | 0700) < 0 && errno != EEXIST) {
 				snprintf(why, whylen, "mkdir %s: %s", en->path, strerror(errno));
 				return -errno;
 			}
@@ -232,7 +233,7 @@ static int recv_files(struct eng *e, struct nconn *c, struct ram_stage *st,
 			return -ENOSPC;
 		}
 		fd = openat(st->fd, en->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-			    (en->mode & 07777) | 0400);
+			    (en->mode & 0777) | 0400);
 		if (fd < 0) {
 			rc = -errno;
 			ram_adjust(e->ram, -(int64_t)(size + 4096));
@@ -357,6 +358,16 @@ static void serve_push(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 
 	if (parse_key(json_object_get(req, "key"), &k) < 0 || decode_manifest_field(req, &mf) < 0) {
 		send_error(c, id, EINVAL, "bad push request");
+		goto out;
+	}
+	pthread_mutex_lock(&e->mu);
+	bool mine = e->rank >= 0 && k.rank == (uint32_t)e->rank;
+	pthread_mutex_unlock(&e->mu);
+	if (mine) {
+		/* this node's own shards come from its own commits and restores only */
+		log_warn("engine", "rank %d tried to push a shard under this node's own key (job=%s step=%llu): refused",
+			 peer, k.job, (unsigned long long)k.step);
+		send_error(c, id, EPERM, "a peer cannot push this node's own shard");
 		goto out;
 	}
 	if (idx_get_shard(ram_idx(e->ram), &k, &rec) == 0 && rec.state >= SH_COMMITTED &&
