@@ -363,6 +363,13 @@ static void serve_push(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 	pthread_mutex_lock(&e->mu);
 	bool mine = e->rank >= 0 && k.rank == (uint32_t)e->rank;
 	pthread_mutex_unlock(&e->mu);
+	if (!mine && (peer < 0 || k.rank != (uint32_t)peer)) {
+		/* replicas are pushed by their owner only */
+		log_warn("engine", "rank %d tried to push node %u's shard (job=%s step=%llu): refused",
+			 peer, k.rank, k.job, (unsigned long long)k.step);
+		send_error(c, id, EPERM, "only a shard's owner may push it");
+		goto out;
+	}
 	if (mine) {
 		/* this node's own shards come from its own commits and restores only */
 		log_warn("engine", "rank %d tried to push a shard under this node's own key (job=%s step=%llu): refused",

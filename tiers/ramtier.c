@@ -542,8 +542,15 @@ void ram_stage_abort(struct ram_tier *t, struct ram_stage *st)
 		close(st->fd);
 	st->fd = -1;
 	if (st->rel[0]) {
+		char *slash;
 		util_rmtree_at(t->shardsfd, st->rel, &freed);
 		ram_adjust(t, -(int64_t)freed);
+		/* and the STEP and JOB directories if that left them empty */
+		while ((slash = strrchr(st->rel, '/')) != NULL) {
+			*slash = '\0';
+			if (unlinkat(t->shardsfd, st->rel, AT_REMOVEDIR) < 0)
+				break;
+		}
 	}
 	st->rel[0] = '\0';
 }

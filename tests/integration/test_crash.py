@@ -1,7 +1,8 @@
 """Crash safety of one node (issue 2): kill -9 of mtcfs at several moments.
 
 After each kill the dead mount is cleared (fusermount3 -u / umount -l, done
-by harness.Daemon.kill9) and a new mtcfs starts on the same RAMDIR:
+by harness.Daemon.kill9 under the watchdog of tp.safe_kill9) and a new mtcfs
+starts on the same RAMDIR:
 - after commits: every committed step is listed again with an identical
   record (manifest, hash, state), its bytes readable under MNT/<step> and in
   RAMDIR/shards;
@@ -12,7 +13,9 @@ by harness.Daemon.kill9) and a new mtcfs starts on the same RAMDIR:
 - around replicator.yaml: a yaml written just before the kill is processed
   by the next daemon;
 - with a store file truncated while mtcfs was down: the shard is "bad" and
-  is not restored.
+  is not restored;
+- right after the mount appears, many times: the daemon always dies (no
+  thread left blocked on its own mount) and nothing committed is lost.
 
 Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \
      /usr/bin/python3 tests/integration/test_crash.py [-k NAME]
@@ -20,8 +23,10 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \
 
 import errno
 import os
+import random
 import struct
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -52,7 +57,7 @@ class CrashCase(tp.ProtoCase):
         return s
 
     def kill_and_restart(self):
-        self.fs.restart(kill=True)
+        self.restart_kill9()
 
     def wait_state(self, step, state, job="default"):
         """The mount shows up before the daemon's catalog recovery is done
@@ -218,7 +223,7 @@ class LargeCommit(CrashCase):
         write_file(os.path.join(tmp, "commit_success.txt"), b"ok")
         files["commit_success.txt"] = b"ok"
         os.rename(tmp, self.m("40"))
-        self.fs.kill9()
+        tp.safe_kill9(self, self.fs)
         s_dead = harness.find_shard(harness.admin_ls(self.ramdir), 40)
         sys.stderr.write("[state at kill: %s] "
                          % (s_dead and s_dead.get("state")))
@@ -255,7 +260,7 @@ class LargeCommit(CrashCase):
             files["f%d" % i] = data
         os.rename(tmp, self.m("41"))
         for _ in range(3):
-            self.fs.kill9()
+            tp.safe_kill9(self, self.fs)
             self.fs.start()
         s = self.wait_committed(41, timeout=300)
         assert_manifest(self, s, files)
@@ -270,7 +275,7 @@ class YamlAroundKill(CrashCase):
         files = self.orbax_save(8, seed=8)
         self.wait_committed(8, job="yk")
         self.put_yaml(tp.orbax_yaml("yk"), via_tmp=True)
-        self.fs.kill9()
+        tp.safe_kill9(self, self.fs)
         # processed or not before the kill: the next daemon finishes it
         self.fs.start()
         self.wait_yaml_gone()
@@ -283,7 +288,7 @@ class YamlAroundKill(CrashCase):
         self.configure(tp.simple_yaml("yd"))
         files = self.orbax_save(9, seed=9)
         self.wait_committed(9, job="yd")
-        self.fs.kill9()
+        tp.safe_kill9(self, self.fs)
         with open(os.path.join(self.ramdir, "ns", tp.YAML), "w") as f:
             f.write(tp.pytorch_yaml("yd"))
         self.fs.start()
@@ -301,7 +306,7 @@ class TruncatedWhileDown(CrashCase):
         files = self.orbax_save(5, seed=5)
         self.wait_committed(5, job=job)
         if kill:
-            self.fs.kill9()
+            tp.safe_kill9(self, self.fs)
         else:
             self.fs.stop()
         victim = os.path.join(harness.shard_dir(self.ramdir, 5, job),
@@ -337,7 +342,7 @@ class TruncatedWhileDown(CrashCase):
         self.wait_committed(1)
         f2 = self.orbax_save(2, seed=2)
         self.wait_committed(2)
-        self.fs.kill9()
+        tp.safe_kill9(self, self.fs)
         os.unlink(os.path.join(harness.shard_dir(self.ramdir, 2),
                                "commit_success.txt"))
         self.fs.start()
@@ -348,6 +353,22 @@ class TruncatedWhileDown(CrashCase):
         self.configure(tp.simple_yaml("default"))
         self.assert_restore_markers("default", 1, f1)
         del f2
+
+
+class KillAtStart(CrashCase):
+
+    def test_kill9_right_after_mount_repeated(self):
+        files = self.orbax_save(3, seed=3)
+        s3 = self.check_step(3, files)
+        rnd = random.Random(7)
+        for i in range(40):
+            tp.safe_kill9(self, self.fs)
+            self.fs.start()
+            # sometimes at once, sometimes while start-up work runs
+            time.sleep(rnd.choice((0, 0, 0.001, 0.003, 0.01, 0.03)))
+        tp.safe_kill9(self, self.fs)
+        self.fs.start()
+        self.assertEqual(self.check_step(3, files), s3)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ import json
 import os
 import random
 import struct
+import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -91,6 +93,99 @@ def fsync_dir(path):
         os.close(fd)
 
 
+# --- kill -9 with a watchdog --------------------------------------------------
+#
+# A daemon thread blocked in a request to its OWN mount (e.g. a stat() of the
+# mount point) is never woken once the daemon's FUSE threads are killed: the
+# process stays a zombie holding /dev/fuse and harness.Daemon.kill9() would
+# wait forever. The watchdog reports the stuck threads and aborts the FUSE
+# connection (fusectl), so the test fails with a diagnosis instead of hanging.
+
+FUSECTL = "/sys/fs/fuse/connections"
+KILL_TIMEOUT = 15.0
+
+
+def mount_dev(mnt):
+    """'major:minor' of the mount at exactly mnt, from /proc/self/mountinfo
+    (no syscall into the mount itself)."""
+    real = os.path.realpath(mnt)
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            p = line.split()
+            if len(p) > 4 and harness._unescape_mount_field(p[4]) == real:
+                found = p[2]
+    return found
+
+
+def thread_report(pid):
+    out = []
+    try:
+        tids = sorted(os.listdir("/proc/%d/task" % pid), key=int)
+    except OSError as e:
+        return "(no /proc/%d/task: %s)" % (pid, e)
+    for t in tids:
+        base = "/proc/%d/task/%s/" % (pid, t)
+        info = {}
+        for k in ("comm", "stat", "stack", "wchan"):
+            try:
+                with open(base + k) as f:
+                    info[k] = f.read().strip()
+            except OSError as e:
+                info[k] = "(%s)" % e.strerror
+        state = info["stat"].rsplit(")", 1)[-1].split()[:1]
+        out.append("  thread %s %s state %s wchan %s\n    %s" % (
+            t, info["comm"], state, info["wchan"],
+            info["stack"].replace("\n", "\n    ")))
+    return "\n".join(out)
+
+
+def abort_fuse_connection(mnt):
+    dev = mount_dev(mnt)
+    if dev is None:
+        return "mount %s not found in mountinfo" % mnt
+    major, minor = (int(x) for x in dev.split(":"))
+    num = (major << 20) | minor
+    if not os.path.isdir(os.path.join(FUSECTL, str(num))):
+        subprocess.run(["mount", "-t", "fusectl", "none", FUSECTL],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    try:
+        with open(os.path.join(FUSECTL, str(num), "abort"), "w") as f:
+            f.write("1")
+        return "aborted FUSE connection %d (%s)" % (num, dev)
+    except OSError as e:
+        return "could not abort FUSE connection %d: %s" % (num, e)
+
+
+def safe_kill9(tc, d, timeout=KILL_TIMEOUT):
+    """d.kill9(), but a daemon that does not die within timeout seconds of
+    SIGKILL fails the test (with its threads' kernel stacks) instead of
+    hanging it."""
+    pid = d.proc.pid
+    done = threading.Event()
+    report = {}
+
+    def watchdog():
+        if done.wait(timeout):
+            return
+        report["threads"] = thread_report(pid)
+        report["abort"] = abort_fuse_connection(d.mnt)
+
+    t = threading.Thread(target=watchdog, daemon=True)
+    t.start()
+    try:
+        d.kill9()
+    finally:
+        done.set()
+        t.join()
+    if report:
+        tc.fail("mtcfs (pid %d) did not exit within %.0f s of SIGKILL: a "
+                "thread is stuck in a FUSE request that nobody will answer "
+                "(a request to its own mount?); %s to recover.\n%s"
+                % (pid, timeout, report["abort"], report["threads"]))
+
+
 def marker_step(name):
     """Orbax's _extract_step: '{job}-s{step}-n{rank}-w{w}.restore'."""
     return name.rsplit("-", 3)[1][1:]
@@ -109,6 +204,10 @@ class ProtoCase(harness.MountTestCase):
 
     def markers(self):
         return sorted(n for n in os.listdir(self.mnt) if n.endswith(".restore"))
+
+    def restart_kill9(self):
+        safe_kill9(self, self.fs)
+        self.fs.start()
 
     def alive(self):
         self.fs.check_alive()
@@ -704,7 +803,7 @@ class OrbaxReplay(ProtoCase):
         self.wait_committed(30, job=job)
         self.wait_steps(job, [30])       # the restored 20 goes after 30
         # --- mtcfs itself restarts (kill -9), then incarnation 3
-        self.fs.restart(kill=True)
+        self.restart_kill9()
         self.wait_steps(job, [30])
         step, path = self.orbax_startup(job)
         self.assertEqual(self.orbax_markers, ["run1-s30-n0-w0.restore"])
@@ -742,7 +841,7 @@ class PyTorchReplay(ProtoCase):
         assert_manifest(self, self.wait_committed(15, job=job), saved[15])
         self.wait_steps(job, [15])
         # incarnation 3, after an mtcfs restart
-        self.fs.restart(kill=True)
+        self.restart_kill9()
         step, path = self.pytorch_startup(job)
         self.assertEqual(step, 15)
         self.assertEqual(read_tree(path), saved[15])
