@@ -1,0 +1,109 @@
+/* backup: checkpoints in the bucket, in GKE's layout (DESIGN §4):
+ *   PREFIX/JOB/YYYY-MM-DD_HH-MM[-N]/          one backup, named by its UTC start
+ *     <job>-s<step>-n<node>-w<w>.meta          the shard hash (64 hex), no newline
+ *     <hash>.data/<the shard's files>          the data
+ *     <hash>.manifest                          mf_encode bytes
+ *   PREFIX/JOB/restore.version                 optional: name of a backup to force
+ * A shard is published data first, then its manifest, then its .meta; a
+ * backup is complete when every (node, worker) has a .meta whose manifest
+ * and files are all present and match. Used by the backup workers, the
+ * coordinator, the restore planner and mtcfs-admin; keeps no state (as
+ * thread-safe as the bkt handle). Results are owned by the caller. Errors
+ * are -errno with words in bkt_last_error(). */
+#ifndef MTCFS_TIERS_BACKUP_H
+#define MTCFS_TIERS_BACKUP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "tiers/bucket.h"
+#include "tiers/catalog.h"
+#include "tiers/manifest.h"
+
+#define BK_NAME_MAX      64              /* backup names, with the NUL */
+#define BK_MANIFEST_MAX  (256u << 20)    /* largest manifest read back */
+#define BK_RESTORE_VERSION "restore.version"
+
+/* A job or backup name usable as one path component: 1..63 (job: 1..128)
+ * bytes of [A-Za-z0-9._-], not "." or "..". */
+bool bk_job_name_ok(const char *job);
+bool bk_backup_name_ok(const char *name);
+
+/* Upload one shard (k's step/rank/worker; k->job must be "" or job) from
+ * dirfd (the shard's directory in the RAM tier) described by mf: its data
+ * files (unless upload_data is false: under data parallelism another node
+ * of the column uploads the same hash), then <hash>.manifest, then the
+ * .meta LAST. Idempotent: objects already there are checked (size and CRC32C;
+ * the manifest and .meta by content), never rewritten, so re-running after a
+ * crash completes what is missing. -EEXIST when an object of this shard is
+ * there with other content; -EBADMSG when a local file no longer matches
+ * mf (the server refused its CRC32C). */
+int bk_upload_shard(struct bkt *b, const char *job, const char *backup,
+		    const struct shard_key *k, int dirfd, const struct manifest *mf,
+		    bool upload_data);
+
+/* Name for a new backup of job started at unix time t into out:
+ * "YYYY-MM-DD_HH-MM" (UTC) if no object exists under JOB/that/, else
+ * "YYYY-MM-DD_HH-MM-N" for the smallest N >= 2 whose JOB/name/ is empty.
+ * It does not reserve the name: one node (the coordinator) names backups. */
+int bk_new_name(struct bkt *b, const char *job, time_t t, char out[BK_NAME_MAX]);
+
+struct bk_shard {
+	uint32_t node, worker;
+	uint64_t step;
+	uint8_t hash[32];           /* zero when there is no (readable) .meta */
+	bool complete;
+	char why[128];              /* when !complete: the first thing wrong */
+};
+
+struct bk_backup {
+	char name[BK_NAME_MAX];
+	uint64_t step;              /* the shards' step (the highest if mixed) */
+	uint32_t nodes_seen;        /* distinct nodes with a .meta */
+	bool complete;
+	size_t nshards;
+	struct bk_shard *shards;    /* by (node, worker, step); a (node, worker)
+				     * with no .meta has an entry with why set */
+	uint64_t bytes;             /* data objects' bytes stored in this backup */
+	char why[512];              /* when !complete: the first reason */
+};
+
+/* All backups of job, newest name first (N orders "-N" names numerically;
+ * names not of the timestamp form come last). Completeness for nodes x
+ * workers (0: as many as the .meta names show): every (node, worker) has
+ * exactly one .meta whose manifest exists, decodes, hashes to the .meta's
+ * hash, and every data file exists with the manifest's size (and CRC32C when
+ * the listing gives it: gs); a backup with mixed steps, or with a node or
+ * worker outside the job, is incomplete. bk_verify_backup() reads all data.
+ * *out is owned by the caller: bk_backups_free(). */
+int  bk_list_backups(struct bkt *b, const char *job, uint32_t nodes, uint32_t workers,
+		     struct bk_backup **out, size_t *n);
+/* The same for one backup (-ENOENT when it holds no object). */
+int  bk_check_backup(struct bkt *b, const char *job, const char *backup, uint32_t nodes,
+		     uint32_t workers, struct bk_backup *out);
+void bk_backup_clear(struct bk_backup *v);
+void bk_backups_free(struct bk_backup *v, size_t n);
+/* bk_check_backup, then download every data file of every complete shard
+ * (to /dev/null) checking its CRC32C against the manifest: 0, -EBADMSG
+ * naming the first bad object, or another -errno. */
+int  bk_verify_backup(struct bkt *b, const char *job, const char *backup, uint32_t nodes,
+		      uint32_t workers, struct bk_backup *out);
+
+/* Download the shard of (node, worker) of a backup into dirfd, an empty
+ * directory: directories, files (CRC32C of each checked against the manifest,
+ * modes applied), symlinks last. The manifest must describe a tree whose
+ * every parent is a directory entry (no writing through a symlink).
+ * -ENOENT (no .meta for it), -EBADMSG naming the bad object (manifest hash,
+ * a file's CRC32C or size), or -errno. *mf owned by the caller (mf_free). */
+int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t node,
+		   uint32_t worker, int dirfd, struct manifest **mf);
+
+/* restore.version: get -> -ENOENT if none, -EBADMSG if it does not name a
+ * backup; set replaces (delete + write-once put); clear is 0 when absent. */
+int bk_get_restore_version(struct bkt *b, const char *job, char out[BK_NAME_MAX]);
+int bk_set_restore_version(struct bkt *b, const char *job, const char *name);
+int bk_clear_restore_version(struct bkt *b, const char *job);
+
+#endif
