@@ -363,6 +363,8 @@ static uint64_t gc_own(struct fs *fs, uint64_t want)
 			continue;
 		if (have_restored && r->key.step == keep_restored)
 			continue;
+		if (eng_pinned(fs->eng, r->key.job, r->key.step))
+			continue;   /* a backup is uploading it */
 		if (own)
 			freed += drop_own(fs, &r->key, r->ns_ino);
 		else if (cluster)

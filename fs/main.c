@@ -88,7 +88,10 @@ static void usage(const char *prog)
 	       "    -o peers=A0,A1,...     static table: rank i at Ai (rank 0 runs the coordinator)\n"
 	       "    -o coordinator=H:P     rank 0's endpoint for dynamic registration\n"
 	       "    -o secret_file=PATH    shared secret peers must prove (HMAC challenge)\n"
-	       "    -o metrics=HOST:PORT   Prometheus text endpoint at /metrics\n\n"
+	       "    -o metrics=HOST:PORT   Prometheus text endpoint at /metrics\n"
+	       "    -o bucket=URL          backup tier: gs://BUCKET[/PREFIX] or file:///PATH\n"
+	       "    -o gcs_endpoint=URL    Cloud Storage endpoint (STORAGE_EMULATOR_HOST is honoured)\n"
+	       "    -o gcs_key_file=PATH   service-account key (else the metadata server)\n\n"
 	       "RAMDIR should be a tmpfs directory (mount -t tmpfs -o huge=always is fastest).\n",
 	       prog);
 }
@@ -187,10 +190,13 @@ static int parse_opts(struct fs *fs, struct cmdline *c, uint64_t *cap)
 		fprintf(stderr, "mtcfs: ram_size=%s is too small (at least 1M)\n", c->o.ram_size);
 		return -EINVAL;
 	}
-	if (c->o.bucket || c->o.tls_cert || c->o.tls_key || c->o.tls_ca ||
-	    c->o.gcs_endpoint || c->o.gcs_key_file) {
-		fprintf(stderr, "mtcfs: the bucket and TLS options are not available in this build yet\n");
+	if (c->o.tls_cert || c->o.tls_key || c->o.tls_ca) {
+		fprintf(stderr, "mtcfs: mutual TLS (tls_cert=, tls_key=, tls_ca=) is not available in this build; use secret_file=\n");
 		return -ENOTSUP;
+	}
+	if (c->o.bucket && strncmp(c->o.bucket, "gs://", 5) && strncmp(c->o.bucket, "file:///", 8)) {
+		fprintf(stderr, "mtcfs: bucket=%s: use gs://BUCKET[/PREFIX] or file:///ABSOLUTE/PATH\n", c->o.bucket);
+		return -EINVAL;
 	}
 	if ((c->o.peers || c->o.coordinator || c->o.secret_file) && !c->o.listen) {
 		fprintf(stderr, "mtcfs: peers=/coordinator= need listen=HOST:PORT\n");
@@ -370,11 +376,12 @@ int fs_main(int argc, char **argv)
 	pthread_mutex_init(&fs->root.amu, NULL);
 	if (workq_start("mtcfs-seal", &fs->sealq) < 0)
 		goto out_unmount;
-	if (fs->o.listen) {
+	if (fs->o.listen || fs->o.bucket) {
 		struct eng_opts eo = {
 			.listen = fs->o.listen, .peers = fs->o.peers, .coordinator = fs->o.coordinator,
 			.secret_file = fs->o.secret_file, .rank = fs->o.rank,
-			.restore_timeout_s = fs->o.restore_timeout,
+			.restore_timeout_s = fs->o.restore_timeout, .bucket = fs->o.bucket,
+			.gcs_endpoint = fs->o.gcs_endpoint, .gcs_key_file = fs->o.gcs_key_file,
 		};
 		struct eng_cb cb = { .on_lkg = commit_on_lkg, .report = ctl_report_error, .arg = fs };
 		if (eng_start(fs->ram, &eo, &cb, &fs->eng) < 0) {

@@ -13,6 +13,7 @@
 #include "tiers/lkg.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "common/workq.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -45,7 +46,7 @@ struct cjob {
 	bool has_lkg;
 	uint64_t lkg;
 	/* restore round */
-	enum { R_IDLE, R_COLLECT, R_PLANNED } state;
+	enum { R_IDLE, R_COLLECT, R_PLANNING, R_PLANNED } state;
 	uint64_t round_start, plan_time;
 	struct lkg_hold *holds;
 	size_t nholds, capholds;
@@ -53,6 +54,23 @@ struct cjob {
 	size_t nbad, capbad;
 	struct lkg_plan plan;
 	uint32_t plan_id;
+	uint64_t round;               /* bumped by every new restore round */
+	uint64_t plan_round;          /* the round the current plan belongs to */
+	/* the bucket's part of the plan */
+	bool bucket_plan;             /* plan.found/step come from a backup */
+	char bucket_name[64];
+	char notes[1024];
+	char (*excluded)[64];         /* backups that failed during this round */
+	size_t nexcluded;
+	bool forced_restore;          /* this round restored restore.version */
+	bool rv_delete_pending;       /* delete it after the next commit */
+	uint64_t restored_step;
+	/* backups */
+	uint32_t bi_min, bi_steps;
+	bool bk_running, has_last_bk;
+	uint64_t bk_step, last_bk_step, last_bk_start, bk_start, job_seen;
+	char bk_name[64];
+	bool *bk_done;
 };
 
 struct coord {
@@ -65,6 +83,8 @@ struct coord {
 	pthread_t tick;
 	bool stop;
 	pthread_cond_t cv;
+	struct coord_bucket bk;       /* .decide NULL: no bucket */
+	struct workq *worker;         /* bucket calls, off the loop thread */
 };
 
 static void send_msg(struct coord *c, uint64_t conn, uint8_t type, uint32_t req_id, json_t *m)
@@ -90,6 +110,17 @@ static const char *addr_of(struct coord *c, uint32_t rank)
 	return rank < c->naddrs && c->addrs[rank] ? c->addrs[rank] : "";
 }
 
+static void job_free(struct cjob *j)
+{
+	lkg_plan_free(&j->plan);
+	free(j->holds);
+	free(j->bad);
+	free(j->n);
+	free(j->excluded);
+	free(j->bk_done);
+	free(j);
+}
+
 static struct cjob *job_get(struct coord *c, const char *name, uint32_t nodes, uint32_t dp)
 {
 	struct cjob *j;
@@ -103,11 +134,7 @@ static struct cjob *job_get(struct coord *c, const char *name, uint32_t nodes, u
 		while (*pp != j)
 			pp = &(*pp)->next;
 		*pp = j->next;
-		lkg_plan_free(&j->plan);
-		free(j->holds);
-		free(j->bad);
-		free(j->n);
-		free(j);
+		job_free(j);
 		j = NULL;
 	}
 	if (j)
@@ -116,10 +143,14 @@ static struct cjob *job_get(struct coord *c, const char *name, uint32_t nodes, u
 	if (!j)
 		return NULL;
 	j->n = calloc(nodes, sizeof(*j->n));
-	if (!j->n) {
+	j->bk_done = calloc(nodes, sizeof(bool));
+	if (!j->n || !j->bk_done) {
+		free(j->n);
+		free(j->bk_done);
 		free(j);
 		return NULL;
 	}
+	j->job_seen = util_now_ns();
 	snprintf(j->name, sizeof(j->name), "%s", name);
 	j->nodes = nodes;
 	j->dp = dp;
@@ -136,7 +167,13 @@ static json_t *plan_entry(struct coord *c, struct cjob *j, uint32_t rank)
 	json_object_set_new(m, "op", json_string("plan"));
 	json_object_set_new(m, "plan", json_integer(j->plan_id));
 	json_object_set_new(m, "found", json_boolean(j->plan.found));
-	if (j->plan.found && rank < j->plan.nodes) {
+	if (j->notes[0])
+		json_object_set_new(m, "notes", json_string(j->notes));
+	if (j->plan.found && j->bucket_plan) {
+		json_object_set_new(m, "step", json_integer((json_int_t)j->plan.step));
+		json_object_set_new(m, "source", json_string("bucket"));
+		json_object_set_new(m, "backup", json_string(j->bucket_name));
+	} else if (j->plan.found && rank < j->plan.nodes) {
 		const struct lkg_src *s = &j->plan.src[rank];
 		net_hex_encode(s->hash, 32, hex);
 		json_object_set_new(m, "step", json_integer((json_int_t)j->plan.step));
@@ -148,13 +185,146 @@ static json_t *plan_entry(struct coord *c, struct cjob *j, uint32_t rank)
 	return m;
 }
 
+static void compute_plan(struct coord *c, struct cjob *j);
+static void send_plan_to_waiters(struct coord *c, struct cjob *j);
+
+/* The bucket's say in a plan (restore.version, or the newest complete
+ * backup when nothing is complete in the cluster): on the worker thread. */
+struct bk_plan_job {
+	struct coord *c;
+	char job[129];
+	uint64_t round;
+	uint32_t nodes;
+	char (*exclude)[64];
+	size_t nexclude;
+};
+
+static void bucket_plan_run(void *arg)
+{
+	struct bk_plan_job *p = arg;
+	struct coord *c = p->c;
+	struct coord_bk_decision d;
+	struct cjob *j;
+	int rc;
+
+	bool need_newest = true;
+
+	memset(&d, 0, sizeof(d));
+	/* peek at the cluster: the bucket's newest backup matters only when
+	 * no step is complete in RAM */
+	pthread_mutex_lock(&c->mu);
+	for (j = c->jobs; j; j = j->next)
+		if (!strcmp(j->name, p->job))
+			break;
+	if (j) {
+		bool *live = calloc(j->nodes, sizeof(bool));
+		struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .h = j->holds, .nh = j->nholds,
+					.live = live, .bad = j->bad, .nbad = j->nbad };
+		struct lkg_plan tmp;
+		if (live) {
+			for (uint32_t r = 0; r < j->nodes; r++)
+				live[r] = j->n[r].reported && j->n[r].conn != 0;
+			if (lkg_plan(&in, &tmp) == 0) {
+				need_newest = !tmp.found;
+				lkg_plan_free(&tmp);
+			}
+			free(live);
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	rc = c->bk.decide(c->bk.arg, p->job, p->nodes, (const char (*)[64])p->exclude, p->nexclude,
+			  need_newest, &d);
+	pthread_mutex_lock(&c->mu);
+	for (j = c->jobs; j; j = j->next)
+		if (!strcmp(j->name, p->job))
+			break;
+	if (j && j->round == p->round && j->state == R_PLANNING) {
+		bool was_found = j->plan.found, was_bucket = j->bucket_plan;
+		uint64_t was_step = j->plan.step;
+		uint32_t was_id = j->plan_id;
+		char was_name[64];
+		snprintf(was_name, sizeof(was_name), "%s", j->bucket_name);
+		compute_plan(c, j);        /* the cluster's part */
+		j->bucket_plan = false;
+		j->forced_restore = false;
+		snprintf(j->notes, sizeof(j->notes), "%s", rc < 0 || (!d.forced && j->plan.found) ? "" : d.notes);
+		if (rc < 0) {
+			snprintf(j->notes, sizeof(j->notes), "the bucket could not be read (%s); planning from the cluster only",
+				 strerror(-rc));
+		} else if (d.forced) {
+			j->plan.found = d.forced_ok;
+			j->plan.step = d.step;
+			j->bucket_plan = d.forced_ok;
+			j->forced_restore = d.forced_ok;
+			snprintf(j->bucket_name, sizeof(j->bucket_name), "%s", d.name);
+		} else if (!j->plan.found && d.have_newest) {
+			j->plan.found = true;
+			j->plan.step = d.step;
+			j->bucket_plan = true;
+			snprintf(j->bucket_name, sizeof(j->bucket_name), "%s", d.name);
+		}
+		if (j->plan_id == was_id && (j->plan.found != was_found || j->plan.step != was_step ||
+					     j->bucket_plan != was_bucket ||
+					     strcmp(was_name, j->bucket_name))) {
+			/* another backup: every node fetches again */
+			j->plan_id++;
+			j->plan_time = util_now_ns();
+			for (uint32_t r = 0; r < j->nodes; r++)
+				j->n[r].ready = false;
+		}
+		if (j->bucket_plan)
+			log_info("coord", "plan job=%s plan=%u: restore backup %s (step %llu)%s", j->name,
+				 j->plan_id, j->bucket_name, (unsigned long long)j->plan.step,
+				 j->forced_restore ? " named by restore.version" : "");
+		if (j->notes[0])
+			log_warn("coord", "job %s: %s", j->name, j->notes);
+		send_plan_to_waiters(c, j);
+	}
+	pthread_mutex_unlock(&c->mu);
+	free(p->exclude);
+	free(p);
+}
+
+/* All catalogs are in (or the wait timed out): plan, asking the bucket
+ * first when there is one. Called with c->mu held. */
+static void start_plan(struct coord *c, struct cjob *j)
+{
+	struct bk_plan_job *p;
+
+	if (!c->bk.decide || !c->worker)
+		goto direct;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		goto direct;
+	p->c = c;
+	snprintf(p->job, sizeof(p->job), "%s", j->name);
+	p->round = j->round;
+	p->nodes = j->nodes;
+	if (j->nexcluded) {
+		p->exclude = malloc(j->nexcluded * sizeof(*p->exclude));
+		if (p->exclude) {
+			memcpy(p->exclude, j->excluded, j->nexcluded * sizeof(*p->exclude));
+			p->nexclude = j->nexcluded;
+		}
+	}
+	if (workq_submit(c->worker, bucket_plan_run, p) == 0) {
+		j->state = R_PLANNING;
+		return;
+	}
+	free(p->exclude);
+	free(p);
+direct:
+	compute_plan(c, j);
+	send_plan_to_waiters(c, j);
+}
+
 static void compute_plan(struct coord *c, struct cjob *j)
 {
 	bool *live = calloc(j->nodes, sizeof(bool));
 	struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .h = j->holds, .nh = j->nholds,
 				.live = live, .bad = j->bad, .nbad = j->nbad };
 	uint64_t t0 = util_now_ns(), old_step = j->plan.step;
-	bool was_planned = j->state == R_PLANNED, old_found = j->plan.found;
+	bool was_planned = j->plan_round == j->round && j->plan_id, old_found = j->plan.found;
 	uint32_t missing = 0;
 
 	if (!live)
@@ -177,6 +347,7 @@ static void compute_plan(struct coord *c, struct cjob *j)
 			j->n[r].ready = false;
 	}
 	j->state = R_PLANNED;
+	j->plan_round = j->round;
 	log_info("coord", "plan job=%s plan=%u found=%d step=%llu nodes=%u missing=%u holds=%zu bad=%zu plan_ms=%.2f",
 		 j->name, j->plan_id, j->plan.found, (unsigned long long)j->plan.step, j->nodes,
 		 missing, j->nholds, j->nbad, (double)(util_now_ns() - t0) / 1e6);
@@ -216,6 +387,16 @@ static void release_barrier(struct coord *c, struct cjob *j)
 		/* every node restores this step: it is complete job-wide */
 		j->has_lkg = true;
 		j->lkg = j->plan.step;
+		j->restored_step = j->plan.step;
+		/* after a restore from it, restore.version goes with the next commit */
+		if (j->forced_restore)
+			j->rv_delete_pending = true;
+		if (j->bucket_plan && !j->has_last_bk) {
+			/* that backup already holds this step */
+			j->has_last_bk = true;
+			j->last_bk_step = j->plan.step;
+			j->last_bk_start = util_now_ns();
+		}
 	}
 	log_info("coord", "barrier released job=%s plan=%u step=%llu", j->name, j->plan_id,
 		 (unsigned long long)(j->plan.found ? j->plan.step : 0));
@@ -292,6 +473,11 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 			n->ready = false;
 		}
 		j->nbad = 0;
+		j->nexcluded = 0;
+		j->notes[0] = '\0';
+		j->bucket_plan = false;
+		j->forced_restore = false;
+		j->round++;
 		j->state = R_COLLECT;
 		j->round_start = util_now_ns();
 		/* keep the holdings of nodes still waiting, drop the others */
@@ -335,6 +521,10 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 	}
 	j->n[rank].conn = conn;
 	j->n[rank].reported = true;
+	if (j->state == R_PLANNING) {
+		j->n[rank].cat = (struct pending){ conn, req_id, true };
+		return;
+	}
 	if (j->state == R_PLANNED) {
 		/* a late node: the plan stands */
 		send_msg(c, conn, NT_RESP, req_id, plan_entry(c, j, (uint32_t)rank));
@@ -345,10 +535,8 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 		uint32_t got = 0;
 		for (uint32_t r = 0; r < j->nodes; r++)
 			got += j->n[r].reported;
-		if (got == j->nodes) {
-			compute_plan(c, j);
-			send_plan_to_waiters(c, j);
-		}
+		if (got == j->nodes && j->state == R_COLLECT)
+			start_plan(c, j);
 	}
 }
 
@@ -374,6 +562,22 @@ static void on_fetch_failed(struct coord *c, uint64_t conn, int rank, uint32_t r
 	uint64_t old_step;
 	bool old_found;
 
+	if (j && j->state == R_PLANNED && j->bucket_plan && json_is_true(json_object_get(m, "bucket"))) {
+		/* a shard of the backup is bad or missing: plan without that backup */
+		char (*ne)[64] = realloc(j->excluded, (j->nexcluded + 1) * sizeof(*ne));
+		if (!ne) {
+			reply_err(c, conn, req_id, ENOMEM, "out of memory");
+			return;
+		}
+		j->excluded = ne;
+		snprintf(j->excluded[j->nexcluded++], 64, "%s", j->bucket_name);
+		log_warn("coord", "job %s: rank %d could not fetch its shard of backup %s; planning without that backup",
+			 j->name, rank, j->bucket_name);
+		j->n[rank].cat = (struct pending){ conn, req_id, true };
+		j->state = R_COLLECT;
+		start_plan(c, j);
+		return;
+	}
 	if (!j || net_json_u64(m, "holder", COORD_MAX_NODES - 1, &holder) < 0 ||
 	    net_json_u64(m, "owner", COORD_MAX_NODES - 1, &owner) < 0 ||
 	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) < 0 || j->state != R_PLANNED) {
@@ -431,6 +635,157 @@ static void on_ready(struct coord *c, uint64_t conn, int rank, uint32_t req_id, 
 	maybe_release(c, j, false);
 }
 
+/* ---- backups (DESIGN §4): the coordinator names them, nodes upload ---- */
+
+struct bk_job {
+	struct coord *c;
+	char job[129];
+	uint64_t step;
+};
+
+static bool hash_at(struct cnode *n, uint64_t step, uint8_t out[32])
+{
+	for (int k = 0; k < COMMITS_KEPT; k++)
+		if (n->commits[k] == step + 1) {
+			memcpy(out, n->commit_hash[k], 32);
+			return true;
+		}
+	return false;
+}
+
+static void backup_start_run(void *arg)
+{
+	struct bk_job *b = arg;
+	struct coord *c = b->c;
+	char name[64] = "";
+	struct cjob *j;
+	int rc = c->bk.new_name(c->bk.arg, b->job, name);
+
+	pthread_mutex_lock(&c->mu);
+	for (j = c->jobs; j; j = j->next)
+		if (!strcmp(j->name, b->job))
+			break;
+	if (!j || !j->bk_running || j->bk_step != b->step) {
+		pthread_mutex_unlock(&c->mu);
+		free(b);
+		return;
+	}
+	if (rc < 0) {
+		log_err("coord", "job %s: cannot name a backup in the bucket: %s", j->name, strerror(-rc));
+		j->bk_running = false;
+		pthread_mutex_unlock(&c->mu);
+		free(b);
+		return;
+	}
+	snprintf(j->bk_name, sizeof(j->bk_name), "%s", name);
+	uint32_t P = (j->dp > 0 && j->nodes % j->dp == 0) ? j->nodes / j->dp : j->nodes;
+	for (uint32_t r = 0; r < j->nodes; r++) {
+		uint8_t h[32], hc[32];
+		/* with D, a node whose column's first node holds the same data
+		 * uploads only its manifest and .meta */
+		bool data = r < P || !hash_at(&j->n[r], j->bk_step, h) ||
+			    !hash_at(&j->n[r % P], j->bk_step, hc) || memcmp(h, hc, 32);
+		json_t *e = json_object();
+		json_object_set_new(e, "op", json_string("backup"));
+		json_object_set_new(e, "job", json_string(j->name));
+		json_object_set_new(e, "name", json_string(name));
+		json_object_set_new(e, "step", json_integer((json_int_t)j->bk_step));
+		json_object_set_new(e, "data", json_boolean(data));
+		send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
+	}
+	log_info("coord", "backup job=%s name=%s step=%llu started on %u nodes", j->name, name,
+		 (unsigned long long)j->bk_step, j->nodes);
+	pthread_mutex_unlock(&c->mu);
+	free(b);
+}
+
+/* Start a backup of the LKG when the interval says so. c->mu held. */
+static void maybe_backup(struct coord *c, struct cjob *j)
+{
+	uint64_t now = util_now_ns(), iv;
+	struct bk_job *b;
+	bool due;
+
+	if (!c->bk.new_name || !c->worker || j->bk_running || !j->has_lkg)
+		return;
+	if (j->has_last_bk && j->lkg <= j->last_bk_step)
+		return;
+	if (j->bi_steps)
+		due = !j->has_last_bk || j->lkg >= j->last_bk_step + j->bi_steps;
+	else {
+		iv = (uint64_t)(j->bi_min ? j->bi_min : 30) * 60ULL * 1000000000ULL;
+		due = now - (j->has_last_bk ? j->last_bk_start : j->job_seen) >= iv;
+	}
+	if (!due)
+		return;
+	for (uint32_t r = 0; r < j->nodes; r++) {
+		if (!j->n[r].conn) {
+			log_warn("coord", "job %s: backup of step %llu postponed: node %u is not connected",
+				 j->name, (unsigned long long)j->lkg, r);
+			return;
+		}
+	}
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return;
+	b->c = c;
+	snprintf(b->job, sizeof(b->job), "%s", j->name);
+	b->step = j->lkg;
+	j->bk_running = true;
+	j->bk_step = j->lkg;
+	j->bk_start = now;
+	j->bk_name[0] = '\0';
+	memset(j->bk_done, 0, j->nodes * sizeof(bool));
+	if (workq_submit(c->worker, backup_start_run, b) < 0) {
+		j->bk_running = false;
+		free(b);
+	}
+}
+
+static void bk_abandon(struct cjob *j, const char *why)
+{
+	log_err("coord", "job %s: backup %s of step %llu abandoned: %s", j->name, j->bk_name,
+		(unsigned long long)j->bk_step, why);
+	j->bk_running = false;
+}
+
+static void on_backup_done(struct coord *c, int rank, json_t *m)
+{
+	const char *name = NULL, *err = NULL;
+	struct cjob *j = job_of(c, m, rank);
+	uint32_t done = 0;
+
+	if (!j || !j->bk_running || net_json_str(m, "name", 63, &name) < 0 ||
+	    strcmp(name, j->bk_name))
+		return;
+	if (!json_is_true(json_object_get(m, "ok"))) {
+		char why[512];
+		net_json_str(m, "error", 400, &err);
+		snprintf(why, sizeof(why), "node %d: %s", rank, err ? err : "failed");
+		bk_abandon(j, why);
+		return;
+	}
+	j->bk_done[rank] = true;
+	for (uint32_t r = 0; r < j->nodes; r++)
+		done += j->bk_done[r];
+	if (done == j->nodes) {
+		j->bk_running = false;
+		j->has_last_bk = true;
+		j->last_bk_step = j->bk_step;
+		j->last_bk_start = j->bk_start;
+		log_info("coord", "backup job=%s name=%s step=%llu complete secs=%.1f", j->name,
+			 j->bk_name, (unsigned long long)j->bk_step,
+			 (double)(util_now_ns() - j->bk_start) / 1e9);
+	}
+}
+
+static void clear_rv_run(void *arg)
+{
+	struct bk_job *b = arg;
+	b->c->bk.clear_restore_version(b->c->bk.arg, b->job);
+	free(b);
+}
+
 /* The steady-state LKG: the newest step every owner has committed. */
 static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 {
@@ -453,6 +808,13 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 		return;
 	n = &j->n[rank];
 	n->conn = conn;
+	{
+		uint64_t v;
+		if (net_json_u64(m, "bi_min", 1u << 20, &v) == 0)
+			j->bi_min = (uint32_t)v;
+		if (net_json_u64(m, "bi_steps", 1u << 30, &v) == 0)
+			j->bi_steps = (uint32_t)v;
+	}
 	/* keep the newest COMMITS_KEPT steps, slot 0 newest */
 	if (step + 1 > n->commits[0]) {
 		memmove(&n->commits[1], &n->commits[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
@@ -487,6 +849,18 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 			json_object_set_new(e, "step", json_integer((json_int_t)newest));
 			send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
 		}
+		if (j->rv_delete_pending && newest > j->restored_step && c->bk.clear_restore_version &&
+		    c->worker) {
+			struct bk_job *b = calloc(1, sizeof(*b));
+			if (b) {
+				b->c = c;
+				snprintf(b->job, sizeof(b->job), "%s", j->name);
+				if (workq_submit(c->worker, clear_rv_run, b) < 0)
+					free(b);
+			}
+			j->rv_delete_pending = false;
+		}
+		maybe_backup(c, j);
 	}
 	free(h);
 }
@@ -556,6 +930,8 @@ static void on_status(struct coord *c, uint64_t conn, uint32_t req_id, json_t *m
 	json_object_set_new(r, "restore", json_string(j->state == R_IDLE ? "idle" :
 						     j->state == R_COLLECT ? "collecting" : "planned"));
 	json_object_set_new(r, "plan", json_integer(j->plan_id));
+	json_object_set_new(r, "last_backup_step", j->has_last_bk ? json_integer((json_int_t)j->last_bk_step) : json_null());
+	json_object_set_new(r, "backup_running", j->bk_running ? json_string(j->bk_name) : json_null());
 	nodes = json_array();
 	for (uint32_t x = 0; x < j->nodes; x++) {
 		json_t *n = json_object(), *cm = json_array();
@@ -598,6 +974,8 @@ void coord_on_msg(struct coord *c, uint64_t conn, int rank, uint8_t type, uint32
 		on_status(c, conn, req_id, msg);
 	else if (!strcmp(op, "committed"))
 		on_committed(c, conn, rank, msg);
+	else if (!strcmp(op, "backup_done"))
+		on_backup_done(c, rank, msg);
 	else if (type == NT_REQ)
 		reply_err(c, conn, req_id, ENOSYS, "unknown op");
 	pthread_mutex_unlock(&c->mu);
@@ -614,6 +992,8 @@ void coord_on_close(struct coord *c, uint64_t conn, int rank)
 			n->conn = 0;
 			n->cat.waiting = false;
 			n->rdy.waiting = false;
+			if (j->bk_running && !j->bk_done[r])
+				bk_abandon(j, "a node disconnected");
 			if (j->state == R_PLANNED)
 				maybe_release(c, j, false);
 		}
@@ -644,9 +1024,10 @@ static void *tick_main(void *arg)
 					missing += !j->n[r].reported;
 				log_warn("coord", "job %s: %u of %u nodes did not report within restore_timeout; planning without them",
 					 j->name, missing, j->nodes);
-				compute_plan(c, j);
-				send_plan_to_waiters(c, j);
-			} else if (j->state == R_PLANNED && now - j->plan_time > c->timeout_ns) {
+				start_plan(c, j);
+			}
+			maybe_backup(c, j);
+			if (j->state == R_PLANNED && now - j->plan_time > c->timeout_ns) {
 				log_warn("coord", "job %s: barrier timed out; releasing the nodes that are ready", j->name);
 				maybe_release(c, j, true);
 				j->plan_time = now;
@@ -677,6 +1058,15 @@ int coord_start(struct nsrv *srv, int restore_timeout_s, struct coord **out)
 	return 0;
 }
 
+void coord_set_bucket(struct coord *c, const struct coord_bucket *b)
+{
+	pthread_mutex_lock(&c->mu);
+	c->bk = *b;
+	if (!c->worker && workq_start("mtcfs-coordbk", &c->worker) < 0)
+		c->worker = NULL;
+	pthread_mutex_unlock(&c->mu);
+}
+
 void coord_quiesce(struct coord *c)
 {
 	bool join;
@@ -689,6 +1079,9 @@ void coord_quiesce(struct coord *c)
 	pthread_mutex_unlock(&c->mu);
 	if (join)
 		pthread_join(c->tick, NULL);
+	/* bucket work may send: finish it while the server still exists */
+	workq_stop(c->worker);
+	c->worker = NULL;
 }
 
 void coord_stop(struct coord *c)
@@ -699,11 +1092,7 @@ void coord_stop(struct coord *c)
 	while (c->jobs) {
 		struct cjob *j = c->jobs;
 		c->jobs = j->next;
-		lkg_plan_free(&j->plan);
-		free(j->holds);
-		free(j->bad);
-		free(j->n);
-		free(j);
+		job_free(j);
 	}
 	for (uint32_t i = 0; i < c->naddrs; i++)
 		free(c->addrs[i]);

@@ -9,6 +9,8 @@
 #ifndef MTCFS_NET_COORD_H
 #define MTCFS_NET_COORD_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <jansson.h>
@@ -16,7 +18,31 @@
 struct coord;
 struct nsrv;
 
+/* The bucket as the coordinator sees it (rank 0's engine provides it).
+ * Every function may block on the network: they run on the coordinator's
+ * own worker thread, never on the server loop. */
+struct coord_bk_decision {
+	bool forced;            /* restore.version exists */
+	bool forced_ok;         /* ... and names a complete backup */
+	bool have_newest;       /* a complete backup exists (not excluded) */
+	char name[64];          /* the backup to restore */
+	uint64_t step;
+	char notes[1024];       /* for replicator.errors: skipped backups, why */
+};
+struct coord_bucket {
+	/* need_newest: nothing is complete in the cluster, so look for the
+	 * newest complete backup too (else only restore.version matters) */
+	int  (*decide)(void *arg, const char *job, uint32_t nodes, const char (*exclude)[64],
+		       size_t nexclude, bool need_newest, struct coord_bk_decision *d);
+	int  (*new_name)(void *arg, const char *job, char out[64]);
+	void (*clear_restore_version)(void *arg, const char *job);
+	void *arg;
+};
+
 int  coord_start(struct nsrv *srv, int restore_timeout_s, struct coord **out);
+/* Give the coordinator a bucket: backups are scheduled and restores may
+ * come from it. Call before traffic arrives. */
+void coord_set_bucket(struct coord *c, const struct coord_bucket *b);
 /* Stop the timer thread (no more sends from it); messages may still be
  * handled. Then stop the server, then coord_stop() frees. */
 void coord_quiesce(struct coord *c);

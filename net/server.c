@@ -1140,8 +1140,11 @@ int nsrv_start(const char *listen_hostport, int my_rank, const struct net_auth *
 		rc = -errno;
 		goto fail;
 	}
-	if (!s->auth.has_secret)
+	if (!s->auth.has_secret && strncmp(listen_hostport, "127.", 4) &&
+	    strncmp(listen_hostport, "localhost:", 10) && strncmp(listen_hostport, "[::1]:", 6))
 		log_warn("net", "peer traffic is not authenticated: set secret_file");
+	else if (!s->auth.has_secret)
+		log_info("net", "peer traffic is not authenticated (loopback only)");
 	rc = pthread_create(&s->thr, NULL, loop_main, s);
 	if (rc != 0) {
 		rc = -rc;

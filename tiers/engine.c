@@ -6,6 +6,8 @@
  *            {ok:true} once every CRC32C matched and the replica is published
  *   fetch {job, step, owner, worker} -> {manifest:b64}, then one NT_FILE per file */
 #include "tiers/engine.h"
+#include "tiers/backup.h"
+#include "tiers/bucket.h"
 #include "tiers/placement.h"
 #include "net/auth.h"
 #include "net/client.h"
@@ -56,6 +58,8 @@ struct eng {
 	struct nsrv *srv;
 	struct coord *coord;
 	struct workq *replq;
+	struct workq *bkq;            /* backup uploads, in order */
+	struct bkt *bkt;              /* NULL: no bucket */
 
 	pthread_mutex_t mu;           /* protects the fields below */
 	int rank;
@@ -64,6 +68,10 @@ struct eng {
 	int peers[MAX_PEERS];
 	int npeers;
 	bool job_set;
+	uint32_t bi_min, bi_steps;    /* the job's backup interval */
+	char pin_job[RCFG_JOB_MAX + 1];
+	uint64_t pin_step;            /* a backup is uploading it */
+	int pins;
 	bool has_lkg;
 	uint64_t lkg;
 	char lkg_job[RCFG_JOB_MAX + 1];
@@ -517,6 +525,94 @@ static void ctl_fail_all(struct eng *e, int rc)
 	pthread_cond_broadcast(&e->ctl_cv);
 }
 
+/* ---------- backups ---------- */
+
+static int ctl_event(struct eng *e, json_t *ev);
+
+struct bk_upload {
+	struct eng *e;
+	char job[RCFG_JOB_MAX + 1];
+	char name[64];
+	uint64_t step;
+	bool data;
+};
+
+static void backup_run(void *arg)
+{
+	struct bk_upload *u = arg;
+	struct eng *e = u->e;
+	struct shard_rec rec = { 0 };
+	struct manifest *mf = NULL;
+	struct shard_key k = { 0 };
+	char err[512] = "";
+	uint64_t t0 = util_now_ns();
+	json_t *ev;
+	int fd = -1, rc;
+
+	snprintf(k.job, sizeof(k.job), "%s", u->job);
+	k.step = u->step;
+	pthread_mutex_lock(&e->mu);
+	k.rank = (uint32_t)e->rank;
+	pthread_mutex_unlock(&e->mu);
+	rc = idx_get_shard(ram_idx(e->ram), &k, &rec);
+	if (rc < 0 || !rec.mf || mf_decode(rec.mf, rec.mflen, &mf) < 0) {
+		snprintf(err, sizeof(err), "step %llu is not held on node %u",
+			 (unsigned long long)k.step, k.rank);
+		rc = rc < 0 ? rc : -ENOENT;
+		goto out;
+	}
+	fd = ram_shard_open(e->ram, &k);
+	if (fd < 0) {
+		rc = fd;
+		snprintf(err, sizeof(err), "shard directory missing");
+		goto out;
+	}
+	rc = bk_upload_shard(e->bkt, u->job, u->name, &k, fd, mf, u->data);
+	if (rc < 0) {
+		snprintf(err, sizeof(err), "%s", bkt_last_error());
+		goto out;
+	}
+	idx_set_state(ram_idx(e->ram), &k, SH_BACKED_UP, 0, 0);
+	metrics_add(MC_BACKUPS, 1);
+	metrics_add(MC_BACKUP_BYTES, u->data ? mf->total : 0);
+	metrics_observe(MH_BACKUP_SECONDS, (double)(util_now_ns() - t0) / 1e9);
+	log_info("engine", "backed up job=%s step=%llu node=%u to %s/%s/%s bytes=%llu data=%d secs=%.2f",
+		 u->job, (unsigned long long)u->step, k.rank, bkt_url(e->bkt), u->job, u->name,
+		 (unsigned long long)mf->total, u->data, (double)(util_now_ns() - t0) / 1e9);
+out:
+	if (rc < 0) {
+		metrics_add(MC_BACKUP_FAILURES, 1);
+		report(e, "backup %s of job %s step %llu failed: %s", u->name, u->job,
+		       (unsigned long long)u->step, err[0] ? err : strerror(-rc));
+	}
+	if (fd >= 0)
+		close(fd);
+	mf_free(mf);
+	idx_rec_clear(&rec);
+	pthread_mutex_lock(&e->mu);
+	e->pins--;
+	pthread_mutex_unlock(&e->mu);
+	ev = json_pack("{s:s,s:s,s:s,s:I,s:b}", "op", "backup_done", "job", u->job, "name", u->name,
+		       "step", (json_int_t)u->step, "ok", rc == 0);
+	if (rc < 0)
+		json_object_set_new(ev, "error", json_string(err[0] ? err : strerror(-rc)));
+	if (ctl_event(e, ev) < 0)
+		log_warn("engine", "cannot report backup %s to the coordinator", u->name);
+	json_decref(ev);
+	free(u);
+}
+
+bool eng_pinned(struct eng *e, const char *job, uint64_t step)
+{
+	bool r;
+	if (!e)
+		return false;
+	pthread_mutex_lock(&e->mu);
+	r = e->pins > 0 && e->pin_step == step && !strcmp(e->pin_job, job);
+	pthread_mutex_unlock(&e->mu);
+	return r;
+}
+
 static void handle_event(struct eng *e, json_t *m)
 {
 	const char *op, *job;
@@ -524,6 +620,33 @@ static void handle_event(struct eng *e, json_t *m)
 
 	if (net_json_str(m, "op", 32, &op) < 0)
 		return;
+	if (!strcmp(op, "backup") && e->bkt && net_json_str(m, "job", RCFG_JOB_MAX, &job) == 0 &&
+	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) == 0) {
+		const char *name;
+		struct bk_upload *u;
+		if (net_json_str(m, "name", 63, &name) < 0 || !bk_backup_name_ok(name))
+			return;
+		u = calloc(1, sizeof(*u));
+		if (!u)
+			return;
+		u->e = e;
+		snprintf(u->job, sizeof(u->job), "%s", job);
+		snprintf(u->name, sizeof(u->name), "%s", name);
+		u->step = step;
+		u->data = !json_is_false(json_object_get(m, "data"));
+		pthread_mutex_lock(&e->mu);
+		e->pins++;
+		e->pin_step = step;
+		snprintf(e->pin_job, sizeof(e->pin_job), "%s", job);
+		pthread_mutex_unlock(&e->mu);
+		if (workq_submit(e->bkq, backup_run, u) < 0) {
+			pthread_mutex_lock(&e->mu);
+			e->pins--;
+			pthread_mutex_unlock(&e->mu);
+			free(u);
+		}
+		return;
+	}
 	if (!strcmp(op, "lkg") && net_json_str(m, "job", RCFG_JOB_MAX, &job) == 0 &&
 	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) == 0) {
 		pthread_mutex_lock(&e->mu);
@@ -849,6 +972,10 @@ static void repl_run(void *arg)
 		json_object_set_new(ev, "dp", json_integer(dp));
 		json_object_set_new(ev, "step", json_integer((json_int_t)j->key.step));
 		json_object_set_new(ev, "hash", json_string(hex));
+		pthread_mutex_lock(&e->mu);
+		json_object_set_new(ev, "bi_min", json_integer(e->bi_min));
+		json_object_set_new(ev, "bi_steps", json_integer(e->bi_steps));
+		pthread_mutex_unlock(&e->mu);
 		if (ctl_event(e, ev) < 0)
 			log_warn("engine", "cannot report step %llu to the coordinator at %s",
 				 (unsigned long long)j->key.step, e->coord_addr);
@@ -980,6 +1107,8 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	memcpy(e->peers, peers, (size_t)n * sizeof(int));
 	e->npeers = n;
 	e->job_set = true;
+	e->bi_min = (uint32_t)c->backup_interval_minutes;
+	e->bi_steps = (uint32_t)c->backup_interval_steps;
 	if (strcmp(e->lkg_job, c->job))
 		e->has_lkg = false;
 	pthread_mutex_unlock(&e->mu);
@@ -994,6 +1123,9 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 struct plan_entry {
 	uint32_t plan;
 	bool found;
+	bool bucket;
+	char backup[64];
+	char notes[1024];
 	uint64_t step;
 	uint32_t holder, owner;
 	uint8_t hash[32];
@@ -1010,8 +1142,24 @@ static int parse_plan(json_t *m, struct plan_entry *p)
 		return -EPROTO;
 	p->plan = (uint32_t)v;
 	p->found = json_is_true(json_object_get(m, "found"));
+	{
+		const char *notes;
+		if (net_json_str(m, "notes", sizeof(p->notes) - 1, &notes) == 0)
+			snprintf(p->notes, sizeof(p->notes), "%s", notes);
+	}
 	if (!p->found)
 		return 0;
+	{
+		const char *src, *bk;
+		if (net_json_str(m, "source", 16, &src) == 0 && !strcmp(src, "bucket")) {
+			if (net_json_u64(m, "step", UINT64_MAX >> 1, &p->step) < 0 ||
+			    net_json_str(m, "backup", 63, &bk) < 0 || !bk_backup_name_ok(bk))
+				return -EPROTO;
+			p->bucket = true;
+			snprintf(p->backup, sizeof(p->backup), "%s", bk);
+			return 0;
+		}
+	}
 	if (net_json_u64(m, "step", UINT64_MAX >> 1, &p->step) < 0 ||
 	    net_json_u64(m, "holder", RCFG_NODES_MAX - 1, &v) < 0)
 		return -EPROTO;
@@ -1068,6 +1216,31 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 	mine.rank = (uint32_t)c->node_rank;
 	src = mine;
 	src.rank = p->owner;
+
+	if (p->bucket) {
+		if (!e->bkt) {
+			snprintf(why, whylen, "the plan restores backup %s but this node has no bucket= option",
+				 p->backup);
+			return -ENOENT;
+		}
+		rc = ram_stage_begin(e->ram, &mine, &st);
+		if (rc == 0)
+			rc = bk_fetch_shard(e->bkt, c->job, p->backup, mine.rank, 0, st.fd, &mf);
+		if (rc < 0)
+			snprintf(why, whylen, "backup %s: %s", p->backup, bkt_last_error());
+		if (rc == 0)
+			rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
+		if (rc == 0) {
+			ram_recount(e->ram);
+			metrics_add(MC_RESTORE_BYTES, mf->total);
+			log_info("engine", "restored job=%s step=%llu from backup %s bytes=%llu", c->job,
+				 (unsigned long long)p->step, p->backup, (unsigned long long)mf->total);
+		}
+		if (st.fd >= 0 || st.rel[0])
+			ram_stage_abort(e->ram, &st);
+		mf_free(mf);
+		return rc;
+	}
 
 	if (p->holder == (uint32_t)c->node_rank) {
 		char err[300];
@@ -1153,6 +1326,11 @@ static void to_restore_plan(const struct rcfg *c, const struct plan_entry *p, st
 	snprintf(rp->key.job, sizeof(rp->key.job), "%s", c->job);
 	rp->key.step = p->step;
 	rp->key.rank = (uint32_t)c->node_rank;
+	if (p->bucket) {
+		rp->source = RS_BUCKET;
+		snprintf(rp->backup, sizeof(rp->backup), "%s", p->backup);
+		return;
+	}
 	rp->source = p->holder == (uint32_t)c->node_rank ? RS_LOCAL : RS_PEER;
 }
 
@@ -1164,6 +1342,7 @@ int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void
 	uint64_t deadline = util_now_ns() + (uint64_t)(3 * e->restore_timeout_s + 60) * 1000000000ULL;
 	json_t *req = NULL, *resp = NULL;
 	struct plan_entry p;
+	char last_notes[1024] = "";
 	int rc, rounds = 0;
 
 restart:
@@ -1199,6 +1378,10 @@ restart:
 		if (rc < 0)
 			goto out;
 		to_restore_plan(c, &p, plan);
+		if (p.notes[0] && rep && strcmp(p.notes, last_notes)) {
+			rep(arg, p.notes);
+			snprintf(last_notes, sizeof(last_notes), "%s", p.notes);
+		}
 		if (prerestore)
 			prerestore(arg, plan);
 		if (p.found) {
@@ -1206,9 +1389,14 @@ restart:
 			if (rc < 0) {
 				json_t *ff;
 				char line[800];
-				snprintf(line, sizeof(line),
-					 "restore of step %llu: source rank %u failed (%s); asking for another source",
-					 (unsigned long long)p.step, p.holder, why);
+				if (p.bucket)
+					snprintf(line, sizeof(line),
+						 "restore of step %llu from backup %s failed (%s); asking for another backup",
+						 (unsigned long long)p.step, p.backup, why);
+				else
+					snprintf(line, sizeof(line),
+						 "restore of step %llu: source rank %u failed (%s); asking for another source",
+						 (unsigned long long)p.step, p.holder, why);
 				log_warn("engine", "%s", line);
 				if (rep)
 					rep(arg, line);
@@ -1219,6 +1407,8 @@ restart:
 				json_object_set_new(ff, "holder", json_integer(p.holder));
 				json_object_set_new(ff, "owner", json_integer(p.owner));
 				json_object_set_new(ff, "step", json_integer((json_int_t)p.step));
+				if (p.bucket)
+					json_object_set_new(ff, "bucket", json_true());
 				rc = ctl_call(e, ff, &resp, call_ms);
 				json_decref(ff);
 				if (rc < 0 || util_now_ns() > deadline)
@@ -1258,6 +1448,94 @@ out:
 	json_decref(req);
 	json_decref(resp);
 	return rc;
+}
+
+/* ---------- the bucket, as the coordinator asks for it ---------- */
+
+static bool excluded(const char (*ex)[64], size_t n, const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(ex[i], name))
+			return true;
+	return false;
+}
+
+static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex)[64], size_t nex,
+		     bool need_newest, struct coord_bk_decision *d)
+{
+	struct eng *e = arg;
+	struct bk_backup *v = NULL, one;
+	char rv[BK_NAME_MAX];
+	size_t n = 0, nl = 0;
+	int rc;
+
+	memset(d, 0, sizeof(*d));
+	rc = bk_get_restore_version(e->bkt, job, rv);
+	if (rc == 0 || rc == -EBADMSG) {
+		d->forced = true;
+		if (rc == -EBADMSG) {
+			snprintf(d->notes, sizeof(d->notes),
+				 "%s/%s/restore.version does not name a backup; nothing is restored",
+				 bkt_url(e->bkt), job);
+			return 0;
+		}
+		snprintf(d->name, sizeof(d->name), "%s", rv);
+		memset(&one, 0, sizeof(one));
+		rc = bk_check_backup(e->bkt, job, rv, nodes, 1, &one);
+		if (rc == 0 && one.complete && !excluded(ex, nex, rv)) {
+			d->forced_ok = true;
+			d->step = one.step;
+		} else {
+			snprintf(d->notes, sizeof(d->notes),
+				 "restore.version names backup %s, which %s; nothing is restored (no fallback)",
+				 rv, rc < 0 ? "does not exist" : excluded(ex, nex, rv) ? "failed to restore" :
+				 one.why[0] ? one.why : "is incomplete");
+		}
+		bk_backup_clear(&one);
+		return 0;
+	}
+	if (rc != -ENOENT)
+		return rc;
+	if (!need_newest)
+		return 0;
+	rc = bk_list_backups(e->bkt, job, nodes, 1, &v, &n);
+	if (rc < 0)
+		return rc;
+	for (size_t i = 0; i < n; i++) {
+		if (excluded(ex, nex, v[i].name))
+			continue;
+		if (v[i].complete) {
+			d->have_newest = true;
+			d->step = v[i].step;
+			snprintf(d->name, sizeof(d->name), "%s", v[i].name);
+			break;
+		}
+		if (nl < sizeof(d->notes) - 1)
+			nl += (size_t)snprintf(d->notes + nl, sizeof(d->notes) - nl, "%sbackup %s skipped: %s",
+					       nl ? "; " : "", v[i].name, v[i].why);
+		if (nl >= sizeof(d->notes))
+			nl = sizeof(d->notes) - 1;
+	}
+	bk_backups_free(v, n);
+	return 0;
+}
+
+static int bk_name(void *arg, const char *job, char out[64])
+{
+	struct eng *e = arg;
+	return bk_new_name(e->bkt, job, time(NULL), out);
+}
+
+static void bk_clear_rv(void *arg, const char *job)
+{
+	struct eng *e = arg;
+	int rc = bk_clear_restore_version(e->bkt, job);
+	if (rc < 0)
+		log_err("engine", "cannot delete %s/%s/restore.version: %s", bkt_url(e->bkt), job,
+			bkt_last_error());
+	else
+		log_info("engine", "deleted %s/%s/restore.version after the first commit following its restore",
+			 bkt_url(e->bkt), job);
 }
 
 /* ---------- life cycle ---------- */
@@ -1301,12 +1579,14 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	pthread_mutex_init(&e->mu, NULL);
 	pthread_mutex_init(&e->ctl_mu, NULL);
 	pthread_cond_init(&e->ctl_cv, NULL);
-	if (!o->listen) {
+	if (!o->listen && (o->peers || o->coordinator)) {
 		log_err("engine", "the peer tier needs listen=HOST:PORT");
 		rc = -EINVAL;
 		goto fail;
 	}
-	snprintf(e->listen, sizeof(e->listen), "%s", o->listen);
+	/* a bucket without peers: this node is a job of its own, its
+	 * coordinator on an ephemeral loopback port */
+	snprintf(e->listen, sizeof(e->listen), "%s", o->listen ? o->listen : "127.0.0.1:0");
 	if (o->peers && (rc = split_peers(e, o->peers)) < 0) {
 		log_err("engine", "peers=%s is not a list of HOST:PORT", o->peers);
 		goto fail;
@@ -1331,16 +1611,41 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 			goto fail;
 	}
 	rc = workq_start("mtcfs-repl", &e->replq);
+	if (rc == 0)
+		rc = workq_start("mtcfs-backup", &e->bkq);
 	if (rc < 0)
 		goto fail;
+	if (o->bucket) {
+		struct bkt_opts bo = { .gcs_endpoint = o->gcs_endpoint, .gcs_key_file = o->gcs_key_file };
+		rc = bkt_open(o->bucket, &bo, &e->bkt);
+		if (rc < 0) {
+			log_err("engine", "bucket=%s: %s", o->bucket, bkt_last_error());
+			goto fail;
+		}
+	} else {
+		log_info("engine", "no bucket configured: there is no backup tier");
+	}
 	rc = nsrv_start(e->listen, e->rank, &e->auth, &srv_ops, e, &e->srv);
 	if (rc < 0) {
 		log_err("engine", "cannot listen on %s: %s", e->listen, strerror(-rc));
 		goto fail;
 	}
+	if (strstr(e->listen, ":0") && e->listen[strlen(e->listen) - 1] == '0' &&
+	    e->listen[strlen(e->listen) - 2] == ':') {
+		char *colon = strrchr(e->listen, ':');
+		snprintf(colon + 1, sizeof(e->listen) - (size_t)(colon + 1 - e->listen), "%d",
+			 nsrv_port(e->srv));
+	}
+	if (!e->coord_addr[0])
+		snprintf(e->coord_addr, sizeof(e->coord_addr), "%s", e->listen);
 	rc = coord_start(e->srv, e->restore_timeout_s, &e->coord);
 	if (rc < 0)
 		goto fail;
+	if (e->bkt) {
+		struct coord_bucket bcb = { .decide = bk_decide, .new_name = bk_name,
+					   .clear_restore_version = bk_clear_rv, .arg = e };
+		coord_set_bucket(e->coord, &bcb);
+	}
 	{
 		/* how mtcfs-admin reaches the cluster from this RAMDIR */
 		json_t *pm = json_pack("{s:s,s:s,s:s?,s:i}", "listen", e->listen, "coordinator",
@@ -1372,6 +1677,7 @@ void eng_stop(struct eng *e)
 	if (e->ctl_reader_running)
 		pthread_join(e->ctl_reader, NULL);
 	workq_stop(e->replq);
+	workq_stop(e->bkq);
 	coord_quiesce(e->coord);
 	nsrv_stop(e->srv);
 	coord_stop(e->coord);
@@ -1382,6 +1688,7 @@ void eng_stop(struct eng *e)
 		free(e->table[i]);
 	free(e->table);
 	auth_clear(&e->auth);
+	bkt_close(e->bkt);
 	pthread_mutex_destroy(&e->mu);
 	pthread_mutex_destroy(&e->ctl_mu);
 	pthread_cond_destroy(&e->ctl_cv);

@@ -25,6 +25,8 @@ struct eng_opts {
 	const char *secret_file;   /* shared secret; NULL = unauthenticated (warned) */
 	int rank;                  /* -1: from the peers table (our listen entry) or replicator.yaml */
 	int restore_timeout_s;
+	const char *bucket;        /* gs://B[/P] or file:///dir; NULL: no backup tier */
+	const char *gcs_endpoint, *gcs_key_file;
 };
 
 struct eng_cb {
@@ -59,6 +61,8 @@ void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[
 bool eng_lkg(struct eng *e, const char *job, uint64_t *step);
 /* For metrics: nodes of the job and whether the coordinator is connected. */
 void eng_status(struct eng *e, uint32_t *nodes, bool *coordinator_up);
+/* A backup is uploading this step: policy must keep it. */
+bool eng_pinned(struct eng *e, const char *job, uint64_t step);
 /* Waits until the replication queue is empty (tests, shutdown). */
 void eng_drain(struct eng *e);
 
