@@ -688,6 +688,7 @@ static void test_auth_macs(void **state)
 static void test_handshake_no_secret(void **state)
 {
 	size_t mark = log_mark();
+	(void)mark;
 	struct tsrv *t = tsrv_start(NULL);
 	struct nconn *c = NULL, *d = NULL;
 	int peer = -5;
