@@ -1,11 +1,13 @@
-"""mtcfs demo: a local multi-node job on loopback.
+"""mtcfs demo: a local multi-node job on loopback with a file:// bucket.
 
 Three mtcfs nodes (separate processes, each with its own RAM tier and
-mount, a static peers= table and a shared secret) run an Orbax-style job:
-every node saves steps, mtcfs replicates each node's shard to a peer. Then
-node 1 is killed with kill -9 and comes back with an EMPTY RAM tier; the job
-restarts on every node and node 1 gets its last step back from its peer,
-byte for byte, while the others restore from their own RAM.
+mount, a static peers= table, a shared secret, and one file:// bucket) run
+an Orbax-style job: every node saves steps, mtcfs replicates each node's
+shard to a peer and backs every step up to the bucket. Then:
+  1. node 1 is killed with kill -9 and comes back with an EMPTY RAM tier;
+     the job restarts on every node and node 1 gets its last step back from
+     its peer, byte for byte, while the others restore from their own RAM;
+  2. every node is killed and wiped: the job restores from the bucket.
 
 Everything it starts (tmpfs, mounts, daemons) is stopped and removed at the
 end, also on errors and Ctrl-C.
@@ -93,7 +95,7 @@ def node_job_start(node, nodes, out):
     wait_until(lambda: not os.path.exists(yaml), 30, "replicator.yaml to be absent")
     with open(yaml + ".tmp", "w") as f:
         f.write("job-name: %s\nframework: orbax\nnode-rank: %d\nnodes: %d\npeers-per-node: 1\n"
-                "backup-interval-minutes: 30\n" % (JOB, node.rank, nodes))
+                "backup-interval-steps: 1\n" % (JOB, node.rank, nodes))
     os.replace(yaml + ".tmp", yaml)
     t0 = time.monotonic()
     wait_until(lambda: not os.path.exists(yaml), 60, "mtcfs to take replicator.yaml")
@@ -171,6 +173,7 @@ def main():
     tmpfs = os.path.join(work, "ram")
     os.mkdir(tmpfs)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4G,huge=always", "mtcfs-demo", tmpfs], check=True)
+    bucket = os.path.join(work, "bucket")
     secret = os.path.join(work, "secret")
     with open(secret, "w") as f:
         f.write(os.urandom(24).hex() + "\n")
@@ -181,8 +184,8 @@ def main():
         ramdir, mnt = os.path.join(tmpfs, "node%d" % r), os.path.join(work, "ckpt%d" % r)
         os.mkdir(ramdir)
         os.mkdir(mnt)
-        opts = "ram_size=1G,listen=%s,peers=%s,secret_file=%s,restore_timeout=30" % (
-            addrs[r], ",".join(addrs), secret)
+        opts = "ram_size=1G,listen=%s,peers=%s,secret_file=%s,restore_timeout=30,bucket=file://%s" % (
+            addrs[r], ",".join(addrs), secret, bucket)
         nodes.append(Node(binary, r, ramdir, mnt, opts, log))
     signal.signal(signal.SIGTERM, lambda *x: sys.exit(1))
     ok = False
@@ -202,7 +205,7 @@ def main():
             owners = {}
             for n in nodes:
                 for s in catalog(admin, n):
-                    if s["step"] == 200 and s["state"] in ("committed", "replicated"):
+                    if s["step"] == 200 and s["state"] in ("committed", "replicated", "backed-up"):
                         owners.setdefault(s["rank"], set()).add(n.rank)
             return all(len(owners.get(r, ())) >= 2 for r in range(a.nodes))
         wait_until(replicated, 60, "step 200 to be replicated")
@@ -229,6 +232,38 @@ def main():
         for l in src:
             say("  " + l.split(" INFO ")[-1].strip())
         say("  every node's step 200 equals what it wrote; node 1's came from its peer")
+
+        for n in nodes:
+            save(n, 300)
+        say("  every node saved step 300")
+
+        def backed_up(step):
+            job_dir = os.path.join(bucket, JOB)
+            for name in sorted(os.listdir(job_dir)) if os.path.isdir(job_dir) else []:
+                metas = [m for m in os.listdir(os.path.join(job_dir, name))
+                         if m.endswith(".meta") and "-s%d-" % step in m]
+                if len(metas) == len(nodes):
+                    return name
+            return None
+        name = wait_until(lambda: backed_up(300), 60, "step 300 in the bucket")
+        say("  backup %s of step 300 is complete in %s" % (name, bucket))
+        say("kill -9 EVERY node and wipe every RAM tier (the whole job lost its machines)")
+        for n in nodes:
+            n.kill9()
+            shutil.rmtree(n.ramdir)
+            os.mkdir(n.ramdir)
+            n.start()
+        say("job incarnation 3 starts on every node")
+        res = job_start(nodes)
+        for r in sorted(res):
+            step, target, secs = res[r]
+            pre = open(os.path.join(nodes[r].mnt, "replicator.prerestore")).read().split()
+            say("  node %d: restored step %d from the bucket (%s), markers after %.0f ms" % (
+                r, step, " ".join(pre), secs * 1e3))
+            if step != 300:
+                raise SystemExit("demo: node %d restored step %s, expected 300" % (r, step))
+            verify(nodes[r], step)
+        say("  every node's step 300 equals what it wrote")
         ok = True
     finally:
         for n in nodes:
