@@ -299,6 +299,9 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	unlink_views(fs, k);
 	ram_drop(fs->ram, k, &freed);
 	metrics_add(MC_GC_DROPPED, 1);
+	if (in_ns)
+		fs_forget_name(fs, name);
+	fs_forget_name(fs, ".mtcfs");
 	log_info("gc", "dropped job=%s step=%llu rank=%u freed=%llu", k->job,
 		 (unsigned long long)k->step, k->rank, (unsigned long long)freed);
 	return freed;
@@ -310,6 +313,7 @@ static uint64_t drop_replica(struct fs *fs, const struct shard_key *k)
 	uint64_t freed = 0;
 	ram_drop(fs->ram, k, &freed);
 	metrics_add(MC_GC_DROPPED, 1);
+	fs_forget_name(fs, ".mtcfs");
 	log_info("gc", "dropped replica job=%s step=%llu node=%u freed=%llu", k->job,
 		 (unsigned long long)k->step, k->rank, (unsigned long long)freed);
 	return freed;

@@ -88,6 +88,7 @@ static void clean_namespace(struct fs *fs)
 		    util_is_step_name(de->d_name, &step) && commit_is_step_dir(fs, step, st.st_ino))
 			commit_hide(fs, step);
 		util_rmtree_at(nsfd, de->d_name, &freed);
+		fs_forget_name(fs, de->d_name);
 		log_dbg("ctl", "cleaned %s", de->d_name);
 	}
 	closedir(d);

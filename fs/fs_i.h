@@ -67,6 +67,7 @@ struct fs {
 	struct ram_tier *ram;
 	struct fuse_session *se;
 	struct workq *sealq;        /* commit sealing, in order */
+	struct workq *notifyq;      /* kernel cache invalidations, off request paths */
 	struct eng *eng;            /* peer tier; NULL for a single node without network */
 	int proc_self_fd;
 
@@ -125,5 +126,9 @@ void commit_hide(struct fs *fs, uint64_t step);
 uint64_t commit_reclaim(void *fs, uint64_t want);
 void commit_gc(struct fs *fs);
 void commit_on_lkg(void *fs, const char *job, uint64_t step);
+/* A top-level name went away behind the kernel's back (policy dropped a
+ * step): let the kernel forget its cached subtree, so the daemon's handles
+ * on the dropped files close and tmpfs frees them. Any thread. */
+void fs_forget_name(struct fs *fs, const char *name);
 
 #endif

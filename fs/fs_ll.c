@@ -129,6 +129,34 @@ void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step)
 	node_unref(fs, n, 1);
 }
 
+struct inval_job {
+	struct fs *fs;
+	char name[256];
+};
+
+static void inval_run(void *arg)
+{
+	struct inval_job *j = arg;
+	/* The kernel prunes the dentries below it; inodes nobody holds open
+	 * are evicted and FORGET reaches us, closing our O_PATH handles. */
+	fuse_lowlevel_notify_inval_entry(j->fs->se, FUSE_ROOT_ID, j->name, strlen(j->name));
+	free(j);
+}
+
+void fs_forget_name(struct fs *fs, const char *name)
+{
+	struct inval_job *j;
+	if (!fs->se || !fs->notifyq)
+		return;
+	j = calloc(1, sizeof(*j));
+	if (!j)
+		return;
+	j->fs = fs;
+	snprintf(j->name, sizeof(j->name), "%s", name);
+	if (workq_submit(fs->notifyq, inval_run, j) < 0)
+		free(j);
+}
+
 /* At unmount the kernel sends no FORGET for what it still holds. */
 void fs_nodes_free(struct fs *fs)
 {

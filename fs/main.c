@@ -114,14 +114,32 @@ static void check_pipe_size(void)
 static void *tune_readahead(void *arg)
 {
 	struct fs *fs = arg;
-	struct stat st;
-	char path[128];
+	char path[128], line[4096];
+	unsigned maj = 0, mnr = 0;
+	bool found = false;
+	FILE *f;
 	int fd;
 
-	if (stat(fs->mountpoint, &st) < 0)
+	/* Find our device number in mountinfo: a stat() of our own mount
+	 * would be a FUSE request to ourselves, and a kill -9 while it is in
+	 * flight leaves an unkillable thread and a hung mount. */
+	f = fopen("/proc/self/mountinfo", "re");
+	if (!f)
 		return NULL;
-	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
-		 major(st.st_dev), minor(st.st_dev));
+	while (!found && fgets(line, sizeof(line), f)) {
+		char mp[4096];
+		unsigned a, b;
+		if (sscanf(line, "%*u %*u %u:%u %*s %4095s", &a, &b, mp) == 3 &&
+		    !strcmp(mp, fs->mountpoint) && strstr(line, " fuse.mtcfs ")) {
+			maj = a;
+			mnr = b;
+			found = true;
+		}
+	}
+	fclose(f);
+	if (!found)
+		return NULL;
+	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb", maj, mnr);
 	fd = open(path, O_WRONLY | O_CLOEXEC);
 	if (fd >= 0) {
 		if (write(fd, "1024", 4) != 4)
@@ -374,7 +392,8 @@ int fs_main(int argc, char **argv)
 	fs->root.dev = st.st_dev;
 	fs->root.nlookup = 2;
 	pthread_mutex_init(&fs->root.amu, NULL);
-	if (workq_start("mtcfs-seal", &fs->sealq) < 0)
+	if (workq_start("mtcfs-seal", &fs->sealq) < 0 ||
+	    workq_start("mtcfs-inval", &fs->notifyq) < 0)
 		goto out_unmount;
 	if (fs->o.listen || fs->o.bucket) {
 		struct eng_opts eo = {
@@ -422,6 +441,8 @@ int fs_main(int argc, char **argv)
 	ctl_stop(fs);
 	workq_stop(fs->sealq);
 	fs->sealq = NULL;
+	workq_stop(fs->notifyq);
+	fs->notifyq = NULL;
 	eng_stop(fs->eng);
 	fs->eng = NULL;
 out_unmount:

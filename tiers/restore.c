@@ -34,7 +34,15 @@ int restore_plan_local(struct ram_tier *t, const char *job, uint32_t rank,
 
 		if (r->key.rank != rank || r->key.worker != 0)
 			continue;
-		if (r->state < SH_COMMITTED || r->state == SH_BAD)
+		if (r->state == SH_BAD) {
+			snprintf(line, sizeof(line),
+				 "job %s step %llu node %u: its files no longer match the manifest (found at start-up); not restoring it",
+				 r->key.job, (unsigned long long)r->key.step, r->key.rank);
+			if (report)
+				report(arg, line);
+			continue;
+		}
+		if (r->state < SH_COMMITTED)
 			continue;
 		rc = ram_verify(t, &r->key, err, sizeof(err));
 		if (rc == 0) {

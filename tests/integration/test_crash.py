@@ -349,8 +349,14 @@ class TruncatedWhileDown(CrashCase):
         self.wait_state(2, "bad")
         ls = harness.admin_ls(self.ramdir)
         self.assertEqual(harness.find_shard(ls, 1).get("state"), "committed")
-        # the older good step is restored instead
-        self.configure(tp.simple_yaml("default"))
+        # the older good step is restored instead, and the bad one reported
+        self.put_yaml(tp.simple_yaml("default"))
+        self.wait_yaml_gone()
+        self.wait_markers()
+        self.assertFalse(os.path.lexists(self.m(tp.FAILED)))
+        self.assertIn("step 2", read_file(self.m(tp.ERRORS)).decode())
+        self.assertIn("no longer match", read_file(self.m(tp.ERRORS)).decode())
+        os.unlink(self.m(tp.ERRORS))
         self.assert_restore_markers("default", 1, f1)
         del f2
 
@@ -361,11 +367,12 @@ class KillAtStart(CrashCase):
         files = self.orbax_save(3, seed=3)
         s3 = self.check_step(3, files)
         rnd = random.Random(7)
-        for i in range(40):
+        for i in range(100):
             tp.safe_kill9(self, self.fs)
             self.fs.start()
-            # sometimes at once, sometimes while start-up work runs
-            time.sleep(rnd.choice((0, 0, 0.001, 0.003, 0.01, 0.03)))
+            # at once, or a little later while start-up work runs
+            if i % 2:
+                time.sleep(rnd.uniform(0, 0.015))
         tp.safe_kill9(self, self.fs)
         self.fs.start()
         self.assertEqual(self.check_step(3, files), s3)

@@ -108,7 +108,10 @@ KILL_TIMEOUT = 15.0
 def mount_dev(mnt):
     """'major:minor' of the mount at exactly mnt, from /proc/self/mountinfo
     (no syscall into the mount itself)."""
-    real = os.path.realpath(mnt)
+    # never stat the mount itself: it may be the dead one
+    mnt = os.path.abspath(mnt)
+    real = os.path.join(os.path.realpath(os.path.dirname(mnt)),
+                        os.path.basename(mnt))
     found = None
     with open("/proc/self/mountinfo") as f:
         for line in f:
