@@ -901,7 +901,10 @@ static void on_register(struct coord *c, uint64_t conn, int rank, uint32_t req_i
 	}
 	r = json_object();
 	json_object_set_new(r, "ok", json_true());
-	json_object_set_new(r, "addrs", addrs_json(c));
+	/* the table only on request: at 4096 nodes answering every register
+	 * with it costs O(n^2) */
+	if (json_is_true(json_object_get(m, "want_table")))
+		json_object_set_new(r, "addrs", addrs_json(c));
 	send_msg(c, conn, NT_RESP, req_id, r);
 }
 

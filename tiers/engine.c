@@ -827,12 +827,16 @@ static int ctl_event(struct eng *e, json_t *ev)
 	return rc;
 }
 
-static int do_register(struct eng *e)
+static int do_register(struct eng *e, bool want_table)
 {
 	json_t *req = register_msg(e), *resp = NULL;
-	int rc = ctl_call(e, req, &resp, CTL_TIMEOUT_MS);
-	json_t *addrs = json_object_get(resp, "addrs");
+	int rc;
+	json_t *addrs;
 
+	if (want_table)
+		json_object_set_new(req, "want_table", json_true());
+	rc = ctl_call(e, req, &resp, CTL_TIMEOUT_MS);
+	addrs = json_object_get(resp, "addrs");
 	json_decref(req);
 	if (rc == 0 && json_is_array(addrs)) {
 		size_t i;
@@ -870,7 +874,7 @@ static int addr_of(struct eng *e, uint32_t rank, char *out, size_t len)
 		}
 		pthread_mutex_unlock(&e->mu);
 		if (rc < 0 && attempt == 0)
-			do_register(e);
+			do_register(e, true);
 	}
 	return rc;
 }
@@ -1113,7 +1117,7 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 		e->has_lkg = false;
 	pthread_mutex_unlock(&e->mu);
 	log_info("engine", "job=%s rank=%d nodes=%d peers=%d", c->job, c->node_rank, c->nodes, n);
-	if (do_register(e) < 0)
+	if (do_register(e, false) < 0)
 		log_warn("engine", "cannot register with the coordinator at %s yet", e->coord_addr);
 	return 0;
 }
