@@ -382,6 +382,30 @@ static uint64_t gc_own(struct fs *fs, uint64_t want)
 	return freed;
 }
 
+/* After a restore of `step`, shards of later steps belong to a timeline
+ * the job abandoned; keeping them could later combine with new commits of
+ * the same step numbers into a mixed checkpoint. Drop them. */
+void commit_drop_newer(struct fs *fs, const char *job, uint64_t step)
+{
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
+
+	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) < 0)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		struct shard_rec *r = &recs[i];
+		if (r->key.step <= step || r->state == SH_SEALING || r->state == SH_BAD)
+			continue;   /* bad shards are never restored: kept for inspection */
+		log_info("gc", "job %s step %llu node %u is newer than the restored step %llu: dropped",
+			 job, (unsigned long long)r->key.step, r->key.rank, (unsigned long long)step);
+		if ((r->flags & SHF_OWN) && r->key.rank == fs->rank)
+			drop_own(fs, &r->key, r->ns_ino);
+		else
+			drop_replica(fs, &r->key);
+	}
+	idx_recs_free(recs, n);
+}
+
 static void gc_job(void *arg)
 {
 	commit_gc(arg);

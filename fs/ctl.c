@@ -276,6 +276,7 @@ static void process_yaml(struct fs *fs)
 		prerestore_cb(fs, &plan);
 		/* single node: the data is local and the job-wide barrier is trivial */
 	}
+	commit_drop_newer(fs, c.job, plan.found ? plan.step : 0);
 	remember_restored(fs, &plan);
 	rc = publish_markers(fs, &c, &plan);
 	if (rc < 0) {

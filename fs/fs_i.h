@@ -126,6 +126,7 @@ void commit_hide(struct fs *fs, uint64_t step);
 uint64_t commit_reclaim(void *fs, uint64_t want);
 void commit_gc(struct fs *fs);
 void commit_on_lkg(void *fs, const char *job, uint64_t step);
+void commit_drop_newer(struct fs *fs, const char *job, uint64_t step);
 /* A top-level name went away behind the kernel's back (policy dropped a
  * step): let the kernel forget its cached subtree, so the daemon's handles
  * on the dropped files close and tmpfs frees them. Any thread. */

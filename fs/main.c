@@ -434,7 +434,8 @@ int fs_main(int argc, char **argv)
 	fuse_loop_cfg_set_max_threads(lc, 8);
 	fuse_loop_cfg_set_idle_threads(lc, 4);
 	fuse_loop_cfg_set_clone_fd(lc, 0);
-	rc = fuse_session_loop_mt(fs->se, lc) ? 1 : 0;
+	/* a signal (SIGTERM, SIGINT) ends the loop cleanly, as an unmount does */
+	rc = fuse_session_loop_mt(fs->se, lc) < 0 ? 1 : 0;
 	fuse_loop_cfg_destroy(lc);
 
 	mhttp_stop(mh);

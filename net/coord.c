@@ -69,6 +69,8 @@ struct cjob {
 	uint32_t bi_min, bi_steps;
 	bool bk_running, has_last_bk;
 	uint64_t bk_step, last_bk_step, last_bk_start, bk_start, job_seen;
+	uint64_t bk_retry_at, postponed_step;
+	uint32_t bk_backoff_s;
 	char bk_name[64];
 	bool *bk_done;
 };
@@ -383,6 +385,18 @@ static void release_barrier(struct coord *c, struct cjob *j)
 			n->rdy.waiting = false;
 		}
 	}
+	/* what was committed before the restore belongs to a timeline the job
+	 * left: from now on every node's history starts at the restored step */
+	for (uint32_t r = 0; r < j->nodes; r++) {
+		memset(j->n[r].commits, 0, sizeof(j->n[r].commits));
+		memset(j->n[r].commit_hash, 0, sizeof(j->n[r].commit_hash));
+		if (j->plan.found) {
+			j->n[r].commits[0] = j->plan.step + 1;
+			if (!j->bucket_plan && r < j->plan.nodes)
+				memcpy(j->n[r].commit_hash[0], j->plan.src[r].hash, 32);
+		}
+	}
+	j->has_lkg = false;
 	if (j->plan.found) {
 		/* every node restores this step: it is complete job-wide */
 		j->has_lkg = true;
@@ -643,6 +657,8 @@ struct bk_job {
 	uint64_t step;
 };
 
+static void bk_abandon(struct cjob *j, const char *why, bool is_error);
+
 static bool hash_at(struct cnode *n, uint64_t step, uint8_t out[32])
 {
 	for (int k = 0; k < COMMITS_KEPT; k++)
@@ -657,9 +673,9 @@ static void backup_start_run(void *arg)
 {
 	struct bk_job *b = arg;
 	struct coord *c = b->c;
-	char name[64] = "";
+	char name[600] = "";
 	struct cjob *j;
-	int rc = c->bk.new_name(c->bk.arg, b->job, name);
+	int rc = c->bk.new_name(c->bk.arg, b->job, name, sizeof(name));
 
 	pthread_mutex_lock(&c->mu);
 	for (j = c->jobs; j; j = j->next)
@@ -671,8 +687,15 @@ static void backup_start_run(void *arg)
 		return;
 	}
 	if (rc < 0) {
-		log_err("coord", "job %s: cannot name a backup in the bucket: %s", j->name, strerror(-rc));
-		j->bk_running = false;
+		char why[600];
+		snprintf(why, sizeof(why), "cannot name a backup in the bucket: %s", name[0] ? name : strerror(-rc));
+		bk_abandon(j, why, true);
+		/* the other nodes' replicator.errors say it too (rank 0, where
+		 * the bucket call failed, reported it itself) */
+		for (uint32_t r = 1; r < j->nodes; r++) {
+			json_t *e = json_pack("{s:s,s:s,s:s}", "op", "report", "job", j->name, "text", why);
+			send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
+		}
 		pthread_mutex_unlock(&c->mu);
 		free(b);
 		return;
@@ -708,6 +731,8 @@ static void maybe_backup(struct coord *c, struct cjob *j)
 
 	if (!c->bk.new_name || !c->worker || j->bk_running || !j->has_lkg)
 		return;
+	if (j->bk_retry_at && now < j->bk_retry_at)
+		return;
 	if (j->has_last_bk && j->lkg <= j->last_bk_step)
 		return;
 	if (j->bi_steps)
@@ -720,8 +745,10 @@ static void maybe_backup(struct coord *c, struct cjob *j)
 		return;
 	for (uint32_t r = 0; r < j->nodes; r++) {
 		if (!j->n[r].conn) {
-			log_warn("coord", "job %s: backup of step %llu postponed: node %u is not connected",
-				 j->name, (unsigned long long)j->lkg, r);
+			if (j->postponed_step != j->lkg + 1)
+				log_warn("coord", "job %s: backup of step %llu postponed: node %u is not connected",
+					 j->name, (unsigned long long)j->lkg, r);
+			j->postponed_step = j->lkg + 1;
 			return;
 		}
 	}
@@ -742,10 +769,16 @@ static void maybe_backup(struct coord *c, struct cjob *j)
 	}
 }
 
-static void bk_abandon(struct cjob *j, const char *why)
+/* A failed backup is retried after a pause that doubles up to 10 min. */
+static void bk_abandon(struct cjob *j, const char *why, bool is_error)
 {
-	log_err("coord", "job %s: backup %s of step %llu abandoned: %s", j->name, j->bk_name,
-		(unsigned long long)j->bk_step, why);
+	uint64_t now = util_now_ns();
+	j->bk_backoff_s = j->bk_backoff_s ? (j->bk_backoff_s * 2 > 600 ? 600 : j->bk_backoff_s * 2) : 10;
+	j->bk_retry_at = now + (uint64_t)j->bk_backoff_s * 1000000000ULL;
+	log_msg(is_error ? LOG_ERROR : LOG_WARN, "coord",
+		"job %s: backup %s of step %llu abandoned: %s; next attempt in %u s", j->name,
+		j->bk_name[0] ? j->bk_name : "(unnamed)", (unsigned long long)j->bk_step, why,
+		j->bk_backoff_s);
 	j->bk_running = false;
 }
 
@@ -760,9 +793,9 @@ static void on_backup_done(struct coord *c, int rank, json_t *m)
 		return;
 	if (!json_is_true(json_object_get(m, "ok"))) {
 		char why[512];
-		net_json_str(m, "error", 400, &err);
+		net_json_str(m, "error", 4000, &err);
 		snprintf(why, sizeof(why), "node %d: %s", rank, err ? err : "failed");
-		bk_abandon(j, why);
+		bk_abandon(j, why, true);
 		return;
 	}
 	j->bk_done[rank] = true;
@@ -770,6 +803,7 @@ static void on_backup_done(struct coord *c, int rank, json_t *m)
 		done += j->bk_done[r];
 	if (done == j->nodes) {
 		j->bk_running = false;
+		j->bk_backoff_s = 0;
 		j->has_last_bk = true;
 		j->last_bk_step = j->bk_step;
 		j->last_bk_start = j->bk_start;
@@ -996,7 +1030,7 @@ void coord_on_close(struct coord *c, uint64_t conn, int rank)
 			n->cat.waiting = false;
 			n->rdy.waiting = false;
 			if (j->bk_running && !j->bk_done[r])
-				bk_abandon(j, "a node disconnected");
+				bk_abandon(j, "a node disconnected", false);
 			if (j->state == R_PLANNED)
 				maybe_release(c, j, false);
 		}

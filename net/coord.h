@@ -34,7 +34,8 @@ struct coord_bucket {
 	 * newest complete backup too (else only restore.version matters) */
 	int  (*decide)(void *arg, const char *job, uint32_t nodes, const char (*exclude)[64],
 		       size_t nexclude, bool need_newest, struct coord_bk_decision *d);
-	int  (*new_name)(void *arg, const char *job, char out[64]);
+	/* a new backup's name into out; on failure the reason in words */
+	int  (*new_name)(void *arg, const char *job, char *out, size_t outlen);
 	void (*clear_restore_version)(void *arg, const char *job);
 	void *arg;
 };

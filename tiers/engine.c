@@ -647,6 +647,12 @@ static void handle_event(struct eng *e, json_t *m)
 		}
 		return;
 	}
+	if (!strcmp(op, "report")) {
+		const char *text;
+		if (net_json_str(m, "text", 1000, &text) == 0)
+			report(e, "%s", text);
+		return;
+	}
 	if (!strcmp(op, "lkg") && net_json_str(m, "job", RCFG_JOB_MAX, &job) == 0 &&
 	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) == 0) {
 		pthread_mutex_lock(&e->mu);
@@ -739,6 +745,8 @@ static int ctl_ensure_locked(struct eng *e)
 
 	if (e->ctl)
 		return 0;
+	if (e->stopping)
+		return -ESHUTDOWN;
 	if (e->ctl_reader_running) {
 		pthread_mutex_unlock(&e->ctl_mu);
 		pthread_join(e->ctl_reader, NULL);
@@ -1524,10 +1532,18 @@ static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex
 	return 0;
 }
 
-static int bk_name(void *arg, const char *job, char out[64])
+static int bk_name(void *arg, const char *job, char *out, size_t outlen)
 {
 	struct eng *e = arg;
-	return bk_new_name(e->bkt, job, time(NULL), out);
+	char name[BK_NAME_MAX];
+	int rc = bk_new_name(e->bkt, job, time(NULL), name);
+	if (rc < 0) {
+		report(e, "backup of job %s not started: %s", job, bkt_last_error());
+		snprintf(out, outlen, "%s", bkt_last_error());
+	} else {
+		snprintf(out, outlen, "%s", name);
+	}
+	return rc;
 }
 
 static void bk_clear_rv(void *arg, const char *job)
@@ -1680,6 +1696,7 @@ void eng_stop(struct eng *e)
 	pthread_mutex_unlock(&e->ctl_mu);
 	if (e->ctl_reader_running)
 		pthread_join(e->ctl_reader, NULL);
+	e->ctl_reader_running = false;
 	workq_stop(e->replq);
 	workq_stop(e->bkq);
 	coord_quiesce(e->coord);
