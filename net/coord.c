@@ -687,8 +687,9 @@ static void backup_start_run(void *arg)
 		return;
 	}
 	if (rc < 0) {
-		char why[600];
-		snprintf(why, sizeof(why), "cannot name a backup in the bucket: %s", name[0] ? name : strerror(-rc));
+		char why[700];
+		snprintf(why, sizeof(why), "cannot name a backup in the bucket: %.600s",
+			 name[0] ? name : strerror(-rc));
 		bk_abandon(j, why, true);
 		/* the other nodes' replicator.errors say it too (rank 0, where
 		 * the bucket call failed, reported it itself) */
@@ -700,7 +701,7 @@ static void backup_start_run(void *arg)
 		free(b);
 		return;
 	}
-	snprintf(j->bk_name, sizeof(j->bk_name), "%s", name);
+	snprintf(j->bk_name, sizeof(j->bk_name), "%.63s", name);
 	uint32_t P = (j->dp > 0 && j->nodes % j->dp == 0) ? j->nodes / j->dp : j->nodes;
 	for (uint32_t r = 0; r < j->nodes; r++) {
 		uint8_t h[32], hc[32];
