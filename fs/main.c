@@ -92,7 +92,8 @@ static void usage(const char *prog)
 	       "    -o bucket=URL          backup tier: gs://BUCKET[/PREFIX] or file:///PATH\n"
 	       "    -o gcs_endpoint=URL    Cloud Storage endpoint (STORAGE_EMULATOR_HOST is honoured)\n"
 	       "    -o gcs_key_file=PATH   service-account key (else the metadata server)\n\n"
-	       "RAMDIR should be a tmpfs directory (mount -t tmpfs -o huge=always is fastest).\n",
+	       "RAMDIR should be a tmpfs directory; mount -t tmpfs -o huge=within_size gives large\n"
+	       "files huge pages without spending 2 MiB on every small file (huge=always does).\n",
 	       prog);
 }
 
