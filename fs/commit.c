@@ -200,8 +200,9 @@ out:
 		s->failed = rc < 0;
 	}
 	pthread_cond_broadcast(&fs->sealed_cv);
+	bool eager = fs->eager_gc;
 	pthread_mutex_unlock(&fs->mu);
-	if (rc == 0 && fs->eager_gc)
+	if (rc == 0 && eager)
 		commit_gc(fs);
 }
 
@@ -415,7 +416,11 @@ static void gc_job(void *arg)
 void commit_on_lkg(void *arg, const char *job, uint64_t step)
 {
 	struct fs *fs = arg;
-	if (fs->eager_gc)
+	bool eager;
+	pthread_mutex_lock(&fs->mu);
+	eager = fs->eager_gc;
+	pthread_mutex_unlock(&fs->mu);
+	if (eager)
 		workq_submit(fs->sealq, gc_job, fs);
 }
 

@@ -884,9 +884,14 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct fs *fs = fs_of(req);
 	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
 	struct fnode *n = h->node;
-	uint64_t mstep = n->marker_step;
-	ino_t mdir = n->marker_dir_ino;
+	uint64_t mstep;
+	ino_t mdir;
 	bool writable = h->writable, yaml = false, frozen = is_frozen(n);
+
+	pthread_mutex_lock(&fs->mu);   /* a rename may update them concurrently */
+	mstep = n->marker_step;
+	mdir = n->marker_dir_ino;
+	pthread_mutex_unlock(&fs->mu);
 
 	/* Everything about the node is read before the reply: after it the
 	 * kernel may forget the node on another thread. */

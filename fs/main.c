@@ -294,6 +294,7 @@ int fs_main(int argc, char **argv)
 	struct stat st;
 	uint64_t cap;
 	pthread_t ra;
+	bool ra_started = false;
 	struct mhttp *mh = NULL;
 	int rc = 1;
 
@@ -426,8 +427,7 @@ int fs_main(int argc, char **argv)
 	log_info("main", "serving ramdir=%s mount=%s ram_size=%llu used=%llu",
 		 ram_path(fs->ram), fo.mountpoint, (unsigned long long)ram_cap(fs->ram),
 		 (unsigned long long)ram_used(fs->ram));
-	if (pthread_create(&ra, NULL, tune_readahead, fs) == 0)
-		pthread_detach(ra);
+	ra_started = pthread_create(&ra, NULL, tune_readahead, fs) == 0;
 	if (fs->o.metrics && mhttp_start(fs->o.metrics, gauges, fs, &mh) < 0)
 		goto out_unmount;
 
@@ -440,6 +440,8 @@ int fs_main(int argc, char **argv)
 	fuse_loop_cfg_destroy(lc);
 
 	mhttp_stop(mh);
+	if (ra_started)
+		pthread_join(ra, NULL);   /* it reads fs->mountpoint */
 	ctl_stop(fs);
 	workq_stop(fs->sealq);
 	fs->sealq = NULL;

@@ -343,9 +343,9 @@ static int scalar_int(struct parse *p, const yaml_event_t *ev, const char *subj,
 	if (errno == ERANGE || end != s + p->vlen || v > INT_MAX || v < INT_MIN)
 		return fail(p, "line %zu: %s: %s is too large%s", ev_line(ev), subj,
 		            quote(q, s, p->vlen), from(p, f));
-	if (v < 0)
-		return fail(p, "line %zu: %s must not be negative, got %lld%s", ev_line(ev), subj,
-		            v, from(p, f));
+	if (v < 0 || s[0] == '-')   /* "-0" too: the sign says what was meant */
+		return fail(p, "line %zu: %s must not be negative, got %s%lld%s", ev_line(ev), subj,
+		            v == 0 ? "-" : "", v, from(p, f));
 	if (v < min)
 		return fail(p, "line %zu: %s must be at least %lld, got %lld%s", ev_line(ev), subj,
 		            min, v, from(p, f));

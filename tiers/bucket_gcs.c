@@ -965,6 +965,10 @@ static int http_fail(struct req *r)
 	} else {
 		bkt_set_error("%s: %ld %s%s%s", r->what, s, reason(s), msg[0] ? ": " : "", msg);
 	}
+	/* a 2xx that the caller did not expect (202, 204, 206 ...) is no
+	 * success either: the resource it needs is not in the answer */
+	if (s >= 200 && s < 300)
+		return -EPROTO;
 	return gcs_errno(CURLE_OK, s);
 }
 
@@ -1222,6 +1226,7 @@ static int put_resumable(struct gcs *g, const char *full, const char *what,
 	uint64_t off = 0, last_fail_off = UINT64_MAX;
 	unsigned fails = 0, restarts = 0;
 	bool query = false;
+	int stalls = 0;
 	char cr[96], hash[48], b64[16];
 	int rc;
 
@@ -1270,6 +1275,16 @@ restart:
 			if (query)
 				log_info(MOD, "%s: resumable upload continues at %" PRIu64 " of %" PRIu64,
 					 what, p, src->size);
+			/* a server that keeps persisting nothing is not making progress */
+			if (p <= off && !query && ++stalls > 5) {
+				bkt_set_error("%s: resumable upload: the server persisted nothing of %d chunks at offset %" PRIu64,
+					      what, stalls, off);
+				rc = -EPROTO;
+				req_free(&r);
+				goto out;
+			}
+			if (p > off)
+				stalls = 0;
 			off = p;
 			query = false;
 			req_free(&r);
@@ -1610,6 +1625,14 @@ static int gcs_get_file(struct bkt *b, const char *name, int fd, unsigned ranges
 	if (rc < 0)
 		goto out;
 	total = r.status == 206 && r.cr_total >= 0 ? (uint64_t)r.cr_total : r.got;
+	if (total > MF_MAX_FILE_SIZE) {
+		/* a Content-Range total sizes the part array: never trust it past
+		 * the largest file a manifest may hold */
+		bkt_set_error("%s: the server announced %llu bytes, more than any shard file may hold",
+			      what, (unsigned long long)total);
+		rc = -EPROTO;
+		goto out;
+	}
 	crc = r.crc;
 	if (r.got < total) {
 		struct dl d = { .g = g, .url = url, .what = what, .fd = fd, .seek = r.sink_seek,
@@ -1692,8 +1715,8 @@ static int gcs_list(struct bkt *b, const char *prefix, const char *delim,
 {
 	struct gcs *g = G(b);
 	char *full = full_name(g, prefix), *what = full ? what_of(g, full) : NULL;
-	char *token = NULL;
-	size_t plen = strlen(g->prefix);
+	char *token = NULL, *last = NULL;
+	size_t plen = strlen(g->prefix), flen = full ? strlen(full) : 0;
 	int rc = 0;
 
 	if (!full || !what) {
@@ -1751,9 +1774,9 @@ static int gcs_list(struct bkt *b, const char *prefix, const char *delim,
 			const char *nm = json_string_value(json_object_get(v, "name"));
 			int64_t sz = 0;
 			/* "dir/" placeholders (the console's folders) are not objects */
-			if (!nm || strncmp(nm, g->prefix, plen) || !nm[plen] ||
+			if (!nm || strncmp(nm, full, flen) || !nm[plen] ||
 			    nm[strlen(nm) - 1] == '/')
-				continue;
+				continue;   /* outside what was asked for: not ours to report */
 			ents[n].name = (char *)nm + plen;
 			if (!parse_i64(json_string_value(json_object_get(v, "size")) ?
 				       json_string_value(json_object_get(v, "size")) : "", &sz))
@@ -1767,7 +1790,7 @@ static int gcs_list(struct bkt *b, const char *prefix, const char *delim,
 		}
 		json_array_foreach(prefs, i, v) {
 			const char *nm = json_string_value(v);
-			if (!nm || strncmp(nm, g->prefix, plen) || !nm[plen])
+			if (!nm || strncmp(nm, full, flen) || !nm[plen])
 				continue;
 			ents[n].name = (char *)nm + plen;
 			ents[n].is_prefix = true;
@@ -1776,6 +1799,18 @@ static int gcs_list(struct bkt *b, const char *prefix, const char *delim,
 		/* a page holds the next names in order; merge its two arrays */
 		if (n)
 			qsort(ents, n, sizeof(*ents), lent_cmp);
+		/* pages continue in name order: a page going back is a broken server */
+		if (n && last && strcmp(ents[0].name, last) <= 0) {
+			bkt_set_error("%s: listing pages out of order (\"%s\" after \"%s\")", what,
+				      ents[0].name, last);
+			rc = -EPROTO;
+		}
+		if (n && rc == 0) {
+			free(last);
+			last = strdup(ents[n - 1].name);
+			if (!last)
+				rc = -ENOMEM;
+		}
 		for (i = 0; i < n && rc == 0; i++) {
 			struct bkt_entry e = { .name = ents[i].name, .is_prefix = ents[i].is_prefix,
 					       .size = ents[i].size, .has_crc = ents[i].has_crc,
@@ -1783,15 +1818,20 @@ static int gcs_list(struct bkt *b, const char *prefix, const char *delim,
 			rc = cb(arg, &e);
 		}
 		free(ents);
+		next = json_string_value(json_object_get(j, "nextPageToken"));
+		if (rc == 0 && next && token && !strcmp(next, token)) {
+			bkt_set_error("%s: the server repeats page token \"%s\"", what, next);
+			rc = -EPROTO;
+		}
 		free(token);
 		token = NULL;
-		next = json_string_value(json_object_get(j, "nextPageToken"));
 		if (rc == 0 && next && *next && !(token = strdup(next)))
 			rc = -ENOMEM;
 		json_decref(j);
 	} while (rc == 0 && token);
 out:
 	free(token);
+	free(last);
 	free(what);
 	free(full);
 	return rc;

@@ -492,18 +492,32 @@ static void on_data(void *arg, struct nconn *c, int peer_rank)
 	nconn_close(c);
 }
 
+/* The server starts before the coordinator exists (the coordinator needs
+ * the server to send): until it is published, control messages get an
+ * error. */
+static struct coord *coord_of(struct eng *e)
+{
+	return __atomic_load_n(&e->coord, __ATOMIC_ACQUIRE);
+}
+
 static void on_msg(void *arg, uint64_t conn, int peer_rank, uint8_t type, uint32_t req_id,
 		   json_t *msg)
 {
 	struct eng *e = arg;
-	coord_on_msg(e->coord, conn, peer_rank, type, req_id, msg);
+	struct coord *c = coord_of(e);
+	if (c)
+		coord_on_msg(c, conn, peer_rank, type, req_id, msg);
+	else if (type == NT_REQ)
+		nsrv_send(e->srv, conn, NT_ERROR, req_id, net_error_msg(EAGAIN, "starting"));
 	json_decref(msg);
 }
 
 static void on_close(void *arg, uint64_t conn, int peer_rank)
 {
 	struct eng *e = arg;
-	coord_on_close(e->coord, conn, peer_rank);
+	struct coord *c = coord_of(e);
+	if (c)
+		coord_on_close(c, conn, peer_rank);
 }
 
 static const struct nsrv_ops srv_ops = {
@@ -1658,9 +1672,13 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	}
 	if (!e->coord_addr[0])
 		snprintf(e->coord_addr, sizeof(e->coord_addr), "%s", e->listen);
-	rc = coord_start(e->srv, e->restore_timeout_s, &e->coord);
-	if (rc < 0)
-		goto fail;
+	{
+		struct coord *c = NULL;
+		rc = coord_start(e->srv, e->restore_timeout_s, &c);
+		if (rc < 0)
+			goto fail;
+		__atomic_store_n(&e->coord, c, __ATOMIC_RELEASE);
+	}
 	if (e->bkt) {
 		struct coord_bucket bcb = { .decide = bk_decide, .new_name = bk_name,
 					   .clear_restore_version = bk_clear_rv, .arg = e };

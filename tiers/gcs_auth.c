@@ -311,6 +311,10 @@ static void describe_refusal(struct gcs_auth *a, long status, const char *resp, 
 		set_err(err, errlen, "%s: token request refused: HTTP %ld %.200s", a->describe,
 			status, resp ? resp : "");
 	json_decref(j);
+	/* server text goes into one log line: no control characters */
+	for (char *c = err; *c; c++)
+		if ((unsigned char)*c < 0x20)
+			*c = ' ';
 }
 
 static int fetch(struct gcs_auth *a, char *err, size_t errlen)

@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1359,6 +1361,319 @@ static void test_jwt_signature(void **state)
 	}
 }
 
+
+/* ---- regressions found by fuzz_gcs_json (tests/fuzz/regressions/) ---- */
+
+/* a 2xx other than 200/201 answering an upload is no success: -EPROTO */
+static void test_gs_resumable_start_unexpected_2xx(void **state)
+{
+	static const char *const kinds[] = { "206", "202" };
+	struct bkt_opts o = { .simple_max = 256 * KIB, .chunk = 256 * KIB };
+	const size_t n = 300 * KIB;
+	char *data = calloc(1, n), path[] = "/tmp/mtcfs-test-2xx-XXXXXX", f[200];
+	struct bkt *b = NULL;
+	int fd = mkstemp(path);
+
+	(void)state;
+	assert_non_null(data);
+	assert_true(fd >= 0);
+	unlink(path);
+	assert_int_equal(write(fd, data, n), (ssize_t)n);
+	assert_int_equal(bkt_open("gs://bkt/pfx", &o, &b), 0);
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+		assert_true(tsrv_reset(&srv, true));
+		snprintf(f, sizeof(f), "{\"match\": \"upload\", \"query\": \"uploadType=resumable\", "
+			 "\"method\": \"POST\", \"kind\": \"%s\", \"count\": 1}", kinds[i]);
+		assert_true(tsrv_fault(&srv, f));
+		assert_int_equal(bkt_put_file(b, "big", fd, n, mf_crc32c(0, data, n)), -EPROTO);
+		assert_non_null(strstr(bkt_last_error(), kinds[i]));
+	}
+	assert_true(tsrv_reset(&srv, true));
+	assert_true(tsrv_fault(&srv, "{\"match\": \"upload\", \"kind\": \"202\", \"count\": 1}"));
+	assert_int_equal(bkt_put_buf(b, "small", "hello", 5), -EPROTO);
+	bkt_close(b);
+	close(fd);
+	free(data);
+}
+
+/* A loopback HTTP server with canned answers, for what gcs_server.py cannot
+ * send: resp[i] answers request i, the last one the rest, up to cap
+ * requests (then 503, so a looping client gives up). "%d" becomes the
+ * port; Content-Length is added; request bodies are read and dropped. */
+struct canned {
+	int lfd, port;
+	const char *const *resp;
+	size_t nresp;
+	unsigned cap, served;
+	pthread_t th;
+};
+
+static void canned_answer(struct canned *c, int fd)
+{
+	const char *fmt = c->served < c->cap ? c->resp[c->served < c->nresp ? c->served : c->nresp - 1]
+					     : "HTTP/1.1 503 Stop\r\n\r\n";
+	char txt[2048], out[4096];
+	const char *body;
+	int n;
+
+	c->served++;
+	{
+		/* "%d" in the canned text becomes our port */
+		const char *pd = strstr(fmt, "%d");
+		if (pd)
+			snprintf(txt, sizeof(txt), "%.*s%d%s", (int)(pd - fmt), fmt, c->port, pd + 2);
+		else
+			snprintf(txt, sizeof(txt), "%s", fmt);
+	}
+	body = strstr(txt, "\r\n\r\n");
+	if (!body)
+		return;
+	n = snprintf(out, sizeof(out), "%.*sContent-Length: %zu\r\n\r\n%s", (int)(body - txt + 2),
+		     txt, strlen(body + 4), body + 4);
+	if (n > 0 && (size_t)n < sizeof(out))
+		(void)send(fd, out, (size_t)n, MSG_NOSIGNAL);
+}
+
+static void *canned_main(void *arg)
+{
+	struct canned *c = arg;
+	int fd;
+
+	while ((fd = accept(c->lfd, NULL, NULL)) >= 0) {
+		static char buf[1 << 20];
+		size_t have = 0, skip = 0;
+		ssize_t r;
+
+		while ((r = recv(fd, buf + have, sizeof(buf) - 1 - have, 0)) > 0) {
+			char *e;
+			have += (size_t)r;
+			buf[have] = '\0';
+			for (;;) {
+				size_t used;
+				const char *cl;
+				if (skip) {
+					size_t k = skip < have ? skip : have;
+					memmove(buf, buf + k, have - k + 1);
+					have -= k;
+					skip -= k;
+					if (skip)
+						break;
+				}
+				e = strstr(buf, "\r\n\r\n");
+				if (!e)
+					break;
+				*e = '\0';
+				cl = strcasestr(buf, "\r\ncontent-length:");
+				skip = cl ? strtoul(cl + 17, NULL, 10) : 0;
+				used = (size_t)(e + 4 - buf);
+				memmove(buf, e + 4, have - used + 1);
+				have -= used;
+				canned_answer(c, fd);
+			}
+		}
+		close(fd);
+	}
+	return NULL;
+}
+
+static void canned_start(struct canned *c, const char *const *resp, size_t nresp, unsigned cap)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t al = sizeof(a);
+
+	memset(c, 0, sizeof(*c));
+	c->resp = resp;
+	c->nresp = nresp;
+	c->cap = cap;
+	c->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(c->lfd >= 0);
+	assert_int_equal(bind(c->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(c->lfd, 8), 0);
+	assert_int_equal(getsockname(c->lfd, (struct sockaddr *)&a, &al), 0);
+	c->port = ntohs(a.sin_port);
+	assert_int_equal(pthread_create(&c->th, NULL, canned_main, c), 0);
+}
+
+static struct bkt *canned_bkt(struct canned *c, const struct bkt_opts *base)
+{
+	struct bkt_opts o = base ? *base : (struct bkt_opts){ 0 };
+	struct bkt *b = NULL;
+	char ep[64];
+
+	snprintf(ep, sizeof(ep), "http://127.0.0.1:%d", c->port);
+	o.gcs_endpoint = ep;
+	assert_int_equal(bkt_open("gs://bkt/pfx", &o, &b), 0);
+	return b;
+}
+
+static unsigned canned_stop(struct canned *c)
+{
+	shutdown(c->lfd, SHUT_RDWR);
+	close(c->lfd);
+	pthread_join(c->th, NULL);
+	return c->served;
+}
+
+static int count_cb(void *arg, const struct bkt_entry *e)
+{
+	(void)e;
+	(*(unsigned *)arg)++;
+	return 0;
+}
+
+struct names {
+	char v[8][64];
+	unsigned n;
+};
+
+static int names_cb(void *arg, const struct bkt_entry *e)
+{
+	struct names *g = arg;
+
+	if (g->n < 8)
+		snprintf(g->v[g->n], sizeof(g->v[0]), "%s", e->name);
+	g->n++;
+	return 0;
+}
+
+/* a Content-Range total beyond MF_MAX_FILE_SIZE: -EPROTO, no further GETs */
+static void test_gs_content_range_total_bounded(void **state)
+{
+	static const char *const totals[] = { "9223372036854775807", "1125899906842624" };
+	char resp[256], path[] = "/tmp/mtcfs-test-crange-XXXXXX";
+	const char *rv[] = { resp };
+	int fd = mkstemp(path);
+
+	(void)state;
+	assert_true(fd >= 0);
+	unlink(path);
+	for (size_t i = 0; i < sizeof(totals) / sizeof(totals[0]); i++) {
+		struct canned c;
+		struct bkt *b;
+		uint64_t size = 0;
+
+		snprintf(resp, sizeof(resp), "HTTP/1.1 206 Partial Content\r\n"
+			 "Content-Range: bytes 0-10/%s\r\n\r\nhello world", totals[i]);
+		canned_start(&c, rv, 1, 10);
+		b = canned_bkt(&c, NULL);
+		assert_int_equal(bkt_get_file(b, "obj", fd, &size, false, 0), -EPROTO);
+		bkt_close(b);
+		assert_int_equal(canned_stop(&c), 1);
+	}
+	close(fd);
+}
+
+/* 308s that persist nothing new: the upload gives up instead of looping */
+static void test_gs_resumable_308_no_progress(void **state)
+{
+	const char *rv[] = {
+		"HTTP/1.1 200 OK\r\nLocation: http://127.0.0.1:%d/upload/s?upload_id=1\r\n\r\n",
+		"HTTP/1.1 308 Resume Incomplete\r\n\r\n",
+	};
+	struct bkt_opts o = { .simple_max = 256 * KIB, .chunk = 256 * KIB };
+	const size_t n = 300 * KIB;
+	char *data = calloc(1, n), path[] = "/tmp/mtcfs-test-308-XXXXXX";
+	struct canned c;
+	struct bkt *b;
+	unsigned served;
+	int fd = mkstemp(path), rc;
+
+	(void)state;
+	assert_true(data && fd >= 0);
+	unlink(path);
+	assert_int_equal(write(fd, data, n), (ssize_t)n);
+	canned_start(&c, rv, 2, 100);
+	b = canned_bkt(&c, &o);
+	rc = bkt_put_file(b, "big", fd, n, mf_crc32c(0, data, n));
+	bkt_close(b);
+	served = canned_stop(&c);
+	assert_int_equal(rc, -EPROTO);
+	assert_true(served <= 12);
+	close(fd);
+	free(data);
+}
+
+/* a nextPageToken equal to the one just sent: -EPROTO, not a loop */
+static void test_gs_list_same_page_token(void **state)
+{
+	const char *rv[] = { "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
+			     "{\"nextPageToken\": \"t\"}" };
+	struct canned c;
+	struct bkt *b;
+	unsigned cnt = 0;
+	int rc;
+
+	(void)state;
+	canned_start(&c, rv, 1, 100);
+	b = canned_bkt(&c, NULL);
+	rc = bkt_list_ex(b, "", NULL, count_cb, &cnt);
+	bkt_close(b);
+	assert_true(canned_stop(&c) <= 2);
+	assert_int_equal(rc, -EPROTO);
+}
+
+/* names outside the listed prefix are skipped; a page going back is -EPROTO */
+static void test_gs_list_contract(void **state)
+{
+	const char *outside[] = { "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
+		"{\"items\": [{\"name\": \"pfx/dir/a\"}, {\"name\": \"pfx/other/x\"}]}" };
+	const char *backwards[] = {
+		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
+		"{\"items\": [{\"name\": \"pfx/b\"}], \"nextPageToken\": \"t1\"}",
+		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
+		"{\"items\": [{\"name\": \"pfx/a\"}]}",
+	};
+	struct canned c;
+	struct bkt *b;
+	struct names got = { 0 };
+	unsigned cnt = 0;
+	int rc;
+
+	(void)state;
+	canned_start(&c, outside, 1, 10);
+	b = canned_bkt(&c, NULL);
+	assert_int_equal(bkt_list_ex(b, "dir/", NULL, names_cb, &got), 0);
+	bkt_close(b);
+	canned_stop(&c);
+	assert_int_equal(got.n, 1);
+	assert_string_equal(got.v[0], "dir/a");
+	canned_start(&c, backwards, 2, 10);
+	b = canned_bkt(&c, NULL);
+	rc = bkt_list_ex(b, "", NULL, count_cb, &cnt);
+	bkt_close(b);
+	canned_stop(&c);
+	assert_int_equal(rc, -EPROTO);
+}
+
+/* the token refusal text reaches err (and the log) as one line */
+static int refuse_http(void *arg, const char *url, const char *const *hdrs, const char *body,
+		       long *status, char **resp, size_t *resp_len, char *err, size_t errlen)
+{
+	static const char text[] = "Not Found\nno service account on this instance\r\n";
+
+	(void)arg; (void)url; (void)hdrs; (void)body; (void)err; (void)errlen;
+	*status = 404;
+	*resp = strdup(text);
+	*resp_len = sizeof(text) - 1;
+	return *resp ? 0 : -ENOMEM;
+}
+
+static void test_auth_refusal_one_line(void **state)
+{
+	struct gcs_auth_cfg cfg = { .kind = GCS_AUTH_METADATA, .metadata_host = "127.0.0.1:1",
+				    .http = refuse_http };
+	struct gcs_auth *a = NULL;
+	char tok[GCS_TOKEN_MAX], err[1024] = "";
+
+	(void)state;
+	assert_int_equal(gcs_auth_new(&cfg, &a, err, sizeof(err)), 0);
+	assert_int_equal(gcs_auth_token(a, tok, sizeof(tok), err, sizeof(err)), -EACCES);
+	assert_non_null(strstr(err, "404"));
+	for (const char *p = err; *p; p++)
+		assert_true((unsigned char)*p >= 0x20);
+	gcs_auth_free(a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest file_tests[] = {
@@ -1387,6 +1702,12 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_auth_keyfile, gs_setup, gs_teardown),
 		cmocka_unit_test_setup_teardown(test_auth_metadata, gs_setup, gs_teardown),
 		cmocka_unit_test_setup_teardown(test_auth_denied, gs_setup, gs_teardown),
+		cmocka_unit_test_setup_teardown(test_gs_resumable_start_unexpected_2xx, gs_setup, gs_teardown),
+		cmocka_unit_test_setup_teardown(test_gs_content_range_total_bounded, gs_setup, gs_teardown),
+		cmocka_unit_test_setup_teardown(test_gs_resumable_308_no_progress, gs_setup, gs_teardown),
+		cmocka_unit_test_setup_teardown(test_gs_list_same_page_token, gs_setup, gs_teardown),
+		cmocka_unit_test_setup_teardown(test_gs_list_contract, gs_setup, gs_teardown),
+		cmocka_unit_test(test_auth_refusal_one_line),
 	};
 	int rc;
 

@@ -807,10 +807,20 @@ static void test_to_yaml_errors(void **state)
 	rcfg_free(&c);
 }
 
+/* fuzzing: "-0" forms were accepted as 0 */
+static void test_minus_zero(void **state)
+{
+	(void)state;
+	EXPECT_ERROR("job-name: j\nnode-rank: -0\nnodes: 4\n", "line 2", "must not be negative");
+	EXPECT_ERROR(BASE "peer-ranks: [1, -00]\n", "must not be negative");
+	EXPECT_ERROR(BASE "peers-per-node: \"-0\"\n", "must not be negative");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_direct_values),
+		cmocka_unit_test(test_minus_zero),
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_frameworks),
 		cmocka_unit_test(test_env_expansion),
