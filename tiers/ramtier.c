@@ -298,6 +298,25 @@ int ram_shard_open(struct ram_tier *t, const struct shard_key *k)
 	return fd < 0 ? -errno : fd;
 }
 
+/* mkdir -p parent, then mkdir staging in it. Tidying after a drop removes
+ * empty STEP and JOB directories concurrently, so a parent made a moment
+ * ago may be gone again: retry. */
+static int make_staging(struct ram_tier *t, const char *parent, const char *staging, mode_t mode)
+{
+	int rc = 0;
+	for (int attempt = 0; attempt < 8; attempt++) {
+		rc = util_mkdirs_at(t->shardsfd, parent, 0700);
+		if (rc < 0)
+			return rc;
+		if (mkdirat(t->shardsfd, staging, mode) == 0)
+			return 0;
+		rc = -errno;
+		if (rc != -ENOENT)
+			return rc;
+	}
+	return rc;
+}
+
 /* Mirror src into dst: directories made, files hard-linked, symlinks copied. */
 static int link_tree(int src, int dst)
 {
@@ -382,18 +401,14 @@ int ram_seal(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
 	if ((size_t)snprintf(staging, sizeof(staging), "%s/.%s.staging", parent, slash + 1) >=
 	    sizeof(staging))
 		return -ENAMETOOLONG;
-	rc = util_mkdirs_at(t->shardsfd, parent, 0700);
-	if (rc < 0)
-		goto out;
 	util_rmtree_at(t->shardsfd, staging, NULL);
 	if (fstat(src_dirfd, &st) < 0) {
 		rc = -errno;
 		goto out;
 	}
-	if (mkdirat(t->shardsfd, staging, st.st_mode & 07777) < 0) {
-		rc = -errno;
+	rc = make_staging(t, parent, staging, st.st_mode & 07777);
+	if (rc < 0)
 		goto out;
-	}
 	sfd = openat(t->shardsfd, staging, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (sfd < 0) {
 		rc = -errno;
@@ -521,11 +536,9 @@ int ram_stage_begin(struct ram_tier *t, const struct shard_key *k, struct ram_st
 	if ((size_t)snprintf(st->rel, sizeof(st->rel), "%s/.%s.in-%d-%u", parent, slash + 1,
 			     (int)getpid(), atomic_fetch_add(&seq, 1)) >= sizeof(st->rel))
 		return -ENAMETOOLONG;
-	rc = util_mkdirs_at(t->shardsfd, parent, 0700);
+	rc = make_staging(t, parent, st->rel, 0755);
 	if (rc < 0)
 		return rc;
-	if (mkdirat(t->shardsfd, st->rel, 0755) < 0)
-		return -errno;
 	st->fd = openat(t->shardsfd, st->rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (st->fd < 0) {
 		rc = -errno;

@@ -51,6 +51,7 @@ class Cluster:
     def __init__(self, n, ram_size="1G", secret=True, restore_timeout=15, extra="", k=1):
         self.n = n
         self.k = k
+        self.interval = "backup-interval-minutes: 30"
         self.ports = free_ports(n)
         self.addrs = ["127.0.0.1:%d" % p for p in self.ports]
         self.dir = tempfile.mkdtemp(prefix="mtcfs-cluster-")
@@ -96,8 +97,8 @@ class Cluster:
     # -- the job, as Orbax plays it on every node --
     def yaml(self, job, rank, extra=""):
         return ("job-name: %s\nframework: orbax\nnode-rank: %d\nnodes: %d\n"
-                "peers-per-node: %d\nbackup-interval-minutes: 30\n%s" % (
-                    job, rank, self.n, self.k, extra))
+                "peers-per-node: %d\n%s\n%s" % (
+                    job, rank, self.n, self.k, self.interval, extra))
 
     def job_start(self, job, ranks=None, extra="", timeout=60):
         """Every node (in parallel) writes replicator.yaml and waits for its
