@@ -1,5 +1,6 @@
 #include "net/client.h"
 #include "common/log.h"
+#include "common/sigpipe.h"
 #include "common/util.h"
 #include "tiers/manifest.h"
 
@@ -268,38 +269,6 @@ int nconn_send_raw(struct nconn *c, uint8_t type, uint32_t req_id, const void *p
 	return rc;
 }
 
-/* sendfile(2) to a socket raises SIGPIPE when the peer is gone and has no
- * MSG_NOSIGNAL: block it on this thread for the transfer and swallow the
- * one we caused, leaving the process's disposition alone. */
-struct sigpipe_guard {
-	sigset_t old;
-	bool was_pending;
-};
-
-static void sigpipe_block(struct sigpipe_guard *g)
-{
-	sigset_t set, pending;
-
-	sigemptyset(&set);
-	sigaddset(&set, SIGPIPE);
-	sigpending(&pending);
-	g->was_pending = sigismember(&pending, SIGPIPE) == 1;
-	pthread_sigmask(SIG_BLOCK, &set, &g->old);
-}
-
-static void sigpipe_restore(struct sigpipe_guard *g, bool got_epipe)
-{
-	if (got_epipe && !g->was_pending) {
-		struct timespec zero = { 0, 0 };
-		sigset_t set;
-
-		sigemptyset(&set);
-		sigaddset(&set, SIGPIPE);
-		while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR)
-			;
-	}
-	pthread_sigmask(SIG_SETMASK, &g->old, NULL);
-}
 
 /* pread + send, for files sendfile(2) refuses. */
 static int send_file_copy(struct nconn *c, int fd, uint64_t off, uint64_t size)
@@ -386,7 +355,7 @@ int nconn_send_file(struct nconn *c, const char *path, int fd, uint64_t size,
 		rc = -errno;
 		break;
 	}
-	sigpipe_restore(&g, rc == -EPIPE);
+	sigpipe_restore(&g);
 	/* the NT_FILE header promised size bytes: any shortfall breaks the stream */
 	if (rc < 0)
 		c->send_err = rc;

@@ -18,6 +18,7 @@
 #include "tiers/bucket.h"
 #include "tiers/gcs_auth.h"
 #include "common/log.h"
+#include "common/sigpipe.h"
 #include "common/util.h"
 #include "tiers/manifest.h"
 
@@ -633,39 +634,6 @@ static size_t header_cb(char *p, size_t size, size_t nmemb, void *arg)
 	return len;
 }
 
-/* TLS writes (OpenSSL's socket BIO) on a connection the peer reset raise
- * SIGPIPE, and CURLOPT_NOSIGNAL (needed with threads) stops curl from
- * ignoring it: block it on this thread for the transfer and swallow the one
- * we caused, leaving the process's disposition alone (as net/client.c). */
-struct sigpipe_guard {
-	sigset_t old;
-	bool was_pending;
-};
-
-static void sigpipe_block(struct sigpipe_guard *g)
-{
-	sigset_t set, pending;
-
-	sigemptyset(&set);
-	sigaddset(&set, SIGPIPE);
-	sigpending(&pending);
-	g->was_pending = sigismember(&pending, SIGPIPE) == 1;
-	pthread_sigmask(SIG_BLOCK, &set, &g->old);
-}
-
-static void sigpipe_restore(struct sigpipe_guard *g)
-{
-	struct timespec zero = { 0, 0 };
-	sigset_t set, pending;
-
-	sigemptyset(&set);
-	sigaddset(&set, SIGPIPE);
-	sigpending(&pending);
-	if (!g->was_pending && sigismember(&pending, SIGPIPE) == 1)
-		while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR)
-			;
-	pthread_sigmask(SIG_SETMASK, &g->old, NULL);
-}
 
 /* One attempt. 0 with *cc (and r->status when *cc is CURLE_OK), or -errno
  * when it could not start (no token: words already set). tok receives the

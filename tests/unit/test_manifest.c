@@ -33,59 +33,8 @@
 #define VERSION 1u
 #define HDR_LEN 44u
 
-/* ---- private temp directory ---- */
-
-struct tmp {
-	char path[PATH_MAX];
-	int fd;
-};
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)ftw;
-	return flag == FTW_DP ? rmdir(p) : unlink(p);
-}
-
-static int tmp_setup(void **state)
-{
-	static const char *const bases[] = { "/dev/shm", "/tmp" };
-	struct tmp *t = calloc(1, sizeof(*t));
-
-	if (!t)
-		return -1;
-	for (size_t i = 0; i < sizeof(bases) / sizeof(bases[0]); i++) {
-		snprintf(t->path, sizeof(t->path), "%s/mtcfs-test-manifest-XXXXXX", bases[i]);
-		if (mkdtemp(t->path))
-			break;
-		t->path[0] = '\0';
-	}
-	if (!t->path[0]) {
-		free(t);
-		return -1;
-	}
-	t->fd = open(t->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (t->fd < 0) {
-		rmdir(t->path);
-		free(t);
-		return -1;
-	}
-	*state = t;
-	return 0;
-}
-
-static int tmp_teardown(void **state)
-{
-	struct tmp *t = *state;
-	int rc;
-
-	if (!t)
-		return 0;
-	close(t->fd);
-	rc = nftw(t->path, rm_cb, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-	free(t);
-	return rc;
-}
+#define TESTTMP_NAME "manifest"
+#include "tests/unit/testtmp.h"
 
 static void put_file(int dirfd, const char *name, const void *data, size_t len, mode_t mode)
 {
