@@ -277,6 +277,9 @@ static void process_yaml(struct fs *fs)
 		/* single node: the data is local and the job-wide barrier is trivial */
 	}
 	commit_drop_newer(fs, c.job, plan.found ? plan.step : 0);
+	/* the restore may have replaced a store copy the kernel has cached
+	 * entries of (read through an earlier marker) */
+	fs_forget_name_now(fs, ".mtcfs");
 	remember_restored(fs, &plan);
 	rc = publish_markers(fs, &c, &plan);
 	if (rc < 0) {

@@ -131,5 +131,8 @@ void commit_drop_newer(struct fs *fs, const char *job, uint64_t step);
  * step): let the kernel forget its cached subtree, so the daemon's handles
  * on the dropped files close and tmpfs frees them. Any thread. */
 void fs_forget_name(struct fs *fs, const char *name);
+/* The same, done before returning: only from threads that serve no FUSE
+ * request (the control thread). */
+void fs_forget_name_now(struct fs *fs, const char *name);
 
 #endif

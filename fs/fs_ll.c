@@ -143,6 +143,12 @@ static void inval_run(void *arg)
 	free(j);
 }
 
+void fs_forget_name_now(struct fs *fs, const char *name)
+{
+	if (fs->se)
+		fuse_lowlevel_notify_inval_entry(fs->se, FUSE_ROOT_ID, name, strlen(name));
+}
+
 void fs_forget_name(struct fs *fs, const char *name)
 {
 	struct inval_job *j;

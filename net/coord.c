@@ -615,6 +615,14 @@ static void on_fetch_failed(struct coord *c, uint64_t conn, int rank, uint32_t r
 	log_warn("coord", "job %s: rank %d could not use the shard of node %llu at step %llu held by %llu; re-planning",
 		 j->name, rank, (unsigned long long)owner, (unsigned long long)step,
 		 (unsigned long long)holder);
+	if (c->bk.decide && c->worker) {
+		/* with a bucket, a cluster that lost its last copy may still
+		 * restore from a backup: plan again with the bucket's say */
+		j->n[rank].cat = (struct pending){ conn, req_id, true };
+		j->state = R_COLLECT;
+		start_plan(c, j);
+		return;
+	}
 	old_step = j->plan.step;
 	old_found = j->plan.found;
 	compute_plan(c, j);

@@ -1558,8 +1558,27 @@ static int check_crc(struct gcs *g, const char *full, const char *what, bool has
 	return 0;
 }
 
+static int gcs_get_file_once(struct bkt *b, const char *name, int fd, unsigned ranges,
+			     uint64_t *size, uint32_t *crcp);
+
+/* A CRC32C mismatch may be one damaged transfer of an intact object: a
+ * regular file as the sink is truncated and the object fetched once more
+ * before the mismatch counts. */
 static int gcs_get_file(struct bkt *b, const char *name, int fd, unsigned ranges,
 			uint64_t *size, uint32_t *crcp)
+{
+	struct stat st;
+	int rc = gcs_get_file_once(b, name, fd, ranges, size, crcp);
+
+	if (rc == -EBADMSG && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) == 0) {
+		log_warn(MOD, "%s: %s; fetching it once more", name, bkt_last_error());
+		rc = gcs_get_file_once(b, name, fd, ranges, size, crcp);
+	}
+	return rc;
+}
+
+static int gcs_get_file_once(struct bkt *b, const char *name, int fd, unsigned ranges,
+			     uint64_t *size, uint32_t *crcp)
 {
 	struct gcs *g = G(b);
 	char *full = full_name(g, name), *what = full ? what_of(g, full) : NULL;

@@ -1,0 +1,93 @@
+"""Fault matrix, CI subset (issue 8): tests/fault/matrix.py --ci runs the
+cells marked for CI (one fault at one phase each, on the file:// bucket
+and/or the Cloud Storage test server; every cell asserts the restore
+invariants, see tests/fault/README.md) and a 3-cycle soak (save -> random
+kill -9 -> restart -> restore -> verify) with a fixed seed.
+
+The driver runs as a child process (it sets up network namespaces and
+cleans them up itself); its matrix and soak summary are printed, its JSON
+is checked here: no FAIL cell, no bad restore, and the whole run within
+RUN_LIMIT seconds (it is meant to take well under 4 minutes on 2 cores).
+
+Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
+     /usr/bin/python3 tests/integration/test_fault_matrix.py
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+MATRIX = os.path.join(harness.REPO, "tests", "fault", "matrix.py")
+RUN_LIMIT = 480          # hard stop for the child (the ASan build is slower)
+SOAK_CYCLES = 3
+SOAK_SEED = 1
+
+
+class FaultMatrixCI(unittest.TestCase):
+
+    def test_ci_matrix_and_soak(self):
+        if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+            self.skipTest("needs root and /dev/fuse")
+        fd, js = tempfile.mkstemp(prefix="mtcfs-fm-", suffix=".json")
+        os.close(fd)
+        self.addCleanup(os.unlink, js)
+        env = dict(os.environ)
+        env["MTCFS_BIN"] = harness.MTCFS_BIN
+        env["MTCFS_ADMIN"] = harness.MTCFS_ADMIN
+        argv = ["/usr/bin/python3", MATRIX, "--ci", "--soak", "--cycles", str(SOAK_CYCLES),
+                "--seed", str(SOAK_SEED), "--json", js]
+        t0 = time.monotonic()
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        out = []
+        try:
+            deadline = t0 + RUN_LIMIT
+            for line in iter(p.stdout.readline, b""):
+                s = line.decode(errors="replace")
+                out.append(s)
+                sys.stdout.write(s)
+                sys.stdout.flush()
+                if time.monotonic() > deadline:
+                    break
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            if p.poll() is None:
+                p.terminate()           # the driver unmounts and removes its namespaces
+                try:
+                    p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                self.fail("matrix.py did not finish within %d s (I5: no hang)" % RUN_LIMIT)
+            p.stdout.close()
+        secs = time.monotonic() - t0
+        sys.stdout.write("\n  [timing] fault matrix CI subset + %d-cycle soak: %.0f s\n"
+                         % (SOAK_CYCLES, secs))
+        with open(js) as f:
+            res = json.load(f)
+        cells = res.get("cells", [])
+        self.assertTrue(cells, "the matrix ran no cell")
+        failed = ["%s [%s]: %s" % (c["cell"], c["backend"], c.get("reason", "")[:600])
+                  for c in cells if c["result"] == "FAIL"]
+        soak = res.get("soak") or {}
+        self.assertEqual(soak.get("cycles"), SOAK_CYCLES, "soak cycles run")
+        bad = ["cycle %s: %s" % (b.get("cycle"), b.get("why", "")[:600])
+               for b in soak.get("bad", [])]
+        if failed or bad:
+            self.fail("%d fault matrix cell(s) failed, %d bad soak restore(s):\n  %s"
+                      % (len(failed), len(bad), "\n  ".join(failed + bad)))
+        self.assertEqual(p.returncode, 0, "matrix.py exit status")
+
+
+if __name__ == "__main__":
+    harness.main()
