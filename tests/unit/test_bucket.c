@@ -849,12 +849,18 @@ static void test_gs_download_damage(void **state)
 	assert_int_equal(bkt_put_file(gb, "dmg", fd, 700 * KIB, crc), 0);
 	close(fd);
 	out = new_fd("dmg.dst");
-	/* a flipped byte in flight */
+	/* one flipped byte in flight: the object is fetched once more */
 	assert_true(tsrv_fault(&srv, "{\"match\": \"download\", \"kind\": \"corrupt\", \"count\": 1, "
+				     "\"after_bytes\": 1000}"));
+	assert_int_equal(bkt_get_file(gb, "dmg", out, &size, true, crc), 0);
+	assert_int_equal(size, 700 * KIB);
+	/* damaged on every transfer: the mismatch counts */
+	assert_true(tsrv_fault(&srv, "{\"match\": \"download\", \"kind\": \"corrupt\", \"count\": 100, "
 				     "\"after_bytes\": 1000}"));
 	assert_int_equal(bkt_get_file(gb, "dmg", out, &size, true, crc), -EBADMSG);
 	assert_contains(bkt_last_error(), "gs://bkt/pfx/dmg");
 	assert_contains(bkt_last_error(), "crc32c");
+	assert_true(tsrv_reset(&srv, false));   /* the faults left over */
 	/* the stored bytes truncated behind the metadata's back */
 	assert_true(tsrv_post(&srv, "/_corrupt", "{\"bucket\": \"bkt\", \"name\": \"pfx/dmg\", "
 					       "\"kind\": \"truncate\", \"offset\": 500000}"));
