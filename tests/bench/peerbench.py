@@ -16,13 +16,15 @@ medians, next to the goal (the row format of tests/bench/run).
      the same number of bytes (the same 4-file layout) over one loopback
      TCP connection from a tmpfs file into a tmpfs file (sendfile -> recv +
      write, and sendfile -> splice; the faster of the two by median is the
-     baseline). Goal >= 0.75x.
+     baseline). Goal >= 0.75x. Also the CPU seconds per GiB of both
+     daemons (utime+stime from /proc, the seal worker's thread excluded)
+     against mtcfs-tcpbase's own.
   2. Restore from a peer into an empty RAMDIR. kill -9 node 1, a fresh
      empty tmpfs as its RAMDIR, restart; node 0 writes replicator.yaml,
      then (clock starts) node 1 writes it; the clock stops when node 1's
      daemon logs "restore job=.. source=peer" (its .restore markers are
      published). Reading the data back is not included. Same baseline.
-     Goal >= 0.75x.
+     Goal >= 0.75x. CPU seconds per GiB as in 1.
   3. The application's write throughput into the mount while its previous
      step replicates to the peer (node 1 writes step A, renames it, and at
      once writes step B: B's write is timed) against the same write on a
@@ -42,7 +44,14 @@ medians, next to the goal (the row format of tests/bench/run).
   tests/bench/peerbench.py --full     1 GiB shards, N up to 4096, more repetitions
   tests/bench/peerbench.py --only redundancy,restore,write,coord
   tests/bench/peerbench.py --build-dir DIR | --no-build [--mtcfs X --admin Y]
+  tests/bench/peerbench.py --shard-mib 4096 --warmup 0 --reps 1 --only redundancy,restore
+                                      one large shard (each node then holds one step)
+  tests/bench/peerbench.py --prefault touch a shard's worth of memory before every timed
+                                      round (VMs whose host maps guest memory lazily)
   tests/bench/peerbench.py --check    exit 1 when a goal is missed
+
+tests/bench/run calls this script for its "peer" and "coord" sections and
+for the shard-size sweep, and merges peer.json into its own table.
 
 Writes OUT/peer.json and OUT/peer.md (OUT: tests/bench/out by default) and
 the daemon logs OUT/peer-*.log; prints the Markdown table. Exit status 0,
@@ -238,6 +247,39 @@ def mem_available():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def proc_cpu_s(pid):
+    """utime + stime of every thread of a live process, in seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        v = f.read().rsplit(")", 1)[1].split()
+    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid, comm):
+    """utime + stime of the live threads of pid named comm (e.g. the
+    daemon's seal worker "mtcfs-seal"), in seconds."""
+    tot = 0
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                head, tail = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        if head.split("(", 1)[1] == comm:
+            v = tail.split()
+            tot += int(v[11]) + int(v[12])
+    return tot / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s():
+    """CPU seconds of the reaped children of this process so far."""
+    t = os.times()
+    return t.children_user + t.children_system
 
 
 def proc_status_kib(pid, key):
@@ -804,11 +846,40 @@ class Cluster:
                 d.stop()
 
 
-def tcpbase_round(bench, src_files, dst, modes):
-    """One copy of src_files into dst per mode; returns {mode: GiB/s}."""
+def prefault(bench, d, nbytes):
+    """With --prefault: write nbytes of zeros into a file in d (a tmpfs with
+    room) and delete it, right before a timed round. In a VM whose guest
+    memory the host maps lazily and takes back when it is free (Firecracker,
+    free page reporting) the first touch of such memory costs a host page
+    fault per page (measured here: ~0.3 GiB/s instead of ~1.8 when stores
+    go to memory that was used seconds before); this makes the round that
+    comes next, mtcfs or baseline, find warm pages, like a machine whose
+    RAM is its own."""
+    if not bench.args.prefault:
+        return
+    p = os.path.join(d, ".prefault")
+    chunk = bytes(64 * MiB)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        left = nbytes
+        while left > 0:
+            left -= os.write(fd, chunk[:min(left, len(chunk))])
+    finally:
+        os.close(fd)
+        os.unlink(p)
+
+
+def tcpbase_round(bench, src_files, dst, modes, cpu=None):
+    """One copy of src_files into dst per mode; returns {mode: GiB/s}.
+    cpu: a dict {mode: [...]} that gets the copy's CPU seconds per GiB
+    (mtcfs-tcpbase's utime+stime: sender and receiver thread)."""
     out = {}
     for mode in modes:
+        prefault(bench, dst, sum(os.path.getsize(f) for f in src_files))
+        c0 = children_cpu_s()
         r = bench.run_json([bench.tcpbase, "--mode", mode, dst] + src_files)
+        if cpu is not None:
+            cpu.setdefault(mode, []).append((children_cpu_s() - c0) / (r["bytes"] / GiB))
         out[mode] = r["gib_per_s"]
         for n in os.listdir(dst):
             os.unlink(os.path.join(dst, n))
@@ -860,22 +931,32 @@ def section_cluster(bench, p, parts):
         # -- 1: time to redundancy --------------------------------------------------
         # The last step written here is what benchmark 2 restores, so it runs
         # whenever either is asked for.
-        red = {"e2e": [], "push": [], "seal": [], "write_idle": [], "bytes": []}
+        red = {"e2e": [], "push": [], "seal": [], "write_idle": [], "bytes": [], "cpu": [],
+               "cpu_seal": []}
         tcp1 = {m: [] for m in modes}
+        tcp1cpu = {m: [] for m in modes}
         nred = reps if "redundancy" in parts else 0
         need_red = "redundancy" in parts or "restore" in parts
-        for rep in range(nred + 1 if need_red else 0):   # rep 0: warm-up, discarded
+        # rounds before `warm` are warm-ups (discarded); with --warmup 0 and
+        # only "restore" asked for, one round still writes the step to restore
+        warm = p["warmup"]
+        nrounds = (nred + warm if "redundancy" in parts else max(1, warm)) if need_red else 0
+        for rep in range(nrounds):
             s = next_step()
             order = ("mtcfs", "tcp") if rep % 2 == 0 else ("tcp", "mtcfs")
             for what in order:
                 if what == "tcp":
-                    if rep > 0 and "redundancy" in parts:
-                        for m, v in tcpbase_round(bench, src_files, base_dst, modes).items():
+                    if rep >= warm and "redundancy" in parts:
+                        for m, v in tcpbase_round(bench, src_files, base_dst, modes,
+                                                  tcp1cpu).items():
                             tcp1[m].append(v)
                     continue
                 tmp = os.path.join(w1.mnt, "%d.orbax-checkpoint-tmp-1" % s)
                 wsecs, _, _ = w.write_dir(tmp, s)
+                prefault(bench, base_dst, shard)      # the replica's pages
                 t0n, t1n = w0.tail(), w1.tail()
+                c0 = proc_cpu_s(w0.pid) + proc_cpu_s(w1.pid)
+                cs0 = thread_cpu_s(w1.pid, "mtcfs-seal")
                 t0 = time.monotonic()
                 os.rename(tmp, os.path.join(w1.mnt, str(s)))
                 m, _ = t0n.wait(r"replica job=%s step=%d node=1 from rank 1 bytes=(\d+)"
@@ -890,11 +971,15 @@ def section_cluster(bench, p, parts):
                                  check=cl.check)
                 ms, _ = t1n.wait(r"committed job=%s step=%d .*seal_ms=([\d.]+)" % (JOB, s), 10,
                                  "node 1's commit log of step %d" % s)
+                cseal = thread_cpu_s(w1.pid, "mtcfs-seal") - cs0
+                cpu = proc_cpu_s(w0.pid) + proc_cpu_s(w1.pid) - c0 - cseal
                 sh = shard_of(bench.admin_ls(w0.ramdir, JOB), 1, s)
                 if not sh or sh.get("state") not in COMMITTED_STATES or sh.get("bytes") != shard:
                     raise BenchError("node 0's catalog does not show node 1's step %d: %s"
                                      % (s, sh))
-                if rep > 0:
+                if rep >= warm:
+                    red["cpu"].append(cpu / (nbytes / GiB))
+                    red["cpu_seal"].append(cseal / (nbytes / GiB))
                     red["e2e"].append(e2e)
                     red["push"].append(float(mr.group(1)))
                     red["seal"].append(float(ms.group(1)))
@@ -903,10 +988,10 @@ def section_cluster(bench, p, parts):
                 # node 0's part of the step: the LKG moves, older steps go
                 tiny_step(w0.mnt, s, 0)
                 cl.wait_gc(s)
-            if rep > 0:
+            if rep >= warm:
                 log("redundancy rep %d/%d: %.3f s rename -> replica (%.2f GiB/s; daemon push "
                     "%.3f s, seal %.0f ms)%s" % (
-                        rep, nred, red["e2e"][-1], shard / GiB / red["e2e"][-1],
+                        rep - warm + 1, nred, red["e2e"][-1], shard / GiB / red["e2e"][-1],
                         red["push"][-1], red["seal"][-1],
                         "; tcp copy %.2f splice %.2f GiB/s" % (tcp1["copy"][-1],
                                                               tcp1["splice"][-1])
@@ -936,16 +1021,27 @@ def section_cluster(bench, p, parts):
             bench.value_row("peer.write.idle", "app write into the mount, cluster idle "
                             "(%s, 1 MiB writes)" % human_size(shard), "GiB/s",
                             red["write_idle"], higher_is_better=True, config=cfg)
+            bmode = "copy" if "recv" in bname else "splice"
+            bench.ratio_row(
+                "peer.cpu.replication", "CPU seconds per GiB: replication (%s step, both "
+                "daemons' utime+stime from rename to published replica, seal excluded)"
+                % human_size(shard), "CPU s/GiB", tcp1cpu[bmode], red["cpu"], None,
+                higher_is_better=False, config=cfg,
+                baseline_name=bname + " (mtcfs-tcpbase)",
+                note="the seal (CRC32C of every file, manifest) took another %.3f CPU s/GiB "
+                     "(median, the mtcfs-seal thread)" % statistics.median(red["cpu_seal"]))
 
         # -- 2: restore from a peer into an empty RAMDIR ------------------------------
         if "restore" in parts:
-            rst = {"e2e": [], "ready_ms": []}
+            rst = {"e2e": [], "ready_ms": [], "cpu": []}
             tcp2 = {m: [] for m in modes}
+            tcp2cpu = {m: [] for m in modes}
             for rep in range(reps):
                 order = ("mtcfs", "tcp") if rep % 2 == 0 else ("tcp", "mtcfs")
                 for what in order:
                     if what == "tcp":
-                        for m, v in tcpbase_round(bench, src_files, base_dst, modes).items():
+                        for m, v in tcpbase_round(bench, src_files, base_dst, modes,
+                                                  tcp2cpu).items():
                             tcp2[m].append(v)
                         continue
                     w1.kill9()
@@ -953,8 +1049,11 @@ def section_cluster(bench, p, parts):
                     if os.listdir(cl.ram[1]):
                         raise BenchError("fresh RAMDIR not empty")
                     w1.start()
+                    prefault(bench, base_dst, shard)  # the restored shard's pages
                     t1n = w1.tail()
+                    c0 = proc_cpu_s(w0.pid) + proc_cpu_s(w1.pid)
                     got = cl.job_start(first=0)
+                    cpu = proc_cpu_s(w0.pid) + proc_cpu_s(w1.pid) - c0
                     st, src, ready_ms, secs = got[1]
                     if st != last_step or src != "peer" or got[0][0] != last_step:
                         raise BenchError("restore: expected step %d from a peer on node 1, got "
@@ -965,6 +1064,7 @@ def section_cluster(bench, p, parts):
                         raise BenchError("restored %s bytes, expected %d" % (m.group(1), shard))
                     rst["e2e"].append(secs)
                     rst["ready_ms"].append(ready_ms)
+                    rst["cpu"].append(cpu / (shard / GiB))
                 log("restore rep %d/%d: %.3f s yaml -> markers (%.2f GiB/s; daemon ready_ms "
                     "%.0f); tcp copy %.2f splice %.2f GiB/s" % (
                         rep + 1, reps, rst["e2e"][-1], shard / GiB / rst["e2e"][-1],
@@ -978,6 +1078,12 @@ def section_cluster(bench, p, parts):
                 baseline_name=bname,
                 note="median %.3f s; node 0 wrote its yaml first; daemon ready_ms median %.0f"
                      % (statistics.median(rst["e2e"]), statistics.median(rst["ready_ms"])))
+            bench.ratio_row(
+                "peer.cpu.restore", "CPU seconds per GiB: restore from the peer (%s, both "
+                "daemons' utime+stime from the yamls to the markers)" % human_size(shard),
+                "CPU s/GiB", tcp2cpu["copy" if "recv" in bname else "splice"], rst["cpu"],
+                None, higher_is_better=False, config="2 nodes, node 1 killed -9 and wiped",
+                baseline_name=bname + " (mtcfs-tcpbase)")
         if base_src:
             bench.umount_tmpfs(base_dst)
             bench.umount_tmpfs(base_src)
@@ -1267,14 +1373,31 @@ def params(bench):
     p = {"reps": 5 if quick else 7,
          "nfiles": 4, "fsize": (64 if quick else 256) * MiB,
          "coord_nodes": [256, 1024] if quick else [256, 1024, 4096],
-         "coord_rounds": 3 if quick else 5}
+         "coord_rounds": 3 if quick else 5, "warmup": 1}
     if bench.args.reps:
         p["reps"] = p["coord_rounds"] = bench.args.reps
     if bench.args.coord_nodes:
         p["coord_nodes"] = [int(x) for x in bench.args.coord_nodes.split(",")]
     if bench.args.shard_mib:
         p["fsize"] = bench.args.shard_mib * MiB // p["nfiles"]
+    if bench.args.warmup is not None:
+        p["warmup"] = bench.args.warmup
     return p
+
+
+def mem_needed(p, parts):
+    """Peak memory of the cluster parts, roughly: the raw-TCP source and
+    destination tmpfs, each node holding its previous step while the next
+    one arrives (one step if only one is written), the writer's buffer; the
+    "write" part holds up to three steps per node and a single node."""
+    shard = p["nfiles"] * p["fsize"]
+    if "write" in parts:
+        return 8 * shard + GiB
+    if not ("redundancy" in parts or "restore" in parts):
+        return GiB
+    writes = (p["reps"] if "redundancy" in parts else 0) + p["warmup"]
+    held = 2 if writes >= 2 else 1
+    return (2 + 2 * held) * shard + p["fsize"] + GiB
 
 
 def main():
@@ -1297,6 +1420,13 @@ def main():
     ap.add_argument("--reps", type=int, help="repetitions (override)")
     ap.add_argument("--coord-nodes", help="node counts for the coordinator rows, e.g. 256,4096")
     ap.add_argument("--shard-mib", type=int, help="shard size in MiB (override; 4 files)")
+    ap.add_argument("--warmup", type=int,
+                    help="discarded warm-up rounds before the redundancy rounds (default 1; "
+                         "0 lets a large shard fit: each node then holds one step)")
+    ap.add_argument("--prefault", action="store_true",
+                    help="before every timed redundancy, restore and raw-TCP round, write "
+                         "and delete a shard's worth of zeros on a tmpfs, so that the round "
+                         "finds warm memory (for VMs whose host maps guest memory lazily)")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
     parts = PARTS if not args.only else tuple(x.strip() for x in args.only.split(","))
@@ -1305,6 +1435,8 @@ def main():
             ap.error("unknown part %r (choose from %s)" % (x, ", ".join(PARTS)))
     if args.reps is not None and args.reps < 1:
         ap.error("--reps must be at least 1")
+    if args.warmup is not None and args.warmup < 0:
+        ap.error("--warmup must be at least 0")
 
     bench = Bench(args)
     p = params(bench)
@@ -1316,8 +1448,7 @@ def main():
         bench.build()
         bench.setup()
         env = env_info(bench)
-        shard = p["nfiles"] * p["fsize"]
-        need = 8 * shard + GiB
+        need = mem_needed(p, [x for x in parts if x != "coord"])
         if mem_available() < need:
             raise BenchError("needs about %.1f GiB of free memory (MemAvailable: %.1f GiB)"
                              % (need / GiB, mem_available() / GiB))
@@ -1350,6 +1481,13 @@ def main():
         "connections use (TCP_NODELAY, 4 MiB buffers), no CRC; of its two receivers "
         "(recv+write 1 MiB, splice through a 1 MiB pipe) the faster by median is the "
         "baseline. Sender, receiver and (for mtcfs) both daemons share the same 2 CPUs.")
+    if args.prefault:
+        bench.notes.append(
+            "peer: --prefault: right before every timed round (mtcfs and raw TCP alike) a "
+            "shard's worth of zeros was written to a tmpfs and deleted, so the round found "
+            "warm memory: in this VM class the first touch of guest memory that was not "
+            "used for a few seconds costs a host page fault per page (~0.3 GiB/s), which "
+            "otherwise falls on whichever side happens to run first.")
     if bench.max_leak[1] > 16 * MiB:
         tp, leak, used, held = bench.max_leak
         bench.notes.append(
