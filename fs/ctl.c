@@ -212,6 +212,8 @@ static void process_yaml(struct fs *fs)
 	}
 	err[0] = '\0';
 	rc = rcfg_parse(buf, len, NULL, &c, err, sizeof(err));
+	if (rc == 0)   /* until the markers are out: a crash in between resumes it */
+		idx_put_meta(ram_idx(fs->ram), "pending_yaml", buf, len);
 	free(buf);
 	if (rc == -ENODATA) {
 		log_info("ctl", "replicator.yaml is empty: deleted and ignored");
@@ -261,6 +263,7 @@ static void process_yaml(struct fs *fs)
 				 strerror(-rc));
 			report_failed(fs, err);
 			set_phase(fs, "failed");
+			idx_del_meta(ram_idx(fs->ram), "pending_yaml");
 			rcfg_free(&c);
 			return;
 		}
@@ -293,6 +296,7 @@ static void process_yaml(struct fs *fs)
 		    plan.source == RS_BUCKET ? MC_RESTORES_BUCKET : MC_RESTORES_LOCAL, 1);
 	metrics_observe(MH_RESTORE_SECONDS, (double)(util_now_ns() - t0) / 1e9);
 	set_phase(fs, "ready");
+	idx_del_meta(ram_idx(fs->ram), "pending_yaml");
 	commit_gc(fs);
 	rcfg_free(&c);
 }
@@ -392,6 +396,21 @@ int ctl_start(struct fs *fs)
 		return -rc;
 	fs->ctl_running = true;
 	idx_put_meta(ram_idx(fs->ram), "phase", fs->phase, strlen(fs->phase));
+	{
+		/* mtcfs died after taking a replicator.yaml (and maybe deleting
+		 * it) but before the markers: the app still waits for them, so
+		 * the sequence runs again from the yaml it had written */
+		void *v = NULL;
+		size_t len;
+		struct stat st;
+		if (idx_get_meta(ram_idx(fs->ram), "pending_yaml", &v, &len) == 0) {
+			if (fstatat(ram_ns_fd(fs->ram), YAML, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+				log_warn("ctl", "a restore was interrupted by a restart: running it again");
+				util_write_file_atomic(ram_ns_fd(fs->ram), YAML, v, len);
+			}
+			free(v);
+		}
+	}
 	/* a replicator.yaml written while mtcfs was down */
 	ctl_notify(fs);
 	return 0;
