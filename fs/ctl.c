@@ -403,7 +403,10 @@ int ctl_start(struct fs *fs)
 		void *v = NULL;
 		size_t len;
 		struct stat st;
-		if (idx_get_meta(ram_idx(fs->ram), "pending_yaml", &v, &len) == 0) {
+		/* single node only: in a cluster the other nodes have moved on
+		 * and the job restarts as a whole (a new yaml on every node) */
+		if (!fs->o.listen && !fs->o.peers && !fs->o.coordinator &&
+		    idx_get_meta(ram_idx(fs->ram), "pending_yaml", &v, &len) == 0) {
 			if (fstatat(ram_ns_fd(fs->ram), YAML, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 				log_warn("ctl", "a restore was interrupted by a restart: running it again");
 				util_write_file_atomic(ram_ns_fd(fs->ram), YAML, v, len);
