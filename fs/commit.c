@@ -173,10 +173,20 @@ static void seal_job(void *arg)
 	fs_freeze_subtree(fs, dfd, step);
 	frozen = true;
 	atomic_fetch_sub(&fs->sealing, 1);
-	rc = ram_seal(fs->ram, &k, dfd, ino, SHF_OWN, &mf);
-	if (rc < 0) {
-		log_err("commit", "sealing step %llu failed: %s", (unsigned long long)step, strerror(-rc));
-		goto out;
+	/* a failure may be passing (a directory tidied away under the seal by
+	 * another thread, a short ENOMEM): try again before giving the step up */
+	for (int attempt = 1;; attempt++) {
+		rc = ram_seal(fs->ram, &k, dfd, ino, SHF_OWN, &mf);
+		if (rc == 0)
+			break;
+		if (attempt == 3) {
+			log_err("commit", "sealing step %llu failed: %s", (unsigned long long)step,
+				strerror(-rc));
+			goto out;
+		}
+		log_warn("commit", "sealing step %llu failed (%s), attempt %d: trying again",
+			 (unsigned long long)step, strerror(-rc), attempt);
+		usleep(20000u * (unsigned)attempt);
 	}
 	mf_hash_hex(mf->hash, hex);
 	metrics_add(MC_COMMITS, 1);

@@ -397,21 +397,23 @@ static void serve_push(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 		send_error(c, id, -rc, "cannot stage");
 		goto out;
 	}
-	if (ram_find_hash(e->ram, mf->hash, &same) == 0 && ram_stage_link(e->ram, &st, &same) == 0 &&
-	    ram_stage_publish(e->ram, &st, mf, 0) == 0) {
-		/* same content already here (data parallelism): metadata only */
-		log_info("engine", "replica job=%s step=%llu node=%u linked from node %u (same content)",
-			 k.job, (unsigned long long)k.step, k.rank, same.rank);
-		resp = json_pack("{s:b}", "have", 1);
-		nconn_send(c, NT_RESP, id, resp);
-		json_decref(resp);
-		goto out;
-	}
-	ram_stage_abort(e->ram, &st);
-	rc = ram_stage_begin(e->ram, &k, &st);
-	if (rc < 0) {
-		send_error(c, id, -rc, "cannot stage");
-		goto out;
+	if (ram_find_hash(e->ram, mf->hash, &same) == 0) {
+		if (ram_stage_link(e->ram, &st, &same) == 0 && ram_stage_publish(e->ram, &st, mf, 0) == 0) {
+			/* same content already here (data parallelism): metadata only */
+			log_info("engine", "replica job=%s step=%llu node=%u linked from node %u (same content)",
+				 k.job, (unsigned long long)k.step, k.rank, same.rank);
+			resp = json_pack("{s:b}", "have", 1);
+			nconn_send(c, NT_RESP, id, resp);
+			json_decref(resp);
+			goto out;
+		}
+		/* the link half-done (the holder was dropped meanwhile): start over */
+		ram_stage_abort(e->ram, &st);
+		rc = ram_stage_begin(e->ram, &k, &st);
+		if (rc < 0) {
+			send_error(c, id, -rc, "cannot stage");
+			goto out;
+		}
 	}
 	resp = json_pack("{s:b}", "send", 1);
 	rc = nconn_send(c, NT_RESP, id, resp);

@@ -298,19 +298,21 @@ int ram_shard_open(struct ram_tier *t, const struct shard_key *k)
 	return fd < 0 ? -errno : fd;
 }
 
-/* mkdir -p parent, then mkdir staging in it. Tidying after a drop removes
- * empty STEP and JOB directories concurrently, so a parent made a moment
- * ago may be gone again: retry. */
+/* mkdir -p parent, then mkdir staging in it. Tidying after a drop or an
+ * aborted stage removes empty STEP and JOB directories concurrently, so a
+ * parent made a moment ago may be gone again: retry. Once the staging
+ * directory exists, its parents are not empty and stay. */
 static int make_staging(struct ram_tier *t, const char *parent, const char *staging, mode_t mode)
 {
 	int rc = 0;
-	for (int attempt = 0; attempt < 8; attempt++) {
+	for (int attempt = 0; attempt < 64; attempt++) {
+		/* either step can find a directory gone: JOB between making it and
+		 * making STEP in it, STEP before the staging directory pins it */
 		rc = util_mkdirs_at(t->shardsfd, parent, 0700);
-		if (rc < 0)
-			return rc;
-		if (mkdirat(t->shardsfd, staging, mode) == 0)
+		if (rc == 0 && mkdirat(t->shardsfd, staging, mode) == 0)
 			return 0;
-		rc = -errno;
+		if (rc == 0)
+			rc = -errno;
 		if (rc != -ENOENT)
 			return rc;
 	}
