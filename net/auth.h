@@ -19,10 +19,16 @@
 #define AUTH_RANK_TOOL  (-1)      /* admin tools, load generators */
 #define AUTH_RANK_MAX   65535
 
+struct ssl_ctx_st;
+
 struct net_auth {
 	bool has_secret;    /* false: peers are accepted without MAC checks */
 	size_t secret_len;
 	uint8_t secret[AUTH_SECRET_MAX];
+	/* mutual TLS (net/tls.h): every connection runs inside TLS and both
+	 * ends verify the other's certificate; NULL: plain TCP. Borrowed: its
+	 * owner frees it after every user of the struct has stopped. */
+	struct ssl_ctx_st *tls;
 };
 
 /* Read the secret: the first line of path (trailing "\n" or "\r\n"

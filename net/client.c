@@ -1,4 +1,5 @@
 #include "net/client.h"
+#include "net/tls.h"
 #include "common/log.h"
 #include "common/sigpipe.h"
 #include "common/util.h"
@@ -55,6 +56,15 @@ struct nconn {
 	int pipefd[2];             /* splice pipe, created on first use */
 	size_t pipe_sz;
 	uint8_t *rxbuf;            /* copy-path buffer, RX_CHUNK bytes */
+
+	/* mutual TLS: every byte goes through ssl, one call at a time (ssl_mu:
+	 * a sender and the receiver may run together); splice and sendfile
+	 * give way to the copy paths */
+	SSL *ssl;
+	pthread_mutex_t ssl_mu;
+	bool connecting;           /* in nconn_connect: it reports TLS failures */
+	_Atomic bool tls_failed;   /* a TLS error (not a socket one) broke c */
+	char tls_why[256];         /* its reason; written once, before tls_failed */
 
 	void (*unreg_fn)(void *, struct nconn *);
 	_Atomic(void *) unreg_arg; /* non-NULL while a server tracks c */
@@ -162,7 +172,75 @@ static struct nconn *conn_new(int fd)
 	c->io_timeout_ms = NCONN_IO_TIMEOUT_MS;
 	c->next_req = 1;
 	pthread_mutex_init(&c->send_mu, NULL);
+	pthread_mutex_init(&c->ssl_mu, NULL);
 	return c;
+}
+
+/* A TLS call failed (ssl_mu held): keep the first reason; log it unless
+ * nconn_connect will. */
+static void tls_failure(struct nconn *c)
+{
+	if (c->tls_failed)
+		return;
+	net_tls_why(c->ssl, c->tls_why, sizeof(c->tls_why));
+	c->tls_failed = true;
+	if (!c->connecting)
+		log_warn("net", "%s: TLS: %s", c->addr, c->tls_why);
+}
+
+/* One non-blocking read or write, plain or through TLS: > 0 bytes moved,
+ * 0 end of stream (reads), -EAGAIN with *want the poll event to wait for,
+ * other -errno. */
+static ssize_t io_recv(struct nconn *c, void *buf, size_t len, short *want)
+{
+	ssize_t n;
+
+	if (c->ssl) {
+		pthread_mutex_lock(&c->ssl_mu);
+		n = net_tls_read(c->ssl, buf, len, want);
+		if (n == -EPROTO)
+			tls_failure(c);
+		pthread_mutex_unlock(&c->ssl_mu);
+		return n;
+	}
+	for (;;) {
+		n = recv(c->fd, buf, len, MSG_DONTWAIT);
+		if (n >= 0)
+			return n;
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			*want = POLLIN;
+			return -EAGAIN;
+		}
+		return -errno;
+	}
+}
+
+static ssize_t io_send(struct nconn *c, const void *buf, size_t len, short *want)
+{
+	ssize_t n;
+
+	if (c->ssl) {
+		pthread_mutex_lock(&c->ssl_mu);
+		n = net_tls_write(c->ssl, buf, len, want);
+		if (n == -EPROTO)
+			tls_failure(c);
+		pthread_mutex_unlock(&c->ssl_mu);
+		return n;
+	}
+	for (;;) {
+		n = send(c->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n >= 0)
+			return n;
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			*want = POLLOUT;
+			return -EAGAIN;
+		}
+		return -errno;
+	}
 }
 
 int nconn_fd(const struct nconn *c)
@@ -195,20 +273,19 @@ static int write_all(struct nconn *c, const uint8_t *buf, size_t len, size_t *se
 	int rc = 0;
 
 	while (done < len) {
-		ssize_t n = send(c->fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+		short want = POLLOUT;
+		ssize_t n = io_send(c, buf + done, len - done, &want);
 		if (n >= 0) {
 			done += (size_t)n;
 			continue;
 		}
-		if (errno == EINTR)
-			continue;
-		if (errno == EAGAIN || errno == EWOULDBLOCK) {
-			rc = wait_fd(c->fd, POLLOUT, deadline_after(c->io_timeout_ms));
+		if (n == -EAGAIN) {
+			rc = wait_fd(c->fd, want, deadline_after(c->io_timeout_ms));
 			if (rc < 0)
 				break;
 			continue;
 		}
-		rc = -errno;
+		rc = (int)n;
 		break;
 	}
 	*sent = done;
@@ -328,6 +405,14 @@ int nconn_send_file(struct nconn *c, const char *path, int fd, uint64_t size,
 		pthread_mutex_unlock(&c->send_mu);
 		return rc;
 	}
+	if (c->ssl) {
+		/* the bytes must be encrypted in user space */
+		rc = send_file_copy(c, fd, 0, size);
+		if (rc < 0)
+			c->send_err = rc;
+		pthread_mutex_unlock(&c->send_mu);
+		return rc;
+	}
 	sigpipe_block(&g);
 	while ((uint64_t)off < size) {
 		uint64_t left = size - (uint64_t)off;
@@ -381,7 +466,8 @@ static int read_exact(struct nconn *c, uint8_t *buf, size_t len, uint64_t deadli
 		done = k;
 	}
 	while (done < len) {
-		ssize_t n = recv(c->fd, buf + done, len - done, MSG_DONTWAIT);
+		short want = POLLIN;
+		ssize_t n = io_recv(c, buf + done, len - done, &want);
 		if (n > 0) {
 			done += (size_t)n;
 			continue;
@@ -390,15 +476,13 @@ static int read_exact(struct nconn *c, uint8_t *buf, size_t len, uint64_t deadli
 			rc = -ECONNRESET;
 			break;
 		}
-		if (errno == EINTR)
-			continue;
-		if (errno == EAGAIN || errno == EWOULDBLOCK) {
-			rc = wait_fd(c->fd, POLLIN, deadline);
+		if (n == -EAGAIN) {
+			rc = wait_fd(c->fd, want, deadline);
 			if (rc < 0)
 				break;
 			continue;
 		}
-		rc = -errno;
+		rc = (int)n;
 		break;
 	}
 	*got = done;
@@ -571,20 +655,19 @@ static int rx_copy(struct nconn *c, int fd, uint64_t off, uint64_t size, int tim
 		size_t have = 0;
 
 		while (have < want) {
-			ssize_t n = recv(c->fd, c->rxbuf + have, want - have, MSG_DONTWAIT);
+			short ev = POLLIN;
+			ssize_t n = io_recv(c, c->rxbuf + have, want - have, &ev);
 			if (n > 0) {
 				have += (size_t)n;
 				continue;
 			}
 			if (n == 0)
 				return -ECONNRESET;
-			if (errno == EINTR)
-				continue;
-			if (errno != EAGAIN && errno != EWOULDBLOCK)
-				return -errno;
+			if (n != -EAGAIN)
+				return (int)n;
 			if (have > 0)
 				break;   /* write what we have while more arrives */
-			rc = wait_fd(c->fd, POLLIN, deadline_after(timeout_ms));
+			rc = wait_fd(c->fd, ev, deadline_after(timeout_ms));
 			if (rc < 0)
 				return rc;
 		}
@@ -735,7 +818,7 @@ int nconn_recv_file(struct nconn *c, int fd, uint64_t size, int timeout_ms,
 		c->pre_off += k;
 		off = k;
 	}
-	if (fd >= 0 && mode == NCONN_RX_SPLICE && size - off >= RX_SPLICE_MIN &&
+	if (fd >= 0 && mode == NCONN_RX_SPLICE && !c->ssl && size - off >= RX_SPLICE_MIN &&
 	    pipe_setup(c) == 0) {
 		map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
 		if (map != MAP_FAILED)
@@ -850,6 +933,9 @@ static int client_handshake(struct nconn *c, int my_rank, const char *purpose,
 	int rc;
 
 	rc = recv_frame(c, ms_left(deadline), HANDSHAKE_MAX_PAYLOAD, &h, &p);
+	if (rc == -ETIMEDOUT && !c->ssl)
+		log_warn("net", "%s: no CHALLENGE before the deadline (a peer that expects TLS, "
+			 "tls_*, while this node has none?)", c->addr);
 	if (rc < 0)
 		goto out;
 	if (h.type != NT_CHALLENGE || h.len != AUTH_NONCE_LEN) {
@@ -914,6 +1000,39 @@ out:
 	return rc;
 }
 
+/* TLS client handshake within the deadline; a certificate either side
+ * refuses is an authentication failure (-EACCES). */
+static int tls_connect(struct nconn *c, struct ssl_ctx_st *ctx, uint64_t deadline)
+{
+	char why[256];
+	int rc;
+
+	c->ssl = net_tls_new(ctx, c->fd, 0);
+	if (!c->ssl)
+		return -ENOMEM;
+	for (;;) {
+		short want = POLLIN;
+		rc = net_tls_handshake(c->ssl, &want);
+		if (rc > 0)
+			return 0;
+		if (rc != -EAGAIN)
+			break;
+		rc = wait_fd(c->fd, want, deadline);
+		if (rc < 0) {
+			log_warn("net", "%s: TLS handshake timed out", c->addr);
+			return rc;
+		}
+	}
+	if (rc == -EPROTO) {
+		log_warn("net", "%s: TLS handshake failed: %s (a peer without tls_*, or a "
+			 "certificate not signed by tls_ca?)", c->addr,
+			 net_tls_why(c->ssl, why, sizeof(why)));
+		return -EACCES;
+	}
+	log_warn("net", "%s: TLS handshake: %s", c->addr, net_tls_why(c->ssl, why, sizeof(why)));
+	return rc;
+}
+
 int nconn_connect(const char *hostport, int my_rank, const char *purpose,
 		  const struct net_auth *auth, int timeout_ms, struct nconn **out,
 		  int *peer_rank_out)
@@ -965,7 +1084,21 @@ int nconn_connect(const char *hostport, int my_rank, const char *purpose,
 		goto out;
 	}
 	fmt_addr(ai->ai_addr, c->addr, sizeof(c->addr));
+	if (auth && auth->tls) {
+		rc = tls_connect(c, auth->tls, deadline);
+		if (rc < 0)
+			goto out;
+	}
+	c->connecting = true;
 	rc = client_handshake(c, my_rank, purpose, auth, deadline);
+	c->connecting = false;
+	if (rc < 0 && c->tls_failed) {
+		/* TLS 1.3: the server judges our certificate after our side of
+		 * the handshake is done; its verdict comes as an alert here */
+		log_warn("net", "%s: TLS handshake failed: the peer refused this node: %s "
+			 "(a certificate not signed by its tls_ca?)", c->addr, c->tls_why);
+		rc = -EACCES;
+	}
 	if (rc < 0)
 		goto out;
 	if (peer_rank_out)
@@ -979,9 +1112,9 @@ out:
 	return rc;
 }
 
-int nconn_from_fd(int fd, int peer_rank, const char *peer_addr, const void *pre,
-		  size_t prelen, void (*unreg_fn)(void *, struct nconn *), void *unreg_arg,
-		  struct nconn **out)
+int nconn_from_fd(int fd, struct ssl_st *ssl, int peer_rank, const char *peer_addr,
+		  const void *pre, size_t prelen, void (*unreg_fn)(void *, struct nconn *),
+		  void *unreg_arg, struct nconn **out)
 {
 	struct nconn *c = conn_new(fd);
 	int fl;
@@ -992,6 +1125,7 @@ int nconn_from_fd(int fd, int peer_rank, const char *peer_addr, const void *pre,
 		c->pre = malloc(prelen);
 		if (!c->pre) {
 			pthread_mutex_destroy(&c->send_mu);
+			pthread_mutex_destroy(&c->ssl_mu);
 			free(c);
 			return -ENOMEM;
 		}
@@ -1001,6 +1135,7 @@ int nconn_from_fd(int fd, int peer_rank, const char *peer_addr, const void *pre,
 	fl = fcntl(fd, F_GETFL);
 	if (fl >= 0 && !(fl & O_NONBLOCK))
 		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+	c->ssl = ssl;
 	c->peer_rank = peer_rank;
 	snprintf(c->addr, sizeof(c->addr), "%s", peer_addr ? peer_addr : "?");
 	c->unreg_fn = unreg_fn;
@@ -1029,11 +1164,13 @@ void nconn_close(struct nconn *c)
 	reg = atomic_exchange(&c->unreg_arg, NULL);
 	if (reg)
 		c->unreg_fn(reg, c);
+	net_tls_close(c->ssl);
 	if (c->fd >= 0)
 		close(c->fd);
 	pipe_drop(c);
 	free(c->pre);
 	free(c->rxbuf);
 	pthread_mutex_destroy(&c->send_mu);
+	pthread_mutex_destroy(&c->ssl_mu);
 	free(c);
 }

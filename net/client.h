@@ -2,7 +2,9 @@
  * connecting side (nconn_connect) and the accepted "data" side that the
  * server hands to on_data. Owns the socket, the mutual HMAC handshake of
  * the client, framed send/receive with deadlines, and bulk file transfer
- * (sendfile out; splice or recv+write in, CRC32C on the way).
+ * (sendfile out; splice or recv+write in, CRC32C on the way). With
+ * auth->tls every byte runs through a TLS session (net/tls.h) made before
+ * the HMAC handshake; file transfer then takes the copy paths.
  *
  * Threads: any number of threads may nconn_send (one send mutex keeps
  * frames, and a whole NT_FILE transfer, contiguous); one thread at a time
@@ -35,7 +37,8 @@ struct nconn;
  * 0, -EINVAL (arguments), -ECONNREFUSED, -ETIMEDOUT, -EHOSTUNREACH (name
  * does not resolve), -EACCES (either side failed the MAC check), -EBUSY
  * (server refuses more data connections), -EBADMSG/-EPROTO (not an mtcfs
- * peer), -ECONNRESET, other -errno. */
+ * peer), -ECONNRESET, other -errno. With auth->tls, a certificate
+ * refused by either side is -EACCES too (the reason is logged). */
 int nconn_connect(const char *hostport, int my_rank, const char *purpose,
 		  const struct net_auth *auth, int timeout_ms, struct nconn **out,
 		  int *peer_rank_out);
@@ -107,13 +110,15 @@ void nconn_close(struct nconn *c);
 /* ---- for net/server.c and benchmarks ---- */
 
 /* Wrap an accepted, authenticated socket (made non-blocking here) as a
- * "data" connection; pre[0..prelen) are bytes the server already read past
- * the handshake and are returned first. When unreg_fn is set, nconn_close
+ * "data" connection; ssl (may be NULL) is its established TLS session,
+ * owned by the nconn from now on; pre[0..prelen) are bytes the server
+ * already read past the handshake and are returned first. When unreg_fn is set, nconn_close
  * calls unreg_fn(unreg_arg, c) before closing the fd (the server's registry
  * of live data connections). 0 or -ENOMEM; fd is not closed on failure. */
-int nconn_from_fd(int fd, int peer_rank, const char *peer_addr, const void *pre,
-		  size_t prelen, void (*unreg_fn)(void *, struct nconn *), void *unreg_arg,
-		  struct nconn **out);
+struct ssl_st;
+int nconn_from_fd(int fd, struct ssl_st *ssl, int peer_rank, const char *peer_addr,
+		  const void *pre, size_t prelen, void (*unreg_fn)(void *, struct nconn *),
+		  void *unreg_arg, struct nconn **out);
 /* Take the registration back (the server, when on_data returned without
  * closing c): true when it was still registered. */
 bool nconn_unregister(struct nconn *c);

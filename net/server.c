@@ -1,4 +1,5 @@
 #include "net/server.h"
+#include "net/tls.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -8,6 +9,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -80,6 +82,13 @@ struct sconn {
 	size_t out_off, out_bytes;
 	uint8_t *pre;               /* bytes read past a data HELLO */
 	size_t prelen;
+	/* mutual TLS: the session wraps every byte; until tls_hs is done
+	 * nothing of the protocol (not even CHALLENGE) is written */
+	SSL *ssl;
+	bool tls_hs;                /* handshake under way */
+	bool tls_hs_out;            /* ... and it waits for room to write */
+	bool rd_wants_out;          /* SSL_read needs the socket writable */
+	bool wr_wants_in;           /* SSL_write needs the socket readable */
 };
 
 /* A running data connection, for nsrv_stop to shut its socket down. */
@@ -280,6 +289,7 @@ static void close_conn(struct nsrv *s, struct sconn *c)
 		release_data_slot(s);
 	timed_clear(s, c);
 	hs_done(s, c);
+	net_tls_close(c->ssl);
 	if (c->fd >= 0) {
 		epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->fd, NULL);
 		close(c->fd);
@@ -318,7 +328,13 @@ static void drop(struct nsrv *s, struct sconn *c, bool warn, const char *fmt, ..
 static void set_events(struct nsrv *s, struct sconn *c)
 {
 	uint32_t want = (c->handoff ? 0 : EPOLLIN) | (c->out_head ? EPOLLOUT : 0);
-	struct epoll_event ev = { .events = want, .data.ptr = c };
+	struct epoll_event ev = { .events = 0, .data.ptr = c };
+
+	if (c->tls_hs)
+		want = EPOLLIN | (c->tls_hs_out ? EPOLLOUT : 0);
+	else if (c->rd_wants_out)
+		want |= EPOLLOUT;
+	ev.events = want;
 
 	if (want == c->events)
 		return;
@@ -328,11 +344,50 @@ static void set_events(struct nsrv *s, struct sconn *c)
 
 static int handoff(struct nsrv *s, struct sconn *c);
 
+static int tls_step(struct nsrv *s, struct sconn *c);
+
+/* The TLS way of flush's loop: one frame at a time through SSL_write.
+ * 0: wrote all or the socket is full; -1: c dropped. */
+static int flush_tls(struct nsrv *s, struct sconn *c)
+{
+	while (c->out_head) {
+		struct obuf *o = c->out_head;
+		short want = POLLOUT;
+		ssize_t w = net_tls_write(c->ssl, o->data + c->out_off, o->len - c->out_off, &want);
+
+		if (w == -EAGAIN) {
+			c->wr_wants_in = want == POLLIN;
+			return 0;
+		}
+		if (w < 0) {
+			char why[256];
+			drop(s, c, c->state == CS_HELLO && c->got_bytes, "TLS send: %s",
+			     net_tls_why(c->ssl, why, sizeof(why)));
+			return -1;
+		}
+		c->out_bytes -= (size_t)w;
+		c->out_off += (size_t)w;
+		if (c->out_off == o->len) {
+			c->out_head = o->next;
+			if (!c->out_head)
+				c->out_tail = NULL;
+			c->out_off = 0;
+			free(o->data);
+			free(o);
+		}
+	}
+	return 0;
+}
+
 /* Write what the socket takes. 0 while c lives, -1 once it is gone (closed
  * after an error or after its last byte, or handed to a data thread). */
 static int flush(struct nsrv *s, struct sconn *c)
 {
-	while (c->out_head) {
+	if (c->tls_hs)
+		return tls_step(s, c);
+	if (c->ssl && flush_tls(s, c) < 0)
+		return -1;
+	while (c->out_head && !c->ssl) {
 		struct iovec iov[IOV_BATCH];
 		struct msghdr mh = { .msg_iov = iov };
 		struct obuf *o = c->out_head;
@@ -501,7 +556,8 @@ static int handoff(struct nsrv *s, struct sconn *c)
 	}
 	d->s = s;
 	d->rank = c->peer_rank;
-	rc = nconn_from_fd(fd, c->peer_rank, c->addr, c->pre, c->prelen, dreg_unreg, d, &nc);
+	rc = nconn_from_fd(fd, c->ssl, c->peer_rank, c->addr, c->pre, c->prelen, dreg_unreg, d,
+			   &nc);
 	if (rc < 0) {
 		free(d);
 		drop(s, c, true, "out of memory for a data connection");
@@ -511,6 +567,7 @@ static int handoff(struct nsrv *s, struct sconn *c)
 	/* the socket is the nconn's now; the slot goes to the data thread */
 	epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
 	c->fd = -1;
+	c->ssl = NULL;
 	c->data_slot = false;
 	close_conn(s, c);
 	nconn_tune_data_socket(fd);
@@ -744,10 +801,63 @@ static int feed(struct nsrv *s, struct sconn *c, const uint8_t *p, size_t n)
 	return 0;
 }
 
+/* Server side of the TLS handshake, one step. When it completes, the
+ * queued CHALLENGE goes out. 0 while c lives, -1 once it is gone. */
+static int tls_step(struct nsrv *s, struct sconn *c)
+{
+	short want = POLLIN;
+	char why[256];
+	int rc = net_tls_handshake(c->ssl, &want);
+
+	if (rc == -EAGAIN) {
+		c->tls_hs_out = want == POLLOUT;
+		set_events(s, c);
+		return 0;
+	}
+	if (rc < 0) {
+		/* a probe that connects and leaves is not news; a refused
+		 * certificate is */
+		drop(s, c, rc == -EPROTO, "TLS handshake failed: %s",
+		     net_tls_why(c->ssl, why, sizeof(why)));
+		return -1;
+	}
+	c->tls_hs = false;
+	c->tls_hs_out = false;
+	return flush(s, c);
+}
+
+/* One read from the socket, through TLS when it is on: > 0 bytes, 0 end
+ * of stream, -EAGAIN (nothing now), other -errno. */
+static ssize_t srv_recv(struct sconn *c, void *buf, size_t len)
+{
+	ssize_t n;
+
+	if (c->ssl) {
+		short want = POLLIN;
+		n = net_tls_read(c->ssl, buf, len, &want);
+		if (n == -EAGAIN)
+			c->rd_wants_out = want == POLLOUT;
+		return n;
+	}
+	do
+		n = recv(c->fd, buf, len, MSG_DONTWAIT);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	return n;
+}
+
 static int on_readable(struct nsrv *s, struct sconn *c)
 {
-	for (int i = 0; i < READS_PER_EVENT; i++) {
-		ssize_t n = recv(c->fd, s->scratch, SCRATCH_SZ, MSG_DONTWAIT);
+	if (c->tls_hs) {
+		if (tls_step(s, c) < 0)
+			return -1;
+		if (c->tls_hs)
+			return 0;
+	}
+	/* TLS may hold decrypted bytes the socket no longer signals: drain them */
+	for (int i = 0; i < READS_PER_EVENT || (c->ssl && SSL_pending(c->ssl) > 0); i++) {
+		ssize_t n = srv_recv(c, s->scratch, SCRATCH_SZ);
 		int rc;
 
 		if (n > 0) {
@@ -759,7 +869,7 @@ static int on_readable(struct nsrv *s, struct sconn *c)
 				set_events(s, c);
 				return 0;
 			}
-			if ((size_t)n < SCRATCH_SZ)
+			if ((size_t)n < SCRATCH_SZ && !(c->ssl && SSL_pending(c->ssl) > 0))
 				return 0;
 			continue;
 		}
@@ -772,12 +882,17 @@ static int on_readable(struct nsrv *s, struct sconn *c)
 				drop(s, c, false, "peer closed the connection");
 			return -1;
 		}
-		if (errno == EINTR)
-			continue;
-		if (errno == EAGAIN || errno == EWOULDBLOCK)
+		if (n == -EAGAIN)
 			return 0;
 		/* a reset before the peer said anything: a port probe, not news */
-		drop(s, c, c->state == CS_HELLO && c->got_bytes, "recv: %s", strerror(errno));
+		if (c->ssl) {
+			char why[256];
+			drop(s, c, c->state == CS_HELLO && c->got_bytes, "TLS recv: %s",
+			     net_tls_why(c->ssl, why, sizeof(why)));
+		} else {
+			drop(s, c, c->state == CS_HELLO && c->got_bytes, "recv: %s",
+			     strerror((int)-n));
+		}
 		return -1;
 	}
 	return 0;
@@ -813,9 +928,21 @@ static void new_conn(struct nsrv *s, int fd, const struct sockaddr *sa)
 		free(c);
 		return;
 	}
+	if (s->auth.tls) {
+		c->ssl = net_tls_new(s->auth.tls, fd, 1);
+		if (!c->ssl) {
+			log_err("net", "%s: cannot start a TLS session", c->addr);
+			close(fd);
+			free_obufs(c->out_head);
+			free(c);
+			return;
+		}
+		c->tls_hs = true;
+	}
 	ev.data.ptr = c;
 	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
 		log_err("net", "%s: epoll_ctl: %s", c->addr, strerror(errno));
+		net_tls_close(c->ssl);
 		close(fd);
 		free_obufs(c->out_head);
 		free(c);
@@ -995,9 +1122,22 @@ static void *loop_main(void *arg)
 				if ((e & (EPOLLIN | EPOLLHUP | EPOLLERR)) && !c->handoff) {
 					if (on_readable(s, c) < 0)
 						continue;
+					if (c->wr_wants_in) {
+						/* a TLS write waited for input */
+						c->wr_wants_in = false;
+						if (flush(s, c) < 0)
+							continue;
+					}
 				}
-				if (e & (EPOLLOUT | EPOLLHUP | EPOLLERR))
-					flush(s, c);
+				if (e & (EPOLLOUT | EPOLLHUP | EPOLLERR)) {
+					if (flush(s, c) < 0)
+						continue;
+					if (c->rd_wants_out && !c->handoff) {
+						/* a TLS read waited for room to write */
+						c->rd_wants_out = false;
+						on_readable(s, c);
+					}
+				}
 			}
 		}
 		process_dirty(s);
@@ -1111,7 +1251,7 @@ int nsrv_start(const char *listen_hostport, int my_rank, const struct net_auth *
 	s->arg = arg;
 	s->hs_timeout_ms = NSRV_HANDSHAKE_TIMEOUT_MS;
 	s->max_data = NSRV_MAX_DATA_CONNS;
-	if (auth && auth->has_secret)
+	if (auth && (auth->has_secret || auth->tls))
 		s->auth = *auth;
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->data_cv, NULL);
@@ -1140,9 +1280,12 @@ int nsrv_start(const char *listen_hostport, int my_rank, const struct net_auth *
 		rc = -errno;
 		goto fail;
 	}
-	if (!s->auth.has_secret && strncmp(listen_hostport, "127.", 4) &&
-	    strncmp(listen_hostport, "localhost:", 10) && strncmp(listen_hostport, "[::1]:", 6))
-		log_warn("net", "peer traffic is not authenticated: set secret_file");
+	if (s->auth.tls)
+		log_info("net", "peer traffic runs over mutual TLS%s",
+			 s->auth.has_secret ? " and proves the shared secret" : "");
+	else if (!s->auth.has_secret && strncmp(listen_hostport, "127.", 4) &&
+		 strncmp(listen_hostport, "localhost:", 10) && strncmp(listen_hostport, "[::1]:", 6))
+		log_warn("net", "peer traffic is not authenticated: set secret_file or tls_*");
 	else if (!s->auth.has_secret)
 		log_info("net", "peer traffic is not authenticated (loopback only)");
 	rc = pthread_create(&s->thr, NULL, loop_main, s);

@@ -1,7 +1,8 @@
 /* server: the peer/coordinator endpoint. Owns the listening socket, one
  * epoll loop thread serving every control connection (non-blocking, with
  * per-connection input state, a bounded output queue and the server side
- * of the HMAC handshake), and the threads of "data" connections.
+ * of the HMAC handshake — inside a TLS session first when auth->tls is
+ * set), and the threads of "data" connections.
  *
  * Threads: on_msg and on_close run on the loop thread and must not block;
  * nsrv_send and nsrv_close_conn may be called from any thread (the loop

@@ -10,7 +10,7 @@ PKGS=(
   libyaml-dev libcurl4-openssl-dev libssl-dev
   libisal-dev libxxhash-dev libjansson-dev libmicrohttpd-dev libcmocka-dev
   python3 python3-yaml iproute2 procps psmisc file dpkg-dev groff-base
-  clang libclang-rt-14-dev gnuplot-nox curl
+  clang libclang-rt-14-dev gnuplot-nox curl openssl
 )
 
 missing=()

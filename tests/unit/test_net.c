@@ -8,12 +8,16 @@
  * clients; data connections with 64 MiB sendfile -> recv_file transfers
  * (both receive paths), a sender that dies early, a stalled sender, the
  * data-connection cap, output-queue overflow; nsrv_stop with everything
- * still connected. The server's log is captured (stderr is teed through a
+ * still connected; mutual TLS (certificates made here with the openssl
+ * CLI): requests and 64 MiB files through TLS, a certificate from another
+ * CA, plain peers on either side, TLS plus a wrong secret, and bad
+ * certificate files. The server's log is captured (stderr is teed through a
  * pipe) and searched for the lines it must write.
  *
  * MTCFS_NET_BENCH=1 adds a 1 GiB loopback throughput comparison into
  * tmpfs: raw sendfile -> splice and sendfile -> recv+write baselines next
- * to nconn_send_file -> nconn_recv_file in each receive mode. */
+ * to nconn_send_file -> nconn_recv_file in each receive mode and over
+ * mutual TLS. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -51,6 +55,7 @@
 #include "net/client.h"
 #include "net/frame.h"
 #include "net/server.h"
+#include "net/tls.h"
 #include "tiers/manifest.h"
 
 #define SECRET_A "correct horse battery staple 0123"
@@ -1639,9 +1644,14 @@ static void bench_on_data(void *arg, struct nconn *c, int rank)
 	nconn_close(c);
 }
 
-static double bench_nconn(int rx_mode, uint64_t size, uint32_t crc)
+static struct net_auth *tls_auth(const char *leaf, const char *ca, const char *s);
+static void tls_auth_free(struct net_auth *a);
+
+static double bench_nconn(int rx_mode, uint64_t size, uint32_t crc, bool tls)
 {
 	static const struct nsrv_ops ops = { .on_data = bench_on_data };
+	struct net_auth *sa = tls ? tls_auth("node", "ca", SECRET_A) : secret(SECRET_A);
+	struct net_auth *ca = tls ? tls_auth("peer", "ca", SECRET_A) : secret(SECRET_A);
 	struct nsrv *s = NULL;
 	struct nconn *c = NULL;
 	struct net_hdr h;
@@ -1650,9 +1660,9 @@ static double bench_nconn(int rx_mode, uint64_t size, uint32_t crc)
 	int fd;
 
 	nconn_set_rx_mode(rx_mode);
-	assert_int_equal(nsrv_start("127.0.0.1:0", 0, secret(SECRET_A), &ops, NULL, &s), 0);
+	assert_int_equal(nsrv_start("127.0.0.1:0", 0, sa, &ops, NULL, &s), 0);
 	snprintf(a, sizeof(a), "127.0.0.1:%d", nsrv_port(s));
-	assert_int_equal(nconn_connect(a, 1, "data", secret(SECRET_A), 5000, &c, NULL), 0);
+	assert_int_equal(nconn_connect(a, 1, "data", ca, 5000, &c, NULL), 0);
 	fd = openat(tdirfd, "bench.in", O_RDONLY | O_CLOEXEC);
 	bench_ns = 0;
 	assert_int_equal(nconn_send_file(c, "bench.in", fd, size, crc), 0);
@@ -1661,9 +1671,206 @@ static double bench_nconn(int rx_mode, uint64_t size, uint32_t crc)
 	close(fd);
 	nconn_close(c);
 	nsrv_stop(s);
+	if (tls) {
+		tls_auth_free(sa);
+		tls_auth_free(ca);
+	}
 	nconn_set_rx_mode(NCONN_RX_AUTO);
 	assert_true(bench_ns > 0);
 	return (double)size / ((double)bench_ns / 1e9) / (1u << 30);
+}
+
+
+/* ======================= mutual TLS ======================= */
+
+/* Two CAs, a node certificate from each, a second key that matches
+ * neither: made with the openssl CLI in tdir once. */
+static void make_certs(void)
+{
+	static bool done;
+	char cmd[4096];
+
+	if (done)
+		return;
+	snprintf(cmd, sizeof(cmd),
+		 "( set -e; cd '%s'; "
+		 "ca() { openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+		 "-keyout $1.key -out $1.pem -days 2 -subj /CN=$1 "
+		 "-addext basicConstraints=critical,CA:true "
+		 "-addext keyUsage=critical,keyCertSign,cRLSign; }; "
+		 "leaf() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+		 "-keyout $1.key -out $1.csr -subj /CN=$1; "
+		 "printf 'extendedKeyUsage=serverAuth,clientAuth\\nsubjectAltName=IP:127.0.0.1\\n' > $1.ext; "
+		 "openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial "
+		 "-out $1.pem -days 2 -extfile $1.ext; }; "
+		 "ca ca; ca rogue; leaf node ca; leaf peer ca; leaf evil rogue; "
+		 "openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out other.key; "
+		 "echo 'not a certificate' > junk.pem ) >/dev/null 2>&1",
+		 tdir);
+	assert_int_equal(system(cmd), 0);
+	done = true;
+}
+
+/* An auth value with TLS from tdir/<leaf>.{pem,key} and tdir/<ca>.pem,
+ * plus a secret when s is set. Free with tls_auth_free. */
+static struct net_auth *tls_auth(const char *leaf, const char *ca, const char *s)
+{
+	struct net_auth *a = calloc(1, sizeof(*a));
+	char cert[PATH_MAX], key[PATH_MAX], cap[PATH_MAX], err[512];
+
+	assert_non_null(a);
+	make_certs();
+	snprintf(cert, sizeof(cert), "%s/%s.pem", tdir, leaf);
+	snprintf(key, sizeof(key), "%s/%s.key", tdir, leaf);
+	snprintf(cap, sizeof(cap), "%s/%s.pem", tdir, ca);
+	if (s)
+		assert_int_equal(auth_set_secret(a, s, strlen(s)), 0);
+	if (net_tls_load(cert, key, cap, &a->tls, err, sizeof(err)) != 0)
+		fail_msg("net_tls_load: %s", err);
+	return a;
+}
+
+static void tls_auth_free(struct net_auth *a)
+{
+	net_tls_free(a->tls);
+	auth_clear(a);
+	free(a);
+}
+
+static void test_tls_load_errors(void **state)
+{
+	char cert[PATH_MAX], key[PATH_MAX], ca[PATH_MAX], other[PATH_MAX], junk[PATH_MAX];
+	char missing[PATH_MAX], err[512];
+	SSL_CTX *ctx = NULL;
+
+	(void)state;
+	make_certs();
+	snprintf(cert, sizeof(cert), "%s/node.pem", tdir);
+	snprintf(key, sizeof(key), "%s/node.key", tdir);
+	snprintf(ca, sizeof(ca), "%s/ca.pem", tdir);
+	snprintf(other, sizeof(other), "%s/other.key", tdir);
+	snprintf(junk, sizeof(junk), "%s/junk.pem", tdir);
+	snprintf(missing, sizeof(missing), "%s/missing.pem", tdir);
+
+	assert_int_equal(net_tls_load(cert, key, ca, &ctx, err, sizeof(err)), 0);
+	assert_non_null(ctx);
+	net_tls_free(ctx);
+	ctx = NULL;
+	assert_int_equal(net_tls_load(cert, NULL, ca, &ctx, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "go together"));
+	assert_int_equal(net_tls_load(cert, other, ca, &ctx, err, sizeof(err)), -EINVAL);
+	if (!strstr(err, "does not belong"))
+		fail_msg("%s", err);
+	assert_int_equal(net_tls_load(cert, key, junk, &ctx, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "tls_ca="));
+	assert_int_equal(net_tls_load(junk, key, ca, &ctx, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "tls_cert="));
+	assert_int_equal(net_tls_load(cert, missing, ca, &ctx, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "missing.pem"));
+	assert_null(ctx);
+}
+
+static void test_tls(void **state)
+{
+	struct net_auth *srv_auth = tls_auth("node", "ca", NULL);
+	struct net_auth *cli = tls_auth("peer", "ca", NULL);
+	struct net_auth *evil = tls_auth("evil", "ca", NULL);
+	struct net_auth *distrust = tls_auth("peer", "rogue", NULL);
+	struct tsrv *t = tsrv_start(srv_auth), *plain;
+	const uint64_t big = 64ull << 20;
+	struct nconn *c = NULL, *d = NULL;
+	uint32_t crc_big, crc_odd;
+	size_t mark;
+	int peer = -5;
+
+	(void)state;
+	nsrv_set_handshake_timeout_ms(t->s, 1000);
+	crc_big = make_file("big.bin", big);
+	crc_odd = make_file("odd.bin", (3ull << 20) + 12345);
+	make_file("empty.bin", 0);
+
+	/* control: requests and replies from another thread, through TLS */
+	assert_int_equal(nconn_connect(t->addr, 2, "control", cli, 5000, &c, &peer), 0);
+	assert_int_equal(peer, SRV_RANK);
+	for (int i = 0; i < 20; i++)
+		call_echo(c, i, i & 1);
+	/* data: files whose bytes and CRC arrive intact, interleaved with requests */
+	assert_int_equal(nconn_connect(t->addr, 2, "data", cli, 5000, &d, NULL), 0);
+	nconn_set_rx_mode(NCONN_RX_SPLICE);   /* asked for; TLS takes the copy path */
+	assert_int_equal(send_and_ack(t, d, "big.bin", big, crc_big), crc_big);
+	assert_true(same_files("big.bin", "recv.bin"));
+	nconn_set_rx_mode(NCONN_RX_AUTO);
+	t->open_flags = O_WRONLY;
+	assert_int_equal(send_and_ack(t, d, "odd.bin", (3ull << 20) + 12345, crc_odd), crc_odd);
+	assert_true(same_files("odd.bin", "recv.bin"));
+	t->open_flags = O_RDWR;
+	assert_int_equal(send_and_ack(t, d, "empty.bin", 0, 0), 0);
+	{
+		json_t *req = json_pack("{s:i}", "seq", 1), *resp = NULL;
+		assert_int_equal(nconn_call(d, req, &resp, 5000), 0);
+		json_decref(req);
+		json_decref(resp);
+	}
+	assert_int_equal(t->nfiles, 3);
+	nconn_close(d);
+	assert_true(wait_atomic(&t->ndata_done, 1, 10000));
+	assert_int_equal(t->data_rc, -ECONNRESET);   /* the client went away */
+
+	/* the server keeps nothing in clear: a plain client gets no CHALLENGE
+	 * and is dropped at the handshake deadline */
+	mark = log_mark();
+	{
+		int fd = raw_connect(t, NULL, 0);
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		assert_int_equal(poll(&p, 1, 300), 0);
+		assert_true(raw_closed(fd, 5000));
+		close(fd);
+	}
+	/* an mtcfs client without TLS fails (the server never says CHALLENGE) */
+	assert_true(nconn_connect(t->addr, 2, "control", secret(NULL), 3000, &d, NULL) < 0);
+	assert_null(d);
+
+	/* a certificate from another CA: refused, with the reason in the log */
+	mark = log_mark();
+	assert_int_equal(nconn_connect(t->addr, 4, "control", evil, 5000, &d, NULL), -EACCES);
+	assert_true(wait_log(mark, 2000, "WARN", "TLS handshake failed"));
+	/* a client that does not trust the server's CA refuses the server */
+	mark = log_mark();
+	assert_int_equal(nconn_connect(t->addr, 4, "data", distrust, 5000, &d, NULL), -EACCES);
+	assert_true(wait_log(mark, 2000, "WARN", "TLS handshake failed", "certificate verify failed"));
+	assert_int_equal(t->ndata_start, 1);
+
+	/* the first connection kept working through all of that */
+	call_echo(c, 100, true);
+	nconn_close(c);
+	assert_true(wait_atomic(&t->nclose, 1, 5000));
+	tsrv_stop(t);
+
+	/* a TLS client and a plain server: refused by the client */
+	plain = tsrv_start(NULL);
+	assert_int_equal(nconn_connect(plain->addr, 4, "control", cli, 5000, &d, NULL), -EACCES);
+	assert_int_equal(plain->nreq, 0);
+	tsrv_stop(plain);
+
+	/* TLS and a secret together: both must hold */
+	{
+		struct net_auth *sa = tls_auth("node", "ca", SECRET_A);
+		struct net_auth *ok = tls_auth("peer", "ca", SECRET_A);
+		struct net_auth *bad = tls_auth("peer", "ca", SECRET_B);
+		t = tsrv_start(sa);
+		assert_int_equal(nconn_connect(t->addr, 5, "control", bad, 5000, &d, NULL), -EACCES);
+		assert_int_equal(nconn_connect(t->addr, 5, "control", ok, 5000, &d, NULL), 0);
+		call_echo(d, 1, false);
+		nconn_close(d);
+		tsrv_stop(t);
+		tls_auth_free(sa);
+		tls_auth_free(ok);
+		tls_auth_free(bad);
+	}
+	tls_auth_free(srv_auth);
+	tls_auth_free(cli);
+	tls_auth_free(evil);
+	tls_auth_free(distrust);
 }
 
 /* CPU seconds of the whole process (sender and receiver both live here). */
@@ -1690,8 +1897,9 @@ static void test_bench_1g(void **state)
 	static const char *const names[] = {
 		"raw sendfile -> splice", "raw sendfile -> recv+write",
 		"nconn (copy: recv+crc+pwrite)", "nconn splice (+mmap crc)",
+		"nconn over mutual TLS",
 	};
-	double r[4][16], cpu[4][16];
+	double r[5][16], cpu[5][16];
 	uint32_t crc;
 
 	(void)state;
@@ -1704,14 +1912,15 @@ static void test_bench_1g(void **state)
 	crc = make_file("bench.in", size);
 	for (int i = 0; i < runs; i++) {
 		/* interleaved, so drift hits every variant alike */
-		for (int v = 0; v < 4; v++) {
+		for (int v = 0; v < 5; v++) {
 			double c0 = cpu_secs();
 			r[v][i] = v < 2 ? bench_raw(v, size)
-				       : bench_nconn(v == 2 ? NCONN_RX_AUTO : NCONN_RX_SPLICE, size, crc);
+				       : bench_nconn(v == 3 ? NCONN_RX_SPLICE : NCONN_RX_AUTO, size, crc,
+						     v == 4);
 			cpu[v][i] = cpu_secs() - c0;
 		}
 	}
-	for (int v = 0; v < 4; v++) {
+	for (int v = 0; v < 5; v++) {
 		qsort(r[v], (size_t)runs, sizeof(double), cmp_double);
 		qsort(cpu[v], (size_t)runs, sizeof(double), cmp_double);
 		print_message("  %-30s median %.2f GiB/s (min %.2f, max %.2f, %d runs), "
@@ -1765,6 +1974,8 @@ int main(void)
 		cmocka_unit_test(test_data_cap),
 		cmocka_unit_test(test_stop_live),
 		cmocka_unit_test(test_addresses),
+		cmocka_unit_test(test_tls_load_errors),
+		cmocka_unit_test(test_tls),
 		cmocka_unit_test(test_bench_1g),
 	};
 	int rc;
