@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "net/metrics_http.h"
+#include "net/tls.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -88,6 +89,9 @@ static void usage(const char *prog)
 	       "    -o peers=A0,A1,...     static table: rank i at Ai (rank 0 runs the coordinator)\n"
 	       "    -o coordinator=H:P     rank 0's endpoint for dynamic registration\n"
 	       "    -o secret_file=PATH    shared secret peers must prove (HMAC challenge)\n"
+	       "    -o tls_cert=PEM,tls_key=PEM,tls_ca=PEM\n"
+	       "                           mutual TLS for peer traffic: this node's certificate\n"
+	       "                           chain and key; peers must present one signed by tls_ca\n"
 	       "    -o metrics=HOST:PORT   Prometheus text endpoint at /metrics\n"
 	       "    -o bucket=URL          backup tier: gs://BUCKET[/PREFIX] or file:///PATH\n"
 	       "    -o gcs_endpoint=URL    Cloud Storage endpoint (STORAGE_EMULATOR_HOST is honoured)\n"
@@ -210,8 +214,34 @@ static int parse_opts(struct fs *fs, struct cmdline *c, uint64_t *cap)
 		return -EINVAL;
 	}
 	if (c->o.tls_cert || c->o.tls_key || c->o.tls_ca) {
-		fprintf(stderr, "mtcfs: mutual TLS (tls_cert=, tls_key=, tls_ca=) is not available in this build; use secret_file=\n");
-		return -ENOTSUP;
+		char err[512];
+		SSL_CTX *ctx = NULL;
+		char **files[] = { &c->o.tls_cert, &c->o.tls_key, &c->o.tls_ca };
+		static const char *const names[] = { "tls_cert", "tls_key", "tls_ca" };
+		if (!c->o.tls_cert || !c->o.tls_key || !c->o.tls_ca) {
+			fprintf(stderr, "mtcfs: mutual TLS needs all of tls_cert=, tls_key= and tls_ca=\n");
+			return -EINVAL;
+		}
+		/* absolute: a daemon that is not -f runs from / */
+		for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+			char *abs = realpath(*files[i], NULL);
+			if (!abs) {
+				fprintf(stderr, "mtcfs: %s=%s: %s\n", names[i], *files[i], strerror(errno));
+				return -EINVAL;
+			}
+			free(*files[i]);
+			*files[i] = abs;
+		}
+		/* load once now so a bad file fails the mount with its reason */
+		if (net_tls_load(c->o.tls_cert, c->o.tls_key, c->o.tls_ca, &ctx, err, sizeof(err)) < 0) {
+			fprintf(stderr, "mtcfs: %s\n", err);
+			return -EINVAL;
+		}
+		net_tls_free(ctx);
+		if (!c->o.listen) {
+			fprintf(stderr, "mtcfs: tls_cert=/tls_key=/tls_ca= need listen=HOST:PORT\n");
+			return -EINVAL;
+		}
 	}
 	if (c->o.bucket && strncmp(c->o.bucket, "gs://", 5) && strncmp(c->o.bucket, "file:///", 8)) {
 		fprintf(stderr, "mtcfs: bucket=%s: use gs://BUCKET[/PREFIX] or file:///ABSOLUTE/PATH\n", c->o.bucket);
@@ -356,6 +386,7 @@ int fs_main(int argc, char **argv)
 	fs->mountpoint = fo.mountpoint;
 	if (parse_opts(fs, &c, &cap) < 0)
 		goto out;
+	fs->o = c.o;   /* again: parse_opts replaced some strings (tls_* made absolute) */
 	pthread_mutex_init(&fs->mu, NULL);
 	pthread_cond_init(&fs->sealed_cv, NULL);
 	snprintf(fs->job, sizeof(fs->job), "default");
@@ -401,6 +432,7 @@ int fs_main(int argc, char **argv)
 		struct eng_opts eo = {
 			.listen = fs->o.listen, .peers = fs->o.peers, .coordinator = fs->o.coordinator,
 			.secret_file = fs->o.secret_file, .rank = fs->o.rank,
+			.tls_cert = fs->o.tls_cert, .tls_key = fs->o.tls_key, .tls_ca = fs->o.tls_ca,
 			.restore_timeout_s = fs->o.restore_timeout, .bucket = fs->o.bucket,
 			.gcs_endpoint = fs->o.gcs_endpoint, .gcs_key_file = fs->o.gcs_key_file,
 		};

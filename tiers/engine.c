@@ -14,6 +14,7 @@
 #include "net/coord.h"
 #include "net/frame.h"
 #include "net/server.h"
+#include "net/tls.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -1646,6 +1647,14 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		if (rc < 0)
 			goto fail;
 	}
+	if (o->tls_cert || o->tls_key || o->tls_ca) {
+		char err[512];
+		rc = net_tls_load(o->tls_cert, o->tls_key, o->tls_ca, &e->auth.tls, err, sizeof(err));
+		if (rc < 0) {
+			log_err("engine", "%s", err);
+			goto fail;
+		}
+	}
 	rc = workq_start("mtcfs-repl", &e->replq);
 	if (rc == 0)
 		rc = workq_start("mtcfs-backup", &e->bkq);
@@ -1688,8 +1697,10 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	}
 	{
 		/* how mtcfs-admin reaches the cluster from this RAMDIR */
-		json_t *pm = json_pack("{s:s,s:s,s:s?,s:i}", "listen", e->listen, "coordinator",
-				       e->coord_addr, "secret_file", o->secret_file, "rank", e->rank);
+		json_t *pm = json_pack("{s:s,s:s,s:s?,s:i,s:s?,s:s?,s:s?}", "listen", e->listen,
+				       "coordinator", e->coord_addr, "secret_file", o->secret_file,
+				       "rank", e->rank, "tls_cert", o->tls_cert, "tls_key", o->tls_key,
+				       "tls_ca", o->tls_ca);
 		char *txt = json_dumps(pm, JSON_COMPACT);
 		if (txt)
 			idx_put_meta(ram_idx(ram), "peer", txt, strlen(txt));
@@ -1728,6 +1739,8 @@ void eng_stop(struct eng *e)
 	for (uint32_t i = 0; i < e->ntable; i++)
 		free(e->table[i]);
 	free(e->table);
+	net_tls_free(e->auth.tls);   /* every connection using it is closed */
+	e->auth.tls = NULL;
 	auth_clear(&e->auth);
 	bkt_close(e->bkt);
 	pthread_mutex_destroy(&e->mu);

@@ -23,6 +23,7 @@ struct eng_opts {
 	const char *peers;         /* "A0,A1,..." static table, or NULL */
 	const char *coordinator;   /* rank 0's endpoint for registration, or NULL */
 	const char *secret_file;   /* shared secret; NULL = unauthenticated (warned) */
+	const char *tls_cert, *tls_key, *tls_ca;   /* mutual TLS (all or none) */
 	int rank;                  /* -1: from the peers table (our listen entry) or replicator.yaml */
 	int restore_timeout_s;
 	const char *bucket;        /* gs://B[/P] or file:///dir; NULL: no backup tier */

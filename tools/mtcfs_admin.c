@@ -32,6 +32,7 @@
 #include "fs/rcfg.h"
 #include "net/auth.h"
 #include "net/client.h"
+#include "net/tls.h"
 #include "net/frame.h"
 
 static bool want_json;
@@ -193,13 +194,51 @@ static bool state_ok(const char *st)
 	return !strcmp(st, "committed") || !strcmp(st, "replicated") || !strcmp(st, "backed-up");
 }
 
+/* The credentials the node uses (its "peer" record: secret_file, tls_*),
+ * so the tool can talk to the cluster as a member. 0 or -errno (the
+ * reason is printed). Release with peer_auth_clear. */
+static int peer_auth(json_t *pm, struct net_auth *auth)
+{
+	const char *secret = json_string_value(json_object_get(pm, "secret_file"));
+	const char *cert = json_string_value(json_object_get(pm, "tls_cert"));
+	const char *key = json_string_value(json_object_get(pm, "tls_key"));
+	const char *ca = json_string_value(json_object_get(pm, "tls_ca"));
+	char err[512];
+	int rc;
+
+	memset(auth, 0, sizeof(*auth));
+	if (secret) {
+		rc = auth_load_secret(secret, auth);
+		if (rc < 0) {
+			fprintf(stderr, "mtcfs-admin: secret_file %s: %s\n", secret, strerror(-rc));
+			return rc;
+		}
+	}
+	if (cert || key || ca) {
+		rc = net_tls_load(cert, key, ca, &auth->tls, err, sizeof(err));
+		if (rc < 0) {
+			fprintf(stderr, "mtcfs-admin: %s\n", err);
+			auth_clear(auth);
+			return rc;
+		}
+	}
+	return 0;
+}
+
+static void peer_auth_clear(struct net_auth *auth)
+{
+	net_tls_free(auth->tls);
+	auth->tls = NULL;
+	auth_clear(auth);
+}
+
 /* Ask every node for its holdings (data connection "list"). */
 static void query_cluster(struct view *v, struct idx *x, int my_rank)
 {
 	struct net_auth auth = { 0 };
 	struct nconn *c = NULL;
 	json_t *pm = NULL, *req = NULL, *resp = NULL, *addrs;
-	const char *coord, *secret = NULL;
+	const char *coord;
 	void *val = NULL;
 	size_t len;
 
@@ -209,7 +248,7 @@ static void query_cluster(struct view *v, struct idx *x, int my_rank)
 	free(val);
 	if (!pm || net_json_str(pm, "coordinator", 255, &coord) < 0)
 		goto out;
-	if (net_json_str(pm, "secret_file", 4095, &secret) == 0 && auth_load_secret(secret, &auth) < 0)
+	if (peer_auth(pm, &auth) < 0)
 		goto out;
 	if (nconn_connect(coord, AUTH_RANK_TOOL, "control", &auth, 3000, &c, NULL) < 0) {
 		fprintf(stderr, "mtcfs-admin: coordinator %s not reachable; showing this node's view only\n", coord);
@@ -251,7 +290,7 @@ out:
 	json_decref(req);
 	json_decref(resp);
 	nconn_close(c);
-	auth_clear(&auth);
+	peer_auth_clear(&auth);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -597,12 +636,11 @@ static int status_once(const char *ramdir)
 	if (peer) {
 		struct net_auth auth = { 0 };
 		const char *coord = json_string_value(json_object_get(peer, "coordinator"));
-		const char *secret = json_string_value(json_object_get(peer, "secret_file"));
 		struct nconn *c = NULL;
 		json_t *req, *resp = NULL, *peers = json_array();
 		json_object_set(root, "listen", json_object_get(peer, "listen"));
 		json_object_set(root, "coordinator", json_object_get(peer, "coordinator"));
-		if ((!secret || auth_load_secret(secret, &auth) == 0) && coord &&
+		if (peer_auth(peer, &auth) == 0 && coord &&
 		    nconn_connect(coord, AUTH_RANK_TOOL, "control", &auth, 2000, &c, NULL) == 0) {
 			req = json_pack("{s:s,s:s}", "op", "status", "job", have_cfg ? cfg.job : "");
 			if (nconn_call(c, req, &resp, 3000) == 0) {
@@ -621,7 +659,7 @@ static int status_once(const char *ramdir)
 			json_object_set_new(root, "coordinator_reachable", json_false());
 		}
 		json_object_set_new(root, "peers", peers);
-		auth_clear(&auth);
+		peer_auth_clear(&auth);
 	}
 	if (want_json) {
 		json_dumpf(root, stdout, JSON_INDENT(1));
