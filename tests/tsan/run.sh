@@ -23,13 +23,13 @@
 # close() in ll_release), which kills the mount mid-test. Environment:
 #   MTCFS_TSAN_BUILD  build directory     (default build-tsan)
 #   CC                force the compiler
-#   MTCFS_TSAN_TESTS  ctest -R regex      (default the three multi-node tests)
+#   MTCFS_TSAN_TESTS  ctest -R regex      (default the four multi-node tests)
 #   TSAN_OPTIONS      extra options (appended)
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
 build=${MTCFS_TSAN_BUILD:-$top/build-tsan}
-tests=${MTCFS_TSAN_TESTS:-'integ.test_(cluster|peer_security|protocol)'}
+tests=${MTCFS_TSAN_TESTS:-'integ.test_(cluster|peer_security|protocol|tls)'}
 
 probe=$(mktemp -d)
 trap 'rm -rf "$probe"' EXIT
