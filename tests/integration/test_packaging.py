@@ -808,6 +808,24 @@ class Sidecar(unittest.TestCase):
         self.assertEqual(opts[-3:], ["bucket=gs://b/p",
                                      "gcs_key_file=%s/gcs-key.json" % self.secdir,
                                      "jax_init_info"])
+        self.assertFalse([o for o in opts if o.startswith("tls_")])
+        # a certificate in the Secret turns on mutual TLS; all three or none
+        for name in ("tls.crt", "tls.key"):
+            with open(os.path.join(self.secdir, name), "w") as f:
+                f.write("PEM\n")
+        r = self.run_script(self.env())
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        opts = open(out).read().splitlines()[2].split(",")
+        self.assertFalse([o for o in opts if o.startswith("tls_")])
+        with open(os.path.join(self.secdir, "ca.crt"), "w") as f:
+            f.write("PEM\n")
+        r = self.run_script(self.env())
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        opts = open(out).read().splitlines()[2].split(",")
+        self.assertEqual([o for o in opts if o.startswith("tls_")],
+                         ["tls_cert=%s/tls.crt" % self.secdir,
+                          "tls_key=%s/tls.key" % self.secdir,
+                          "tls_ca=%s/ca.crt" % self.secdir])
 
     def test_refuses_placeholder_secret(self):
         out = self.fake_mtcfs()
