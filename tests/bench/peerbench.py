@@ -19,6 +19,19 @@ medians, next to the goal (the row format of tests/bench/run).
      baseline). Goal >= 0.75x. Also the CPU seconds per GiB of both
      daemons (utime+stime from /proc, the seal worker's thread excluded)
      against mtcfs-tcpbase's own.
+  1b. Time to redundancy over mutual TLS (--only redundancy-tls). The
+     measurement of 1 on a second 2-node cluster whose daemons also have
+     tls_cert=, tls_key=, tls_ca= (TLS 1.3, each side presents its
+     certificate; the shared secret is still proven, inside TLS; file bytes
+     are encrypted in user space, no sendfile). The certificates are made
+     in the run's temp dir with the openssl CLI: an EC P-256 CA
+     (basicConstraints CA:true), one leaf per node signed by it
+     (extendedKeyUsage serverAuth, clientAuth); both daemons must log "peer
+     traffic runs over mutual TLS". In each repetition its round takes the
+     next place among 1's and the raw-TCP round (6 repetitions go through
+     all 6 orders); its ratio is against the same raw-TCP samples as 1, and
+     the note gives the TLS / plain time. No goal (report only). CPU
+     seconds per GiB as in 1. The TLS cluster is stopped before 2.
   2. Restore from a peer into an empty RAMDIR. kill -9 node 1, a fresh
      empty tmpfs as its RAMDIR, restart; node 0 writes replicator.yaml,
      then (clock starts) node 1 writes it; the clock stops when node 1's
@@ -42,7 +55,7 @@ medians, next to the goal (the row format of tests/bench/run).
 
   tests/bench/peerbench.py            quick mode (about 2 minutes on 2 cores)
   tests/bench/peerbench.py --full     1 GiB shards, N up to 4096, more repetitions
-  tests/bench/peerbench.py --only redundancy,restore,write,coord
+  tests/bench/peerbench.py --only redundancy,redundancy-tls,restore,write,coord
   tests/bench/peerbench.py --build-dir DIR | --no-build [--mtcfs X --admin Y]
   tests/bench/peerbench.py --shard-mib 4096 --warmup 0 --reps 1 --only redundancy,restore
                                       one large shard (each node then holds one step)
@@ -57,10 +70,12 @@ Writes OUT/peer.json and OUT/peer.md (OUT: tests/bench/out by default) and
 the daemon logs OUT/peer-*.log; prints the Markdown table. Exit status 0,
 1 (--check and a goal missed) or 2 (the benchmark itself failed).
 
-Needs root (mount, /proc/sys), /dev/fuse, fusermount3. Standard library only.
+Needs root (mount, /proc/sys), /dev/fuse, fusermount3; the openssl CLI for
+redundancy-tls. Standard library only.
 Loopback only. Whatever it mounts or starts is unmounted and reaped on every
 way out (finally, atexit, SIGINT/SIGTERM/SIGHUP); fs.pipe-max-size is set to
-4 MiB for the run and restored.
+4 MiB for the run and restored; the secret and the certificates live in the
+run's temp dir, removed with it.
 """
 
 import argparse
@@ -90,7 +105,7 @@ GiB = 1 << 30
 MiB = 1 << 20
 KiB = 1 << 10
 COMMITTED_STATES = ("committed", "replicated", "backed-up")
-PARTS = ("redundancy", "restore", "write", "coord")
+PARTS = ("redundancy", "redundancy-tls", "restore", "write", "coord")
 JOB = "peerbench"
 
 
@@ -529,6 +544,7 @@ class Bench:
         self.daemons = []
         self._n = 0
         self.secret = None
+        self.tls = None                   # [(cert, key, ca)] per node, by make_pki()
         self.max_leak = (None, 0, 0, 0)   # (tmpfs, bytes, used, held by the catalog)
 
     def build(self):
@@ -580,6 +596,45 @@ class Bench:
         fd = os.open(self.secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.write(fd, (os.urandom(24).hex() + "\n").encode())
         os.close(fd)
+
+    def make_pki(self, nnodes=2):
+        """Certificates for mutual TLS in the run's temp dir (removed with it),
+        with the openssl CLI: an EC P-256 CA (basicConstraints CA:true), one
+        leaf per node signed by it (serverAuth + clientAuth). Sets self.tls to
+        [(cert, key, ca)] per node."""
+        openssl = shutil.which("openssl")
+        if not openssl:
+            raise BenchError("redundancy-tls needs the openssl CLI (apt-get install openssl)")
+        d = os.path.join(self.workdir, "pki")
+        os.mkdir(d, 0o700)
+
+        def ossl(*argv):
+            r = subprocess.run([openssl] + list(argv), cwd=d, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+            if r.returncode != 0:
+                raise BenchError("openssl %s: %s" % (argv[0], r.stdout.decode(
+                    errors="replace").strip()[-500:]))
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+        ca, ca_key = os.path.join(d, "ca.pem"), os.path.join(d, "ca.key")
+        ossl("req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "2",
+             "-subj", "/CN=mtcfs-peerbench-ca",
+             "-addext", "basicConstraints=critical,CA:true",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        ext = os.path.join(d, "leaf.ext")
+        with open(ext, "w") as f:
+            f.write("basicConstraints=critical,CA:false\n"
+                    "keyUsage=critical,digitalSignature\n"
+                    "extendedKeyUsage=serverAuth,clientAuth\n"
+                    "subjectAltName=IP:127.0.0.1\n")
+        self.tls = []
+        for i in range(nnodes):
+            key, csr, cert = (os.path.join(d, "node%d.%s" % (i, x)) for x in ("key", "csr", "pem"))
+            ossl("req", "-new", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=node%d" % i)
+            ossl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key,
+                 "-set_serial", str(100 + i), "-days", "2", "-sha256", "-extfile", ext,
+                 "-out", cert)
+            self.tls.append((cert, key, ca))
+        log("mutual TLS: EC P-256 CA and %d node certificates in %s" % (nnodes, d))
 
     def _rm_workdir(self):
         with open("/proc/mounts") as f:
@@ -670,10 +725,13 @@ class Bench:
     # -- rows (the format of tests/bench/run) --
 
     def ratio_row(self, rid, what, unit, base, subj, goal=None, higher_is_better=True,
-                  config="", baseline_name="tmpfs", subject_name="mtcfs", note=""):
+                  config="", baseline_name="tmpfs", subject_name="mtcfs", note="",
+                  goal_text=None):
+        """goal: None or (kind, value), checked; goal_text without a goal: what
+        the goal column says (nothing is checked)."""
         b, s = stats(base), stats(subj)
         ratio = s["median"] / b["median"] if higher_is_better else b["median"] / s["median"]
-        met, gtext, gj = None, "–", None
+        met, gtext, gj = None, goal_text or "–", None
         if goal is not None:
             kind, val = goal
             if kind == "ratio>=":
@@ -778,26 +836,42 @@ def shard_of(shards, rank, step):
     return None
 
 
-# --- the 2-node cluster: benchmarks 1, 2, 3 ------------------------------------------
+# --- the 2-node cluster: benchmarks 1, 1b, 2, 3 ---------------------------------------
 
 class Cluster:
-    def __init__(self, bench, shard_bytes):
+    """2 nodes on loopback with the shared secret; tls: [(cert, key, ca)] per
+    node adds mutual TLS (benchmark 1b; its daemons are named tls-node0/1)."""
+
+    def __init__(self, bench, shard_bytes, tls=None):
         self.bench = bench
+        self.tls = tls
+        self.prefix = "tls-node" if tls else "node"
         self.ports = free_ports(2)
         self.addrs = ["127.0.0.1:%d" % p for p in self.ports]
         # RAMDIR room: up to 3 steps of the writer plus slack
         self.size = 4 * shard_bytes + 512 * MiB
-        self.ram = [bench.tmpfs("node%d-ram" % i, self.size) for i in range(2)]
+        self.ram = [bench.tmpfs("%s%d-ram" % (self.prefix, i), self.size) for i in range(2)]
         self.nodes = [None, None]
 
     def opts(self, i):
-        return ("ram_size=%d,listen=%s,peers=%s,restore_timeout=30,secret_file=%s"
-                % (self.size - 256 * MiB, self.addrs[i], ",".join(self.addrs),
-                   self.bench.secret))
+        o = ("ram_size=%d,listen=%s,peers=%s,restore_timeout=30,secret_file=%s"
+             % (self.size - 256 * MiB, self.addrs[i], ",".join(self.addrs),
+                self.bench.secret))
+        if self.tls:
+            o += ",tls_cert=%s,tls_key=%s,tls_ca=%s" % self.tls[i]
+        return o
 
     def start(self):
         for i in range(2):
-            self.nodes[i] = self.bench.daemon(self.ram[i], self.opts(i), "node%d" % i)
+            self.nodes[i] = self.bench.daemon(self.ram[i], self.opts(i),
+                                              "%s%d" % (self.prefix, i))
+        if self.tls:
+            # net/server.c says so once its listener is up
+            for d in self.nodes:
+                d.tail(0).wait(r"peer traffic runs over mutual TLS and proves the shared "
+                               r"secret", 30, "%s: the log line \"peer traffic runs over "
+                               "mutual TLS and proves the shared secret\"" % d.name,
+                               check=d.check_alive)
         return self
 
     def check(self):
@@ -840,10 +914,13 @@ class Cluster:
                    check=self.check)
         self.bench.release_dropped([(self.ram[r], self.nodes[r].ramdir) for r in range(2)])
 
-    def stop(self):
+    def stop(self, unmount_ram=False):
         for d in self.nodes:
             if d is not None:
                 d.stop()
+        if unmount_ram:
+            for p in self.ram:
+                self.bench.umount_tmpfs(p)
 
 
 def prefault(bench, d, nbytes):
@@ -901,7 +978,10 @@ def section_cluster(bench, p, parts):
     log("2-node cluster: shard %s (%d × %s), %d repetitions"
         % (human_size(shard), nfiles, human_size(fsize), reps))
 
-    cl = Cluster(bench, shard).start()
+    # the plain cluster serves 1, 2, 3; with only 1b asked for it is not started
+    cl = Cluster(bench, shard).start() \
+        if any(x in parts for x in ("redundancy", "restore", "write")) else None
+    tcl = None                 # the mutual-TLS cluster of 1b
     base_src = base_dst = None
     single = single_ram = None
     step = [100]
@@ -911,11 +991,17 @@ def section_cluster(bench, p, parts):
         return step[0]
 
     try:
-        got = cl.job_start(first=0)
-        log("job started on both nodes: %s" % got)
-        w1 = cl.nodes[1]
-        w0 = cl.nodes[0]
-        if "redundancy" in parts or "restore" in parts:
+        if cl is not None:
+            got = cl.job_start(first=0)
+            log("job started on both nodes: %s" % got)
+            w1 = cl.nodes[1]
+            w0 = cl.nodes[0]
+        if "redundancy-tls" in parts:
+            bench.make_pki()
+            tcl = Cluster(bench, shard, tls=bench.tls).start()
+            got = tcl.job_start(first=0)
+            log("job started on both nodes of the mutual-TLS cluster: %s" % got)
+        if "redundancy" in parts or "restore" in parts or "redundancy-tls" in parts:
             base_src = bench.tmpfs("tcp-src", shard + 64 * MiB)
             base_dst = bench.tmpfs("tcp-dst", shard + 64 * MiB)
             src_files = []
@@ -928,75 +1014,105 @@ def section_cluster(bench, p, parts):
             tcpbase_round(bench, src_files, base_dst, ("copy", "splice"))
         modes = ("copy", "splice")
 
-        # -- 1: time to redundancy --------------------------------------------------
-        # The last step written here is what benchmark 2 restores, so it runs
-        # whenever either is asked for.
-        red = {"e2e": [], "push": [], "seal": [], "write_idle": [], "bytes": [], "cpu": [],
-               "cpu_seal": []}
+        # -- 1 and 1b: time to redundancy (plain and over mutual TLS) --------------------
+        def red_acc():
+            return {"e2e": [], "push": [], "seal": [], "write_idle": [], "bytes": [],
+                    "cpu": [], "cpu_seal": []}
+
+        def red_round(c, s, acc):
+            """Node 1 of cluster c writes step s through its mount and renames
+            it; the clock runs from the rename to node 0's replica log line.
+            acc (a red_acc()) gets the samples, None for a warm-up."""
+            n0, n1 = c.nodes
+            tmp = os.path.join(n1.mnt, "%d.orbax-checkpoint-tmp-1" % s)
+            wsecs, _, _ = w.write_dir(tmp, s)
+            prefault(bench, base_dst, shard)      # the replica's pages
+            t0n, t1n = n0.tail(), n1.tail()
+            c0 = proc_cpu_s(n0.pid) + proc_cpu_s(n1.pid)
+            cs0 = thread_cpu_s(n1.pid, "mtcfs-seal")
+            t0 = time.monotonic()
+            os.rename(tmp, os.path.join(n1.mnt, str(s)))
+            m, _ = t0n.wait(r"replica job=%s step=%d node=1 from rank 1 bytes=(\d+)"
+                            % (JOB, s), 300, "replica of step %d on %s" % (s, n0.name),
+                            check=c.check,
+                            fail=r"replica job=%s step=%d node=1 (linked|from rank 1 "
+                                 r"rejected)" % (JOB, s))
+            e2e = time.monotonic() - t0
+            nbytes = int(m.group(1))
+            mr, _ = t1n.wait(r"replicated job=%s step=%d to rank 0 bytes=\d+ secs=([\d.]+)"
+                             % (JOB, s), 60, "%s's push log of step %d" % (n1.name, s),
+                             check=c.check)
+            ms, _ = t1n.wait(r"committed job=%s step=%d .*seal_ms=([\d.]+)" % (JOB, s), 10,
+                             "%s's commit log of step %d" % (n1.name, s))
+            cseal = thread_cpu_s(n1.pid, "mtcfs-seal") - cs0
+            cpu = proc_cpu_s(n0.pid) + proc_cpu_s(n1.pid) - c0 - cseal
+            sh = shard_of(bench.admin_ls(n0.ramdir, JOB), 1, s)
+            if not sh or sh.get("state") not in COMMITTED_STATES or sh.get("bytes") != shard:
+                raise BenchError("%s's catalog does not show node 1's step %d: %s"
+                                 % (n0.name, s, sh))
+            if acc is not None:
+                acc["cpu"].append(cpu / (nbytes / GiB))
+                acc["cpu_seal"].append(cseal / (nbytes / GiB))
+                acc["e2e"].append(e2e)
+                acc["push"].append(float(mr.group(1)))
+                acc["seal"].append(float(ms.group(1)))
+                acc["write_idle"].append(shard / GiB / wsecs)
+                acc["bytes"].append(nbytes)
+            # node 0's part of the step: the LKG moves, older steps go
+            tiny_step(n0.mnt, s, 0)
+            c.wait_gc(s)
+
+        # The last step written on the plain cluster is what benchmark 2
+        # restores, so its rounds run whenever either is asked for.
+        red, red_tls = red_acc(), red_acc()
         tcp1 = {m: [] for m in modes}
         tcp1cpu = {m: [] for m in modes}
-        nred = reps if "redundancy" in parts else 0
         need_red = "redundancy" in parts or "restore" in parts
+        tcp_red = "redundancy" in parts or "redundancy-tls" in parts
         # rounds before `warm` are warm-ups (discarded); with --warmup 0 and
         # only "restore" asked for, one round still writes the step to restore
         warm = p["warmup"]
-        nrounds = (nred + warm if "redundancy" in parts else max(1, warm)) if need_red else 0
-        for rep in range(nrounds):
-            s = next_step()
-            order = ("mtcfs", "tcp") if rep % 2 == 0 else ("tcp", "mtcfs")
+        nplain = (reps + warm if "redundancy" in parts else max(1, warm)) if need_red else 0
+        ntls = reps + warm if "redundancy-tls" in parts else 0
+        last_step = None
+        for rep in range(max(nplain, ntls)):
+            # mtcfs and raw TCP alternate as they always did; the TLS round
+            # moves through the places (0, 1, 2, 0, ..), so that 6 repetitions
+            # go through all 6 orders and no side always follows the same one
+            order = ["mtcfs", "tcp"] if rep < nplain else ["tcp"]
+            if rep % 2:
+                order.reverse()
+            if rep < ntls:
+                order.insert(rep % (len(order) + 1), "tls")
             for what in order:
                 if what == "tcp":
-                    if rep >= warm and "redundancy" in parts:
+                    if rep >= warm and tcp_red:
                         for m, v in tcpbase_round(bench, src_files, base_dst, modes,
                                                   tcp1cpu).items():
                             tcp1[m].append(v)
-                    continue
-                tmp = os.path.join(w1.mnt, "%d.orbax-checkpoint-tmp-1" % s)
-                wsecs, _, _ = w.write_dir(tmp, s)
-                prefault(bench, base_dst, shard)      # the replica's pages
-                t0n, t1n = w0.tail(), w1.tail()
-                c0 = proc_cpu_s(w0.pid) + proc_cpu_s(w1.pid)
-                cs0 = thread_cpu_s(w1.pid, "mtcfs-seal")
-                t0 = time.monotonic()
-                os.rename(tmp, os.path.join(w1.mnt, str(s)))
-                m, _ = t0n.wait(r"replica job=%s step=%d node=1 from rank 1 bytes=(\d+)"
-                                % (JOB, s), 300, "replica of step %d on node 0" % s,
-                                check=cl.check,
-                                fail=r"replica job=%s step=%d node=1 (linked|from rank 1 "
-                                     r"rejected)" % (JOB, s))
-                e2e = time.monotonic() - t0
-                nbytes = int(m.group(1))
-                mr, _ = t1n.wait(r"replicated job=%s step=%d to rank 0 bytes=\d+ secs=([\d.]+)"
-                                 % (JOB, s), 60, "node 1's push log of step %d" % s,
-                                 check=cl.check)
-                ms, _ = t1n.wait(r"committed job=%s step=%d .*seal_ms=([\d.]+)" % (JOB, s), 10,
-                                 "node 1's commit log of step %d" % s)
-                cseal = thread_cpu_s(w1.pid, "mtcfs-seal") - cs0
-                cpu = proc_cpu_s(w0.pid) + proc_cpu_s(w1.pid) - c0 - cseal
-                sh = shard_of(bench.admin_ls(w0.ramdir, JOB), 1, s)
-                if not sh or sh.get("state") not in COMMITTED_STATES or sh.get("bytes") != shard:
-                    raise BenchError("node 0's catalog does not show node 1's step %d: %s"
-                                     % (s, sh))
-                if rep >= warm:
-                    red["cpu"].append(cpu / (nbytes / GiB))
-                    red["cpu_seal"].append(cseal / (nbytes / GiB))
-                    red["e2e"].append(e2e)
-                    red["push"].append(float(mr.group(1)))
-                    red["seal"].append(float(ms.group(1)))
-                    red["write_idle"].append(shard / GiB / wsecs)
-                    red["bytes"].append(nbytes)
-                # node 0's part of the step: the LKG moves, older steps go
-                tiny_step(w0.mnt, s, 0)
-                cl.wait_gc(s)
+                elif what == "tls":
+                    red_round(tcl, next_step(), red_tls if rep >= warm else None)
+                else:
+                    last_step = next_step()
+                    red_round(cl, last_step, red if rep >= warm else None)
             if rep >= warm:
-                log("redundancy rep %d/%d: %.3f s rename -> replica (%.2f GiB/s; daemon push "
-                    "%.3f s, seal %.0f ms)%s" % (
-                        rep - warm + 1, nred, red["e2e"][-1], shard / GiB / red["e2e"][-1],
-                        red["push"][-1], red["seal"][-1],
-                        "; tcp copy %.2f splice %.2f GiB/s" % (tcp1["copy"][-1],
-                                                              tcp1["splice"][-1])
-                        if tcp1["copy"] else ""))
-        last_step = step[0]
+                msg = []
+                if rep < nplain:
+                    msg.append("%.3f s rename -> replica (%.2f GiB/s; daemon push %.3f s, "
+                               "seal %.0f ms)" % (red["e2e"][-1], shard / GiB / red["e2e"][-1],
+                                                  red["push"][-1], red["seal"][-1]))
+                if rep < ntls:
+                    msg.append("mutual TLS %.3f s (%.2f GiB/s; push %.3f s)" % (
+                        red_tls["e2e"][-1], shard / GiB / red_tls["e2e"][-1],
+                        red_tls["push"][-1]))
+                if tcp1["copy"]:
+                    msg.append("tcp copy %.2f splice %.2f GiB/s" % (tcp1["copy"][-1],
+                                                                   tcp1["splice"][-1]))
+                log("redundancy rep %d/%d: %s" % (rep - warm + 1, max(nplain, ntls) - warm,
+                                                  "; ".join(msg)))
+        if tcl is not None:             # done with it: its memory and CPUs go back
+            tcl.stop(unmount_ram=True)
+            tcl = None
         if "redundancy" in parts:
             bname, bs = baseline_samples(tcp1)
             cfg = "2 nodes on loopback, tmpfs 4K pages, secret_file, peers-per-node 1"
@@ -1030,6 +1146,39 @@ def section_cluster(bench, p, parts):
                 baseline_name=bname + " (mtcfs-tcpbase)",
                 note="the seal (CRC32C of every file, manifest) took another %.3f CPU s/GiB "
                      "(median, the mtcfs-seal thread)" % statistics.median(red["cpu_seal"]))
+        if "redundancy-tls" in parts:
+            bname, bs = baseline_samples(tcp1)
+            bmode = "copy" if "recv" in bname else "splice"
+            cfg = ("2 nodes on loopback, tmpfs 4K pages, secret_file + mutual TLS 1.3 (EC P-256 "
+                   "certificates), peers-per-node 1")
+            e2e, push = statistics.median(red_tls["e2e"]), statistics.median(red_tls["push"])
+            vs = ""
+            if "redundancy" in parts:
+                vs = "; without TLS in the same run: median %.3f s (TLS / plain time %.2f×)" % (
+                    statistics.median(red["e2e"]), e2e / statistics.median(red["e2e"]))
+            bench.ratio_row(
+                "peer.redundancy.tls", "time to redundancy over mutual TLS: rename of a %s "
+                "step (%d files) → verified replica on the peer, as throughput"
+                % (human_size(shard), nfiles), "GiB/s", bs,
+                [shard / GiB / t for t in red_tls["e2e"]], None, goal_text="report (no goal)",
+                config=cfg, baseline_name=bname,
+                note="median %.3f s end to end%s; the daemon's own push time (TLS handshake, "
+                     "file bytes encrypted in user space, no sendfile): median %.3f s"
+                     % (e2e, vs, push))
+            cnote = []
+            if "redundancy" in parts:
+                cnote.append("without TLS in the same run: %.3f CPU s/GiB (TLS / plain %.2f×)"
+                             % (statistics.median(red["cpu"]), statistics.median(red_tls["cpu"])
+                                / statistics.median(red["cpu"])))
+            cnote.append("the seal took another %.3f CPU s/GiB (median, the mtcfs-seal thread)"
+                         % statistics.median(red_tls["cpu_seal"]))
+            bench.ratio_row(
+                "peer.cpu.replication.tls", "CPU seconds per GiB: replication over mutual TLS "
+                "(%s step, both daemons' utime+stime from rename to published replica, seal "
+                "excluded)" % human_size(shard), "CPU s/GiB", tcp1cpu[bmode], red_tls["cpu"],
+                None, higher_is_better=False, config=cfg,
+                baseline_name=bname + " (mtcfs-tcpbase)",
+                note="; ".join(cnote))
 
         # -- 2: restore from a peer into an empty RAMDIR ------------------------------
         if "restore" in parts:
@@ -1156,7 +1305,10 @@ def section_cluster(bench, p, parts):
     finally:
         if single is not None:
             single.stop()
-        cl.stop()
+        if tcl is not None:
+            tcl.stop()
+        if cl is not None:
+            cl.stop()
 
 
 # --- 4: coordinator scale ------------------------------------------------------------
@@ -1388,16 +1540,21 @@ def params(bench):
 def mem_needed(p, parts):
     """Peak memory of the cluster parts, roughly: the raw-TCP source and
     destination tmpfs, each node holding its previous step while the next
-    one arrives (one step if only one is written), the writer's buffer; the
-    "write" part holds up to three steps per node and a single node."""
+    one arrives (one step if only one is written), the writer's buffer, and
+    the same per node of the mutual-TLS cluster, which runs alongside; the
+    "write" part (after the TLS cluster is gone) holds up to three steps per
+    node and a single node."""
     shard = p["nfiles"] * p["fsize"]
-    if "write" in parts:
-        return 8 * shard + GiB
-    if not ("redundancy" in parts or "restore" in parts):
-        return GiB
-    writes = (p["reps"] if "redundancy" in parts else 0) + p["warmup"]
-    held = 2 if writes >= 2 else 1
-    return (2 + 2 * held) * shard + p["fsize"] + GiB
+
+    def held(writes):
+        return 2 if writes >= 2 else 1
+    nodes = 0
+    if "redundancy" in parts or "restore" in parts:
+        nodes += 2 * held((p["reps"] if "redundancy" in parts else 0) + p["warmup"])
+    if "redundancy-tls" in parts:
+        nodes += 2 * held(p["reps"] + p["warmup"])
+    red = (2 + nodes) * shard + p["fsize"] + GiB if nodes else GiB
+    return max(red, 8 * shard + GiB) if "write" in parts else red
 
 
 def main():
@@ -1481,6 +1638,24 @@ def main():
         "connections use (TCP_NODELAY, 4 MiB buffers), no CRC; of its two receivers "
         "(recv+write 1 MiB, splice through a 1 MiB pipe) the faster by median is the "
         "baseline. Sender, receiver and (for mtcfs) both daemons share the same 2 CPUs.")
+    if "redundancy-tls" in parts and bench.tls:
+        aes = False
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    aes = " aes " in line + " "
+                    break
+        bench.notes.append(
+            "peer: time to redundancy over mutual TLS ran on a second 2-node cluster "
+            "(daemons tls-node0/1: the same options plus tls_cert=, tls_key=, tls_ca=; the "
+            "shared secret is proven inside TLS). Certificates made for the run with the "
+            "openssl CLI: an EC P-256 CA (CA:true), one leaf per node signed by it "
+            "(serverAuth, clientAuth). Its rounds were interleaved with the plain cluster's "
+            "and the raw-TCP rounds, each taking every place in turn, and its ratio is against "
+            "the same raw-TCP samples. With "
+            "TLS the daemon encrypts the file bytes in user space instead of sendfile; "
+            "TLS 1.3 cipher suites as net/tls.c orders them (AES-128-GCM first); this "
+            "CPU %s AES-NI." % ("has" if aes else "does not have"))
     if args.prefault:
         bench.notes.append(
             "peer: --prefault: right before every timed round (mtcfs and raw TCP alike) a "
