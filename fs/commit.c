@@ -352,8 +352,11 @@ static uint64_t gc_own(struct fs *fs, uint64_t want)
 	rank = fs->rank;
 	pthread_mutex_unlock(&fs->mu);
 	cluster = fs->eng != NULL;
-	if (cluster && !eng_lkg(fs->eng, job, &lkg))
-		return 0;   /* nothing is known to be complete job-wide: keep all */
+	/* Routine GC keeps every step from the newest one that is committed and
+	 * replicated job-wide; under RAM pressure (want) the newest committed
+	 * one is enough. Nothing known: keep all. */
+	if (cluster && !(want ? eng_lkg(fs->eng, job, &lkg) : eng_gc_step(fs->eng, job, &lkg)))
+		return 0;
 	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) < 0)
 		return 0;
 	for (i = 0; i < n; i++) {

@@ -5,7 +5,13 @@
  *                                               -> (when planned) plan entry
  *   fetch_failed {job, plan, holder, owner, step} -> a new plan entry
  *   ready {job, plan}                           -> (barrier) {op:"go"} or a new plan entry
- *   committed {job, nodes, dp, step, hash} (event) -> event lkg {job, step} to all
+ *   committed {job, nodes, dp, step, hash} (event) -> event lkg {job, step, safe} to all
+ *   replicated {job, nodes, dp, step} (event: every push of the node's own
+ *               step succeeded)                  -> event lkg {job, step, safe} to all
+ * lkg.step: the newest step every node has committed (backups start from it);
+ * lkg.safe: the newest step every node has committed and replicated (nodes
+ * drop older steps only below it, so a node lost before its newest step's
+ * replicas exist still leaves the previous step complete).
  * A plan entry: {op:"plan", plan, found, step, holder, owner, hash, addr}. */
 #include "net/coord.h"
 #include "net/frame.h"
@@ -36,6 +42,8 @@ struct cnode {
 	struct pending cat, rdy;
 	uint64_t commits[COMMITS_KEPT];
 	uint8_t commit_hash[COMMITS_KEPT][32];
+	uint64_t repl[COMMITS_KEPT];     /* of those, replicated to every peer; +1, 0 empty */
+	uint8_t repl_hash[COMMITS_KEPT][32];
 };
 
 struct cjob {
@@ -45,6 +53,8 @@ struct cjob {
 	struct cnode *n;
 	bool has_lkg;
 	uint64_t lkg;
+	bool has_safe;                /* lkg.safe: committed and replicated job-wide */
+	uint64_t safe;
 	/* restore round */
 	enum { R_IDLE, R_COLLECT, R_PLANNING, R_PLANNED } state;
 	uint64_t round_start, plan_time;
@@ -388,19 +398,27 @@ static void release_barrier(struct coord *c, struct cjob *j)
 	/* what was committed before the restore belongs to a timeline the job
 	 * left: from now on every node's history starts at the restored step */
 	for (uint32_t r = 0; r < j->nodes; r++) {
-		memset(j->n[r].commits, 0, sizeof(j->n[r].commits));
-		memset(j->n[r].commit_hash, 0, sizeof(j->n[r].commit_hash));
+		struct cnode *n = &j->n[r];
+		memset(n->commits, 0, sizeof(n->commits));
+		memset(n->commit_hash, 0, sizeof(n->commit_hash));
+		memset(n->repl, 0, sizeof(n->repl));
+		memset(n->repl_hash, 0, sizeof(n->repl_hash));
 		if (j->plan.found) {
-			j->n[r].commits[0] = j->plan.step + 1;
+			n->commits[0] = n->repl[0] = j->plan.step + 1;
 			if (!j->bucket_plan && r < j->plan.nodes)
-				memcpy(j->n[r].commit_hash[0], j->plan.src[r].hash, 32);
+				memcpy(n->commit_hash[0], j->plan.src[r].hash, 32);
+			memcpy(n->repl_hash[0], n->commit_hash[0], 32);
 		}
 	}
 	j->has_lkg = false;
+	j->has_safe = false;
 	if (j->plan.found) {
-		/* every node restores this step: it is complete job-wide */
+		/* every node restores this step: it is complete job-wide, and
+		 * what is older than it belongs to the past */
 		j->has_lkg = true;
 		j->lkg = j->plan.step;
+		j->has_safe = true;
+		j->safe = j->plan.step;
 		j->restored_step = j->plan.step;
 		/* after a restore from it, restore.version goes with the next commit */
 		if (j->forced_restore)
@@ -829,6 +847,52 @@ static void clear_rv_run(void *arg)
 	free(b);
 }
 
+/* The newest step complete across the job among the commits every node
+ * reported (replicated: only those it also reported replicated). */
+static bool newest_of(struct cjob *j, bool replicated, uint64_t *step)
+{
+	struct lkg_hold *h = calloc((size_t)j->nodes * COMMITS_KEPT, sizeof(*h));
+	size_t nh = 0;
+	bool found;
+
+	if (!h)
+		return false;
+	for (uint32_t r = 0; r < j->nodes; r++) {
+		const struct cnode *n = &j->n[r];
+		for (int k = 0; k < COMMITS_KEPT; k++) {
+			uint64_t s1 = replicated ? n->repl[k] : n->commits[k];
+			if (!s1)
+				continue;
+			h[nh].holder = r;
+			h[nh].owner = r;
+			h[nh].step = s1 - 1;
+			memcpy(h[nh].hash, replicated ? n->repl_hash[k] : n->commit_hash[k], 32);
+			nh++;
+		}
+	}
+	found = lkg_newest_complete(j->nodes, j->dp, h, nh, step);
+	free(h);
+	return found;
+}
+
+/* Tell every node: lkg {job, step, safe} (safe absent while unknown). */
+static void send_lkg(struct coord *c, struct cjob *j)
+{
+	if (!j->has_lkg)
+		return;
+	for (uint32_t r = 0; r < j->nodes; r++) {
+		if (!j->n[r].conn)
+			continue;
+		json_t *e = json_object();
+		json_object_set_new(e, "op", json_string("lkg"));
+		json_object_set_new(e, "job", json_string(j->name));
+		json_object_set_new(e, "step", json_integer((json_int_t)j->lkg));
+		if (j->has_safe)
+			json_object_set_new(e, "safe", json_integer((json_int_t)j->safe));
+		send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
+	}
+}
+
 /* The steady-state LKG: the newest step every owner has committed. */
 static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 {
@@ -838,8 +902,6 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 	uint8_t hash[32];
 	struct cjob *j;
 	struct cnode *n;
-	struct lkg_hold *h;
-	size_t nh = 0;
 	uint64_t newest;
 
 	if (parse_job(m, &name, &nodes, &dp) < 0 || rank < 0 || (uint32_t)rank >= nodes ||
@@ -865,33 +927,12 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 		n->commits[0] = step + 1;   /* stored +1: 0 is empty */
 		memcpy(n->commit_hash[0], hash, 32);
 	}
-	h = calloc((size_t)j->nodes * COMMITS_KEPT, sizeof(*h));
-	if (!h)
-		return;
-	for (uint32_t r = 0; r < j->nodes; r++)
-		for (int k = 0; k < COMMITS_KEPT; k++)
-			if (j->n[r].commits[k]) {
-				h[nh].holder = r;
-				h[nh].owner = r;
-				h[nh].step = j->n[r].commits[k] - 1;
-				memcpy(h[nh].hash, j->n[r].commit_hash[k], 32);
-				nh++;
-			}
-	if (lkg_newest_complete(j->nodes, j->dp, h, nh, &newest) &&
-	    (!j->has_lkg || newest > j->lkg)) {
+	if (newest_of(j, false, &newest) && (!j->has_lkg || newest > j->lkg)) {
 		j->has_lkg = true;
 		j->lkg = newest;
 		log_info("coord", "job %s: step %llu is complete on all %u nodes", j->name,
 			 (unsigned long long)newest, j->nodes);
-		for (uint32_t r = 0; r < j->nodes; r++) {
-			if (!j->n[r].conn)
-				continue;
-			json_t *e = json_object();
-			json_object_set_new(e, "op", json_string("lkg"));
-			json_object_set_new(e, "job", json_string(j->name));
-			json_object_set_new(e, "step", json_integer((json_int_t)newest));
-			send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
-		}
+		send_lkg(c, j);
 		if (j->rv_delete_pending && newest > j->restored_step && c->bk.clear_restore_version &&
 		    c->worker) {
 			struct bk_job *b = calloc(1, sizeof(*b));
@@ -905,7 +946,41 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 		}
 		maybe_backup(c, j);
 	}
-	free(h);
+}
+
+/* A node's pushes of its own step all succeeded. */
+static void on_replicated(struct coord *c, uint64_t conn, int rank, json_t *m)
+{
+	const char *name;
+	uint32_t nodes, dp;
+	uint64_t step, safe;
+	uint8_t hash[32];
+	struct cjob *j;
+	struct cnode *n;
+
+	if (parse_job(m, &name, &nodes, &dp) < 0 || rank < 0 || (uint32_t)rank >= nodes ||
+	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) < 0)
+		return;
+	j = job_get(c, name, nodes, dp);
+	if (!j)
+		return;
+	n = &j->n[rank];
+	n->conn = conn;
+	if (!hash_at(n, step, hash))
+		return;   /* not a commit we know (a timeline left by a restore) */
+	if (step + 1 > n->repl[0]) {
+		memmove(&n->repl[1], &n->repl[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
+		memmove(&n->repl_hash[1], &n->repl_hash[0], (COMMITS_KEPT - 1) * 32);
+		n->repl[0] = step + 1;
+		memcpy(n->repl_hash[0], hash, 32);
+	}
+	if (newest_of(j, true, &safe) && (!j->has_safe || safe > j->safe)) {
+		j->has_safe = true;
+		j->safe = safe;
+		log_info("coord", "job %s: step %llu is committed and replicated on all %u nodes",
+			 j->name, (unsigned long long)safe, j->nodes);
+		send_lkg(c, j);
+	}
 }
 
 static void on_register(struct coord *c, uint64_t conn, int rank, uint32_t req_id, json_t *m)
@@ -973,6 +1048,8 @@ static void on_status(struct coord *c, uint64_t conn, uint32_t req_id, json_t *m
 	json_object_set_new(r, "nodes_total", json_integer(j->nodes));
 	json_object_set_new(r, "dp", json_integer(j->dp));
 	json_object_set_new(r, "lkg", j->has_lkg ? json_integer((json_int_t)j->lkg) : json_null());
+	json_object_set_new(r, "replicated_lkg",
+			    j->has_safe ? json_integer((json_int_t)j->safe) : json_null());
 	json_object_set_new(r, "restore", json_string(j->state == R_IDLE ? "idle" :
 						     j->state == R_COLLECT ? "collecting" : "planned"));
 	json_object_set_new(r, "plan", json_integer(j->plan_id));
@@ -1020,6 +1097,8 @@ void coord_on_msg(struct coord *c, uint64_t conn, int rank, uint8_t type, uint32
 		on_status(c, conn, req_id, msg);
 	else if (!strcmp(op, "committed"))
 		on_committed(c, conn, rank, msg);
+	else if (!strcmp(op, "replicated"))
+		on_replicated(c, conn, rank, msg);
 	else if (!strcmp(op, "backup_done"))
 		on_backup_done(c, rank, msg);
 	else if (type == NT_REQ)

@@ -75,6 +75,8 @@ struct eng {
 	int pins;
 	bool has_lkg;
 	uint64_t lkg;
+	bool has_safe;                /* lkg_job's step committed and replicated job-wide */
+	uint64_t safe;
 	char lkg_job[RCFG_JOB_MAX + 1];
 	char **table;                 /* rank -> address from the coordinator */
 	uint32_t ntable;
@@ -672,12 +674,27 @@ static void handle_event(struct eng *e, json_t *m)
 	}
 	if (!strcmp(op, "lkg") && net_json_str(m, "job", RCFG_JOB_MAX, &job) == 0 &&
 	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) == 0) {
+		uint64_t safe = 0;
+		bool has_safe = net_json_u64(m, "safe", UINT64_MAX >> 1, &safe) == 0 && safe <= step;
+		bool news;
 		pthread_mutex_lock(&e->mu);
+		news = !e->has_lkg || e->lkg != step || strcmp(e->lkg_job, job);
+		if (strcmp(e->lkg_job, job))
+			e->has_safe = false;
 		e->has_lkg = true;
 		e->lkg = step;
+		if (has_safe) {
+			e->has_safe = true;
+			e->safe = safe;
+		}
 		snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", job);
 		pthread_mutex_unlock(&e->mu);
-		log_info("engine", "job %s: step %llu complete on every node", job, (unsigned long long)step);
+		if (news)
+			log_info("engine", "job %s: step %llu complete on every node", job,
+				 (unsigned long long)step);
+		if (has_safe)
+			log_dbg("engine", "job %s: step %llu committed and replicated on every node",
+				job, (unsigned long long)safe);
 		if (e->cb.on_lkg)
 			e->cb.on_lkg(e->cb.arg, job, step);
 	}
@@ -1031,8 +1048,21 @@ static void repl_run(void *arg)
 				 (unsigned long long)mf->total, secs);
 		}
 	}
-	if (!failed && npeers > 0) {
-		idx_set_state(ram_idx(e->ram), &j->key, SH_REPLICATED, 0, 0);
+	if (!failed) {
+		/* every copy it should have exists: the coordinator may let the
+		 * job's older steps go */
+		if (npeers > 0)
+			idx_set_state(ram_idx(e->ram), &j->key, SH_REPLICATED, 0, 0);
+		ev = json_object();
+		json_object_set_new(ev, "op", json_string("replicated"));
+		json_object_set_new(ev, "job", json_string(j->key.job));
+		json_object_set_new(ev, "nodes", json_integer(nodes));
+		json_object_set_new(ev, "dp", json_integer(dp));
+		json_object_set_new(ev, "step", json_integer((json_int_t)j->key.step));
+		if (ctl_event(e, ev) < 0)
+			log_warn("engine", "cannot report step %llu as replicated to the coordinator at %s",
+				 (unsigned long long)j->key.step, e->coord_addr);
+		json_decref(ev);
 	} else if (failed && j->attempt < 3) {
 		struct repl_job *again = malloc(sizeof(*again));
 		if (again) {
@@ -1072,6 +1102,17 @@ void eng_drain(struct eng *e)
 {
 	if (e)
 		workq_drain(e->replq);
+}
+
+bool eng_gc_step(struct eng *e, const char *job, uint64_t *step)
+{
+	bool r;
+	pthread_mutex_lock(&e->mu);
+	r = e->has_lkg && e->has_safe && !strcmp(e->lkg_job, job);
+	if (r)
+		*step = e->safe < e->lkg ? e->safe : e->lkg;
+	pthread_mutex_unlock(&e->mu);
+	return r;
 }
 
 bool eng_lkg(struct eng *e, const char *job, uint64_t *step)
@@ -1139,7 +1180,7 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	e->bi_min = (uint32_t)c->backup_interval_minutes;
 	e->bi_steps = (uint32_t)c->backup_interval_steps;
 	if (strcmp(e->lkg_job, c->job))
-		e->has_lkg = false;
+		e->has_lkg = e->has_safe = false;
 	pthread_mutex_unlock(&e->mu);
 	log_info("engine", "job=%s rank=%d nodes=%d peers=%d", c->job, c->node_rank, c->nodes, n);
 	if (do_register(e, false) < 0)
@@ -1459,8 +1500,8 @@ restart:
 			resp = NULL;
 			if (p.found) {
 				pthread_mutex_lock(&e->mu);
-				e->has_lkg = true;
-				e->lkg = p.step;
+				e->has_lkg = e->has_safe = true;
+				e->lkg = e->safe = p.step;   /* older steps belong to the past */
 				snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", c->job);
 				pthread_mutex_unlock(&e->mu);
 			}

@@ -60,6 +60,10 @@ int  eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn report, 
 void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[32]);
 /* Newest step complete across the job (from the coordinator), if known. */
 bool eng_lkg(struct eng *e, const char *job, uint64_t *step);
+/* Newest step every node has committed and replicated to its peers, if
+ * known: what garbage collection may keep as the oldest step (older ones
+ * are the only complete copy until the newer step's replicas exist). */
+bool eng_gc_step(struct eng *e, const char *job, uint64_t *step);
 /* For metrics: nodes of the job and whether the coordinator is connected. */
 void eng_status(struct eng *e, uint32_t *nodes, bool *coordinator_up);
 /* A backup is uploading this step: policy must keep it. */
