@@ -5,11 +5,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,27 +34,45 @@ uint32_t mf_crc32c(uint32_t crc, const void *buf, size_t len)
 	return ~crc;
 }
 
+/* pread into a buffer that stays in L2, not mmap: on tmpfs, 1 GiB took
+ * 104-108 ms through 256 KiB preads against 150-198 ms through 64 MiB
+ * mappings (page faults; MAP_POPULATE 155) on the 2-vCPU class. */
+#define CRC_BUF (256u << 10)
+
 int mf_crc32c_fd(int fd, uint32_t *crcp, uint64_t *sizep)
 {
 	struct stat st;
 	uint32_t crc = 0;
 	uint64_t off = 0;
-	const size_t win = 64u << 20;
+	size_t bufsz;
+	uint8_t *buf;
+	int rc = 0;
 
 	if (fstat(fd, &st) < 0)
 		return -errno;
+	bufsz = (uint64_t)st.st_size < CRC_BUF ? (size_t)st.st_size : CRC_BUF;
+	buf = malloc(bufsz ? bufsz : 1);
+	if (!buf)
+		return -ENOMEM;
 	while (off < (uint64_t)st.st_size) {
-		size_t len = (uint64_t)st.st_size - off > win ? win : (size_t)((uint64_t)st.st_size - off);
-		void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)off);
-		if (p == MAP_FAILED)
-			return -errno;
-		madvise(p, len, MADV_SEQUENTIAL);
-		crc = mf_crc32c(crc, p, len);
-		munmap(p, len);
-		off += len;
+		size_t want = (uint64_t)st.st_size - off > bufsz ? bufsz : (size_t)((uint64_t)st.st_size - off);
+		ssize_t n = pread(fd, buf, want, (off_t)off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			rc = -errno;
+			break;
+		}
+		if (n == 0)
+			break;   /* shorter than it was: the size says so */
+		crc = mf_crc32c(crc, buf, (size_t)n);
+		off += (uint64_t)n;
 	}
+	free(buf);
+	if (rc < 0)
+		return rc;
 	*crcp = crc;
-	*sizep = (uint64_t)st.st_size;
+	*sizep = off;
 	return 0;
 }
 
@@ -113,16 +132,9 @@ static int walk(struct mf_builder *b, int dirfd, const char *prefix)
 		}
 		ent.mode = st.st_mode & 07777;
 		if (S_ISREG(st.st_mode)) {
-			int ffd = openat(dirfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-			if (ffd < 0) {
-				rc = -errno;
-				break;
-			}
-			rc = mf_crc32c_fd(ffd, &ent.crc32c, &ent.size);
-			close(ffd);
-			if (rc < 0)
-				break;
+			/* its CRC32C comes later (crc_files), perhaps on two threads */
 			ent.type = MF_FILE;
+			ent.size = (uint64_t)st.st_size;
 		} else if (S_ISDIR(st.st_mode)) {
 			ent.type = MF_DIR;
 		} else if (S_ISLNK(st.st_mode)) {
@@ -201,6 +213,81 @@ static void finish_totals(struct manifest *m)
 	}
 }
 
+/* CRC32C of the files of a built entry list, largest first, shared by the
+ * caller and (for big shards) one more thread. */
+struct crc_work {
+	int dirfd;
+	struct mf_entry **files;   /* largest first */
+	size_t n;
+	_Atomic size_t next;
+	_Atomic int rc;
+};
+
+static void *crc_worker(void *arg)
+{
+	struct crc_work *w = arg;
+
+	for (;;) {
+		size_t i = atomic_fetch_add(&w->next, 1);
+		struct mf_entry *e;
+		uint64_t size;
+		int fd, rc;
+
+		if (i >= w->n || atomic_load(&w->rc) < 0)
+			break;
+		e = w->files[i];
+		fd = openat(w->dirfd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0) {
+			rc = -errno;
+		} else {
+			rc = mf_crc32c_fd(fd, &e->crc32c, &size);
+			close(fd);
+			if (rc == 0)
+				e->size = size;
+		}
+		if (rc < 0) {
+			int none = 0;
+			atomic_compare_exchange_strong(&w->rc, &none, rc);
+			break;
+		}
+	}
+	return NULL;
+}
+
+static int cmp_size_desc(const void *a, const void *b)
+{
+	uint64_t x = (*(struct mf_entry *const *)a)->size, y = (*(struct mf_entry *const *)b)->size;
+	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+#define CRC_PARALLEL_MIN (32ull << 20)   /* below this one thread is as fast */
+
+static int crc_files(int dirfd, struct mf_entry *e, size_t n)
+{
+	struct crc_work w = { .dirfd = dirfd };
+	uint64_t total = 0;
+	pthread_t th;
+	bool two = false;
+
+	w.files = malloc((n ? n : 1) * sizeof(*w.files));
+	if (!w.files)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		if (e[i].type == MF_FILE) {
+			w.files[w.n++] = &e[i];
+			total += e[i].size;
+		}
+	qsort(w.files, w.n, sizeof(*w.files), cmp_size_desc);
+	/* a second core shortens the seal, and with it the time to redundancy */
+	if (w.n > 1 && total >= CRC_PARALLEL_MIN)
+		two = pthread_create(&th, NULL, crc_worker, &w) == 0;
+	crc_worker(&w);
+	if (two)
+		pthread_join(th, NULL);
+	free(w.files);
+	return atomic_load(&w.rc);
+}
+
 int mf_build(int dirfd, struct manifest **out)
 {
 	struct mf_builder b = { 0 };
@@ -208,6 +295,8 @@ int mf_build(int dirfd, struct manifest **out)
 	int rc;
 
 	rc = walk(&b, dirfd, "");
+	if (rc == 0)
+		rc = crc_files(dirfd, b.e, b.n);
 	if (rc < 0)
 		goto fail;
 	m = calloc(1, sizeof(*m));
