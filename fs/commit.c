@@ -437,10 +437,61 @@ void commit_on_lkg(void *arg, const char *job, uint64_t step)
 		workq_submit(fs->sealq, gc_job, fs);
 }
 
+static int cmp_older_first(const void *a, const void *b)
+{
+	const struct shard_rec *x = a, *y = b;
+	if (x->commit_time != y->commit_time)
+		return x->commit_time < y->commit_time ? -1 : 1;
+	return x->key.step < y->key.step ? -1 : x->key.step > y->key.step;
+}
+
+/* Shards of other jobs (an earlier job on this mount: the namespace no
+ * longer shows them and no restore of the current job can use them) go
+ * before a write of the current job is refused, oldest first. */
+static uint64_t gc_other_jobs(struct fs *fs, uint64_t want)
+{
+	struct shard_rec *recs = NULL;
+	size_t n = 0, kept = 0;
+	uint64_t freed = 0;
+	uint32_t rank;
+	char job[129];
+
+	pthread_mutex_lock(&fs->mu);
+	snprintf(job, sizeof(job), "%s", fs->job);
+	rank = fs->rank;
+	pthread_mutex_unlock(&fs->mu);
+	if (idx_list_shards(ram_idx(fs->ram), NULL, &recs, &n) < 0)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(recs[i].key.job, job) && recs[i].state != SH_SEALING) {
+			struct shard_rec t = recs[kept];
+			recs[kept++] = recs[i];
+			recs[i] = t;
+		}
+	}
+	if (kept > 1)
+		qsort(recs, kept, sizeof(*recs), cmp_older_first);
+	for (size_t i = 0; i < kept && freed < want; i++) {
+		struct shard_rec *r = &recs[i];
+		uint64_t f;
+		if (eng_pinned(fs->eng, r->key.job, r->key.step))
+			continue;
+		f = (r->flags & SHF_OWN) && r->key.rank == rank ? drop_own(fs, &r->key, r->ns_ino)
+								    : drop_replica(fs, &r->key);
+		log_warn("gc", "RAM tier full: job %s is not the current job (%s): step %llu node %u dropped for room",
+			 r->key.job, job, (unsigned long long)r->key.step, r->key.rank);
+		freed += f;
+	}
+	idx_recs_free(recs, n);
+	return freed;
+}
+
 uint64_t commit_reclaim(void *arg, uint64_t want)
 {
 	struct fs *fs = arg;
 	uint64_t freed = gc_own(fs, want);
+	if (freed < want)
+		freed += gc_other_jobs(fs, want - freed);
 	if (freed)
 		log_info("ram", "reclaimed %llu bytes for a write of %llu",
 			 (unsigned long long)freed, (unsigned long long)want);

@@ -42,12 +42,12 @@ class RamSize(MountTestCase):
             for off in range(0, len(data), MiB):
                 f.write(data[off:off + MiB])
 
-    def commit(self, step, data):
+    def commit(self, step, data, job="default"):
         tmp = os.path.join(self.mnt, "%d.orbax-checkpoint-tmp-1" % step)
         os.mkdir(tmp)
         self.write(os.path.join(tmp, "w.bin"), data)
         os.rename(tmp, os.path.join(self.mnt, str(step)))
-        return self.wait_committed(step)
+        return self.wait_committed(step, job=job)
 
     def test_statfs_reports_capacity(self):
         sv = os.statvfs(self.mnt)
@@ -98,6 +98,52 @@ class RamSize(MountTestCase):
         self.wait_committed(3)
         wait_until(lambda: find_shard(admin_ls(self.ramdir), 3), 30, "step 3 listed")
         self.assertEqual(find_shard(admin_ls(self.ramdir), 2)["state"], "committed")
+
+    def configure(self, job):
+        """replicator.yaml for a one-node job; wait until it is taken and
+        the markers are out."""
+        with open(os.path.join(self.mnt, "replicator.yaml"), "w") as f:
+            f.write("job-name: %s\nframework: orbax\nnode-rank: 0\nnodes: 1\n" % job)
+        wait_until(lambda: not os.path.exists(os.path.join(self.mnt, "replicator.yaml"))
+                   and any(n.endswith(".restore") for n in os.listdir(self.mnt)),
+                   30, "job %s configured" % job)
+
+    def test_other_job_dropped_before_enospc(self):
+        """An earlier job's shards (no longer in the namespace, useless to
+        the current job's restores) are dropped, oldest first, before a
+        write of the current job is refused; the current job's newest
+        committed step is not."""
+        a20, b10, b20 = blob(20, 24 * MiB), blob(110, 24 * MiB), blob(120, 24 * MiB)
+        self.fs.expect_log(r"is not the current job")
+        self.configure("joba")
+        self.commit(10, blob(10, 24 * MiB), job="joba")
+        self.commit(20, a20, job="joba")
+        wait_until(lambda: find_shard(admin_ls(self.ramdir), 10, job="joba") is None,
+                   30, "joba step 10 dropped by GC (superseded by 20)")
+        self.configure("jobb")
+        # the namespace is clean, the earlier job's step is still held
+        self.assertFalse(os.path.exists(os.path.join(self.mnt, "20")))
+        self.assertIsNotNone(find_shard(admin_ls(self.ramdir), 20, job="joba"))
+        self.commit(10, b10, job="jobb")
+        # 24 + 24 + 24 MiB do not fit in 64: joba's step goes, not jobb's 10
+        self.commit(20, b20, job="jobb")
+        ls = admin_ls(self.ramdir)
+        self.assertIsNone(find_shard(ls, 20, job="joba"), "joba's step 20 kept")
+        self.assertLessEqual(du_ramdir(self.ramdir), 64 * MiB)
+        self.assertRegex(self.fs.log_text(),
+                         r"job joba is not the current job \(jobb\): step 20 node 0 "
+                         r"dropped for room")
+        with open(os.path.join(self.mnt, "20", "w.bin"), "rb") as f:
+            self.assertEqual(f.read(), b20)
+        # with nothing else to drop, the current job's data is never taken
+        work = os.path.join(self.mnt, "30.orbax-checkpoint-tmp-1")
+        os.mkdir(work)
+        with self.assertRaises(OSError) as cm:
+            self.write(os.path.join(work, "w.bin"), b"\5" * (40 * MiB))
+        self.assertEqual(cm.exception.errno, errno.ENOSPC)
+        with open(os.path.join(harness.shard_dir(self.ramdir, 20, job="jobb"), "w.bin"),
+                  "rb") as f:
+            self.assertEqual(f.read(), b20)
 
 
 if __name__ == "__main__":
