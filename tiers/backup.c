@@ -702,13 +702,14 @@ void bk_backups_free(struct bk_backup *v, size_t n)
 	free(v);
 }
 
-int bk_list_backups(struct bkt *b, const char *job, uint32_t nodes, uint32_t workers,
-		    struct bk_backup **outp, size_t *np)
+int bk_list_backups_until(struct bkt *b, const char *job, uint32_t nodes, uint32_t workers,
+			  bool (*enough)(void *arg, const struct bk_backup *v), void *arg,
+			  struct bk_backup **outp, size_t *np)
 {
 	char prefix[PATH_MAX];
 	struct objs top = { 0 };
 	struct bk_backup *v = NULL;
-	size_t n = 0;
+	size_t n = 0, names = 0;
 	int rc;
 
 	*outp = NULL;
@@ -724,26 +725,34 @@ int bk_list_backups(struct bkt *b, const char *job, uint32_t nodes, uint32_t wor
 		rc = -ENOMEM;
 		goto out;
 	}
+	/* the names first, in order: the checks (a listing per backup) can
+	 * then stop at the first backup the caller is content with */
 	for (size_t i = 0; i < top.n; i++) {
-		char name[BK_NAME_MAX + 1];
 		size_t l = strlen(top.v[i].name);
 
 		if (!top.v[i].is_prefix || l < 2 || l > BK_NAME_MAX)
 			continue;
-		memcpy(name, top.v[i].name, l - 1);
-		name[l - 1] = '\0';
-		if (!bk_backup_name_ok(name))
-			continue;
+		memcpy(v[names].name, top.v[i].name, l - 1);
+		v[names].name[l - 1] = '\0';
+		if (bk_backup_name_ok(v[names].name))
+			names++;
+	}
+	if (names > 1)
+		qsort(v, names, sizeof(*v), backup_cmp);
+	for (size_t i = 0; i < names; i++) {
+		char name[BK_NAME_MAX];
+
+		memcpy(name, v[i].name, sizeof(name));
 		rc = bk_check_backup(b, job, name, nodes, workers, &v[n]);
 		if (rc == -ENOENT)
 			continue;           /* emptied since the listing */
 		if (rc < 0)
 			goto out;
 		n++;
+		if (enough && enough(arg, &v[n - 1]))
+			break;
 	}
 	rc = 0;
-	if (n)
-		qsort(v, n, sizeof(*v), backup_cmp);
 	*outp = v;
 	*np = n;
 	v = NULL;
@@ -751,6 +760,12 @@ out:
 	bk_backups_free(v, n);
 	objs_free(&top);
 	return rc;
+}
+
+int bk_list_backups(struct bkt *b, const char *job, uint32_t nodes, uint32_t workers,
+		    struct bk_backup **outp, size_t *np)
+{
+	return bk_list_backups_until(b, job, nodes, workers, NULL, NULL, outp, np);
 }
 
 /* ---- fetch ---- */

@@ -80,6 +80,12 @@ struct bk_backup {
  * *out is owned by the caller: bk_backups_free(). */
 int  bk_list_backups(struct bkt *b, const char *job, uint32_t nodes, uint32_t workers,
 		     struct bk_backup **out, size_t *n);
+/* The same, checking newest first and stopping after the first backup for
+ * which enough(arg, v) is true (a restore wants only the newest complete
+ * one): *out then ends with it. */
+int  bk_list_backups_until(struct bkt *b, const char *job, uint32_t nodes, uint32_t workers,
+			   bool (*enough)(void *arg, const struct bk_backup *v), void *arg,
+			   struct bk_backup **out, size_t *n);
 /* The same for one backup (-ENOENT when it holds no object). */
 int  bk_check_backup(struct bkt *b, const char *job, const char *backup, uint32_t nodes,
 		     uint32_t workers, struct bk_backup *out);

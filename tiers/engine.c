@@ -1530,9 +1530,21 @@ static bool excluded(const char (*ex)[64], size_t n, const char *name)
 	return false;
 }
 
+struct exclusions {
+	const char (*ex)[64];
+	size_t n;
+};
+
+static bool usable(void *arg, const struct bk_backup *v)
+{
+	const struct exclusions *x = arg;
+	return v->complete && !excluded(x->ex, x->n, v->name);
+}
+
 static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex)[64], size_t nex,
 		     bool need_newest, struct coord_bk_decision *d)
 {
+	struct exclusions exl = { ex, nex };
 	struct eng *e = arg;
 	struct bk_backup *v = NULL, one;
 	char rv[BK_NAME_MAX];
@@ -1568,7 +1580,8 @@ static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex
 		return rc;
 	if (!need_newest)
 		return 0;
-	rc = bk_list_backups(e->bkt, job, nodes, 1, &v, &n);
+	/* newest first, and no further than the first usable one */
+	rc = bk_list_backups_until(e->bkt, job, nodes, 1, usable, &exl, &v, &n);
 	if (rc < 0)
 		return rc;
 	for (size_t i = 0; i < n; i++) {

@@ -294,6 +294,12 @@ static void test_upload_list_fetch(void **state)
 	mf_free(m1);
 }
 
+static bool first_complete(void *arg, const struct bk_backup *v)
+{
+	(*(int *)arg)++;
+	return v->complete;
+}
+
 static void test_incomplete(void **state)
 {
 	struct env *e = *state;
@@ -380,6 +386,40 @@ static void test_incomplete(void **state)
 		assert_string_equal(v[0].name, b3);
 		assert_string_equal(v[1].name, b2);
 		assert_string_equal(v[2].name, b1);
+		bk_backups_free(v, n);
+	}
+	/* a restore checks newest first and stops at the first complete one */
+	{
+		const char *b0 = "2023-12-31_23-59", *b4 = "2024-01-01_00-03";
+		struct bk_backup *v = NULL;
+		size_t n = 0;
+		int calls = 0;
+		assert_int_equal(bk_upload_shard(e->b, JOB, b0, &k0, s0, m0, true), 0);
+		assert_int_equal(bk_upload_shard(e->b, JOB, b0, &k1, s1, m1, true), 0);
+		/* the three incomplete ones are passed on the way to b0 */
+		assert_int_equal(bk_list_backups_until(e->b, JOB, 2, 1, first_complete, &calls,
+						       &v, &n), 0);
+		assert_int_equal(n, 4);
+		assert_int_equal(calls, 4);
+		assert_string_equal(v[0].name, b3);
+		assert_false(v[0].complete);
+		assert_string_equal(v[3].name, b0);
+		assert_true(v[3].complete);
+		bk_backups_free(v, n);
+		/* a newer complete one: only it is checked */
+		assert_int_equal(bk_upload_shard(e->b, JOB, b4, &k0, s0, m0, true), 0);
+		assert_int_equal(bk_upload_shard(e->b, JOB, b4, &k1, s1, m1, true), 0);
+		calls = 0;
+		assert_int_equal(bk_list_backups_until(e->b, JOB, 2, 1, first_complete, &calls,
+						       &v, &n), 0);
+		assert_int_equal(n, 1);
+		assert_int_equal(calls, 1);
+		assert_string_equal(v[0].name, b4);
+		assert_true(v[0].complete);
+		bk_backups_free(v, n);
+		/* the full listing still has all five */
+		assert_int_equal(bk_list_backups(e->b, JOB, 2, 1, &v, &n), 0);
+		assert_int_equal(n, 5);
 		bk_backups_free(v, n);
 	}
 	close(s0);
