@@ -293,7 +293,8 @@ static int write_all(struct nconn *c, const uint8_t *buf, size_t len, size_t *se
 }
 
 /* Send a built frame; the connection fails for good unless nothing of it
- * left (a timeout with zero bytes written keeps the stream in sync). */
+ * left (on plain TCP a timeout with zero bytes written keeps the stream in
+ * sync; with TLS any failure is final). */
 static int send_frame_locked(struct nconn *c, const uint8_t *frame, size_t len)
 {
 	size_t sent = 0;
@@ -302,7 +303,9 @@ static int send_frame_locked(struct nconn *c, const uint8_t *frame, size_t len)
 	if (c->send_err)
 		return c->send_err;
 	rc = write_all(c, frame, len, &sent);
-	if (rc < 0 && (sent > 0 || rc != -ETIMEDOUT))
+	/* TLS: a WANT_WRITE leaves a record of this frame inside SSL, which
+	 * would go out at the head of the next frame: no second chance there */
+	if (rc < 0 && (sent > 0 || rc != -ETIMEDOUT || c->ssl))
 		c->send_err = rc;
 	return rc;
 }

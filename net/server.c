@@ -882,8 +882,11 @@ static int on_readable(struct nsrv *s, struct sconn *c)
 				drop(s, c, false, "peer closed the connection");
 			return -1;
 		}
-		if (n == -EAGAIN)
+		if (n == -EAGAIN) {
+			if (c->rd_wants_out)
+				set_events(s, c);   /* TLS: wait for room to write */
 			return 0;
+		}
 		/* a reset before the peer said anything: a port probe, not news */
 		if (c->ssl) {
 			char why[256];

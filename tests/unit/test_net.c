@@ -1770,6 +1770,56 @@ static void test_tls_load_errors(void **state)
 	assert_null(ctx);
 }
 
+/* A TLS sender whose peer stopped reading: a send that times out may have
+ * left a record of its frame inside SSL, so the connection is failed for
+ * good (on plain TCP a timeout with nothing written keeps it usable). */
+static _Atomic int stall_go;
+
+static void stall_on_data(void *arg, struct nconn *c, int rank)
+{
+	(void)arg;
+	(void)rank;
+	while (!stall_go)
+		usleep(5000);
+	for (;;) {
+		struct net_hdr h;
+		uint8_t *p = NULL;
+		if (nconn_recv_raw(c, 2000, &h, &p) < 0)
+			break;
+		free(p);
+	}
+	nconn_close(c);
+}
+
+static void test_tls_send_timeout_is_final(void **state)
+{
+	static const struct nsrv_ops ops = { .on_data = stall_on_data };
+	struct net_auth *sa = tls_auth("node", "ca", NULL), *ca = tls_auth("peer", "ca", NULL);
+	struct nsrv *s = NULL;
+	struct nconn *c = NULL;
+	uint8_t buf[1000];
+	char a[64];
+	int rc = 0, i;
+
+	(void)state;
+	stall_go = 0;
+	assert_int_equal(nsrv_start("127.0.0.1:0", 0, sa, &ops, NULL, &s), 0);
+	snprintf(a, sizeof(a), "127.0.0.1:%d", nsrv_port(s));
+	assert_int_equal(nconn_connect(a, 1, "data", ca, 5000, &c, NULL), 0);
+	nconn_set_io_timeout(c, 300);
+	memset(buf, 'x', sizeof(buf));
+	for (i = 0; i < 200000 && rc == 0; i++)
+		rc = nconn_send_raw(c, NT_EVENT, 0, buf, sizeof(buf));
+	assert_int_equal(rc, -ETIMEDOUT);
+	stall_go = 1;
+	/* the reader drains now, but this connection must not send again */
+	assert_true(nconn_send_raw(c, NT_EVENT, 0, buf, sizeof(buf)) < 0);
+	nconn_close(c);
+	nsrv_stop(s);
+	tls_auth_free(sa);
+	tls_auth_free(ca);
+}
+
 static void test_tls(void **state)
 {
 	struct net_auth *srv_auth = tls_auth("node", "ca", NULL);
@@ -1976,6 +2026,7 @@ int main(void)
 		cmocka_unit_test(test_addresses),
 		cmocka_unit_test(test_tls_load_errors),
 		cmocka_unit_test(test_tls),
+		cmocka_unit_test(test_tls_send_timeout_is_final),
 		cmocka_unit_test(test_bench_1g),
 	};
 	int rc;
