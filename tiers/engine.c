@@ -771,6 +771,19 @@ static json_t *register_msg(struct eng *e)
 	return m;
 }
 
+/* A send on the control connection failed (ctl_mu held): a coordinator
+ * that has not read for the whole io timeout, or a broken stream. Shut the
+ * socket: the reader tears the connection down and the next call makes a
+ * new one (and registers again) instead of failing on a dead stream. */
+static void ctl_send_failed(struct eng *e, int rc)
+{
+	if (!e->ctl)
+		return;
+	log_warn("engine", "sending to the coordinator at %s failed: %s; reconnecting",
+		 e->coord_addr, strerror(-rc));
+	nconn_shutdown(e->ctl);
+}
+
 /* Connect the control connection if needed. ctl_mu held. */
 static int ctl_ensure_locked(struct eng *e)
 {
@@ -835,6 +848,7 @@ static int ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms)
 	rc = nconn_send(e->ctl, NT_REQ, p.id, req);
 	if (rc < 0) {
 		e->calls[slot] = NULL;
+		ctl_send_failed(e, rc);
 		goto out;
 	}
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -863,8 +877,11 @@ static int ctl_event(struct eng *e, json_t *ev)
 	int rc;
 	pthread_mutex_lock(&e->ctl_mu);
 	rc = ctl_ensure_locked(e);
-	if (rc == 0)
+	if (rc == 0) {
 		rc = nconn_send(e->ctl, NT_EVENT, 0, ev);
+		if (rc < 0)
+			ctl_send_failed(e, rc);
+	}
 	pthread_mutex_unlock(&e->ctl_mu);
 	return rc;
 }
