@@ -648,6 +648,10 @@ static int status_once(const char *ramdir)
 				size_t i;
 				json_object_set_new(root, "coordinator_reachable", json_true());
 				json_object_set(root, "lkg", json_object_get(resp, "lkg"));
+				/* GC keeps every step from this one (older versions: absent) */
+				if (json_object_get(resp, "replicated_lkg"))
+					json_object_set(root, "replicated_lkg",
+							json_object_get(resp, "replicated_lkg"));
 				json_array_foreach(nodes, i, nd)
 					json_array_append_new(peers, json_pack("{s:O,s:O}", "rank",
 						json_object_get(nd, "rank"), "connected", json_object_get(nd, "connected")));

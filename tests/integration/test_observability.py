@@ -111,6 +111,9 @@ class Observability(unittest.TestCase):
         # status, human and json
         wait_until(lambda: json.loads(admin("status", r0, "--json").stdout).get("lkg") == 20,
                    30, "status shows the LKG")
+        # step 20 is replicated both ways: GC may let older steps go
+        wait_until(lambda: json.loads(admin("status", r0, "--json").stdout)
+                   .get("replicated_lkg") == 20, 30, "status shows the replicated LKG")
         st = json.loads(admin("status", r0, "--json").stdout)
         self.assertTrue(st["daemon_running"])
         self.assertEqual(st["phase"], "ready")
