@@ -134,7 +134,7 @@ int64_t prune_period(const struct prune_time *t, enum prune_kind k, char *label)
 
 int prune_name_cmp(const char *a, const char *b)
 {
-	struct prune_time ta, tb;
+	struct prune_time ta = { 0 }, tb = { 0 };
 	bool da = prune_parse_name(a, &ta), db = prune_parse_name(b, &tb);
 	int c;
 
