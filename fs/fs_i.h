@@ -66,6 +66,7 @@ struct fs {
 	char *ramdir, *mountpoint;
 	struct ram_tier *ram;
 	struct fuse_session *se;
+	_Atomic bool served;        /* a request after INIT arrived (INIT's reply is in) */
 	struct workq *sealq;        /* commit sealing, in order */
 	struct workq *notifyq;      /* kernel cache invalidations, off request paths */
 	struct eng *eng;            /* peer tier; NULL for a single node without network */

@@ -38,7 +38,14 @@ struct dhandle {
 	bool is_root;
 };
 
-static inline struct fs *fs_of(fuse_req_t req) { return fuse_req_userdata(req); }
+static inline struct fs *fs_of(fuse_req_t req)
+{
+	struct fs *fs = fuse_req_userdata(req);
+	/* the kernel sends nothing before INIT's reply is processed */
+	if (!atomic_load_explicit(&fs->served, memory_order_relaxed))
+		atomic_store(&fs->served, true);
+	return fs;
+}
 
 static struct fnode *node_of(struct fs *fs, fuse_ino_t ino)
 {

@@ -115,7 +115,10 @@ static void check_pipe_size(void)
 }
 
 /* Kernel read-ahead on a FUSE mount defaults to 128 KiB; 1 MiB matches the
- * largest request and doubles cold reads. Best effort. */
+ * largest request: a cold 1 GiB read went from 2.3 to 3.6 GB/s. Best
+ * effort. Processing INIT's reply sets read-ahead to min(current, what
+ * INIT offered = 128 KiB), so raising it before then is undone: wait for
+ * the first request after INIT. */
 static void *tune_readahead(void *arg)
 {
 	struct fs *fs = arg;
@@ -124,6 +127,12 @@ static void *tune_readahead(void *arg)
 	bool found = false;
 	FILE *f;
 	int fd;
+
+	while (!atomic_load(&fs->served)) {
+		if (fuse_session_exited(fs->se))
+			return NULL;
+		usleep(20000);
+	}
 
 	/* Find our device number in mountinfo: a stat() of our own mount
 	 * would be a FUSE request to ourselves, and a kill -9 while it is in

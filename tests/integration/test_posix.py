@@ -69,6 +69,17 @@ class Posix(harness.MountTestCase):
     def p(self, *parts):
         return os.path.join(self.d, *parts)
 
+    # --- read-ahead ---------------------------------------------------------
+
+    def test_readahead_raised_after_init(self):
+        """The kernel's read-ahead on the mount is 1 MiB, not the 128 KiB
+        default that processing INIT's reply would restore (cold 1 GiB
+        reads: 2.3 -> 4.0 GB/s)."""
+        st = os.stat(self.mnt)   # the mount was used (setUp mkdir'd in it too)
+        bdi = "/sys/class/bdi/%d:%d/read_ahead_kb" % (os.major(st.st_dev), os.minor(st.st_dev))
+        harness.wait_until(lambda: read_file(bdi).strip() == b"1024", 10,
+                           "%s = 1024 (is %r)" % (bdi, read_file(bdi).strip()))
+
     # --- rename -----------------------------------------------------------
 
     def test_rename_nonempty_directory(self):
