@@ -91,6 +91,20 @@ commonName = supplied
 """ + LEAF_EXT
 
 
+
+def wait_listening(addr, timeout=30):
+    """The mount appears before the peer endpoint listens: wait (deadline)
+    until addr accepts a TCP connection."""
+    host, port = addr.rsplit(":", 1)
+
+    def up():
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return True
+        except OSError:
+            return False
+    wait_until(up, timeout, "%s listening" % addr)
+
 class PKI:
     """The certificates of one test run, in a private directory."""
 
@@ -314,6 +328,8 @@ class TLSCase(unittest.TestCase):
         self.c = c
         if start:
             c.start()
+            for a in c.addrs:
+                wait_listening(a)
         return c
 
     def holdings(self, r, job):
