@@ -346,6 +346,27 @@ static int handoff(struct nsrv *s, struct sconn *c);
 
 static int tls_step(struct nsrv *s, struct sconn *c);
 
+/* n bytes of the output queue went out: free the frames they finish. */
+static void consume_out(struct sconn *c, size_t n)
+{
+	c->out_bytes -= n;
+	while (n > 0) {
+		struct obuf *o = c->out_head;
+		size_t left = o->len - c->out_off;
+		if (n < left) {
+			c->out_off += n;
+			break;
+		}
+		n -= left;
+		c->out_head = o->next;
+		if (!c->out_head)
+			c->out_tail = NULL;
+		c->out_off = 0;
+		free(o->data);
+		free(o);
+	}
+}
+
 /* The TLS way of flush's loop: one frame at a time through SSL_write.
  * 0: wrote all or the socket is full; -1: c dropped. */
 static int flush_tls(struct nsrv *s, struct sconn *c)
@@ -365,16 +386,7 @@ static int flush_tls(struct nsrv *s, struct sconn *c)
 			     net_tls_why(c->ssl, why, sizeof(why)));
 			return -1;
 		}
-		c->out_bytes -= (size_t)w;
-		c->out_off += (size_t)w;
-		if (c->out_off == o->len) {
-			c->out_head = o->next;
-			if (!c->out_head)
-				c->out_tail = NULL;
-			c->out_off = 0;
-			free(o->data);
-			free(o);
-		}
+		consume_out(c, (size_t)w);
 	}
 	return 0;
 }
@@ -409,22 +421,7 @@ static int flush(struct nsrv *s, struct sconn *c)
 			drop(s, c, c->state == CS_HELLO && c->got_bytes, "send: %s", strerror(errno));
 			return -1;
 		}
-		c->out_bytes -= (size_t)w;
-		while (w > 0) {
-			o = c->out_head;
-			size_t left = o->len - c->out_off;
-			if ((size_t)w < left) {
-				c->out_off += (size_t)w;
-				break;
-			}
-			w -= (ssize_t)left;
-			c->out_head = o->next;
-			if (!c->out_head)
-				c->out_tail = NULL;
-			c->out_off = 0;
-			free(o->data);
-			free(o);
-		}
+		consume_out(c, (size_t)w);
 	}
 	if (!c->out_head) {
 		if (c->state == CS_CLOSING) {
