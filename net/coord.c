@@ -893,26 +893,36 @@ static void send_lkg(struct coord *c, struct cjob *j)
 	}
 }
 
-/* The steady-state LKG: the newest step every owner has committed. */
-static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
+/* A node's event about one of its steps ({job, nodes, dp, step}): its job
+ * (made if new) and node, whose connection is noted. false: malformed. */
+static bool event_node(struct coord *c, uint64_t conn, int rank, json_t *m, struct cjob **jp,
+		       struct cnode **np, uint64_t *step)
 {
 	const char *name;
 	uint32_t nodes, dp;
+
+	if (parse_job(m, &name, &nodes, &dp) < 0 || rank < 0 || (uint32_t)rank >= nodes ||
+	    net_json_u64(m, "step", UINT64_MAX >> 1, step) < 0)
+		return false;
+	*jp = job_get(c, name, nodes, dp);
+	if (!*jp)
+		return false;
+	*np = &(*jp)->n[rank];
+	(*np)->conn = conn;
+	return true;
+}
+
+/* The steady-state LKG: the newest step every owner has committed. */
+static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
+{
 	uint64_t step;
 	uint8_t hash[32];
 	struct cjob *j;
 	struct cnode *n;
 	uint64_t newest;
 
-	if (parse_job(m, &name, &nodes, &dp) < 0 || rank < 0 || (uint32_t)rank >= nodes ||
-	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) < 0 ||
-	    net_json_hex(m, "hash", hash, 32) < 0)
+	if (net_json_hex(m, "hash", hash, 32) < 0 || !event_node(c, conn, rank, m, &j, &n, &step))
 		return;
-	j = job_get(c, name, nodes, dp);
-	if (!j)
-		return;
-	n = &j->n[rank];
-	n->conn = conn;
 	{
 		uint64_t v;
 		if (net_json_u64(m, "bi_min", 1u << 20, &v) == 0)
@@ -951,21 +961,13 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 /* A node's pushes of its own step all succeeded. */
 static void on_replicated(struct coord *c, uint64_t conn, int rank, json_t *m)
 {
-	const char *name;
-	uint32_t nodes, dp;
 	uint64_t step, safe;
 	uint8_t hash[32];
 	struct cjob *j;
 	struct cnode *n;
 
-	if (parse_job(m, &name, &nodes, &dp) < 0 || rank < 0 || (uint32_t)rank >= nodes ||
-	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) < 0)
+	if (!event_node(c, conn, rank, m, &j, &n, &step))
 		return;
-	j = job_get(c, name, nodes, dp);
-	if (!j)
-		return;
-	n = &j->n[rank];
-	n->conn = conn;
 	if (!hash_at(n, step, hash))
 		return;   /* not a commit we know (a timeline left by a restore) */
 	if (step + 1 > n->repl[0]) {
