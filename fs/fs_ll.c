@@ -360,6 +360,14 @@ static int do_lookup(struct fs *fs, struct fnode *parent, const char *name,
 
 static void ll_init(void *userdata, struct fuse_conn_info *conn)
 {
+	(void)userdata;
+
+	/* New entries get exactly the mode the kernel sends: it has applied
+	 * the caller's umask already (no FUSE_CAP_DONT_MASK), and ours must not
+	 * apply a second time (umask 000; touch f gave 0644). Every file the
+	 * daemon makes for itself names its mode. */
+	umask(0);
+	conn->want &= ~FUSE_CAP_DONT_MASK;
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
 	if (conn->capable & FUSE_CAP_SPLICE_READ)
@@ -550,6 +558,51 @@ static int may_create(struct fs *fs, struct fnode *parent, const char *name)
 	return 0;
 }
 
+/* A new entry belongs to the caller, as on a local filesystem: the daemon
+ * made it as root, so give it the request's uid, and its gid unless the
+ * parent is setgid (tmpfs then gave it the parent's, as the kernel does).
+ * chown clears set-id bits of non-directories: put the created mode back.
+ * On failure the entry is removed again. st: in, the entry as created;
+ * out, as the caller will see it. 0 or -errno. */
+static int own_new(struct fs *fs, fuse_req_t req, struct fnode *dir, const char *name,
+		   struct fnode *n, struct stat *st)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	uid_t u = ctx->uid;
+	gid_t g = ctx->gid;
+	char pp[64];
+	int rc = 0;
+
+	if (st->st_uid == u && st->st_gid == g)
+		return 0;
+	if (st->st_gid != g) {
+		struct stat ds;
+		if (fstatat(dir->fd, "", &ds, AT_EMPTY_PATH) == 0 && (ds.st_mode & S_ISGID))
+			g = ds.st_gid;
+	}
+	if (st->st_uid == u && st->st_gid == g)
+		return 0;
+	if (fchownat(n->fd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	proc_path(n->fd, pp, sizeof(pp));
+	if (!S_ISLNK(st->st_mode) && !S_ISDIR(st->st_mode) && (st->st_mode & (S_ISUID | S_ISGID)) &&
+	    fchmodat(fs->proc_self_fd, pp, st->st_mode & 07777, 0) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	if (fstatat(n->fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
+		rc = -errno;
+out:
+	if (rc < 0) {
+		log_warn("fs", "cannot give %s to uid %u gid %u: %s", name, (unsigned)u, (unsigned)g,
+			 strerror(-rc));
+		unlinkat(dir->fd, name, S_ISDIR(st->st_mode) ? AT_REMOVEDIR : 0);
+	}
+	return rc;
+}
+
 static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 		      dev_t rdev, const char *link)
 {
@@ -574,6 +627,12 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	}
 	rc = do_lookup(fs, dir, name, &e);
 	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	rc = own_new(fs, req, dir, name, node_of(fs, e.ino), &e.attr);
+	if (rc < 0) {
+		node_unref(fs, node_of(fs, e.ino), 1);
 		fuse_reply_err(req, -rc);
 		return;
 	}
@@ -829,18 +888,39 @@ static void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	struct fnode *dir = node_of(fs, parent);
 	struct fuse_entry_param e;
 	struct fhandle *h;
+	bool created = false;
 	int fd, rc = may_create(fs, dir, name);
 
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	fd = openat(dir->fd, name, (fi->flags | O_CREAT | O_CLOEXEC) & ~O_NOFOLLOW, mode);
+	/* Only an entry made here is given to the caller: try an exclusive
+	 * create, and open what another process made meanwhile (unless the
+	 * caller asked for O_EXCL itself). */
+	for (int attempt = 0;; attempt++) {
+		fd = openat(dir->fd, name, (fi->flags | O_CREAT | O_EXCL | O_CLOEXEC) & ~O_NOFOLLOW,
+			    mode);
+		if (fd >= 0) {
+			created = true;
+			break;
+		}
+		if (errno != EEXIST || (fi->flags & O_EXCL) || attempt == 8)
+			break;
+		fd = openat(dir->fd, name, (fi->flags | O_CLOEXEC) & ~(O_NOFOLLOW | O_CREAT));
+		if (fd >= 0 || errno != ENOENT)
+			break;
+	}
 	if (fd < 0) {
 		fuse_reply_err(req, errno);
 		return;
 	}
 	rc = do_lookup(fs, dir, name, &e);
+	if (rc == 0 && created) {
+		rc = own_new(fs, req, dir, name, node_of(fs, e.ino), &e.attr);
+		if (rc < 0)
+			node_unref(fs, node_of(fs, e.ino), 1);
+	}
 	if (rc < 0) {
 		close(fd);
 		fuse_reply_err(req, -rc);

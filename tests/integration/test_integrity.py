@@ -1,0 +1,173 @@
+"""Integrity holes that outside suites (pjdfstest, fsx, fio) found, issue 13.
+
+- new entries belong to the caller (uid/gid, setgid directories) and get
+  exactly the caller's umask, so a trainer that is not root can save;
+- committed bytes stay immutable through every name: a hard link from a
+  committed step is refused, and one made before the commit turns
+  read-only with the step (after the kernel forgot the inode, and after a
+  daemon restart on the same RAMDIR);
+- MAP_SHARED writable mappings of files opened O_RDWR work, and the commit
+  holds the bytes written through them;
+- FIFOs, sockets and device nodes in a step are named in replicator.errors
+  (the shard holds regular files, directories and symlinks only).
+
+The unprivileged trainer is uid/gid 65534 (setpriv --clear-groups).
+
+Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \
+     /usr/bin/python3 tests/integration/test_integrity.py [-k NAME]
+"""
+
+import errno
+import os
+import random
+import shutil
+import stat
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import read_file, write_file  # noqa: E402
+
+NOBODY = 65534
+SETPRIV = shutil.which("setpriv")
+MiB = 1 << 20
+
+
+def pattern(seed, n):
+    return random.Random(seed).randbytes(n)
+
+
+def drop_caches():
+    """Make the kernel forget dentries and inodes (FORGET reaches mtcfs)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2\n")
+
+
+def as_nobody(script, cwd):
+    """Run a sh script as uid/gid 65534 without supplementary groups."""
+    r = subprocess.run([SETPRIV, "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY,
+                        "--clear-groups", "sh", "-ec", script],
+                       cwd=cwd, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=60)
+    if r.returncode != 0:
+        raise AssertionError("as uid %d: %r failed (rc=%d): %s" % (
+            NOBODY, script, r.returncode, r.stderr.decode(errors="replace")))
+    return r.stdout.decode()
+
+
+def errors_text(mnt):
+    try:
+        return read_file(os.path.join(mnt, "replicator.errors")).decode()
+    except FileNotFoundError:
+        return ""
+
+
+class Ownership(harness.MountTestCase):
+    """Item 1: the caller's uid/gid and umask, not the daemon's."""
+
+    def setUp(self):
+        if SETPRIV is None:
+            self.skipTest("setpriv not installed")
+        super().setUp()
+        # the mount lives in the test's private directory: let the trainer
+        # reach it, and, like a training pod's volume, write its top
+        os.chmod(self.fs.workdir, 0o755)
+        os.chmod(self.mnt, 0o777)
+        self.d = os.path.join(self.mnt, "w")
+        os.mkdir(self.d, 0o777)
+        os.chmod(self.d, 0o777)
+
+    def p(self, *parts):
+        return os.path.join(self.d, *parts)
+
+    def assertOwned(self, path, uid, gid, mode=None):
+        st = os.lstat(path)
+        self.assertEqual((st.st_uid, st.st_gid), (uid, gid),
+                         "owner of %s" % path)
+        if mode is not None:
+            self.assertEqual(stat.S_IMODE(st.st_mode), mode,
+                             "mode of %s: %o" % (path, stat.S_IMODE(st.st_mode)))
+
+    def test_new_entries_belong_to_the_caller(self):
+        as_nobody("umask 022; mkdir d; : > f; ln -s f l; mkfifo p;"
+                  "python3 -c 'import os; os.close(os.open(\"o\", os.O_RDWR|os.O_CREAT|os.O_EXCL, 0o640))'",
+                  self.d)
+        self.assertOwned(self.p("d"), NOBODY, NOBODY, 0o755)
+        self.assertOwned(self.p("f"), NOBODY, NOBODY, 0o644)
+        self.assertOwned(self.p("l"), NOBODY, NOBODY)
+        self.assertOwned(self.p("p"), NOBODY, NOBODY, 0o644)
+        self.assertOwned(self.p("o"), NOBODY, NOBODY, 0o640)
+        self.assertTrue(stat.S_ISFIFO(os.lstat(self.p("p")).st_mode))
+        # and the trainer can go on writing in what it made
+        as_nobody("echo hi > d/x; mkdir d/e", self.d)
+        self.assertOwned(self.p("d", "x"), NOBODY, NOBODY, 0o644)
+        self.assertEqual(read_file(self.p("d", "x")), b"hi\n")
+
+    def test_open_of_existing_file_keeps_its_owner(self):
+        # O_CREAT without O_EXCL on a file root made: opened, not taken over
+        write_file(self.p("mine"), b"root's", mode=0o666)
+        os.chmod(self.p("mine"), 0o666)
+        as_nobody("echo more >> mine", self.d)
+        self.assertOwned(self.p("mine"), 0, 0, 0o666)
+        self.assertEqual(read_file(self.p("mine")), b"root'smore\n")
+
+    def test_umask_000_and_077(self):
+        as_nobody("umask 000; mkdir d0; : > f0; mkfifo p0", self.d)
+        self.assertOwned(self.p("d0"), NOBODY, NOBODY, 0o777)
+        self.assertOwned(self.p("f0"), NOBODY, NOBODY, 0o666)
+        self.assertOwned(self.p("p0"), NOBODY, NOBODY, 0o666)
+        as_nobody("umask 077; mkdir d7; : > f7; mkfifo p7", self.d)
+        self.assertOwned(self.p("d7"), NOBODY, NOBODY, 0o700)
+        self.assertOwned(self.p("f7"), NOBODY, NOBODY, 0o600)
+        self.assertOwned(self.p("p7"), NOBODY, NOBODY, 0o600)
+
+    def test_umask_000_as_root(self):
+        # the daemon's own umask (022 here, inherited) is not applied on top
+        old = os.umask(0)
+        try:
+            os.mkdir(self.p("r0"), 0o777)
+            write_file(self.p("rf0"), b"", mode=0o666)
+        finally:
+            os.umask(old)
+        self.assertOwned(self.p("r0"), 0, 0, 0o777)
+        self.assertOwned(self.p("rf0"), 0, 0, 0o666)
+
+    def test_setgid_directory_gid_inherited(self):
+        os.mkdir(self.p("g"))
+        os.chown(self.p("g"), 0, 4242)
+        os.chmod(self.p("g"), 0o2777)
+        as_nobody("umask 022; mkdir g/sub; : > g/f; ln -s f g/l", self.d)
+        self.assertOwned(self.p("g", "f"), NOBODY, 4242, 0o644)
+        self.assertOwned(self.p("g", "l"), NOBODY, 4242)
+        st = os.lstat(self.p("g", "sub"))
+        self.assertEqual((st.st_uid, st.st_gid), (NOBODY, 4242))
+        self.assertEqual(stat.S_IMODE(st.st_mode), 0o2755,
+                         "a directory in a setgid directory is setgid")
+        # root creating there gets the directory's group too
+        write_file(self.p("g", "rootf"), b"")
+        self.assertOwned(self.p("g", "rootf"), 0, 4242)
+
+    def test_setuid_bits_survive_the_ownership_change(self):
+        as_nobody("python3 -c 'import os; os.close(os.open(\"s\", os.O_WRONLY|os.O_CREAT, 0o4755))'",
+                  self.d)
+        self.assertOwned(self.p("s"), NOBODY, NOBODY, 0o4755)
+
+    def test_unprivileged_trainer_saves_a_step(self):
+        data = pattern(1, 300000)
+        blob = os.path.join(self.fs.workdir, "blob")
+        write_file(blob, data)
+        as_nobody("umask 022; mkdir 7.orbax-checkpoint-tmp; mkdir 7.orbax-checkpoint-tmp/item;"
+                  "cp %s 7.orbax-checkpoint-tmp/item/w;"
+                  "mv 7.orbax-checkpoint-tmp 7" % blob, self.mnt)
+        shard = self.wait_committed(7)
+        harness.assert_manifest(self, shard, {"item/w": data},
+                                modes={"item/w": 0o644})
+        self.assertOwned(os.path.join(self.mnt, "7", "item", "w"), NOBODY, NOBODY)
+        harness.admin("verify", self.ramdir)
+
+
+if __name__ == "__main__":
+    harness.main()
