@@ -80,6 +80,12 @@ struct fs {
 	_Atomic int sealing;        /* commits not yet frozen node by node */
 	struct fs_step *steps;      /* protected by mu */
 	size_t nsteps, capsteps;
+	/* Inodes of RAMDIR (same dev as root) that a committed shard holds:
+	 * read-only under every name, hard links outside the step included.
+	 * Open addressing, 0 = empty slot; rebuilt from RAMDIR/shards at INIT,
+	 * grown by the seal. Protected by mu. */
+	ino_t *frozen_ino;
+	size_t frozen_n, frozen_cap;
 
 	/* job identity for shards written now (protected by mu) */
 	char job[129];
@@ -102,6 +108,9 @@ extern struct fs *g_fs;
 
 /* fs_ll.c */
 extern const struct fuse_lowlevel_ops fs_ll_ops;
+/* Freeze every entry under dirfd (step `step` is being sealed): by node and
+ * by backing inode, so other names of the same files turn read-only too.
+ * Seal worker only. */
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step);
 void fs_nodes_free(struct fs *fs);
 void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step);

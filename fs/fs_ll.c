@@ -184,6 +184,9 @@ void fs_nodes_free(struct fs *fs)
 		}
 		fs->htab[i] = NULL;
 	}
+	free(fs->frozen_ino);
+	fs->frozen_ino = NULL;
+	fs->frozen_n = fs->frozen_cap = 0;
 }
 
 int fs_node_writers(struct fs *fs, ino_t ino, dev_t dev)
@@ -198,36 +201,200 @@ int fs_node_writers(struct fs *fs, ino_t ino, dev_t dev)
 	return w;
 }
 
+/* --- inodes a shard holds --------------------------------------------------- */
+
+static size_t frozen_slot(ino_t ino, size_t cap)
+{
+	return (size_t)((uint64_t)ino * 0x9e3779b97f4a7c15ULL) & (cap - 1);
+}
+
+/* fs->mu held. Is this backing inode part of a committed shard? */
+static bool frozen_has(struct fs *fs, ino_t ino)
+{
+	if (!fs->frozen_cap || ino == 0)
+		return false;
+	for (size_t i = frozen_slot(ino, fs->frozen_cap);; i = (i + 1) & (fs->frozen_cap - 1)) {
+		if (fs->frozen_ino[i] == ino)
+			return true;
+		if (fs->frozen_ino[i] == 0)
+			return false;
+	}
+}
+
+/* fs->mu held. 0 or -ENOMEM (the inode then stays writable under names
+ * outside the step: logged by the caller). */
+static int frozen_add(struct fs *fs, ino_t ino)
+{
+	size_t i;
+
+	if (ino == 0 || frozen_has(fs, ino))
+		return 0;
+	if ((fs->frozen_n + 1) * 2 > fs->frozen_cap) {
+		size_t ncap = fs->frozen_cap ? fs->frozen_cap * 2 : 1024;
+		ino_t *nt = calloc(ncap, sizeof(*nt));
+		if (!nt)
+			return -ENOMEM;
+		for (size_t j = 0; j < fs->frozen_cap; j++) {
+			if (!fs->frozen_ino[j])
+				continue;
+			for (i = frozen_slot(fs->frozen_ino[j], ncap); nt[i]; i = (i + 1) & (ncap - 1))
+				;
+			nt[i] = fs->frozen_ino[j];
+		}
+		free(fs->frozen_ino);
+		fs->frozen_ino = nt;
+		fs->frozen_cap = ncap;
+	}
+	for (i = frozen_slot(ino, fs->frozen_cap); fs->frozen_ino[i]; i = (i + 1) & (fs->frozen_cap - 1))
+		;
+	fs->frozen_ino[i] = ino;
+	fs->frozen_n++;
+	return 0;
+}
+
+/* Breadth-first walk of the tree under rootfd without recursion (a step's
+ * depth is the application's): fn sees every entry but "." and "..", with
+ * its path relative to rootfd. A directory that cannot be opened is
+ * skipped (the caller's later steps report what is missing). */
+typedef void (*walk_fn)(struct fs *fs, int dirfd, const char *name, const char *rel,
+			const struct stat *st, void *arg);
+
+static int walk_tree(struct fs *fs, int rootfd, walk_fn fn, void *arg)
+{
+	char **q = NULL;
+	size_t head = 0, tail = 0, cap = 0;
+	int rc = 0;
+
+	q = malloc(sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	cap = 1;
+	q[tail++] = strdup("");
+	if (!q[0]) {
+		free(q);
+		return -ENOMEM;
+	}
+	while (head < tail) {
+		char *dir = q[head];
+		struct dirent *de;
+		DIR *d = NULL;
+		int fd;
+
+		q[head++] = NULL;
+		fd = openat(rootfd, dir[0] ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd >= 0 && !(d = fdopendir(fd)))
+			close(fd);
+		while (d && (de = readdir(d)) != NULL) {
+			char rel[PATH_MAX];
+			struct stat st;
+			if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+				continue;
+			if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+				continue;
+			if ((size_t)snprintf(rel, sizeof(rel), "%s%s%s", dir, dir[0] ? "/" : "",
+					     de->d_name) >= sizeof(rel))
+				continue;
+			fn(fs, dirfd(d), de->d_name, rel, &st, arg);
+			if (!S_ISDIR(st.st_mode))
+				continue;
+			if (tail == cap) {
+				/* reuse the consumed front before growing */
+				if (head > 0) {
+					memmove(q, q + head, (tail - head) * sizeof(*q));
+					tail -= head;
+					head = 0;
+				} else {
+					char **nq = realloc(q, cap * 2 * sizeof(*q));
+					if (!nq) {
+						rc = -ENOMEM;
+						break;
+					}
+					q = nq;
+					cap *= 2;
+				}
+			}
+			if (!(q[tail] = strdup(rel))) {
+				rc = -ENOMEM;
+				break;
+			}
+			tail++;
+		}
+		if (d)
+			closedir(d);
+		free(dir);
+		if (rc < 0)
+			break;
+	}
+	for (; head < tail; head++)
+		free(q[head]);
+	free(q);
+	return rc;
+}
+
+struct freeze_arg {
+	uint64_t step;
+};
+
+static void freeze_one(struct fs *fs, int dirfd, const char *name, const char *rel,
+		       const struct stat *st, void *arg)
+{
+	struct freeze_arg *a = arg;
+	int rc = 0;
+
+	(void)dirfd;
+	(void)name;
+	if (!S_ISDIR(st->st_mode) && st->st_dev == fs->root.dev) {
+		pthread_mutex_lock(&fs->mu);
+		rc = frozen_add(fs, st->st_ino);
+		pthread_mutex_unlock(&fs->mu);
+		if (rc < 0)
+			log_warn("commit", "step %llu: %s stays writable through other hard links: %s",
+				 (unsigned long long)a->step, rel, strerror(-rc));
+	}
+	fs_node_set_frozen(fs, st->st_ino, st->st_dev, a->step);
+}
+
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step)
 {
-	struct dirent *de;
-	DIR *d;
-	int fd = dup(dirfd);
+	struct freeze_arg a = { .step = step };
+	int rc = walk_tree(fs, dirfd, freeze_one, &a);
+	if (rc < 0)
+		log_warn("commit", "step %llu: freezing its tree stopped early: %s",
+			 (unsigned long long)step, strerror(-rc));
+}
 
-	if (fd < 0)
-		return;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return;
+static void load_one(struct fs *fs, int dirfd, const char *name, const char *rel,
+		     const struct stat *st, void *arg)
+{
+	(void)dirfd;
+	(void)name;
+	(void)rel;
+	/* one link is the store's own: no name in the namespace can reach it */
+	if (!S_ISDIR(st->st_mode) && st->st_nlink > 1 && st->st_dev == fs->root.dev) {
+		pthread_mutex_lock(&fs->mu);
+		if (frozen_add(fs, st->st_ino) < 0)
+			*(int *)arg = -ENOMEM;
+		pthread_mutex_unlock(&fs->mu);
 	}
-	rewinddir(d);
-	while ((de = readdir(d)) != NULL) {
-		struct stat st;
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			continue;
-		fs_node_set_frozen(fs, st.st_ino, st.st_dev, step);
-		if (S_ISDIR(st.st_mode)) {
-			int sub = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-			if (sub >= 0) {
-				fs_freeze_subtree(fs, sub, step);
-				close(sub);
-			}
-		}
-	}
-	closedir(d);
+}
+
+/* Before the first request: the inodes every shard in RAMDIR/shards holds
+ * (own steps and replicas), so a hard link made before a daemon restart
+ * stays read-only after it. */
+static void frozen_load(struct fs *fs)
+{
+	int sfd = openat(ram_root_fd(fs->ram), "shards", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int err = 0, rc;
+
+	if (sfd < 0)
+		return;
+	rc = walk_tree(fs, sfd, load_one, &err);
+	close(sfd);
+	if (rc < 0 || err < 0)
+		log_warn("main", "cannot list every committed inode: %s; hard links to committed files made outside their step may be writable",
+			 strerror(-(rc < 0 ? rc : err)));
+	else
+		log_info("main", "%zu committed inodes have other names", fs->frozen_n);
 }
 
 /* Find or create the node for an entry just opened as O_PATH `fd`
@@ -275,6 +442,11 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 		if (s && s->dir_ino == st->st_ino)
 			fl |= FN_FROZEN;
 		atomic_store(&n->flags, fl);
+	} else if (!S_ISDIR(st->st_mode) && st->st_nlink > 1 && st->st_dev == fs->root.dev &&
+		   frozen_has(fs, st->st_ino)) {
+		/* another name of a committed file (a hard link made before
+		 * the commit, found again after the kernel forgot the node) */
+		atomic_store(&n->flags, FN_FROZEN);
 	}
 	if (parent == &fs->root && S_ISREG(st->st_mode) && !strcmp(name, YAML_NAME))
 		atomic_fetch_or(&n->flags, FN_YAML);
@@ -360,7 +532,7 @@ static int do_lookup(struct fs *fs, struct fnode *parent, const char *name,
 
 static void ll_init(void *userdata, struct fuse_conn_info *conn)
 {
-	(void)userdata;
+	struct fs *fs = userdata;
 
 	/* New entries get exactly the mode the kernel sends: it has applied
 	 * the caller's umask already (no FUSE_CAP_DONT_MASK), and ours must not
@@ -368,6 +540,7 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn)
 	 * daemon makes for itself names its mode. */
 	umask(0);
 	conn->want &= ~FUSE_CAP_DONT_MASK;
+	frozen_load(fs);
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
 	if (conn->capable & FUSE_CAP_SPLICE_READ)
@@ -662,7 +835,9 @@ static void ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const cha
 	char pp[64];
 	int rc = may_create(fs, dir, name);
 
-	if (rc == 0 && (atomic_load(&n->flags) & FN_STORE))
+	/* A committed file gets no new names: a link outside its step would
+	 * be a writable way to the shard's bytes (and the store is ours). */
+	if (rc == 0 && is_frozen(n))
 		rc = -EROFS;
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);

@@ -169,5 +169,97 @@ class Ownership(harness.MountTestCase):
         harness.admin("verify", self.ramdir)
 
 
+class HardLinks(harness.MountTestCase):
+    """Item 2: committed bytes are immutable through every name."""
+
+    def m(self, *parts):
+        return os.path.join(self.mnt, *parts)
+
+    def commit(self, step, files):
+        tmp = self.m("%d.tmp" % step)
+        os.mkdir(tmp)
+        for name, data in files.items():
+            write_file(os.path.join(tmp, name), data)
+        return tmp
+
+    def assertReadOnly(self, path, data):
+        """Every way of changing path fails with EROFS; bytes unchanged."""
+        self.assertErrno(errno.EROFS, os.open, path, os.O_WRONLY | os.O_APPEND)
+        self.assertErrno(errno.EROFS, os.open, path, os.O_RDWR)
+        self.assertErrno(errno.EROFS, os.truncate, path, 0)
+        self.assertErrno(errno.EROFS, os.chmod, path, 0o600)
+        self.assertErrno(errno.EROFS, os.utime, path, (1, 1))
+        self.assertEqual(read_file(path), data)
+
+    def test_link_from_committed_step_refused(self):
+        data = pattern(2, 1000000)
+        self.commit(1, {"w": data})
+        os.rename(self.m("1.tmp"), self.m("1"))
+        self.assertErrno(errno.EROFS, os.link, self.m("1", "w"), self.m("outside"))
+        self.wait_committed(1)
+        drop_caches()
+        self.assertErrno(errno.EROFS, os.link, self.m("1", "w"), self.m("outside"))
+        os.mkdir(self.m("2.tmp"))
+        self.assertErrno(errno.EROFS, os.link, self.m("1", "w"), self.m("2.tmp", "w"))
+        self.assertFalse(os.path.lexists(self.m("outside")))
+        harness.admin("verify", self.ramdir)
+
+    def _link_before_commit(self, forget):
+        data = pattern(3, 1000000)
+        self.commit(1, {"w": data})
+        os.link(self.m("1.tmp", "w"), self.m("outside"))
+        os.mkdir(self.m("keep"))
+        os.link(self.m("1.tmp", "w"), self.m("keep", "other"))
+        os.rename(self.m("1.tmp"), self.m("1"))
+        shard = self.wait_committed(1)
+        harness.assert_manifest(self, shard, {"w": data})
+        if forget:
+            forget()
+        self.assertReadOnly(self.m("outside"), data)
+        self.assertReadOnly(self.m("keep", "other"), data)
+        self.assertReadOnly(self.m("1", "w"), data)
+        # names outside the step are the app's: it may still remove them
+        os.unlink(self.m("keep", "other"))
+        harness.admin("verify", self.ramdir)
+        return data
+
+    def test_link_before_commit_read_only(self):
+        self._link_before_commit(None)
+
+    def test_link_before_commit_read_only_after_drop_caches(self):
+        self._link_before_commit(drop_caches)
+
+    def test_link_before_commit_read_only_after_restart(self):
+        data = self._link_before_commit(None)
+        self.fs.restart()
+        self.assertReadOnly(self.m("outside"), data)
+        drop_caches()
+        self.assertReadOnly(self.m("outside"), data)
+        harness.admin("verify", self.ramdir)
+
+    def test_writer_open_before_commit_stops_at_commit(self):
+        data = pattern(4, 200000)
+        self.commit(1, {"w": data})
+        os.link(self.m("1.tmp", "w"), self.m("outside"))
+        fd = os.open(self.m("outside"), os.O_WRONLY | os.O_APPEND)
+        try:
+            os.rename(self.m("1.tmp"), self.m("1"))
+            self.wait_committed(1)
+            self.assertErrno(errno.EROFS, os.write, fd, b"zzz")
+        finally:
+            os.close(fd)
+        self.assertEqual(read_file(self.m("outside")), data)
+        harness.admin("verify", self.ramdir)
+
+    def test_uncommitted_links_stay_writable(self):
+        # a file that only shares an inode with other uncommitted names
+        write_file(self.m("a"), b"x")
+        os.link(self.m("a"), self.m("b"))
+        drop_caches()
+        with open(self.m("b"), "ab") as f:
+            f.write(b"y")
+        self.assertEqual(read_file(self.m("a")), b"xy")
+
+
 if __name__ == "__main__":
     harness.main()
