@@ -29,6 +29,7 @@ struct fhandle {
 	int fd;
 	struct fnode *node;
 	bool writable;
+	_Atomic bool kill_priv;     /* the next write clears set-id bits */
 };
 
 struct dhandle {
@@ -631,6 +632,25 @@ static uint64_t write_growth(struct fnode *n, uint64_t off, uint64_t len)
 	return g;
 }
 
+/* The kernel leaves clearing set-id bits on write and truncate to us
+ * (FUSE_CAP_HANDLE_KILLPRIV, and direct_io writes never clear them): as a
+ * local filesystem does for a caller without CAP_FSETID, taken here to be
+ * every uid but root's. fd is open on the file, any access mode. */
+static bool wants_kill_priv(fuse_req_t req, int fd)
+{
+	struct stat st;
+	if (fuse_req_ctx(req)->uid == 0 || fstat(fd, &st) < 0)
+		return false;
+	return (st.st_mode & S_ISUID) || (st.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP);
+}
+
+static void kill_priv(int fd)
+{
+	struct stat st;
+	if (fstat(fd, &st) == 0 && (st.st_mode & (S_ISUID | S_ISGID)))
+		fchmod(fd, st.st_mode & ~(S_ISUID | ((st.st_mode & S_IXGRP) ? S_ISGID : 0)) & 07777);
+}
+
 static void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid,
 		       struct fuse_file_info *fi)
 {
@@ -668,6 +688,8 @@ static void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int va
 		}
 		if (ftruncate(tfd, attr->st_size) < 0)
 			rc = errno;
+		else if (!(valid & FUSE_SET_ATTR_MODE) && wants_kill_priv(req, tfd))
+			kill_priv(tfd);
 		account_after(fs, n, tfd, 0);
 		if (fd < 0)
 			close(tfd);
@@ -1144,6 +1166,8 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
+	if (h->writable && wants_kill_priv(req, fd))
+		atomic_store(&h->kill_priv, true);
 	fill_fi(fi, h, n, fi->flags);
 	if (fuse_reply_open(req, fi) == -ENOENT) {
 		if (h->writable)
@@ -1221,6 +1245,9 @@ static void ll_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 		fuse_reply_err(req, EROFS);
 		return;
 	}
+	if (atomic_load_explicit(&h->kill_priv, memory_order_relaxed) &&
+	    atomic_exchange(&h->kill_priv, false))
+		kill_priv(h->fd);
 	growth = write_growth(n, (uint64_t)off, len);
 	if (growth && ram_reserve(fs->ram, growth) < 0) {
 		atomic_fetch_sub(&n->inflight, 1);

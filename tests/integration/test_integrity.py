@@ -155,6 +155,30 @@ class Ownership(harness.MountTestCase):
                   self.d)
         self.assertOwned(self.p("s"), NOBODY, NOBODY, 0o4755)
 
+    def test_write_by_non_owner_clears_setid_bits(self):
+        # chmod(2): a write by a process without CAP_FSETID clears S_ISUID
+        # (and S_ISGID with group execute); pjdfstest chmod/12.t
+        cases = [("wo", 0o4777, "os.O_WRONLY"), ("rw", 0o6777, "os.O_RDWR"),
+                 ("ap", 0o2777, "os.O_WRONLY|os.O_APPEND")]
+        for name, mode, flags in cases:
+            write_file(self.p(name), b"")
+            os.chmod(self.p(name), mode)
+            out = as_nobody("python3 -c 'import os; fd = os.open(\"%s\", %s); os.write(fd, b\"x\"); "
+                            "print(oct(os.fstat(fd).st_mode & 0o7777)); os.close(fd)'" % (name, flags),
+                            self.d)
+            self.assertEqual(out.strip(), "0o777", "fstat after the write of %s" % name)
+            self.assertOwned(self.p(name), 0, 0, 0o777)
+        write_file(self.p("tr"), b"abc")
+        os.chmod(self.p("tr"), 0o4777)
+        as_nobody("truncate -s 1 tr", self.d)
+        self.assertOwned(self.p("tr"), 0, 0, 0o777)
+        # root (CAP_FSETID) keeps them
+        write_file(self.p("rt"), b"")
+        os.chmod(self.p("rt"), 0o4777)
+        with open(self.p("rt"), "ab") as f:
+            f.write(b"x")
+        self.assertOwned(self.p("rt"), 0, 0, 0o4777)
+
     def test_unprivileged_trainer_saves_a_step(self):
         data = pattern(1, 300000)
         blob = os.path.join(self.fs.workdir, "blob")
