@@ -1056,10 +1056,18 @@ static int open_flags_ok(struct fnode *n, int flags)
 static void fill_fi(struct fuse_file_info *fi, struct fhandle *h, struct fnode *n, int flags)
 {
 	fi->fh = (uintptr_t)h;
-	if ((flags & O_ACCMODE) != O_RDONLY) {
-		/* Writes go straight to RAMDIR (no page cache on this open);
-		 * read-only opens keep the page cache so mmap works. */
+	if ((flags & O_ACCMODE) == O_WRONLY) {
+		/* Write-only opens (torch.save, TensorStore, tofile) bypass the
+		 * page cache: large writes go to RAMDIR in one request each. */
 		fi->direct_io = 1;
+	} else if ((flags & O_ACCMODE) == O_RDWR) {
+		/* Read-write opens keep the page cache, so MAP_SHARED writable
+		 * mappings work (np.memmap r+/w+). Without a writeback cache,
+		 * write() still reaches RAMDIR before it returns, and the
+		 * kernel writes a mapping's dirty pages back on close (flush)
+		 * and when it is unmapped, before the release: a step renamed
+		 * after that holds them. */
+		fi->keep_cache = 0;
 	} else {
 		fi->keep_cache = is_frozen(n) ? 1 : 0;
 	}

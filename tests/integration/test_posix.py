@@ -753,27 +753,40 @@ class Posix(harness.MountTestCase):
         self.assertEqual(read_file(self.p("m")), b"HELLO" + data[5:])
 
     def test_mmap_shared_writable(self):
-        # Beyond DESIGN §3.4 (which needs read mappings only): numpy.memmap
-        # style writers. Skipped, not failed, where the daemon opens writers
-        # with direct_io (the kernel then refuses the mapping with ENODEV).
+        # numpy.memmap r+/w+, fio's mmap engine, fsx: a MAP_SHARED writable
+        # mapping of a file opened O_RDWR (it was ENODEV under direct_io)
         data = pattern(9, MiB + 3)
         w = os.open(self.p("m"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             os.write(w, data)
-            try:
-                mm = mmap.mmap(w, len(data))
-            except OSError as e:
-                if e.errno == errno.ENODEV:
-                    self.skipTest("shared writable mmap not supported on "
-                                  "write opens (ENODEV)")
-                raise
-            with mm:
+            with mmap.mmap(w, len(data)) as mm:
                 mm[0:5] = b"HELLO"
                 mm.flush()
-            self.assertEqual(os.pread(w, 5, 0), b"HELLO")
+                self.assertEqual(os.pread(w, 5, 0), b"HELLO")
+                mm[MiB:MiB + 3] = b"END"
+            self.assertEqual(os.pread(w, 3, MiB), b"END")
+            # a mapping that grows the file through ftruncate
+            os.ftruncate(w, 2 * MiB)
+            with mmap.mmap(w, 2 * MiB) as mm:
+                mm[2 * MiB - 4:] = b"TAIL"
         finally:
             os.close(w)
-        self.assertEqual(read_file(self.p("m")), b"HELLO" + data[5:])
+        want = b"HELLO" + data[5:MiB] + b"END" + bytes(MiB - 3 - 4) + b"TAIL"
+        self.assertEqual(read_file(self.p("m")), want)
+        # and what a fresh open, and RAMDIR itself, hold after close
+        self.assertEqual(read_file(os.path.join(self.ramdir, "ns", "w", "m")), want)
+
+    def test_mmap_write_only_open_still_refused(self):
+        # O_WRONLY opens keep direct_io (large-write speed); a mapping
+        # needs read access anyway
+        w = os.open(self.p("m"), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.write(w, b"x" * 4096)
+            with self.assertRaises(OSError) as cm:
+                mmap.mmap(w, 4096)
+            self.assertIn(cm.exception.errno, (errno.EACCES, errno.ENODEV))
+        finally:
+            os.close(w)
 
     # --- xattr / ioctl ------------------------------------------------------------
 
