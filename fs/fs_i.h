@@ -110,7 +110,8 @@ extern struct fs *g_fs;
 extern const struct fuse_lowlevel_ops fs_ll_ops;
 /* Freeze every entry under dirfd (step `step` is being sealed): by node and
  * by backing inode, so other names of the same files turn read-only too.
- * Seal worker only. */
+ * Reports FIFOs, sockets and device nodes in replicator.errors: the shard
+ * holds only regular files, directories and symlinks. Seal worker only. */
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step);
 void fs_nodes_free(struct fs *fs);
 void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step);

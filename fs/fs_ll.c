@@ -332,14 +332,29 @@ static int walk_tree(struct fs *fs, int rootfd, walk_fn fn, void *arg)
 	return rc;
 }
 
+static const char *special_kind(mode_t m)
+{
+	if (S_ISFIFO(m))
+		return "a FIFO";
+	if (S_ISSOCK(m))
+		return "a socket";
+	if (S_ISCHR(m))
+		return "a character device";
+	if (S_ISBLK(m))
+		return "a block device";
+	return NULL;
+}
+
 struct freeze_arg {
 	uint64_t step;
+	unsigned reported;
 };
 
 static void freeze_one(struct fs *fs, int dirfd, const char *name, const char *rel,
 		       const struct stat *st, void *arg)
 {
 	struct freeze_arg *a = arg;
+	const char *kind = special_kind(st->st_mode);
 	int rc = 0;
 
 	(void)dirfd;
@@ -353,6 +368,16 @@ static void freeze_one(struct fs *fs, int dirfd, const char *name, const char *r
 				 (unsigned long long)a->step, rel, strerror(-rc));
 	}
 	fs_node_set_frozen(fs, st->st_ino, st->st_dev, a->step);
+	if (kind && a->reported++ < 16) {
+		/* The shard (and so every peer and backup copy, and a restore)
+		 * holds regular files, directories and symlinks only. */
+		char line[PATH_MAX + 256];
+		snprintf(line, sizeof(line),
+			 "step %llu: %s is %s: not checkpointed (a shard holds regular files, directories and symlinks only)",
+			 (unsigned long long)a->step, rel, kind);
+		log_warn("commit", "%s", line);
+		ctl_report_error(fs, line);
+	}
 }
 
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step)

@@ -22,6 +22,7 @@ import mmap
 import os
 import random
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -371,6 +372,39 @@ class SharedMmap(harness.MountTestCase):
             self.assertEqual(os.pread(fd, 6, 0), b"abXYef")
         finally:
             os.close(fd)
+
+
+class SpecialFiles(harness.MountTestCase):
+    """Item 9: FIFOs, sockets and devices in a step are named, not dropped
+    silently."""
+
+    def m(self, *parts):
+        return os.path.join(self.mnt, *parts)
+
+    def test_special_files_reported_at_commit(self):
+        data = pattern(6, 5000)
+        os.makedirs(self.m("4.tmp", "sub"))
+        write_file(self.m("4.tmp", "sub", "w"), data)
+        os.mkfifo(self.m("4.tmp", "sub", "pipe"), 0o640)
+        os.mknod(self.m("4.tmp", "null"), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(self.m("4.tmp", "sock"))
+        finally:
+            s.close()
+        os.rename(self.m("4.tmp"), self.m("4"))
+        shard = self.wait_committed(4)
+        harness.assert_manifest(self, shard, {"sub/w": data})
+        text = harness.wait_until(
+            lambda: (lambda t: t if t.count("\n") >= 3 else None)(errors_text(self.mnt)),
+            10, "three lines in replicator.errors")
+        lines = sorted(text.splitlines())
+        self.assertEqual(lines, sorted([
+            "step 4: sub/pipe is a FIFO: not checkpointed (a shard holds regular files, directories and symlinks only)",
+            "step 4: null is a character device: not checkpointed (a shard holds regular files, directories and symlinks only)",
+            "step 4: sock is a socket: not checkpointed (a shard holds regular files, directories and symlinks only)",
+        ]))
+        harness.admin("verify", self.ramdir)
 
 
 if __name__ == "__main__":
