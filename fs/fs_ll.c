@@ -1163,6 +1163,8 @@ static void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
+	if (h->writable && wants_kill_priv(req, fd))
+		atomic_store(&h->kill_priv, true);   /* created set-id: its first write clears it */
 	fill_fi(fi, h, h->node, fi->flags);
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
 		if (h->writable)

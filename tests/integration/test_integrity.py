@@ -174,6 +174,12 @@ class Ownership(harness.MountTestCase):
         os.chmod(self.p("tr"), 0o4777)
         as_nobody("truncate -s 1 tr", self.d)
         self.assertOwned(self.p("tr"), 0, 0, 0o777)
+        # a set-id file the writer created itself: the same
+        out = as_nobody("python3 -c 'import os; fd = os.open(\"new\", os.O_WRONLY|os.O_CREAT|os.O_EXCL, 0o4755); "
+                        "os.write(fd, b\"x\"); print(oct(os.fstat(fd).st_mode & 0o7777)); os.close(fd)'",
+                        self.d)
+        self.assertEqual(out.strip(), "0o755")
+        self.assertOwned(self.p("new"), NOBODY, NOBODY, 0o755)
         # root (CAP_FSETID) keeps them
         write_file(self.p("rt"), b"")
         os.chmod(self.p("rt"), 0o4777)
