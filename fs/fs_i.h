@@ -80,10 +80,13 @@ struct fs {
 	_Atomic int sealing;        /* commits not yet frozen node by node */
 	struct fs_step *steps;      /* protected by mu */
 	size_t nsteps, capsteps;
-	/* Inodes of RAMDIR (same dev as root) that a committed shard holds:
-	 * read-only under every name, hard links outside the step included.
-	 * Open addressing, 0 = empty slot; rebuilt from RAMDIR/shards at INIT,
-	 * grown by the seal. Protected by mu. */
+	/* Inodes of RAMDIR (same dev as root) that a committed shard holds
+	 * and that may have names outside their step: read-only under every
+	 * name. Rebuilt at INIT from RAMDIR/shards (each non-directory with
+	 * more than one link: bounded by what the RAM tier holds); the seal
+	 * adds the step's files that have other names. Never shrunk while
+	 * running: a dropped shard's entry only keeps such a name read-only.
+	 * Open addressing, 0 = empty slot. Protected by mu. */
 	ino_t *frozen_ino;
 	size_t frozen_n, frozen_cap;
 

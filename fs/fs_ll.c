@@ -359,7 +359,11 @@ static void freeze_one(struct fs *fs, int dirfd, const char *name, const char *r
 
 	(void)dirfd;
 	(void)name;
-	if (!S_ISDIR(st->st_mode) && st->st_dev == fs->root.dev) {
+	/* Only a file with other names needs its inode remembered: the seal
+	 * has not linked it into the store yet, and from now on link() of it
+	 * is refused. So the set holds what hard links the application made,
+	 * not every committed file. */
+	if (!S_ISDIR(st->st_mode) && st->st_nlink > 1 && st->st_dev == fs->root.dev) {
 		pthread_mutex_lock(&fs->mu);
 		rc = frozen_add(fs, st->st_ino);
 		pthread_mutex_unlock(&fs->mu);

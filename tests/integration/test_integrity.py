@@ -269,6 +269,21 @@ class HardLinks(harness.MountTestCase):
         self.assertReadOnly(self.m("outside"), data)
         harness.admin("verify", self.ramdir)
 
+    def test_link_before_commit_survives_removal_of_the_step_view(self):
+        # Orbax's preservation policy deletes old steps from the view; the
+        # shard keeps the bytes, and the other name stays read-only
+        data = pattern(8, 300000)
+        self.commit(1, {"w": data})
+        os.link(self.m("1.tmp", "w"), self.m("outside"))
+        os.rename(self.m("1.tmp"), self.m("1"))
+        self.wait_committed(1)
+        shutil.rmtree(self.m("1"))
+        drop_caches()
+        self.assertReadOnly(self.m("outside"), data)
+        self.fs.restart()
+        self.assertReadOnly(self.m("outside"), data)
+        harness.admin("verify", self.ramdir)
+
     def test_writer_open_before_commit_stops_at_commit(self):
         data = pattern(4, 200000)
         self.commit(1, {"w": data})
