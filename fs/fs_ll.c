@@ -29,6 +29,7 @@ struct fhandle {
 	int fd;
 	struct fnode *node;
 	bool writable;
+	bool cached;                /* read-write open: through the page cache */
 	_Atomic bool kill_priv;     /* the next write clears set-id bits */
 };
 
@@ -149,6 +150,34 @@ static void inval_run(void *arg)
 	 * are evicted and FORGET reaches us, closing our O_PATH handles. */
 	fuse_lowlevel_notify_inval_entry(j->fs->se, FUSE_ROOT_ID, j->name, strlen(j->name));
 	free(j);
+}
+
+struct inval_inode_job {
+	struct fs *fs;
+	fuse_ino_t ino;
+};
+
+static void inval_inode_run(void *arg)
+{
+	struct inval_inode_job *j = arg;
+	/* -ENOENT when the kernel has forgotten the inode meanwhile: fine */
+	fuse_lowlevel_notify_inval_inode(j->fs->se, j->ino, 0, 0);
+	free(j);
+}
+
+/* After the last use of a read-write handle its pages in the kernel's
+ * cache of the mount are clean copies of what RAMDIR holds: drop them, so
+ * the data is not held twice in RAM. Off the request path (the kernel may
+ * need a request thread to finish while it invalidates). */
+static void forget_pages(struct fs *fs, fuse_ino_t ino)
+{
+	struct inval_inode_job *j;
+	if (!fs->se || !fs->notifyq || !(j = calloc(1, sizeof(*j))))
+		return;
+	j->fs = fs;
+	j->ino = ino;
+	if (workq_submit(fs->notifyq, inval_inode_run, j) < 0)
+		free(j);
 }
 
 void fs_forget_name_now(struct fs *fs, const char *name)
@@ -1090,6 +1119,7 @@ static void fill_fi(struct fuse_file_info *fi, struct fhandle *h, struct fnode *
 		 * page cache: large writes go to RAMDIR in one request each. */
 		fi->direct_io = 1;
 	} else if ((flags & O_ACCMODE) == O_RDWR) {
+		h->cached = true;
 		/* Read-write opens keep the page cache, so MAP_SHARED writable
 		 * mappings work (np.memmap r+/w+). Without a writeback cache,
 		 * write() still reaches RAMDIR before it returns, and the
@@ -1223,7 +1253,7 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct fnode *n = h->node;
 	uint64_t mstep;
 	ino_t mdir;
-	bool writable = h->writable, yaml = false, frozen = is_frozen(n);
+	bool writable = h->writable, cached = h->cached, yaml = false, frozen = is_frozen(n);
 
 	pthread_mutex_lock(&fs->mu);   /* a rename may update them concurrently */
 	mstep = n->marker_step;
@@ -1237,6 +1267,8 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	close(h->fd);
 	free(h);
 	fuse_reply_err(req, 0);
+	if (cached)
+		forget_pages(fs, ino);
 	if (yaml)
 		ctl_notify(fs);
 	/* Closing a written commit_success.txt in a top-level digits directory

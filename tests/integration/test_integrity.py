@@ -378,6 +378,29 @@ class SharedMmap(harness.MountTestCase):
         self.assertEqual(read_file(self.m("5", "arr")), data)
         harness.admin("verify", self.ramdir)
 
+    def test_rdwr_pages_not_kept_twice(self):
+        # what a read-write handle wrote sits in RAMDIR (shmem); once it is
+        # closed the mount's own cached copy is dropped, not held beside it
+        def file_cache_mib():
+            m = {}
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    k, v = line.split(":", 1)
+                    m[k] = int(v.split()[0])
+            return (m["Cached"] - m["Shmem"]) // 1024
+        buf = pattern(9, MiB)
+        before = file_cache_mib()
+        fd = os.open(self.m("big"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            for _ in range(256):
+                os.write(fd, buf)
+        finally:
+            os.close(fd)
+        # other processes' page cache moves too: 128 MiB of slack
+        harness.wait_until(lambda: file_cache_mib() - before < 128, 10,
+                           "the mount's cached copy of a closed O_RDWR file dropped")
+        self.assertEqual(os.stat(os.path.join(self.ramdir, "ns", "big")).st_size, 256 * MiB)
+
     def test_rdwr_write_visible_to_direct_io_reader(self):
         # write() on an O_RDWR (page cache) open reaches RAMDIR at once
         fd = os.open(self.m("f"), os.O_RDWR | os.O_CREAT, 0o644)
