@@ -88,6 +88,16 @@ fail:
 	return rc;
 }
 
+/* Crash injection for the tests: MTCFS_TEST_CRASH=NAME kills the process
+ * at the point of that name (drop-marked: a drop marked its record, no file
+ * gone yet; seal-started: a seal began, its record still SH_SEALING). */
+static void crash_point(const char *name)
+{
+	const char *v = getenv("MTCFS_TEST_CRASH");
+	if (v && !strcmp(v, name))
+		raise(SIGKILL);
+}
+
 /* Remove the now empty STEP and JOB directories above rel ("JOB/STEP/nR-wW"),
  * as far as they are empty. rel is modified. */
 static void tidy_parents(struct ram_tier *t, char *rel)
@@ -467,6 +477,7 @@ int ram_seal(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
 	uint64_t freed = 0;
 	char *slash;
 
+	crash_point("seal-started");
 	rc = ram_shard_relpath(k, rel, sizeof(rel));
 	if (rc < 0)
 		return rc;
@@ -536,15 +547,6 @@ out:
 	else
 		mf_free(mf);
 	return 0;
-}
-
-/* Crash injection for the tests: MTCFS_TEST_CRASH=drop-marked kills the
- * process right after a drop marked its record, before any file went. */
-static void crash_point(const char *name)
-{
-	const char *v = getenv("MTCFS_TEST_CRASH");
-	if (v && !strcmp(v, name))
-		raise(SIGKILL);
 }
 
 int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freedp)
