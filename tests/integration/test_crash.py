@@ -22,7 +22,10 @@ starts on the same RAMDIR:
   record): the next start finishes the drop, leaves no orphan directory,
   and ram_used is what the catalog holds;
 - during a seal: `mtcfs-admin verify` fails while the shard is stuck in
-  `sealing`, and passes once the next daemon has resumed the seal.
+  `sealing`, and passes once the next daemon has resumed the seal;
+- symlinks (issue 13 item 7): one that points out of the step is refused
+  when the step is committed (bad, reported), one inside it ("../x" too)
+  is sealed, replicated to the peer, and restored from the peer.
 
 Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \
      /usr/bin/python3 tests/integration/test_crash.py [-k NAME]
@@ -38,9 +41,11 @@ import struct
 import subprocess
 import sys
 import time
+import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import cluster  # noqa: E402
 import crc32c as crcmod  # noqa: E402
 import test_protocol as tp  # noqa: E402
 from harness import (assert_manifest, assert_shard_on_disk, read_file,  # noqa
@@ -566,6 +571,84 @@ class SealingVerify(CrashCase):
         self.check_step(3, files)
         rc, out = mtcfs_admin_rc("verify", self.ramdir)
         self.assertEqual(rc, 0, out)
+
+
+class SymlinkRule(CrashCase):
+
+    def test_escaping_symlink_refused_at_commit(self):
+        job = "sym"
+        self.fs.expect_log(r"cannot be sealed|was not committed")
+        self.configure(tp.simple_yaml(job))
+        for step, target, why in (
+                (4, "/etc/passwd", "the target is absolute"),
+                (5, "../../elsewhere", "the target leaves the shard"),
+                (6, "sub/../..", "'..' after a name in the target")):
+            tmp = self.m("%d.orbax-checkpoint-tmp-1" % step)
+            os.makedirs(os.path.join(tmp, "state", "sub"))
+            write_file(os.path.join(tmp, "state", "a"), b"alpha")
+            os.symlink(target, os.path.join(tmp, "state", "ln"))
+            os.rename(tmp, self.m(str(step)))
+            self.wait_state(step, "bad", job=job)
+            want = ("step %d was not committed: symlink state/ln -> %s: %s"
+                    % (step, target, why))
+            self.wait(lambda: os.path.exists(self.m(tp.ERRORS)) and
+                      want.encode() in read_file(self.m(tp.ERRORS)),
+                      "replicator.errors: %s" % want)
+            os.unlink(self.m(tp.ERRORS))
+        rc, out = mtcfs_admin_rc("verify", self.ramdir)
+        self.assertEqual(rc, 1, out)
+        # a link inside the step is sealed, and the step restores with it;
+        # GC drops the bad ones
+        tmp = self.m("7.orbax-checkpoint-tmp-1")
+        os.makedirs(os.path.join(tmp, "state", "sub"))
+        write_file(os.path.join(tmp, "state", "a"), b"alpha")
+        os.symlink("../a", os.path.join(tmp, "state", "sub", "ln"))
+        os.rename(tmp, self.m("7"))
+        s7 = self.wait_committed(7, job=job)
+        self.assertIn({"path": "state/sub/ln", "type": "symlink",
+                       "target": "../a"},
+                      [{k: f.get(k) for k in ("path", "type", "target")}
+                       for f in s7["files"]])
+        self.wait_steps(job, [7])
+        rc, out = mtcfs_admin_rc("verify", self.ramdir)
+        self.assertEqual(rc, 0, out)
+        self.configure(tp.simple_yaml(job))
+        step, path = self.orbax_startup(job)
+        self.assertEqual(step, 7)
+        self.assertEqual(read_file(os.path.join(path, "state", "sub", "ln")),
+                         b"alpha")
+
+
+class SymlinkReplicated(unittest.TestCase):
+
+    def test_inside_symlink_replicates_and_restores(self):
+        # before: the seal took any link, the peer refused every target
+        # with ".." in it, so this step was never replicated
+        job = "symrep"
+        with cluster.Cluster(2) as c:
+            c.job_start(job)
+            for r in range(2):
+                tmp = os.path.join(c.nodes[r].mnt, "3.orbax-checkpoint-tmp-1")
+                for rel, data in cluster.shard_files(job, 3, r).items():
+                    p = os.path.join(tmp, rel)
+                    os.makedirs(os.path.dirname(p), exist_ok=True)
+                    write_file(p, data)
+                os.symlink("../params/0.0", os.path.join(tmp, "state", "opt",
+                                                        "latest"))
+                os.rename(tmp, os.path.join(c.nodes[r].mnt, "3"))
+            c.wait_replicated(job, 3)
+            rep = os.path.join(c.nodes[1].ramdir, "shards", job, "3", "n0-w0",
+                               "state", "opt", "latest")
+            self.assertEqual(os.readlink(rep), "../params/0.0")
+            # node 0 comes back empty: its shard, link included, from node 1
+            c.nodes[0].kill9()
+            c.nodes[0].wipe_ramdir()
+            c.nodes[0].start()
+            self.assertEqual(c.job_start(job), {0: 3, 1: 3})
+            c.restore_and_verify(job, 0, 3)
+            with open(os.path.join(c.nodes[0].mnt, "3", "state", "opt",
+                                   "latest"), "rb") as f:
+                self.assertEqual(f.read(), cluster.shard_bytes(job, 3, 0))
 
 
 if __name__ == "__main__":
