@@ -198,36 +198,29 @@ int fs_node_writers(struct fs *fs, ino_t ino, dev_t dev)
 	return w;
 }
 
+struct freeze_ctx {
+	struct fs *fs;
+	uint64_t step;
+};
+
+static int freeze_cb(void *arg, const struct util_walk_ent *e)
+{
+	struct freeze_ctx *c = arg;
+
+	fs_node_set_frozen(c->fs, e->st->st_ino, e->st->st_dev, c->step);
+	/* a tree deeper than a shard may be is refused by the seal (marked
+	 * bad): what lies below that need not be frozen */
+	if (S_ISDIR(e->st->st_mode) && e->depth > MF_MAX_DEPTH)
+		return UTIL_WALK_SKIP;
+	return 0;
+}
+
+/* Iterative (util_walk): the depth of the tree is the application's. */
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step)
 {
-	struct dirent *de;
-	DIR *d;
-	int fd = dup(dirfd);
+	struct freeze_ctx c = { fs, step };
 
-	if (fd < 0)
-		return;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return;
-	}
-	rewinddir(d);
-	while ((de = readdir(d)) != NULL) {
-		struct stat st;
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			continue;
-		fs_node_set_frozen(fs, st.st_ino, st.st_dev, step);
-		if (S_ISDIR(st.st_mode)) {
-			int sub = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-			if (sub >= 0) {
-				fs_freeze_subtree(fs, sub, step);
-				close(sub);
-			}
-		}
-	}
-	closedir(d);
+	util_walk(dirfd, MF_MAX_DEPTH + 2, UTIL_WALK_NOPATH, freeze_cb, &c);
 }
 
 /* Find or create the node for an entry just opened as O_PATH `fd`
