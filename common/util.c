@@ -147,12 +147,92 @@ int util_mkdirs_at(int dirfd, const char *rel, unsigned mode)
 	return 0;
 }
 
+/* One directory on the way down of util_rmtree_at: its name in its parent,
+ * its identity (to check the way up through ".."), and the subdirectories
+ * found in it that are still to go. */
+struct rm_level {
+	char *name;
+	dev_t dev;
+	ino_t ino;
+	char **sub;
+	size_t nsub, capsub;
+	int rescans;
+};
+
+/* Remove the non-directories of dirfd, collect its subdirectories into lv. */
+static int rm_scan(int dirfd, struct rm_level *lv, uint64_t *freed)
+{
+	struct dirent *de;
+	DIR *d;
+	int fd = dup(dirfd), rc = 0;
+
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -ENOMEM;
+	}
+	rewinddir(d);
+	while ((de = readdir(d)) != NULL) {
+		struct stat st;
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno == ENOENT)
+				continue;
+			rc = -errno;
+			break;
+		}
+		if (S_ISDIR(st.st_mode)) {
+			char *n;
+			if (lv->nsub == lv->capsub) {
+				size_t nc = lv->capsub ? lv->capsub * 2 : 8;
+				char **ns = realloc(lv->sub, nc * sizeof(*ns));
+				if (!ns) {
+					rc = -ENOMEM;
+					break;
+				}
+				lv->sub = ns;
+				lv->capsub = nc;
+			}
+			n = strdup(de->d_name);
+			if (!n) {
+				rc = -ENOMEM;
+				break;
+			}
+			lv->sub[lv->nsub++] = n;
+			continue;
+		}
+		if (unlinkat(dirfd, de->d_name, 0) < 0) {
+			if (errno == ENOENT)
+				continue;
+			rc = -errno;
+			break;
+		}
+		if (freed && st.st_nlink == 1 && S_ISREG(st.st_mode))
+			*freed += (uint64_t)st.st_blocks * 512;
+	}
+	closedir(d);
+	return rc;
+}
+
+static void rm_level_free(struct rm_level *lv)
+{
+	free(lv->name);
+	for (size_t i = 0; i < lv->nsub; i++)
+		free(lv->sub[i]);
+	free(lv->sub);
+	memset(lv, 0, sizeof(*lv));
+}
+
 int util_rmtree_at(int dirfd, const char *name, uint64_t *freed)
 {
+	struct rm_level *lv = NULL;
+	size_t n = 0, cap = 0;
 	struct stat st;
-	int fd, rc = 0;
-	DIR *d;
-	struct dirent *de;
+	int cur = -1, up = -1, rc = 0;
+	bool scan = true;
 
 	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		return errno == ENOENT ? 0 : -errno;
@@ -163,26 +243,221 @@ int util_rmtree_at(int dirfd, const char *name, uint64_t *freed)
 			*freed += (uint64_t)st.st_blocks * 512;
 		return 0;
 	}
-	fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
+	cur = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (cur < 0)
+		return errno == ENOENT ? 0 : -errno;
+	lv = calloc(8, sizeof(*lv));
+	if (!lv || !(lv[0].name = strdup(name))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	cap = 8;
+	n = 1;
+	lv[0].dev = st.st_dev;
+	lv[0].ino = st.st_ino;
+	while (n > 0) {
+		struct rm_level *l = &lv[n - 1];
+		int parent;
+
+		if (scan) {
+			rc = rm_scan(cur, l, freed);
+			if (rc < 0)
+				goto out;
+			scan = false;
+		}
+		if (l->nsub) {
+			char *sub = l->sub[--l->nsub];
+			int fd = openat(cur, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (fd < 0 || fstat(fd, &st) < 0) {
+				rc = errno == ENOENT ? 0 : -errno;
+				if (fd >= 0)
+					close(fd);
+				free(sub);
+				if (rc < 0)
+					goto out;
+				continue;   /* gone meanwhile */
+			}
+			if (n == cap) {
+				struct rm_level *nl = realloc(lv, cap * 2 * sizeof(*nl));
+				if (!nl) {
+					close(fd);
+					free(sub);
+					rc = -ENOMEM;
+					goto out;
+				}
+				lv = nl;
+				cap *= 2;
+			}
+			memset(&lv[n], 0, sizeof(lv[n]));
+			lv[n].name = sub;
+			lv[n].dev = st.st_dev;
+			lv[n].ino = st.st_ino;
+			n++;
+			close(cur);
+			cur = fd;
+			scan = true;
+			continue;
+		}
+		/* this directory is empty now: up one level and remove it */
+		if (n == 1) {
+			parent = dirfd;
+		} else {
+			up = openat(cur, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+			if (up < 0 || fstat(up, &st) < 0) {
+				rc = -errno;
+				goto out;
+			}
+			if (st.st_dev != lv[n - 2].dev || st.st_ino != lv[n - 2].ino) {
+				rc = -ESTALE;   /* moved under us: do not remove elsewhere */
+				goto out;
+			}
+			parent = up;
+		}
+		close(cur);
+		cur = -1;
+		if (unlinkat(parent, l->name, AT_REMOVEDIR) < 0 && errno != ENOENT) {
+			/* something was created meanwhile: look again, a few times */
+			if (errno != ENOTEMPTY || l->rescans++ >= 3) {
+				rc = -errno;
+				goto out;
+			}
+			cur = openat(parent, l->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (cur < 0) {
+				rc = -errno;
+				goto out;
+			}
+			if (up >= 0)
+				close(up);
+			up = -1;
+			scan = true;
+			continue;
+		}
+		rm_level_free(l);
+		n--;
+		cur = up;   /* -1 once the top is gone */
+		up = -1;
+	}
+out:
+	if (cur >= 0)
+		close(cur);
+	if (up >= 0)
+		close(up);
+	for (size_t i = 0; i < n; i++)
+		rm_level_free(&lv[i]);
+	free(lv);
+	return rc;
+}
+
+/* One open directory of util_walk and the length of its path. */
+struct walk_frame {
+	DIR *d;
+	size_t plen;
+};
+
+int util_walk(int rootfd, unsigned max_depth, unsigned flags, util_walk_fn fn, void *arg)
+{
+	struct walk_frame *fr = NULL;
+	size_t n = 0;
+	char *path = NULL;
+	int fd, rc = 0;
+
+	if (max_depth == 0)
+		return -EINVAL;
+	fr = calloc(max_depth, sizeof(*fr));
+	path = malloc(PATH_MAX);
+	if (!fr || !path) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	path[0] = '\0';
+	fd = dup(rootfd);
+	if (fd < 0) {
+		rc = -errno;
+		goto out;
+	}
+	fr[0].d = fdopendir(fd);
+	if (!fr[0].d) {
 		rc = -errno;
 		close(fd);
-		return rc;
+		goto out;
 	}
-	while ((de = readdir(d)) != NULL) {
-		int r;
+	rewinddir(fr[0].d);
+	n = 1;
+	while (n > 0) {
+		struct walk_frame *f = &fr[n - 1];
+		struct util_walk_ent e = { 0 };
+		struct dirent *de;
+		struct stat st;
+		int pfd = dirfd(f->d), r;
+
+		errno = 0;
+		de = readdir(f->d);
+		if (!de) {
+			if (errno) {
+				rc = -errno;
+				goto out;
+			}
+			closedir(f->d);
+			f->d = NULL;
+			n--;
+			continue;
+		}
 		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
 			continue;
-		r = util_rmtree_at(fd, de->d_name, freed);
-		if (r < 0 && rc == 0)
+		if (fstatat(pfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno == ENOENT)
+				continue;
+			rc = -errno;
+			goto out;
+		}
+		e.dirfd = pfd;
+		e.name = de->d_name;
+		e.depth = (unsigned)n;
+		e.st = &st;
+		if (!(flags & UTIL_WALK_NOPATH)) {
+			size_t nl = strlen(de->d_name), sep = f->plen ? 1 : 0;
+			if (f->plen + sep + nl >= PATH_MAX) {
+				rc = -ENAMETOOLONG;
+				goto out;
+			}
+			path[f->plen] = '/';
+			memcpy(path + f->plen + sep, de->d_name, nl + 1);
+			e.path = path;
+			e.pathlen = f->plen + sep + nl;
+		}
+		r = fn(arg, &e);
+		if (r < 0) {
 			rc = r;
+			goto out;
+		}
+		if (!S_ISDIR(st.st_mode) || r == UTIL_WALK_SKIP)
+			continue;
+		if (n >= max_depth) {
+			rc = -ELOOP;
+			goto out;
+		}
+		fd = openat(pfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0) {
+			if (errno == ENOENT)
+				continue;
+			rc = -errno;
+			goto out;
+		}
+		fr[n].d = fdopendir(fd);
+		if (!fr[n].d) {
+			rc = -errno;
+			close(fd);
+			goto out;
+		}
+		fr[n].plen = e.pathlen;
+		n++;
 	}
-	closedir(d);
-	if (unlinkat(dirfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT && rc == 0)
-		rc = -errno;
+out:
+	for (size_t i = 0; i < n; i++)
+		if (fr[i].d)
+			closedir(fr[i].d);
+	free(fr);
+	free(path);
 	return rc;
 }
 

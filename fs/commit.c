@@ -176,12 +176,17 @@ static void seal_job(void *arg)
 	/* a failure may be passing (a directory tidied away under the seal by
 	 * another thread, a short ENOMEM): try again before giving the step up */
 	for (int attempt = 1;; attempt++) {
-		rc = ram_seal(fs->ram, &k, dfd, ino, SHF_OWN, &mf);
+		char why[512] = "", line[700];
+		rc = ram_seal(fs->ram, &k, dfd, ino, SHF_OWN, &mf, why, sizeof(why));
 		if (rc == 0)
 			break;
-		if (attempt == 3) {
-			log_err("commit", "sealing step %llu failed: %s", (unsigned long long)step,
-				strerror(-rc));
+		/* -EBADMSG: the tree can never be a shard; ram_seal recorded it
+		 * bad, so neither a retry nor a restart seals it again */
+		if (rc == -EBADMSG || attempt == 3) {
+			snprintf(line, sizeof(line), "step %llu was not committed: %s",
+				 (unsigned long long)step, why);
+			log_err("commit", "%s", line);
+			ctl_report_error(fs, line);
 			goto out;
 		}
 		log_warn("commit", "sealing step %llu failed (%s), attempt %d: trying again",

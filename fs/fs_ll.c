@@ -282,85 +282,6 @@ static int frozen_add(struct fs *fs, ino_t ino)
 	return 0;
 }
 
-/* Breadth-first walk of the tree under rootfd without recursion (a step's
- * depth is the application's): fn sees every entry but "." and "..", with
- * its path relative to rootfd. A directory that cannot be opened is
- * skipped (the caller's later steps report what is missing). */
-typedef void (*walk_fn)(struct fs *fs, int dirfd, const char *name, const char *rel,
-			const struct stat *st, void *arg);
-
-static int walk_tree(struct fs *fs, int rootfd, walk_fn fn, void *arg)
-{
-	char **q = NULL;
-	size_t head = 0, tail = 0, cap = 0;
-	int rc = 0;
-
-	q = malloc(sizeof(*q));
-	if (!q)
-		return -ENOMEM;
-	cap = 1;
-	q[tail++] = strdup("");
-	if (!q[0]) {
-		free(q);
-		return -ENOMEM;
-	}
-	while (head < tail) {
-		char *dir = q[head];
-		struct dirent *de;
-		DIR *d = NULL;
-		int fd;
-
-		q[head++] = NULL;
-		fd = openat(rootfd, dir[0] ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd >= 0 && !(d = fdopendir(fd)))
-			close(fd);
-		while (d && (de = readdir(d)) != NULL) {
-			char rel[PATH_MAX];
-			struct stat st;
-			if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-				continue;
-			if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-				continue;
-			if ((size_t)snprintf(rel, sizeof(rel), "%s%s%s", dir, dir[0] ? "/" : "",
-					     de->d_name) >= sizeof(rel))
-				continue;
-			fn(fs, dirfd(d), de->d_name, rel, &st, arg);
-			if (!S_ISDIR(st.st_mode))
-				continue;
-			if (tail == cap) {
-				/* reuse the consumed front before growing */
-				if (head > 0) {
-					memmove(q, q + head, (tail - head) * sizeof(*q));
-					tail -= head;
-					head = 0;
-				} else {
-					char **nq = realloc(q, cap * 2 * sizeof(*q));
-					if (!nq) {
-						rc = -ENOMEM;
-						break;
-					}
-					q = nq;
-					cap *= 2;
-				}
-			}
-			if (!(q[tail] = strdup(rel))) {
-				rc = -ENOMEM;
-				break;
-			}
-			tail++;
-		}
-		if (d)
-			closedir(d);
-		free(dir);
-		if (rc < 0)
-			break;
-	}
-	for (; head < tail; head++)
-		free(q[head]);
-	free(q);
-	return rc;
-}
-
 static const char *special_kind(mode_t m)
 {
 	if (S_ISFIFO(m))
@@ -375,19 +296,20 @@ static const char *special_kind(mode_t m)
 }
 
 struct freeze_arg {
+	struct fs *fs;
 	uint64_t step;
 	unsigned reported;
 };
 
-static void freeze_one(struct fs *fs, int dirfd, const char *name, const char *rel,
-		       const struct stat *st, void *arg)
+static int freeze_one(void *arg, const struct util_walk_ent *e)
 {
 	struct freeze_arg *a = arg;
+	struct fs *fs = a->fs;
+	const struct stat *st = e->st;
+	const char *rel = e->path;
 	const char *kind = special_kind(st->st_mode);
 	int rc = 0;
 
-	(void)dirfd;
-	(void)name;
 	/* Only a file with other names needs its inode remembered: the seal
 	 * has not linked it into the store yet, and from now on link() of it
 	 * is refused. So the set holds what hard links the application made,
@@ -411,30 +333,42 @@ static void freeze_one(struct fs *fs, int dirfd, const char *name, const char *r
 		log_warn("commit", "%s", line);
 		ctl_report_error(fs, line);
 	}
+	/* a tree deeper than a shard may be is refused by the seal (marked
+	 * bad): what lies below that need not be frozen */
+	if (S_ISDIR(st->st_mode) && e->depth > MF_MAX_DEPTH)
+		return UTIL_WALK_SKIP;
+	return 0;
 }
 
+/* Iterative (util_walk): the depth of the tree is the application's. */
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step)
 {
-	struct freeze_arg a = { .step = step };
-	int rc = walk_tree(fs, dirfd, freeze_one, &a);
+	struct freeze_arg a = { .fs = fs, .step = step };
+	int rc = util_walk(dirfd, MF_MAX_DEPTH + 2, 0, freeze_one, &a);
 	if (rc < 0)
 		log_warn("commit", "step %llu: freezing its tree stopped early: %s",
 			 (unsigned long long)step, strerror(-rc));
 }
 
-static void load_one(struct fs *fs, int dirfd, const char *name, const char *rel,
-		     const struct stat *st, void *arg)
+struct load_arg {
+	struct fs *fs;
+	int err;
+};
+
+static int load_one(void *arg, const struct util_walk_ent *e)
 {
-	(void)dirfd;
-	(void)name;
-	(void)rel;
+	struct load_arg *a = arg;
+	struct fs *fs = a->fs;
+	const struct stat *st = e->st;
+
 	/* one link is the store's own: no name in the namespace can reach it */
 	if (!S_ISDIR(st->st_mode) && st->st_nlink > 1 && st->st_dev == fs->root.dev) {
 		pthread_mutex_lock(&fs->mu);
 		if (frozen_add(fs, st->st_ino) < 0)
-			*(int *)arg = -ENOMEM;
+			a->err = -ENOMEM;
 		pthread_mutex_unlock(&fs->mu);
 	}
+	return 0;
 }
 
 /* Before the first request: the inodes every shard in RAMDIR/shards holds
@@ -443,11 +377,14 @@ static void load_one(struct fs *fs, int dirfd, const char *name, const char *rel
 static void frozen_load(struct fs *fs)
 {
 	int sfd = openat(ram_root_fd(fs->ram), "shards", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	int err = 0, rc;
+	struct load_arg a = { .fs = fs };
+	int err, rc;
 
 	if (sfd < 0)
 		return;
-	rc = walk_tree(fs, sfd, load_one, &err);
+	/* shards/JOB/STEP/nR-wW/ above a tree of at most MF_MAX_DEPTH levels */
+	rc = util_walk(sfd, MF_MAX_DEPTH + 4, UTIL_WALK_NOPATH, load_one, &a);
+	err = a.err;
 	close(sfd);
 	if (rc < 0 || err < 0)
 		log_warn("main", "cannot list every committed inode: %s; hard links to committed files made outside their step may be writable",

@@ -256,14 +256,15 @@ static int read_manifest(struct bkt *b, const char *name, const uint8_t want[32]
 {
 	void *buf = NULL;
 	size_t len = 0;
+	char why[512];
 	int rc = bkt_get_buf(b, name, BK_MANIFEST_MAX, &buf, &len);
 
 	if (rc < 0)
 		return rc;
-	rc = mf_decode(buf, len, mf);
+	rc = mf_decode_err(buf, len, mf, why, sizeof(why));
 	free(buf);
 	if (rc == -EBADMSG) {
-		bkt_set_error("%s/%s: not a valid manifest", bkt_url(b), name);
+		bkt_set_error("%s/%s: not a valid manifest: %s", bkt_url(b), name, why);
 		return rc;
 	}
 	if (rc < 0)
@@ -811,36 +812,6 @@ out:
 	return rc;
 }
 
-static int entry_cmp_key(const void *key, const void *elem)
-{
-	return strcmp(key, ((const struct mf_entry *)elem)->path);
-}
-
-/* Every entry's parent must be a directory entry: nothing is written
- * through a symlink or below a file. */
-static int check_tree(const struct manifest *mf)
-{
-	char parent[PATH_MAX];
-
-	for (size_t i = 0; i < mf->n; i++) {
-		const char *s = strrchr(mf->e[i].path, '/');
-		const struct mf_entry *p;
-		size_t l;
-
-		if (!s)
-			continue;
-		l = (size_t)(s - mf->e[i].path);
-		if (l >= sizeof(parent))
-			return -EBADMSG;
-		memcpy(parent, mf->e[i].path, l);
-		parent[l] = '\0';
-		p = bsearch(parent, mf->e, mf->n, sizeof(*mf->e), entry_cmp_key);
-		if (!p || p->type != MF_DIR)
-			return -EBADMSG;
-	}
-	return 0;
-}
-
 int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t node,
 		   uint32_t worker, int dirfd, struct manifest **mfp)
 {
@@ -862,11 +833,9 @@ int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t 
 	snprintf(name, sizeof(name), "%s/%s/%s.manifest", job, backup, hex);
 	if ((rc = read_manifest(b, name, hash, &mf)) < 0)
 		goto out;
-	if (check_tree(mf) < 0) {
-		bkt_set_error("%s/%s: a manifest entry's parent is not a directory", bkt_url(b), name);
-		rc = -EBADMSG;
-		goto out;
-	}
+	/* read_manifest's mf_decode applied mf_validate, the rule every peer
+	 * and every seal applies too: each entry's parent is a directory of
+	 * the shard and symlinks point inside it */
 	for (size_t i = 0; i < mf->n; i++) {
 		struct stat st;
 		if (mf->e[i].type != MF_DIR || mkdirat(dirfd, mf->e[i].path, 0700) == 0)

@@ -42,6 +42,7 @@ const char *shard_state_name(uint32_t s)
 	case SH_REPLICATED: return "replicated";
 	case SH_BACKED_UP: return "backed-up";
 	case SH_BAD: return "bad";
+	case SH_DROPPING: return "dropping";
 	default: return "unknown";
 	}
 }
@@ -222,6 +223,10 @@ int idx_get_shard(struct idx *x, const struct shard_key *key, struct shard_rec *
 	rec->key = *key;
 	rc = decode_val(&v, rec);
 	mdb_txn_abort(txn);
+	if (rc == 0 && rec->state == SH_DROPPING) {
+		idx_rec_clear(rec);
+		return -ENOENT;   /* gone, as far as readers are concerned */
+	}
 	return rc;
 }
 
@@ -276,6 +281,12 @@ int idx_set_state(struct idx *x, const struct shard_key *key, uint32_t state,
 	}
 	memcpy(copy, v.mv_data, v.mv_size);
 	memcpy(&h, copy, sizeof(h));
+	if (h.state == SH_DROPPING && state != SH_DROPPING) {
+		/* a shard being dropped cannot be brought back by a state change */
+		free(copy);
+		mdb_txn_abort(txn);
+		return -ENOENT;
+	}
 	if (state)
 		h.state = state;
 	h.flags = (h.flags | set_flags) & ~clear_flags;
@@ -342,6 +353,10 @@ int idx_list_shards(struct idx *x, const char *job, struct shard_rec **recsp, si
 		}
 		if (decode_val(&v, &r) < 0)
 			continue;
+		if (r.state == SH_DROPPING) {
+			idx_rec_clear(&r);
+			continue;
+		}
 		recs[n++] = r;
 	}
 	mdb_cursor_close(cur);
@@ -351,6 +366,88 @@ int idx_list_shards(struct idx *x, const char *job, struct shard_rec **recsp, si
 		return rc == ENOMEM ? -ENOMEM : idx_errno(rc);
 	}
 	*recsp = recs;
+	*np = n;
+	return 0;
+}
+
+int idx_forget_dropping(struct idx *x, const struct shard_key *key)
+{
+	uint8_t kb[IDX_JOB_MAX + 32];
+	struct rec_v1 h;
+	MDB_val k, v;
+	MDB_txn *txn;
+	int rc;
+
+	if (x->ro)
+		return -EROFS;
+	k.mv_data = kb;
+	k.mv_size = make_key(key, kb);
+	rc = mdb_txn_begin(x->env, NULL, 0, &txn);
+	if (rc)
+		return idx_errno(rc);
+	rc = mdb_get(txn, x->shards, &k, &v);
+	if (rc || v.mv_size < sizeof(h)) {
+		mdb_txn_abort(txn);
+		return rc ? idx_errno(rc) : -EBADMSG;
+	}
+	memcpy(&h, v.mv_data, sizeof(h));
+	if (h.state != SH_DROPPING) {
+		mdb_txn_abort(txn);
+		return -EBUSY;
+	}
+	rc = mdb_del(txn, x->shards, &k, NULL);
+	if (rc) {
+		mdb_txn_abort(txn);
+		return idx_errno(rc);
+	}
+	return idx_errno(mdb_txn_commit(txn));
+}
+
+int idx_list_dropping(struct idx *x, struct shard_key **keysp, size_t *np)
+{
+	MDB_txn *txn;
+	MDB_cursor *cur;
+	MDB_val k, v;
+	struct shard_key *keys = NULL;
+	size_t n = 0, cap = 0;
+	int rc, op = MDB_FIRST;
+
+	rc = mdb_txn_begin(x->env, NULL, MDB_RDONLY, &txn);
+	if (rc)
+		return idx_errno(rc);
+	rc = mdb_cursor_open(txn, x->shards, &cur);
+	if (rc) {
+		mdb_txn_abort(txn);
+		return idx_errno(rc);
+	}
+	while ((rc = mdb_cursor_get(cur, &k, &v, (MDB_cursor_op)op)) == 0) {
+		struct shard_key key;
+		struct rec_v1 h;
+		op = MDB_NEXT;
+		if (v.mv_size < sizeof(h) || parse_key(&k, &key) < 0)
+			continue;
+		memcpy(&h, v.mv_data, sizeof(h));
+		if (h.version != 1 || h.state != SH_DROPPING)
+			continue;
+		if (n == cap) {
+			size_t ncap = cap ? cap * 2 : 8;
+			struct shard_key *nk = realloc(keys, ncap * sizeof(*nk));
+			if (!nk) {
+				rc = ENOMEM;
+				break;
+			}
+			keys = nk;
+			cap = ncap;
+		}
+		keys[n++] = key;
+	}
+	mdb_cursor_close(cur);
+	mdb_txn_abort(txn);
+	if (rc != MDB_NOTFOUND) {
+		free(keys);
+		return rc == ENOMEM ? -ENOMEM : idx_errno(rc);
+	}
+	*keysp = keys;
 	*np = n;
 	return 0;
 }

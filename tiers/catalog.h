@@ -20,7 +20,9 @@ enum shard_state {
 	SH_COMMITTED  = 2,   /* manifest built, data in the RAM tier */
 	SH_REPLICATED = 3,   /* at least the configured peers hold it */
 	SH_BACKED_UP  = 4,
-	SH_BAD        = 5,   /* files no longer match the manifest */
+	SH_BAD        = 5,   /* files no longer match the manifest, or the
+			      * committed tree cannot be a shard (mf_validate) */
+	SH_DROPPING   = 6,   /* being deleted: files first, then the record */
 };
 
 #define SHF_OWN      0x1u   /* written by this node (else a replica) */
@@ -51,6 +53,12 @@ void idx_close(struct idx *x);     /* accepts NULL */
 
 const char *shard_state_name(uint32_t state);
 
+/* A record in SH_DROPPING is invisible to every reader below except
+ * idx_list_dropping() and idx_forget_dropping(): to them the shard is gone
+ * already (idx_get_shard -ENOENT, idx_list_shards skips it, idx_set_state
+ * -ENOENT). It stays only so that a crash while its files are deleted is
+ * finished at the next start instead of leaking them. */
+
 /* Insert or replace. rec->mf may be NULL. 0 or -errno. */
 int idx_put_shard(struct idx *x, const struct shard_rec *rec);
 /* 0, -ENOENT, or -errno; rec->mf malloc'd (free with idx_rec_clear). */
@@ -60,6 +68,11 @@ int idx_del_shard(struct idx *x, const struct shard_key *k);
 int idx_set_state(struct idx *x, const struct shard_key *k, uint32_t state,
 		  uint32_t set_flags, uint32_t clear_flags);
 void idx_rec_clear(struct shard_rec *rec);
+/* Delete the record of k only if it is still SH_DROPPING (a new copy put
+ * meanwhile stays). 0, -ENOENT, -EBUSY (another state), or -errno. */
+int idx_forget_dropping(struct idx *x, const struct shard_key *k);
+/* Keys of the SH_DROPPING records; *keys malloc'd, owned by the caller. */
+int idx_list_dropping(struct idx *x, struct shard_key **keys, size_t *n);
 
 /* All shards (of one job when job != NULL), ascending by (job, step, rank,
  * worker). *recs is a malloc'd array owned by the caller: idx_recs_free(). */

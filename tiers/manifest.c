@@ -99,82 +99,167 @@ static int add_entry(struct mf_builder *b, struct mf_entry *ent)
 	return 0;
 }
 
-static int walk(struct mf_builder *b, int dirfd, const char *prefix)
+/* One entry of the tree being built (util_walk callback). */
+static int build_cb(void *arg, const struct util_walk_ent *w)
 {
-	DIR *d;
-	struct dirent *de;
-	int fd, rc = 0;
+	struct mf_builder *b = arg;
+	struct mf_entry ent = { 0 };
+	const struct stat *st = w->st;
+	int rc;
 
-	fd = dup(dirfd);
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
+	ent.mode = st->st_mode & 07777;
+	if (S_ISREG(st->st_mode)) {
+		/* its CRC32C comes later (crc_files), perhaps on two threads */
+		ent.type = MF_FILE;
+		ent.size = (uint64_t)st->st_size;
+	} else if (S_ISDIR(st->st_mode)) {
+		ent.type = MF_DIR;
+	} else if (S_ISLNK(st->st_mode)) {
+		char tgt[PATH_MAX];
+		ssize_t l = readlinkat(w->dirfd, w->name, tgt, sizeof(tgt) - 1);
+		if (l < 0)
+			return -errno;
+		tgt[l] = '\0';
+		ent.type = MF_SYMLINK;
+		ent.target = strdup(tgt);
+		if (!ent.target)
+			return -ENOMEM;
+	} else {
+		return 0;   /* fifos, sockets, devices are not checkpoint data */
 	}
-	rewinddir(d);
-	while ((de = readdir(d)) != NULL) {
-		struct mf_entry ent = { 0 };
-		struct stat st;
-		char path[PATH_MAX];
+	ent.path = strdup(w->path);
+	if (!ent.path || (rc = add_entry(b, &ent)) < 0) {
+		free(ent.path);
+		free(ent.target);
+		return ent.path ? rc : -ENOMEM;
+	}
+	return 0;
+}
 
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		if ((size_t)snprintf(path, sizeof(path), "%s%s%s", prefix,
-				     *prefix ? "/" : "", de->d_name) >= sizeof(path)) {
-			rc = -ENAMETOOLONG;
-			break;
+int mf_refusal(int rc, char *err, size_t errlen)
+{
+	switch (rc) {
+	case -ELOOP:
+		snprintf(err, errlen, "the tree is more than %u levels deep", MF_MAX_DEPTH);
+		return -EBADMSG;
+	case -ENAMETOOLONG:
+		snprintf(err, errlen, "a path in the tree is %d bytes or longer", PATH_MAX);
+		return -EBADMSG;
+	case -EFBIG:
+		snprintf(err, errlen, "the tree has more than %u entries", MF_MAX_ENTRIES);
+		return -EBADMSG;
+	default:
+		return rc;
+	}
+}
+
+/* Components of a relative path ("a/b/c" is 3). */
+static unsigned path_depth(const char *p)
+{
+	unsigned d = 1;
+	for (; *p; p++)
+		d += *p == '/';
+	return d;
+}
+
+/* Why a symlink at `path` with `target` cannot be in a shard, or NULL.
+ * The target must be relative and stay inside the shard wherever the
+ * shard is put (a peer's store, a restore): only leading ".." may climb,
+ * no further than the link's own directory's depth, and a ".." after a
+ * name is refused because the kernel resolves "name/.." through what name
+ * points to, not lexically. With every link of a shard held to this, any
+ * chain of them resolves inside the shard. */
+static const char *symlink_refusal(const char *path, const char *target)
+{
+	unsigned up = 0, dir_depth = path_depth(path) - 1;
+	bool named = false;
+	const char *c = target;
+
+	if (!*target)
+		return "the target is empty";
+	if (strlen(target) >= PATH_MAX)
+		return "the target is too long";
+	if (target[0] == '/')
+		return "the target is absolute";
+	while (*c) {
+		const char *e = strchr(c, '/');
+		size_t l = e ? (size_t)(e - c) : strlen(c);
+		if (l == 2 && c[0] == '.' && c[1] == '.') {
+			if (named)
+				return "'..' after a name in the target";
+			if (++up > dir_depth)
+				return "the target leaves the shard";
+		} else if (l && !(l == 1 && c[0] == '.')) {
+			named = true;
 		}
-		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-			rc = -errno;
-			break;
+		c += l;
+		if (*c == '/')
+			c++;
+	}
+	return NULL;
+}
+
+static int entry_cmp_key(const void *key, const void *elem)
+{
+	return strcmp(key, ((const struct mf_entry *)elem)->path);
+}
+
+int mf_validate(const struct manifest *m, char *err, size_t errlen)
+{
+	char parent[PATH_MAX];
+	char dummy[1];
+
+	if (!err) {
+		err = dummy;
+		errlen = sizeof(dummy);
+	}
+	for (size_t i = 0; i < m->n; i++) {
+		const struct mf_entry *e = &m->e[i];
+		const char *slash = strrchr(e->path, '/');
+		size_t pl = strlen(e->path);
+
+		if (!util_safe_relpath(e->path, pl)) {
+			snprintf(err, errlen, "unsafe path %.200s", e->path);
+			return -EBADMSG;
 		}
-		ent.mode = st.st_mode & 07777;
-		if (S_ISREG(st.st_mode)) {
-			/* its CRC32C comes later (crc_files), perhaps on two threads */
-			ent.type = MF_FILE;
-			ent.size = (uint64_t)st.st_size;
-		} else if (S_ISDIR(st.st_mode)) {
-			ent.type = MF_DIR;
-		} else if (S_ISLNK(st.st_mode)) {
-			char tgt[PATH_MAX];
-			ssize_t l = readlinkat(dirfd, de->d_name, tgt, sizeof(tgt) - 1);
-			if (l < 0) {
-				rc = -errno;
-				break;
+		if (i > 0 && strcmp(m->e[i - 1].path, e->path) >= 0) {
+			snprintf(err, errlen, "%.200s: entries unsorted or repeated", e->path);
+			return -EBADMSG;
+		}
+		if (path_depth(e->path) > MF_MAX_DEPTH) {
+			snprintf(err, errlen, "%.200s...: more than %u levels deep", e->path,
+				 MF_MAX_DEPTH);
+			return -EBADMSG;
+		}
+		if (e->type < MF_FILE || e->type > MF_SYMLINK || (e->mode & ~07777u) ||
+		    (e->type == MF_SYMLINK) != (e->target != NULL)) {
+			snprintf(err, errlen, "%.200s: bad entry type or mode", e->path);
+			return -EBADMSG;
+		}
+		/* every entry's parent is a directory of the shard: nothing is
+		 * ever written through a symlink or below a file */
+		if (slash) {
+			const struct mf_entry *p;
+			size_t l = (size_t)(slash - e->path);
+			memcpy(parent, e->path, l);
+			parent[l] = '\0';
+			p = bsearch(parent, m->e, m->n, sizeof(*m->e), entry_cmp_key);
+			if (!p || p->type != MF_DIR) {
+				snprintf(err, errlen, "%.200s: its parent is not a directory of the shard",
+					 e->path);
+				return -EBADMSG;
 			}
-			tgt[l] = '\0';
-			ent.type = MF_SYMLINK;
-			ent.target = strdup(tgt);
-			if (!ent.target) {
-				rc = -ENOMEM;
-				break;
-			}
-		} else {
-			continue;   /* fifos, sockets, devices are not checkpoint data */
 		}
-		ent.path = strdup(path);
-		if (!ent.path || (rc = add_entry(b, &ent)) < 0) {
-			free(ent.path);
-			free(ent.target);
-			rc = rc ? rc : -ENOMEM;
-			break;
-		}
-		if (ent.type == MF_DIR) {
-			int sub = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-			if (sub < 0) {
-				rc = -errno;
-				break;
+		if (e->type == MF_SYMLINK) {
+			const char *why = symlink_refusal(e->path, e->target);
+			if (why) {
+				snprintf(err, errlen, "symlink %.200s -> %.200s: %s (a shard's symlinks must point inside it)",
+					 e->path, e->target, why);
+				return -EBADMSG;
 			}
-			rc = walk(b, sub, path);
-			close(sub);
-			if (rc < 0)
-				break;
 		}
 	}
-	closedir(d);
-	return rc;
+	return 0;
 }
 
 static int cmp_entry(const void *a, const void *b)
@@ -288,15 +373,24 @@ static int crc_files(int dirfd, struct mf_entry *e, size_t n)
 	return atomic_load(&w.rc);
 }
 
-int mf_build(int dirfd, struct manifest **out)
+int mf_build_err(int dirfd, struct manifest **out, char *err, size_t errlen)
 {
 	struct mf_builder b = { 0 };
 	struct manifest *m;
+	char dummy[1];
 	int rc;
 
-	rc = walk(&b, dirfd, "");
-	if (rc == 0)
-		rc = crc_files(dirfd, b.e, b.n);
+	if (!err) {
+		err = dummy;
+		errlen = sizeof(dummy);
+	}
+	err[0] = '\0';
+	rc = util_walk(dirfd, MF_MAX_DEPTH, 0, build_cb, &b);
+	if (rc < 0) {
+		rc = mf_refusal(rc, err, errlen);
+		goto fail;
+	}
+	rc = crc_files(dirfd, b.e, b.n);
 	if (rc < 0)
 		goto fail;
 	m = calloc(1, sizeof(*m));
@@ -309,7 +403,9 @@ int mf_build(int dirfd, struct manifest **out)
 	m->e = b.e;
 	m->n = b.n;
 	finish_totals(m);
-	rc = compute_hash(m);
+	rc = mf_validate(m, err, errlen);
+	if (rc == 0)
+		rc = compute_hash(m);
 	if (rc < 0) {
 		mf_free(m);
 		return rc;
@@ -323,6 +419,11 @@ fail:
 	}
 	free(b.e);
 	return rc;
+}
+
+int mf_build(int dirfd, struct manifest **out)
+{
+	return mf_build_err(dirfd, out, NULL, 0);
 }
 
 void mf_free(struct manifest *m)
@@ -562,11 +663,20 @@ static char *rstr(struct rbuf *r, size_t len)
 
 int mf_decode(const uint8_t *buf, size_t len, struct manifest **out)
 {
+	return mf_decode_err(buf, len, out, NULL, 0);
+}
+
+int mf_decode_err(const uint8_t *buf, size_t len, struct manifest **out, char *err,
+		  size_t errlen)
+{
 	struct rbuf r = { buf, len, 0 };
 	struct manifest *m;
 	uint32_t magic, ver, n;
 	uint8_t want[32];
 	int rc = -EBADMSG;
+
+	if (err && errlen)
+		snprintf(err, errlen, "malformed manifest");
 
 	if (!ru32(&r, &magic) || magic != MF_MAGIC || !ru32(&r, &ver) || ver != MF_VERSION ||
 	    !rget(&r, want, 32) || !ru32(&r, &n) || n > MF_MAX_ENTRIES)
@@ -610,6 +720,10 @@ int mf_decode(const uint8_t *buf, size_t len, struct manifest **out)
 	if (r.off != len)
 		goto out;
 	finish_totals(m);
+	/* the same rules as when this node seals a tree of its own */
+	rc = mf_validate(m, err, errlen);
+	if (rc < 0)
+		goto out;
 	rc = compute_hash(m);
 	if (rc < 0)
 		goto out;

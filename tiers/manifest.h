@@ -14,6 +14,11 @@ enum mf_type { MF_FILE = 1, MF_DIR = 2, MF_SYMLINK = 3 };
 
 #define MF_MAX_ENTRIES 1000000u
 #define MF_MAX_FILE_SIZE (1ULL << 44)   /* 16 TiB per file */
+/* Path components of an entry ("a/b/c" is 3). Checkpoints are a few levels
+ * deep; the bound keeps every walk of a shard small (descriptors, memory)
+ * and leaves room under the file:// bucket's 64-level listing walk for the
+ * JOB/BACKUP/<hash>.data/ levels above the shard. */
+#define MF_MAX_DEPTH 48u
 
 struct mf_entry {
 	char *path;          /* relative, validated by util_safe_relpath */
@@ -37,9 +42,24 @@ uint32_t mf_crc32c(uint32_t crc, const void *buf, size_t len);
 /* CRC32C of a whole file by fd; also returns its size. 0 or -errno. */
 int mf_crc32c_fd(int fd, uint32_t *crc, uint64_t *size);
 
-/* Walk the directory dirfd recursively and build its manifest (CRC of
- * every file). 0 or -errno; *out owned by the caller. */
+/* Walk the directory dirfd (iteratively, at most MF_MAX_DEPTH levels) and
+ * build its manifest (CRC of every file). 0, -EBADMSG when the tree cannot
+ * be a shard (too deep, a path too long, too many entries, a symlink that
+ * points outside: described in err, retrying will not help), or another
+ * -errno (I/O). *out owned by the caller. err may be NULL. */
+int mf_build_err(int dirfd, struct manifest **out, char *err, size_t errlen);
 int mf_build(int dirfd, struct manifest **out);
+/* The one rule for what a shard may hold, applied when this node seals a
+ * tree (mf_build) and to every manifest decoded from a peer, the bucket or
+ * the catalog (mf_decode): safe relative paths, sorted and unique, at most
+ * MF_MAX_DEPTH levels, every entry's parent a directory entry, and symlink
+ * targets relative and inside the shard (only leading "..", no further up
+ * than the link's directory). 0 or -EBADMSG with the reason in err (may be
+ * NULL). */
+int mf_validate(const struct manifest *m, char *err, size_t errlen);
+/* Map a walk's failure on a tree (-ELOOP, -ENAMETOOLONG, -EFBIG) to
+ * -EBADMSG, "cannot be a shard", described in err; others pass through. */
+int mf_refusal(int rc, char *err, size_t errlen);
 /* Re-read every file under dirfd and compare with m. 0, -EBADMSG on any
  * mismatch (first one described in err), or -errno. */
 int mf_verify(int dirfd, const struct manifest *m, char *err, size_t errlen);
@@ -48,6 +68,9 @@ int mf_encode(const struct manifest *m, uint8_t **buf, size_t *len);
 /* Decode untrusted bytes: -EBADMSG on anything malformed (bad magic,
  * lengths, unsafe paths, duplicate or unsorted entries, hash mismatch). */
 int mf_decode(const uint8_t *buf, size_t len, struct manifest **out);
+/* The same, with the reason of a refusal in err (may be NULL). */
+int mf_decode_err(const uint8_t *buf, size_t len, struct manifest **out, char *err,
+		  size_t errlen);
 void mf_free(struct manifest *m);
 /* Lower-case hex of the hash into out[65]. */
 void mf_hash_hex(const uint8_t hash[32], char out[65]);

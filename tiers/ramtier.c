@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,8 @@ struct ram_tier {
 	void *reclaim_arg;
 };
 
-static void remove_stale_staging(struct ram_tier *t);
+static void finish_drops(struct ram_tier *t);
+static void sweep_shards(struct ram_tier *t);
 
 int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 {
@@ -73,7 +75,8 @@ int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 			cap = (uint64_t)sv.f_bavail * sv.f_frsize;
 	}
 	t->cap = cap;
-	remove_stale_staging(t);
+	finish_drops(t);
+	sweep_shards(t);
 	ram_recount(t);
 	if ((uint64_t)atomic_load(&t->used) > cap)
 		log_warn("ram", "RAMDIR already holds %llu bytes, more than ram_size=%llu",
@@ -85,9 +88,84 @@ fail:
 	return rc;
 }
 
-/* Staging directories (".nR-wW.staging", ".nR-wW.in-*") left by a crash
- * are never part of a shard: remove them (JOB/STEP/.name). */
-static void remove_stale_staging(struct ram_tier *t)
+/* Crash injection for the tests: MTCFS_TEST_CRASH=NAME kills the process
+ * at the point of that name (drop-marked: a drop marked its record, no file
+ * gone yet; seal-started: a seal began, its record still SH_SEALING). */
+static void crash_point(const char *name)
+{
+	const char *v = getenv("MTCFS_TEST_CRASH");
+	if (v && !strcmp(v, name))
+		raise(SIGKILL);
+}
+
+/* Remove the now empty STEP and JOB directories above rel ("JOB/STEP/nR-wW"),
+ * as far as they are empty. rel is modified. */
+static void tidy_parents(struct ram_tier *t, char *rel)
+{
+	char *slash;
+	while ((slash = strrchr(rel, '/')) != NULL) {
+		*slash = '\0';
+		if (unlinkat(t->shardsfd, rel, AT_REMOVEDIR) < 0)
+			break;
+	}
+}
+
+/* A drop that a crash interrupted (its record still SH_DROPPING): delete
+ * the rest of its files, then the record. Start-up only. */
+static void finish_drops(struct ram_tier *t)
+{
+	struct shard_key *keys = NULL;
+	size_t n = 0;
+
+	if (idx_list_dropping(t->idx, &keys, &n) < 0)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		char rel[PATH_MAX];
+		int rc;
+		if (ram_shard_relpath(&keys[i], rel, sizeof(rel)) < 0)
+			continue;
+		log_info("ram", "finishing the drop of %s, interrupted when mtcfs stopped", rel);
+		rc = util_rmtree_at(t->shardsfd, rel, NULL);
+		if (rc < 0) {
+			log_err("ram", "cannot remove %s: %s", rel, strerror(-rc));
+			continue;
+		}
+		tidy_parents(t, rel);
+		idx_forget_dropping(t->idx, &keys[i]);
+	}
+	free(keys);
+}
+
+/* Does the shard directory JOB/STEP/name belong to a catalog record? Any
+ * answer but "no record" (a catalog error) keeps it. */
+static bool shard_dir_orphan(struct ram_tier *t, const char *job, const char *step,
+			     const char *name)
+{
+	struct shard_rec rec = { 0 };
+	struct shard_key k = { 0 };
+	char again[64];
+	int rc;
+
+	if (strlen(job) > IDX_JOB_MAX || !util_is_step_name(step, &k.step) ||
+	    sscanf(name, "n%u-w%u", &k.rank, &k.worker) != 2)
+		return true;   /* nothing the tier ever makes */
+	snprintf(again, sizeof(again), "n%u-w%u", k.rank, k.worker);
+	if (strcmp(again, name) || (snprintf(again, sizeof(again), "%llu",
+					     (unsigned long long)k.step), strcmp(again, step)))
+		return true;   /* "n01-w0", "007": not a name ram_shard_relpath gives */
+	memcpy(k.job, job, strlen(job) + 1);
+	rc = idx_get_shard(t->idx, &k, &rec);
+	idx_rec_clear(&rec);
+	return rc == -ENOENT;
+}
+
+/* Start-up, before anything seals or stages: under shards/JOB/STEP/,
+ *  - staging directories (".nR-wW.staging", ".nR-wW.in-PID-SEQ") left by a
+ *    crash are never part of a shard;
+ *  - a shard directory that no catalog record names (a publish or drop cut
+ *    short by a crash) is data nothing can reach, counted in ram_used;
+ * both are removed, and STEP and JOB directories left empty. */
+static void sweep_shards(struct ram_tier *t)
 {
 	DIR *jd = NULL;
 	struct dirent *je;
@@ -127,14 +205,24 @@ static void remove_stale_staging(struct ram_tier *t)
 				continue;
 			}
 			while ((ke = readdir(kd)) != NULL) {
-				if (ke->d_name[0] != '.' || !strcmp(ke->d_name, ".") || !strcmp(ke->d_name, ".."))
+				if (!strcmp(ke->d_name, ".") || !strcmp(ke->d_name, ".."))
 					continue;
-				log_info("ram", "removing unfinished %s/%s/%s", je->d_name, se->d_name, ke->d_name);
+				if (ke->d_name[0] == '.') {
+					log_info("ram", "removing unfinished %s/%s/%s", je->d_name,
+						 se->d_name, ke->d_name);
+				} else if (shard_dir_orphan(t, je->d_name, se->d_name, ke->d_name)) {
+					log_warn("ram", "removing %s/%s/%s: no catalog record names it (left by a crash)",
+						 je->d_name, se->d_name, ke->d_name);
+				} else {
+					continue;
+				}
 				util_rmtree_at(sfd, ke->d_name, NULL);
 			}
 			closedir(kd);
+			unlinkat(jfd, se->d_name, AT_REMOVEDIR);   /* if now empty */
 		}
 		closedir(sd);
+		unlinkat(t->shardsfd, je->d_name, AT_REMOVEDIR);
 	}
 	closedir(jd);
 }
@@ -234,40 +322,42 @@ static bool inoset_add(struct inoset *s, uint64_t ino)
 	return true;
 }
 
+/* Deeper than this, a recount leaves a tree's bytes uncounted rather than
+ * hold more descriptors: shards are at most MF_MAX_DEPTH deep, and only an
+ * application's own uncommitted tree in the namespace can go further. */
+#define RECOUNT_MAX_DEPTH 256u
+
+struct count_ctx {
+	struct inoset *seen;
+	uint64_t total;
+	bool deep;
+};
+
+static int count_cb(void *arg, const struct util_walk_ent *e)
+{
+	struct count_ctx *c = arg;
+
+	if (S_ISDIR(e->st->st_mode) && e->depth >= RECOUNT_MAX_DEPTH) {
+		c->deep = true;
+		return UTIL_WALK_SKIP;
+	}
+	if (S_ISREG(e->st->st_mode) &&
+	    (e->st->st_nlink == 1 || inoset_add(c->seen, (uint64_t)e->st->st_ino)))
+		c->total += (uint64_t)e->st->st_blocks * 512;
+	return 0;
+}
+
 static uint64_t count_tree(int dirfd, struct inoset *seen)
 {
-	uint64_t total = 0;
-	struct dirent *de;
-	DIR *d;
-	int fd = dup(dirfd);
+	struct count_ctx c = { .seen = seen };
+	int rc = util_walk(dirfd, RECOUNT_MAX_DEPTH, UTIL_WALK_NOPATH, count_cb, &c);
 
-	if (fd < 0)
-		return 0;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return 0;
-	}
-	rewinddir(d);
-	while ((de = readdir(d)) != NULL) {
-		struct stat st;
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			continue;
-		if (S_ISDIR(st.st_mode)) {
-			int sub = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-			if (sub >= 0) {
-				total += count_tree(sub, seen);
-				close(sub);
-			}
-		} else if (S_ISREG(st.st_mode)) {
-			if (st.st_nlink == 1 || inoset_add(seen, (uint64_t)st.st_ino))
-				total += (uint64_t)st.st_blocks * 512;
-		}
-	}
-	closedir(d);
-	return total;
+	if (rc < 0)
+		log_warn("ram", "counting RAMDIR: %s (the count may be low)", strerror(-rc));
+	if (c.deep)
+		log_warn("ram", "RAMDIR holds a tree deeper than %u levels: the bytes below are not counted",
+			 RECOUNT_MAX_DEPTH);
+	return c.total;
 }
 
 void ram_recount(struct ram_tier *t)
@@ -319,74 +409,67 @@ static int make_staging(struct ram_tier *t, const char *parent, const char *stag
 	return rc;
 }
 
-/* Mirror src into dst: directories made, files hard-linked, symlinks copied. */
+/* Mirror src into dst: directories made, files hard-linked, symlinks copied
+ * (util_walk callback; paths relative to dst). */
+static int link_cb(void *arg, const struct util_walk_ent *e)
+{
+	int dst = *(const int *)arg;
+	const struct stat *st = e->st;
+
+	if (S_ISDIR(st->st_mode)) {
+		if (mkdirat(dst, e->path, st->st_mode & 07777) < 0 && errno != EEXIST)
+			return -errno;
+	} else if (S_ISREG(st->st_mode)) {
+		if (linkat(e->dirfd, e->name, dst, e->path, 0) < 0)
+			return -errno;
+	} else if (S_ISLNK(st->st_mode)) {
+		char tgt[PATH_MAX];
+		ssize_t l = readlinkat(e->dirfd, e->name, tgt, sizeof(tgt) - 1);
+		if (l < 0)
+			return -errno;
+		tgt[l] = 0;
+		if (symlinkat(tgt, dst, e->path) < 0)
+			return -errno;
+	}
+	return 0;
+}
+
+/* As deep as a shard may be (MF_MAX_DEPTH): -ELOOP beyond. */
 static int link_tree(int src, int dst)
 {
-	struct dirent *de;
-	DIR *d;
-	int fd = dup(src), rc = 0;
+	return util_walk(src, MF_MAX_DEPTH, 0, link_cb, &dst);
+}
 
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
-	rewinddir(d);
-	while ((de = readdir(d)) != NULL) {
-		struct stat st;
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		if (fstatat(src, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-			rc = -errno;
-			break;
-		}
-		if (S_ISDIR(st.st_mode)) {
-			int s2, d2;
-			if (mkdirat(dst, de->d_name, st.st_mode & 07777) < 0 && errno != EEXIST) {
-				rc = -errno;
-				break;
-			}
-			s2 = openat(src, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-			d2 = openat(dst, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-			if (s2 >= 0 && d2 >= 0)
-				rc = link_tree(s2, d2);
-			else
-				rc = -errno;
-			if (s2 >= 0)
-				close(s2);
-			if (d2 >= 0)
-				close(d2);
-			if (rc < 0)
-				break;
-		} else if (S_ISREG(st.st_mode)) {
-			if (linkat(src, de->d_name, dst, de->d_name, 0) < 0) {
-				rc = -errno;
-				break;
-			}
-		} else if (S_ISLNK(st.st_mode)) {
-			char tgt[PATH_MAX];
-			ssize_t l = readlinkat(src, de->d_name, tgt, sizeof(tgt) - 1);
-			if (l < 0) {
-				rc = -errno;
-				break;
-			}
-			tgt[l] = 0;
-			if (symlinkat(tgt, dst, de->d_name) < 0) {
-				rc = -errno;
-				break;
-			}
-		}
-	}
-	closedir(d);
-	return rc;
+/* The committed tree cannot be a shard (why): record the step as SH_BAD,
+ * without a manifest, so that nothing tries to seal it again (after a
+ * restart neither), and remove an older copy under the same key, which the
+ * record no longer describes. */
+static void record_unsealable(struct ram_tier *t, const struct shard_key *k, const char *rel,
+			      uint64_t ns_ino, uint32_t rec_flags, const char *why)
+{
+	struct shard_rec rec = { 0 };
+	uint64_t freed = 0;
+	int rc;
+
+	log_err("ram", "job=%s step=%llu rank=%u cannot be sealed: %s; marked bad", k->job,
+		(unsigned long long)k->step, k->rank, why);
+	util_rmtree_at(t->shardsfd, rel, &freed);
+	ram_adjust(t, -(int64_t)freed);
+	rec.key = *k;
+	rec.state = SH_BAD;
+	rec.flags = rec_flags;
+	rec.commit_time = (uint64_t)time(NULL);
+	rec.ns_ino = ns_ino;
+	rc = idx_put_shard(t->idx, &rec);
+	if (rc < 0)
+		log_err("ram", "cannot record job=%s step=%llu as bad: %s", k->job,
+			(unsigned long long)k->step, strerror(-rc));
 }
 
 int ram_seal(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
-	     uint64_t ns_ino, uint32_t rec_flags, struct manifest **mfp)
+	     uint64_t ns_ino, uint32_t rec_flags, struct manifest **mfp, char *err, size_t errlen)
 {
-	char rel[PATH_MAX], parent[PATH_MAX], staging[PATH_MAX];
+	char rel[PATH_MAX], parent[PATH_MAX], staging[PATH_MAX], why[512] = "";
 	struct manifest *mf = NULL;
 	struct shard_rec rec = { 0 };
 	struct stat st;
@@ -394,6 +477,7 @@ int ram_seal(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
 	uint64_t freed = 0;
 	char *slash;
 
+	crash_point("seal-started");
 	rc = ram_shard_relpath(k, rel, sizeof(rel));
 	if (rc < 0)
 		return rc;
@@ -417,9 +501,11 @@ int ram_seal(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
 		goto out;
 	}
 	rc = link_tree(src_dirfd, sfd);
-	if (rc < 0)
+	if (rc < 0) {
+		rc = mf_refusal(rc, why, sizeof(why));
 		goto out;
-	rc = mf_build(sfd, &mf);
+	}
+	rc = mf_build_err(sfd, &mf, why, sizeof(why));
 	if (rc < 0)
 		goto out;
 	/* A re-commit of the same step replaces the previous shard. */
@@ -450,6 +536,10 @@ out:
 	if (rc < 0) {
 		util_rmtree_at(t->shardsfd, staging, NULL);
 		mf_free(mf);
+		if (rc == -EBADMSG)
+			record_unsealable(t, k, rel, ns_ino, rec_flags, why);
+		if (err && errlen)
+			snprintf(err, errlen, "%s", why[0] ? why : strerror(-rc));
 		return rc;
 	}
 	if (mfp)
@@ -461,28 +551,33 @@ out:
 
 int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freedp)
 {
-	char rel[PATH_MAX], parent[PATH_MAX];
+	char rel[PATH_MAX];
 	uint64_t freed = 0;
 	int rc = ram_shard_relpath(k, rel, sizeof(rel));
-	char *slash;
+	bool marked;
 
 	if (rc < 0)
 		return rc;
-	rc = idx_del_shard(t->idx, k);
+	/* mark, delete the files, forget: a crash in between leaves a record
+	 * that the next start finishes (finish_drops), never files that no
+	 * record names */
+	rc = idx_set_state(t->idx, k, SH_DROPPING, 0, 0);
 	if (rc < 0 && rc != -ENOENT)
 		return rc;
+	marked = rc == 0;
+	crash_point("drop-marked");
 	rc = util_rmtree_at(t->shardsfd, rel, &freed);
 	ram_adjust(t, -(int64_t)freed);
-	/* tidy empty STEP and JOB directories */
-	memcpy(parent, rel, sizeof(rel));
-	while ((slash = strrchr(parent, '/')) != NULL) {
-		*slash = '\0';
-		if (unlinkat(t->shardsfd, parent, AT_REMOVEDIR) < 0)
-			break;
-	}
 	if (freedp)
 		*freedp += freed;
-	return rc;
+	if (rc < 0) {
+		log_err("ram", "dropping %s: %s (finished at the next start)", rel, strerror(-rc));
+		return rc;
+	}
+	tidy_parents(t, rel);
+	if (marked)
+		idx_forget_dropping(t->idx, k);
+	return 0;
 }
 
 int ram_verify(struct ram_tier *t, const struct shard_key *k, char *err, size_t errlen)

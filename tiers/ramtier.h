@@ -50,10 +50,17 @@ int ram_shard_open(struct ram_tier *t, const struct shard_key *k);
 /* Seal a committed step: hard-link the tree under src_dirfd into the shard
  * directory of k (via a staging name, renamed into place), build its
  * manifest, and record it in the catalog as SH_COMMITTED with rec_flags.
- * *mf (optional) receives the manifest. 0 or -errno. */
+ * *mf (optional) receives the manifest. 0; -EBADMSG when the tree cannot be
+ * a shard (mf_validate's rule: too deep, a path too long, a symlink that
+ * points outside, ...): the step is then recorded SH_BAD without a
+ * manifest and sealing it again is pointless; or another -errno (perhaps
+ * passing). On failure err (may be NULL) says why. */
 int ram_seal(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
-	     uint64_t ns_ino, uint32_t rec_flags, struct manifest **mf);
-/* Remove a shard's files and catalog record; counts freed bytes. */
+	     uint64_t ns_ino, uint32_t rec_flags, struct manifest **mf, char *err, size_t errlen);
+/* Remove a shard's files and catalog record; counts freed bytes. The record
+ * is marked SH_DROPPING first and forgotten only once the files are gone,
+ * so that ram_open() finishes a drop a crash cut short. ram_open() also
+ * removes shard directories that no record names. 0 or -errno. */
 int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freed);
 /* Re-check a shard's files against its catalog manifest (CRC32C).
  * 0, -EBADMSG (described in err), -ENOENT. */

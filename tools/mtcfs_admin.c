@@ -462,11 +462,32 @@ static void progress(uint64_t done, uint64_t total, uint64_t t0_ns, const char *
 		rate > 0 ? (double)(total - done) / rate : 0.0);
 }
 
+/* Is the daemon that wrote RAMDIR's catalog running? */
+static bool daemon_alive(const char *ramdir)
+{
+	struct idx *x = NULL;
+	void *v = NULL;
+	size_t len;
+	bool alive = false;
+
+	if (open_catalog(ramdir, &x) < 0)
+		return false;
+	if (idx_get_meta(x, "daemon", &v, &len) == 0) {
+		json_t *j = json_loadb(v, len, 0, NULL);
+		json_int_t pid = json_integer_value(json_object_get(j, "pid"));
+		alive = pid > 0 && kill((pid_t)pid, 0) == 0;
+		json_decref(j);
+		free(v);
+	}
+	idx_close(x);
+	return alive;
+}
+
 static int cmd_verify(const char *ramdir, const char *job)
 {
 	struct shard_rec *recs = NULL;
 	struct idx *x = NULL;
-	size_t n = 0, bad = 0;
+	size_t n = 0, bad = 0, sealing = 0;
 	uint64_t total = 0, done = 0, t0 = util_now_ns();
 	json_t *arr = json_array();
 	int rc;
@@ -485,7 +506,7 @@ static int cmd_verify(const char *ramdir, const char *job)
 	for (size_t i = 0; i < n; i++) {
 		struct shard_rec *r = &recs[i];
 		struct manifest *mf = NULL;
-		char rel[512], path[PATH_MAX], err[512] = "", what[200];
+		char rel[512], path[PATH_MAX], err[512] = "", what[200], why[300] = "";
 		const char *verdict;
 		int fd = -1;
 
@@ -493,10 +514,19 @@ static int cmd_verify(const char *ramdir, const char *job)
 			 (unsigned long long)r->key.step, r->key.rank);
 		progress(done, total, t0, what);
 		if (r->state == SH_SEALING) {
+			/* a seal that never finished (or one running right now):
+			 * nothing vouches for these files yet */
 			verdict = "sealing";
-		} else if (!r->mf || mf_decode(r->mf, r->mflen, &mf) < 0) {
+			snprintf(err, sizeof(err), "the seal has not finished%s",
+				 daemon_alive(ramdir) ? " (it may be running now)" : " and mtcfs is not running");
+		} else if (r->state == SH_BAD) {
+			/* the daemon's verdict stands even if the bytes match now */
 			verdict = "bad";
-			snprintf(err, sizeof(err), "manifest does not decode");
+			snprintf(err, sizeof(err), "%s", r->mf ? "marked bad by mtcfs (files did not match the manifest)"
+							       : "marked bad by mtcfs: the committed tree could not be sealed (see its log)");
+		} else if (!r->mf || mf_decode_err(r->mf, r->mflen, &mf, why, sizeof(why)) < 0) {
+			verdict = "bad";
+			snprintf(err, sizeof(err), "manifest does not decode: %s", r->mf ? why : "none");
 		} else if (ram_shard_relpath(&r->key, rel, sizeof(rel)) < 0 ||
 			   snprintf(path, sizeof(path), "%s/shards/%s", ramdir, rel) >= (int)sizeof(path) ||
 			   (fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
@@ -513,6 +543,8 @@ static int cmd_verify(const char *ramdir, const char *job)
 		done += r->bytes;
 		if (!strcmp(verdict, "bad"))
 			bad++;
+		else if (!strcmp(verdict, "sealing"))
+			sealing++;
 		if (want_json) {
 			json_t *o = json_pack("{s:s,s:I,s:i,s:b,s:s,s:I}", "job", r->key.job,
 					      "step", (json_int_t)r->key.step, "rank", (int)r->key.rank,
@@ -530,18 +562,20 @@ static int cmd_verify(const char *ramdir, const char *job)
 		}
 	}
 	if (want_json) {
-		json_t *root = json_pack("{s:o,s:I,s:I}", "shards", arr, "bad", (json_int_t)bad,
-					 "bytes", (json_int_t)total);
+		json_t *root = json_pack("{s:o,s:I,s:I,s:I}", "shards", arr, "bad", (json_int_t)bad,
+					 "sealing", (json_int_t)sealing, "bytes", (json_int_t)total);
 		json_dumpf(root, stdout, JSON_INDENT(1));
 		putchar('\n');
 		json_decref(root);
 	} else {
 		json_decref(arr);
-		printf("%zu shard%s, %zu bad, %.1f MiB checked in %.2f s\n", n, n == 1 ? "" : "s", bad,
-		       (double)total / 1048576.0, (double)(util_now_ns() - t0) / 1e9);
+		printf("%zu shard%s, %zu bad, %zu not sealed, %.1f MiB checked in %.2f s\n", n,
+		       n == 1 ? "" : "s", bad, sealing, (double)total / 1048576.0,
+		       (double)(util_now_ns() - t0) / 1e9);
 	}
 	idx_recs_free(recs, n);
-	return bad ? 1 : 0;
+	/* a shard stuck sealing is as unusable as a bad one: a check fails */
+	return bad || sealing ? 1 : 0;
 }
 
 /* ---- status ---- */
@@ -1650,7 +1684,8 @@ static const struct command commands[] = {
 	{ "verify", O_JSON | O_JOB | O_WATCH, 1, 1, "verify RAMDIR [--job NAME] [--json]",
 	  "Re-read every local shard and check each file's CRC32C against its manifest. Progress\n"
 	  "(MiB/s, ETA) on stderr when it is a terminal.\n"
-	  "exit: 0 all good, 1 a shard is bad, 2 usage, 3 cannot read the node\n" },
+	  "A shard marked bad by mtcfs, or whose seal never finished, fails the check too.\n"
+	  "exit: 0 all good, 1 a shard is bad or not sealed, 2 usage, 3 cannot read the node\n" },
 	{ "backups", O_JSON | O_JOB | O_BUCKET | O_NODES, 0, 0,
 	  "backups --bucket URL --job NAME [--nodes N] [--json]",
 	  "The job's backups in the bucket, newest first: step, data bytes, how many nodes' shards\n"

@@ -18,6 +18,16 @@ checkpoint life cycle, restarts the job, and checks the invariants:
   I5 no hang: every wait has a deadline and a message, each cell has a
      hard deadline.
 
+The soak (kill -9 while writing, right after the commit rename, or while
+seals, replication, GC and backups run) also checks the RAM tier's own
+account (issue 13) after every restart and every job restart:
+  I6 a restarted node's ram_used (its start-up recount, logged) equals the
+     bytes of its namespace and of the shards its catalog names, measured
+     while it was down; a shard directory no record named then (a drop or
+     publish cut short) is gone after the start;
+  I7 `mtcfs-admin verify` passes on every live node once the job has
+     restarted: no shard stuck in `sealing`, none bad.
+
 Phases: writing, commit, replicating, backing-up, restore/planning,
 restore/fetching, restore/barrier. Faults: kill -9 (RAMDIR kept / wiped),
 kill -9 of the coordinator (rank 0), a cut link (network namespaces with a
@@ -43,6 +53,7 @@ import re
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -2093,6 +2104,98 @@ def print_matrix(results, backends, out=sys.stdout):
     out.flush()
 
 
+# --- the RAM tier's own account (issue 13), checked by the soak ---------------------
+
+SERVING_LINE = re.compile(r"serving ramdir=\S+ mount=\S+ ram_size=\d+ used=(\d+)")
+
+
+def catalog_dirs(ramdir):
+    """{'JOB/STEP/nR-wW'} of the shards RAMDIR's catalog lists (any state)."""
+    if not os.path.isdir(os.path.join(ramdir, "db")):
+        return set()     # wiped: no catalog yet
+    out = harness.admin("ls", ramdir, "--json")
+    return {"%s/%d/n%d-w%d" % (sh["job"], sh["step"], sh["rank"], sh["worker"])
+            for sh in json.loads(out).get("shards", [])}
+
+
+def shard_dirs(ramdir):
+    """{'JOB/STEP/NAME'} under RAMDIR/shards, staging names (".*") aside."""
+    base, out = os.path.join(ramdir, "shards"), set()
+    if not os.path.isdir(base):
+        return out
+    for dp, dns, _ in os.walk(base):
+        rel = os.path.relpath(dp, base)
+        if rel.count("/") == 1:
+            out.update("%s/%s" % (rel, n) for n in dns if not n.startswith("."))
+            dns[:] = []
+    return out
+
+
+def tier_bytes(ramdir, dirs):
+    """st_blocks*512 of the regular files of RAMDIR/ns and of RAMDIR/shards/D
+    for D in dirs, every inode once: what a start-up recount must find."""
+    seen, total = set(), 0
+    roots = [os.path.join(ramdir, "ns")] + [os.path.join(ramdir, "shards", d) for d in dirs]
+    for root in roots:
+        for dp, _, fns in os.walk(root):
+            for n in fns:
+                try:
+                    st = os.lstat(os.path.join(dp, n))
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    total += st.st_blocks * 512
+    return total
+
+
+def tier_restart(c, r):
+    """Restart node r (dead) and check the RAM tier's account: the start-up
+    recount (logged) equals the bytes of the namespace and of the shards
+    the catalog names, measured while the daemon was down, and every shard
+    directory no record named then (a drop or publish cut short by the
+    kill) is gone. Returns a problem string or None."""
+    d = c.nodes[r]
+    named = catalog_dirs(d.ramdir)
+    orphans = shard_dirs(d.ramdir) - named
+    want = tier_bytes(d.ramdir, named)
+    pos = d.log_size()
+    c.restart(r)
+    try:
+        m = deadline_wait(lambda: SERVING_LINE.search(d.log_from(pos)), 30,
+                          "node %d's start-up line" % r)
+    except AssertionError as e:
+        return str(e)
+    used = int(m.group(1))
+    if used != want:
+        return ("node %d: ram_used=%d after the restart, but the namespace and the %d "
+                "shards in its catalog hold %d bytes" % (r, used, len(named), want))
+    left = {o for o in orphans if os.path.isdir(os.path.join(d.ramdir, "shards", o))}
+    if left - catalog_dirs(d.ramdir):
+        return "node %d: shard directories no catalog record names survived the restart: %s" % (
+            r, sorted(left))
+    return None
+
+
+def verify_clean(c, timeout=30):
+    """`mtcfs-admin verify` passes on every running node (a seal that a kill
+    interrupted has been resumed; nothing bad). Problem string or None."""
+    for r in sorted(c.running):
+        last = {}
+
+        def ok():
+            p = subprocess.run([harness.MTCFS_ADMIN, "verify", c.nodes[r].ramdir],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=60)
+            last["out"] = p.stdout.decode(errors="replace")
+            return p.returncode == 0
+        try:
+            deadline_wait(ok, timeout, "verify clean on node %d" % r, interval=0.5)
+        except AssertionError:
+            return "node %d: mtcfs-admin verify fails: %s" % (r, last.get("out", "").strip()[-600:])
+    return None
+
+
 # --- soak ------------------------------------------------------------------------------
 
 def soak(drv, cycles, seed, backend, out=sys.stdout):
@@ -2104,7 +2207,7 @@ def soak(drv, cycles, seed, backend, out=sys.stdout):
     summary = {"cycles": 0, "seed": seed, "backend": backend,
                "restores": {"local": 0, "peer": 0, "bucket": 0, "nothing": 0, "?": 0},
                "restored_steps": [], "bad": [], "kills": 0, "wipes": 0, "all_ram_lost": 0,
-               "failed_attempts": 0, "secs": 0}
+               "failed_attempts": 0, "secs": 0, "tier_problems": []}
     t0 = time.monotonic()
     c = Ctx(drv, "soak", backend, n=3, k=1, size=48 * KiB, restore_timeout=6)
     try:
@@ -2142,7 +2245,10 @@ def soak(drv, cycles, seed, backend, out=sys.stdout):
             summary.setdefault("kill_phases", {}).setdefault(when, 0)
             summary["kill_phases"][when] += 1
             for v in victims:
-                c.restart(v)
+                why = tier_restart(c, v)
+                if why:
+                    summary["tier_problems"].append("cycle %d: %s" % (cyc + 1, why))
+                    out.write("  soak cycle %3d: RAM TIER: %s\n" % (cyc + 1, why))
             if all_ram:
                 summary["all_ram_lost"] += 1
                 time.sleep(rnd.uniform(0, 1.0))   # let some backup finish
@@ -2154,6 +2260,10 @@ def soak(drv, cycles, seed, backend, out=sys.stdout):
                 for r, src in chk["sources"].items():
                     summary["restores"][src if src in summary["restores"] else "?"] += 1
                 summary["restored_steps"].append(got[0])
+                why = verify_clean(c)
+                if why:
+                    summary["tier_problems"].append("cycle %d: %s" % (cyc + 1, why))
+                    out.write("  soak cycle %3d: VERIFY: %s\n" % (cyc + 1, why))
                 out.write("  soak cycle %3d: step %d, killed at %s %s%s -> restored %d (%s)\n" % (
                     cyc + 1, step, when, {v: "wiped" if wipes[v] else "kept" for v in victims},
                     ", all RAM lost" if all_ram else "", got[0],
@@ -2272,7 +2382,9 @@ def main():
                                  s["all_ram_lost"], s["failed_attempts"], len(s["bad"])))
             for b in s["bad"]:
                 sys.stdout.write("  BAD cycle %s: %s\n" % (b.get("cycle"), b["why"]))
-            if s["bad"]:
+            for t in s["tier_problems"]:
+                sys.stdout.write("  RAM TIER %s\n" % t)
+            if s["bad"] or s["tier_problems"]:
                 rc = 1
     finally:
         drv.close()

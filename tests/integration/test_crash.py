@@ -15,25 +15,41 @@ starts on the same RAMDIR:
 - with a store file truncated while mtcfs was down: the shard is "bad" and
   is not restored;
 - right after the mount appears, many times: the daemon always dies (no
-  thread left blocked on its own mount) and nothing committed is lost.
+  thread left blocked on its own mount) and nothing committed is lost;
+- a committed 5000-level tree (issue 13): the step is marked bad and
+  reported, the daemon serves on, and restarts on the same RAMDIR are fine;
+- during the drop of a big shard (kill injected after the drop marked its
+  record): the next start finishes the drop, leaves no orphan directory,
+  and ram_used is what the catalog holds;
+- during a seal: `mtcfs-admin verify` fails while the shard is stuck in
+  `sealing`, and passes once the next daemon has resumed the seal;
+- symlinks (issue 13 item 7): one that points out of the step is refused
+  when the step is committed (bad, reported), one inside it ("../x" too)
+  is sealed, replicated to the peer, and restored from the peer.
 
 Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \
      /usr/bin/python3 tests/integration/test_crash.py [-k NAME]
 """
 
 import errno
+import json
 import os
 import random
+import re
+import stat
 import struct
+import subprocess
 import sys
 import time
+import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import cluster  # noqa: E402
 import crc32c as crcmod  # noqa: E402
 import test_protocol as tp  # noqa: E402
 from harness import (assert_manifest, assert_shard_on_disk, read_file,  # noqa
-                     read_tree, write_file)
+                     read_tree, wait_until, write_file)
 
 MiB = tp.MiB
 BAD_SHARD_LOG = r"does not match its manifest"
@@ -376,6 +392,263 @@ class KillAtStart(CrashCase):
         tp.safe_kill9(self, self.fs)
         self.fs.start()
         self.assertEqual(self.check_step(3, files), s3)
+
+
+def mtcfs_admin_rc(*args):
+    """(exit status, stdout) of mtcfs-admin ARGS, whatever the status."""
+    r = subprocess.run([harness.MTCFS_ADMIN] + [str(a) for a in args],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=120)
+    return r.returncode, r.stdout.decode()
+
+
+def make_chain(top, depth, leaf=b"deep"):
+    """top/d/d/.../d (depth-1 levels of d) with a file at the bottom, made
+    through descriptors: the full path is far beyond PATH_MAX."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth - 1):
+            os.mkdir("d", dir_fd=fd)
+            nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        wfd = os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(wfd, leaf)
+        os.close(wfd)
+    finally:
+        os.close(fd)
+
+
+def ramdir_usage(ramdir, shard_dirs):
+    """st_blocks*512 of the regular files under RAMDIR/ns and the given
+    shard directories, every inode once: what ram_used counts."""
+    seen, total = set(), 0
+    for root in [os.path.join(ramdir, "ns")] + list(shard_dirs):
+        for dp, dns, fns in os.walk(root):
+            for n in fns:
+                st = os.lstat(os.path.join(dp, n))
+                if stat.S_ISREG(st.st_mode) and st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    total += st.st_blocks * 512
+    return total
+
+
+def shard_dirs_on_disk(ramdir):
+    """{(job, step, 'nR-wW')} of RAMDIR/shards/JOB/STEP/NAME directories."""
+    out = set()
+    base = os.path.join(ramdir, "shards")
+    for job in os.listdir(base):
+        for step in os.listdir(os.path.join(base, job)):
+            for name in os.listdir(os.path.join(base, job, step)):
+                out.add((job, step, name))
+    return out
+
+
+class DeepTree(CrashCase):
+
+    def test_5000_level_tree_is_marked_bad_and_daemon_serves_on(self):
+        # issue 13 item 3: the seal's recursive walk overflowed the worker's
+        # stack, and the resumed seal did again at every start
+        job = "deep"
+        # shutil.rmtree (the harness's cleanup) recurses: rm -rf does not
+        for sub in ("ns", "shards"):
+            self.addCleanup(subprocess.run, ["rm", "-rf", "--one-file-system",
+                                             os.path.join(self.ramdir, sub)])
+        self.fs.expect_log(r"cannot be sealed|was not committed")
+        self.fs.extra_args = ["-d"]
+        self.fs.restart()
+        self.configure(tp.simple_yaml(job))
+        f6 = self.orbax_save(6, seed=6)
+        self.wait_committed(6, job=job)
+        tmp = self.m("7.orbax-checkpoint-tmp-1")
+        os.mkdir(tmp)
+        make_chain(tmp, 5000)
+        os.rename(tmp, self.m("7"))
+        self.wait_state(7, "bad", job=job)
+        self.alive()
+        self.wait(lambda: os.path.exists(self.m(tp.ERRORS)) and
+                  b"step 7 was not committed" in read_file(self.m(tp.ERRORS)),
+                  "replicator.errors about step 7")
+        self.assertIn("step 7 was not committed: the tree is more than 48 "
+                      "levels deep", read_file(self.m(tp.ERRORS)).decode())
+        os.unlink(self.m(tp.ERRORS))
+        rc, out = mtcfs_admin_rc("verify", self.ramdir)
+        self.assertEqual(rc, 1, out)
+        self.assertRegex(out, r"bad\s+deep\s+step 7 .*could not be sealed")
+        # the same RAMDIR comes back, after a kill and after a clean stop
+        self.kill_and_restart()
+        self.wait_state(7, "bad", job=job)
+        self.assertNotIn("resuming the seal of step 7", self.fs.log_text())
+        self.fs.restart()
+        self.wait_state(7, "bad", job=job)
+        self.check_step(6, f6, job=job)
+        # and goes on: a good step commits, GC drops the deep one (its
+        # namespace tree too) and the older good one
+        f8 = self.orbax_save(8, seed=8)
+        self.check_step(8, f8, job=job)
+        self.wait_steps(job, [8])
+        self.wait(lambda: not os.path.lexists(os.path.join(self.ramdir, "ns",
+                                                           "7")),
+                  "the deep namespace tree removed")
+        rc, out = mtcfs_admin_rc("verify", self.ramdir)
+        self.assertEqual(rc, 0, out)
+        self.kill_and_restart()
+        self.check_step(8, f8, job=job)
+
+
+class DropCrash(CrashCase):
+
+    def test_kill_during_drop_of_big_shard(self):
+        # issue 13 item 5: the record went before the files, so a kill
+        # during the deletion leaked them (counted in ram_used, never freed)
+        job = "dropk"
+        self.configure(tp.simple_yaml(job))
+        tmp = self.m("1.orbax-checkpoint-tmp-1")
+        os.mkdir(tmp)
+        for i in range(4):
+            write_file(os.path.join(tmp, "big%d.bin" % i),
+                       tp.pattern(900 + i, 32 * MiB))
+        write_file(os.path.join(tmp, "commit_success.txt"), b"ok")
+        os.rename(tmp, self.m("1"))
+        self.wait_committed(1, job=job, timeout=120)
+        # the next daemon dies by SIGKILL as soon as a drop has marked its
+        # record, before any file is gone
+        self.fs.stop()
+        self.fs.env["MTCFS_TEST_CRASH"] = "drop-marked"
+        self.fs.start()
+        self.wait_steps(job, [1])
+        f2 = self.orbax_save(2, seed=2)
+        wait_until(lambda: not self.fs.running(), 60,
+                   "mtcfs killed itself in the drop of step 1")
+        self.fs.kill9()                       # reap it and clear the mount
+        self.assertTrue(os.path.isdir(harness.shard_dir(self.ramdir, 1, job)))
+        del self.fs.env["MTCFS_TEST_CRASH"]
+        self.fs.extra_args = ["-d"]           # the INFO line with ram_used
+        self.fs.start()
+        self.check_step(2, f2, job=job)
+        self.wait_steps(job, [2])
+        self.assertFalse(os.path.lexists(os.path.join(self.ramdir, "shards",
+                                                      job, "1")))
+        recs = shards_by_key(self.ramdir)
+        named = {(j, str(st), "n%d-w%d" % (r, w)) for (j, st, r, w) in recs}
+        self.assertEqual(shard_dirs_on_disk(self.ramdir), named)
+        log = self.fs.log_text().split("=== mtcfs start")[-1]
+        used = int(re.search(r"serving ramdir=\S+ mount=\S+ ram_size=\d+ "
+                             r"used=(\d+)", log).group(1))
+        self.assertEqual(used, ramdir_usage(self.ramdir, [
+            os.path.join(self.ramdir, "shards", j, st, n)
+            for (j, st, n) in named]))
+        self.assertLess(used, 8 * MiB, "the 128 MiB of step 1 are free")
+
+
+class SealingVerify(CrashCase):
+
+    def test_verify_fails_while_stuck_sealing(self):
+        # standing check: a shard stuck in `sealing` fails mtcfs-admin verify
+        self.fs.stop()
+        self.fs.env["MTCFS_TEST_CRASH"] = "seal-started"
+        self.fs.start()
+        files = {}
+        tmp = self.m("3.tmp")
+        os.mkdir(tmp)
+        write_file(os.path.join(tmp, "a"), b"alpha")
+        files["a"] = b"alpha"
+        os.rename(tmp, self.m("3"))
+        wait_until(lambda: not self.fs.running(), 60,
+                   "mtcfs killed itself in the seal of step 3")
+        self.fs.kill9()
+        self.assertEqual(harness.find_shard(harness.admin_ls(self.ramdir),
+                                            3).get("state"), "sealing")
+        rc, out = mtcfs_admin_rc("verify", self.ramdir)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("the seal has not finished and mtcfs is not running",
+                      out)
+        rc, out = mtcfs_admin_rc("verify", self.ramdir, "--json")
+        self.assertEqual(rc, 1, out)
+        self.assertEqual(json.loads(out)["sealing"], 1)
+        del self.fs.env["MTCFS_TEST_CRASH"]
+        self.fs.start()
+        self.check_step(3, files)
+        rc, out = mtcfs_admin_rc("verify", self.ramdir)
+        self.assertEqual(rc, 0, out)
+
+
+class SymlinkRule(CrashCase):
+
+    def test_escaping_symlink_refused_at_commit(self):
+        job = "sym"
+        self.fs.expect_log(r"cannot be sealed|was not committed")
+        self.configure(tp.simple_yaml(job))
+        for step, target, why in (
+                (4, "/etc/passwd", "the target is absolute"),
+                (5, "../../elsewhere", "the target leaves the shard"),
+                (6, "sub/../..", "'..' after a name in the target")):
+            tmp = self.m("%d.orbax-checkpoint-tmp-1" % step)
+            os.makedirs(os.path.join(tmp, "state", "sub"))
+            write_file(os.path.join(tmp, "state", "a"), b"alpha")
+            os.symlink(target, os.path.join(tmp, "state", "ln"))
+            os.rename(tmp, self.m(str(step)))
+            self.wait_state(step, "bad", job=job)
+            want = ("step %d was not committed: symlink state/ln -> %s: %s"
+                    % (step, target, why))
+            self.wait(lambda: os.path.exists(self.m(tp.ERRORS)) and
+                      want.encode() in read_file(self.m(tp.ERRORS)),
+                      "replicator.errors: %s" % want)
+            os.unlink(self.m(tp.ERRORS))
+        rc, out = mtcfs_admin_rc("verify", self.ramdir)
+        self.assertEqual(rc, 1, out)
+        # a link inside the step is sealed, and the step restores with it;
+        # GC drops the bad ones
+        tmp = self.m("7.orbax-checkpoint-tmp-1")
+        os.makedirs(os.path.join(tmp, "state", "sub"))
+        write_file(os.path.join(tmp, "state", "a"), b"alpha")
+        os.symlink("../a", os.path.join(tmp, "state", "sub", "ln"))
+        os.rename(tmp, self.m("7"))
+        s7 = self.wait_committed(7, job=job)
+        self.assertIn({"path": "state/sub/ln", "type": "symlink",
+                       "target": "../a"},
+                      [{k: f.get(k) for k in ("path", "type", "target")}
+                       for f in s7["files"]])
+        self.wait_steps(job, [7])
+        rc, out = mtcfs_admin_rc("verify", self.ramdir)
+        self.assertEqual(rc, 0, out)
+        self.configure(tp.simple_yaml(job))
+        step, path = self.orbax_startup(job)
+        self.assertEqual(step, 7)
+        self.assertEqual(read_file(os.path.join(path, "state", "sub", "ln")),
+                         b"alpha")
+
+
+class SymlinkReplicated(unittest.TestCase):
+
+    def test_inside_symlink_replicates_and_restores(self):
+        # before: the seal took any link, the peer refused every target
+        # with ".." in it, so this step was never replicated
+        job = "symrep"
+        with cluster.Cluster(2) as c:
+            c.job_start(job)
+            for r in range(2):
+                tmp = os.path.join(c.nodes[r].mnt, "3.orbax-checkpoint-tmp-1")
+                for rel, data in cluster.shard_files(job, 3, r).items():
+                    p = os.path.join(tmp, rel)
+                    os.makedirs(os.path.dirname(p), exist_ok=True)
+                    write_file(p, data)
+                os.symlink("../params/0.0", os.path.join(tmp, "state", "opt",
+                                                        "latest"))
+                os.rename(tmp, os.path.join(c.nodes[r].mnt, "3"))
+            c.wait_replicated(job, 3)
+            rep = os.path.join(c.nodes[1].ramdir, "shards", job, "3", "n0-w0",
+                               "state", "opt", "latest")
+            self.assertEqual(os.readlink(rep), "../params/0.0")
+            # node 0 comes back empty: its shard, link included, from node 1
+            c.nodes[0].kill9()
+            c.nodes[0].wipe_ramdir()
+            c.nodes[0].start()
+            self.assertEqual(c.job_start(job), {0: 3, 1: 3})
+            c.restore_and_verify(job, 0, 3)
+            with open(os.path.join(c.nodes[0].mnt, "3", "state", "opt",
+                                   "latest"), "rb") as f:
+                self.assertEqual(f.read(), cluster.shard_bytes(job, 3, 0))
 
 
 if __name__ == "__main__":

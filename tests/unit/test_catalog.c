@@ -174,7 +174,8 @@ static void test_open_close(void **state)
 	assert_string_equal(shard_state_name(SH_BACKED_UP), "backed-up");
 	assert_string_equal(shard_state_name(SH_BAD), "bad");
 	assert_string_equal(shard_state_name(0), "unknown");
-	assert_string_equal(shard_state_name(6), "unknown");
+	assert_string_equal(shard_state_name(SH_DROPPING), "dropping");
+	assert_string_equal(shard_state_name(7), "unknown");
 	assert_string_equal(shard_state_name(UINT32_MAX), "unknown");
 }
 
@@ -669,6 +670,53 @@ static void test_readonly_second_process(void **state)
 	}
 }
 
+/* SH_DROPPING (issue 13 item 5): a shard being dropped is gone for every
+ * reader at once, cannot be revived by a state change, and only the
+ * start-up recovery sees it; forgetting it spares a copy put meanwhile. */
+static void test_dropping_invisible(void **state)
+{
+	struct fx *f = *state;
+	struct shard_key a = key("job", 1, 0, 0), b = key("job", 2, 0, 0);
+	struct shard_rec ra = rec_for(&a, 1), rb = rec_for(&b, 2), got, *recs = NULL;
+	struct shard_key *keys = NULL;
+	size_t n = 0;
+
+	assert_int_equal(idx_put_shard(f->x, &ra), 0);
+	assert_int_equal(idx_put_shard(f->x, &rb), 0);
+	assert_int_equal(idx_set_state(f->x, &a, SH_DROPPING, 0, 0), 0);
+	assert_string_equal(shard_state_name(SH_DROPPING), "dropping");
+
+	assert_int_equal(idx_get_shard(f->x, &a, &got), -ENOENT);
+	assert_int_equal(idx_list_shards(f->x, NULL, &recs, &n), 0);
+	assert_int_equal(n, 1);
+	assert_int_equal(recs[0].key.step, 2);
+	idx_recs_free(recs, n);
+	assert_int_equal(idx_set_state(f->x, &a, SH_BAD, 0, 0), -ENOENT);
+	assert_int_equal(idx_set_state(f->x, &a, 0, SHF_HIDDEN, 0), -ENOENT);
+	assert_int_equal(idx_list_dropping(f->x, &keys, &n), 0);
+	assert_int_equal(n, 1);
+	assert_int_equal(keys[0].step, 1);
+	free(keys);
+
+	/* forgetting only what is still dropping */
+	assert_int_equal(idx_forget_dropping(f->x, &b), -EBUSY);
+	assert_int_equal(idx_get_shard(f->x, &b, &got), 0);
+	idx_rec_clear(&got);
+	assert_int_equal(idx_forget_dropping(f->x, &a), 0);
+	assert_int_equal(idx_forget_dropping(f->x, &a), -ENOENT);
+	assert_int_equal(idx_list_dropping(f->x, &keys, &n), 0);
+	assert_int_equal(n, 0);
+	free(keys);
+
+	/* a new copy put over a dropping record is a live record again */
+	assert_int_equal(idx_set_state(f->x, &b, SH_DROPPING, 0, 0), 0);
+	assert_int_equal(idx_put_shard(f->x, &rb), 0);
+	assert_int_equal(idx_forget_dropping(f->x, &b), -EBUSY);
+	assert_int_equal(idx_get_shard(f->x, &b, &got), 0);
+	assert_rec_equal(&rb, &got);
+	idx_rec_clear(&got);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(void)
@@ -679,6 +727,7 @@ int main(void)
 		T(test_large_manifest_and_long_job),
 		T(test_list_order),
 		T(test_set_state),
+		T(test_dropping_invisible),
 		T(test_meta),
 		T(test_reopen_persists),
 		T(test_readonly_second_process),

@@ -22,6 +22,7 @@
 #include <cmocka.h>
 #include <openssl/evp.h>
 
+#include "common/util.h"
 #include "tiers/manifest.h"
 
 /* The encoding, as mf_encode writes it (little-endian):
@@ -958,8 +959,20 @@ static void test_decode_unsafe_paths(void **state)
 	char *longp;
 	(void)state;
 
+	/* "a/b" is a safe path, but its parent "a" is not an entry: nothing
+	 * may be written below something the manifest does not make a directory */
 	with_front(&probe, e);
-	crafted_good(e, NBASE + 1, "front \"a/b\"");
+	crafted_bad(e, NBASE + 1, "front \"a/b\" without \"a\"");
+	{
+		struct centry two[NBASE + 2] = { { MF_DIR, 0755, 0, 0, "a", 0, NULL, 0 },
+						 { MF_DIR, 0755, 0, 0, "a/b", 0, NULL, 0 } };
+		memcpy(two + 2, base, sizeof(base));
+		crafted_good(two, NBASE + 2, "front \"a\", \"a/b\"");
+		two[0].type = MF_FILE;
+		crafted_bad(two, NBASE + 2, "\"a/b\" below the file \"a\"");
+		two[0] = (struct centry){ MF_SYMLINK, 0777, 0, 0, "a", 0, "dir", 0 };
+		crafted_bad(two, NBASE + 2, "\"a/b\" below the symlink \"a\"");
+	}
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		probe.path = bad[i].path;
 		probe.pl = bad[i].pl;
@@ -984,15 +997,20 @@ static void test_decode_unsafe_paths(void **state)
 	probe.pl = NAME_MAX + 1;
 	with_front(&probe, e);
 	crafted_bad(e, NBASE + 1, "NAME_MAX + 1 component");
-	/* whole path of PATH_MAX - 1 bytes, then PATH_MAX */
+	/* whole path of PATH_MAX - 1 bytes, then PATH_MAX, each with all its
+	 * parent directories ahead of it (41 levels, under MF_MAX_DEPTH) */
 	for (size_t i = 0; i < PATH_MAX + 1; i++)
 		longp[i] = (i % 100 == 99) ? '/' : 'a';
-	probe.pl = PATH_MAX - 1;
-	with_front(&probe, e);
-	crafted_good(e, NBASE + 1, "PATH_MAX - 1 path");
-	probe.pl = PATH_MAX;
-	with_front(&probe, e);
-	crafted_bad(e, NBASE + 1, "PATH_MAX path");
+	{
+		struct centry chain[64];
+		size_t nc = 0;
+		for (size_t i = 99; i < PATH_MAX - 1; i += 100)
+			chain[nc++] = (struct centry){ MF_DIR, 0755, 0, 0, longp, i, NULL, 0 };
+		chain[nc] = (struct centry){ MF_FILE, 0644, 0, 0, longp, PATH_MAX - 1, NULL, 0 };
+		crafted_good(chain, nc + 1, "PATH_MAX - 1 path");
+		chain[nc].pl = PATH_MAX;
+		crafted_bad(chain, nc + 1, "PATH_MAX path");
+	}
 	free(longp);
 }
 
@@ -1079,7 +1097,11 @@ static void test_decode_fields(void **state)
 	MUTATE(2, target, NULL, false);
 	MUTATE(1, target, "x", false);
 	MUTATE(0, target, "x", false);
-	MUTATE(2, target, "/absolute/elsewhere", true);   /* targets are data */
+	/* targets must stay inside the shard (mf_validate; more in test_symlink_rule) */
+	MUTATE(2, target, "/absolute/elsewhere", false);
+	MUTATE(2, target, "../elsewhere", false);
+	MUTATE(2, target, "dir/../zz", false);
+	MUTATE(2, target, "./dir//file", true);
 	/* target with an embedded NUL */
 	memcpy(e, base, sizeof(base));
 	e[2].target = "a\0b";
@@ -1246,6 +1268,148 @@ static void test_hash_hex(void **state)
 	assert_int_equal(mf_hash_parse(bad, back), -EINVAL);
 }
 
+/* ---- what a shard may hold (issue 13 items 3 and 7) ---- */
+
+/* A chain of `depth` directories "d/d/..." under dirfd/top with a file at
+ * the bottom, made one level at a time. */
+static void make_chain(int dirfd, const char *top, int depth)
+{
+	int fd;
+
+	put_dir(dirfd, top, 0755);
+	fd = open_dir(dirfd, top);
+	for (int i = 1; i < depth; i++) {
+		int sub;
+		put_dir(fd, "d", 0755);
+		sub = open_dir(fd, "d");
+		close(fd);
+		fd = sub;
+	}
+	put_file(fd, "leaf", "x", 1, 0644);
+	close(fd);
+}
+
+/* A 5000-level tree used to overflow the sealing thread's stack (8 KiB a
+ * level); now it is refused, with the reason, and a tree of exactly
+ * MF_MAX_DEPTH levels is a shard. */
+static void test_build_depth_bound(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m = NULL;
+	char err[256] = "";
+	int fd;
+
+	make_chain(t->fd, "deep", 5000);
+	fd = open_dir(t->fd, "deep");
+	assert_int_equal(mf_build_err(fd, &m, err, sizeof(err)), -EBADMSG);
+	assert_null(m);
+	assert_non_null(strstr(err, "more than 48 levels deep"));
+	close(fd);
+	/* the teardown's nftw cannot name paths this long */
+	assert_int_equal(util_rmtree_at(t->fd, "deep", NULL), 0);
+	/* entries down to depth 48 (47 directories below the root and the leaf) */
+	make_chain(t->fd, "ok", MF_MAX_DEPTH);
+	fd = open_dir(t->fd, "ok");
+	assert_int_equal(mf_build_err(fd, &m, err, sizeof(err)), 0);
+	assert_int_equal(m->n, MF_MAX_DEPTH);
+	assert_int_equal(m->nfiles, 1);
+	close(fd);
+	mf_free(m);
+	m = NULL;
+	make_chain(t->fd, "over", MF_MAX_DEPTH + 1);
+	fd = open_dir(t->fd, "over");
+	assert_int_equal(mf_build_err(fd, &m, err, sizeof(err)), -EBADMSG);
+	close(fd);
+}
+
+/* Build a one-link tree dir/sub/<link> -> target and return mf_build_err. */
+static int build_with_link(int dirfd, const char *name, const char *target, char *err,
+			   size_t errlen)
+{
+	struct manifest *m = NULL;
+	int fd, sub, rc;
+
+	put_dir(dirfd, name, 0755);
+	fd = open_dir(dirfd, name);
+	put_dir(fd, "sub", 0755);
+	put_file(fd, "top", "t", 1, 0644);
+	sub = open_dir(fd, "sub");
+	put_dir(sub, "in", 0755);
+	assert_int_equal(symlinkat(target, sub, "link"), 0);
+	close(sub);
+	err[0] = '\0';
+	rc = mf_build_err(fd, &m, err, errlen);
+	close(fd);
+	mf_free(m);
+	return rc;
+}
+
+/* One rule for symlinks, at seal time and on decode: relative, only
+ * leading "..", no higher than the shard's root. */
+static void test_symlink_rule(void **state)
+{
+	static const struct {
+		const char *target;
+		const char *why;   /* NULL: accepted */
+	} cases[] = {
+		{ "../top", NULL },          /* sub/link -> top */
+		{ "in", NULL },
+		{ "./in/", NULL },
+		{ "..", NULL },              /* the shard's root */
+		{ "../sub/in", NULL },
+		{ "dangling", NULL },        /* inside, even if nothing is there */
+		{ "/etc/passwd", "absolute" },
+		{ "../../x", "leaves the shard" },
+		{ "../..", "leaves the shard" },
+		{ "in/../../..", "after a name" },
+		{ "in/..", "after a name" },   /* kernel resolves "in" first */
+	};
+	struct tmp *t = *state;
+	char err[512], name[32];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		int rc;
+		snprintf(name, sizeof(name), "t%zu", i);
+		rc = build_with_link(t->fd, name, cases[i].target, err, sizeof(err));
+		if (cases[i].why ? (rc != -EBADMSG || !strstr(err, cases[i].why) ||
+				    !strstr(err, "symlink sub/link -> "))
+				 : rc != 0) {
+			print_error("target \"%s\": rc %d err \"%s\", want %s\n", cases[i].target,
+				    rc, err, cases[i].why ? cases[i].why : "accepted");
+			fail();
+		}
+	}
+}
+
+/* mf_decode applies the same rule as mf_build: what a peer or the bucket
+ * hands over is refused exactly when this node would refuse to seal it. */
+static void test_decode_same_rule(void **state)
+{
+	struct mf_entry ent[3] = {
+		{ .path = "a", .type = MF_DIR, .mode = 0755 },
+		{ .path = "a/l", .target = "../../etc", .type = MF_SYMLINK, .mode = 0777 },
+		{ .path = "b", .target = "a/l", .type = MF_SYMLINK, .mode = 0777 },
+	};
+	struct manifest m = { .e = ent, .n = 3 }, *got = NULL;
+	char err[256] = "";
+	uint8_t *enc = NULL;
+	size_t len = 0;
+	unsigned int hl = 0;
+	(void)state;
+
+	assert_int_equal(mf_validate(&m, err, sizeof(err)), -EBADMSG);
+	assert_non_null(strstr(err, "leaves the shard"));
+	assert_int_equal(mf_encode(&m, &enc, &len), 0);
+	assert_int_equal(EVP_Digest(enc + 40, len - 40, enc + 8, &hl, EVP_sha256(), NULL), 1);
+	assert_int_equal(mf_decode_err(enc, len, &got, err, sizeof(err)), -EBADMSG);
+	assert_null(got);
+	assert_non_null(strstr(err, "symlink a/l -> ../../etc: the target leaves the shard"));
+	free(enc);
+	ent[1].target = "..";
+	assert_int_equal(mf_validate(&m, err, sizeof(err)), 0);
+	assert_int_equal(mf_validate(&m, NULL, 0), 0);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, tmp_setup, tmp_teardown)
 
 int main(void)
@@ -1261,6 +1425,9 @@ int main(void)
 		T(test_verify_detects),
 		T(test_verify_small_err_buffer),
 		T(test_verify_symlink_target),
+		T(test_build_depth_bound),
+		T(test_symlink_rule),
+		cmocka_unit_test(test_decode_same_rule),
 		T(test_encode_decode_roundtrip),
 		T(test_encode_layout),
 		T(test_decode_one_byte_names),

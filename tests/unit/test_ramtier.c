@@ -16,10 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "common/util.h"
 #include "tiers/catalog.h"
 #include "tiers/manifest.h"
 #include "tiers/ramtier.h"
@@ -85,7 +87,7 @@ static void test_seal_verify_drop(void **state)
 	assert_int_equal(ram_open(tmp->path, 64 << 20, &t), 0);
 	src = make_step_dir(t, "7");
 	key_of(&k, "job", 7, 0);
-	assert_int_equal(ram_seal(t, &k, src, 42, SHF_OWN, &mf), 0);
+	assert_int_equal(ram_seal(t, &k, src, 42, SHF_OWN, &mf, NULL, 0), 0);
 	assert_int_equal(mf->nfiles, 2);
 	assert_int_equal(mf->total, strlen("alpha") + strlen("bravo-bravo"));
 	assert_true(shard_path_exists(t, "job/7/n0-w0/sub/b"));
@@ -132,7 +134,7 @@ static void test_stage_publish_and_abort(void **state)
 	assert_int_equal(ram_open(tmp->path, 64 << 20, &t), 0);
 	src = make_step_dir(t, "3");
 	key_of(&own, "job", 3, 0);
-	assert_int_equal(ram_seal(t, &own, src, 1, SHF_OWN, &mf), 0);
+	assert_int_equal(ram_seal(t, &own, src, 1, SHF_OWN, &mf, NULL, 0), 0);
 
 	/* a replica of rank 1 with the same content: linked, published */
 	key_of(&rep, "job", 3, 1);
@@ -207,7 +209,7 @@ static void test_seal_races_stage_tidy(void **state)
 		uint64_t freed = 0;
 		int rc;
 		key_of(&k, "job", (uint64_t)(i % 4), 0);
-		rc = ram_seal(t, &k, src, 1, SHF_OWN, NULL);
+		rc = ram_seal(t, &k, src, 1, SHF_OWN, NULL, NULL, 0);
 		if (rc != 0)
 			fail_msg("seal %d of step %d failed: %s", i, i % 4, strerror(-rc));
 		assert_int_equal(ram_drop(t, &k, &freed), 0);
@@ -218,12 +220,233 @@ static void test_seal_races_stage_tidy(void **state)
 	ram_close(t);
 }
 
+/* Bytes of the regular files under RAMDIR's ns/ and shards/, every inode
+ * once: what ram_used must be after a recount. */
+struct du { uint64_t total; ino_t seen[4096]; size_t n; };
+
+static int du_cb(void *arg, const struct util_walk_ent *e)
+{
+	struct du *d = arg;
+	if (!S_ISREG(e->st->st_mode))
+		return 0;
+	for (size_t i = 0; i < d->n; i++)
+		if (d->seen[i] == e->st->st_ino)
+			return 0;
+	assert_true(d->n < 4096);
+	d->seen[d->n++] = e->st->st_ino;
+	d->total += (uint64_t)e->st->st_blocks * 512;
+	return 0;
+}
+
+static uint64_t du_ramdir(struct ram_tier *t)
+{
+	static struct du d;
+	int fd;
+
+	memset(&d, 0, sizeof(d));
+	assert_int_equal(util_walk(ram_ns_fd(t), 64, 0, du_cb, &d), 0);
+	fd = openat(ram_root_fd(t), "shards", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(util_walk(fd, 64, 0, du_cb, &d), 0);
+	close(fd);
+	return d.total;
+}
+
+/* A 5000-level tree committed (issue 13 item 3): sealing it used to
+ * overflow the worker's stack, and the resumed seal after every restart
+ * again. Now the seal refuses it with the reason, records the step bad (no
+ * manifest, nothing to resume), leaves no staging behind, and the RAMDIR
+ * opens again. */
+static void test_seal_deep_tree_marked_bad(void **state)
+{
+	struct tmp *tmp = *state;
+	struct ram_tier *t = NULL;
+	struct manifest *mf = NULL;
+	struct shard_rec rec = { 0 };
+	struct shard_key k;
+	char err[256] = "";
+	int src, fd;
+
+	assert_int_equal(ram_open(tmp->path, 64 << 20, &t), 0);
+	assert_int_equal(mkdirat(ram_ns_fd(t), "9", 0755), 0);
+	src = openat(ram_ns_fd(t), "9", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(src >= 0);
+	fd = dup(src);
+	for (int i = 0; i < 5000; i++) {
+		int sub;
+		assert_int_equal(mkdirat(fd, "d", 0755), 0);
+		sub = openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		assert_true(sub >= 0);
+		close(fd);
+		fd = sub;
+	}
+	put_file(fd, "leaf", "deep");
+	close(fd);
+	key_of(&k, "job", 9, 0);
+	/* the FUSE thread's SEALING record, as commit_begin writes it */
+	rec.key = k;
+	rec.state = SH_SEALING;
+	rec.flags = SHF_OWN;
+	assert_int_equal(idx_put_shard(ram_idx(t), &rec), 0);
+	assert_int_equal(ram_seal(t, &k, src, 77, SHF_OWN, &mf, err, sizeof(err)), -EBADMSG);
+	assert_null(mf);
+	assert_non_null(strstr(err, "more than 48 levels deep"));
+	assert_int_equal(idx_get_shard(ram_idx(t), &k, &rec), 0);
+	assert_int_equal(rec.state, SH_BAD);
+	assert_null(rec.mf);
+	assert_int_equal(rec.ns_ino, 77);
+	assert_int_equal(rec.flags, SHF_OWN);
+	assert_false(shard_path_exists(t, "job/9/n0-w0"));
+	assert_false(shard_path_exists(t, "job/9/.n0-w0.staging"));
+	close(src);
+	ram_close(t);
+	t = NULL;
+	assert_int_equal(ram_open(tmp->path, 64 << 20, &t), 0);
+	assert_int_equal(idx_get_shard(ram_idx(t), &k, &rec), 0);
+	assert_int_equal(rec.state, SH_BAD);
+	idx_rec_clear(&rec);
+	assert_int_equal(util_rmtree_at(ram_ns_fd(t), "9", NULL), 0);
+	ram_close(t);
+}
+
+/* A symlink out of the shard is refused at seal time (issue 13 item 7),
+ * with its name and target, and a re-commit under the same key removes the
+ * older copy, which the bad record no longer describes. */
+static void test_seal_refuses_escaping_symlink(void **state)
+{
+	struct tmp *tmp = *state;
+	struct ram_tier *t = NULL;
+	struct manifest *mf = NULL;
+	struct shard_rec rec = { 0 };
+	struct shard_key k;
+	char err[256] = "";
+	int src;
+
+	assert_int_equal(ram_open(tmp->path, 64 << 20, &t), 0);
+	src = make_step_dir(t, "3");
+	key_of(&k, "job", 3, 0);
+	assert_int_equal(ram_seal(t, &k, src, 1, SHF_OWN, &mf, NULL, 0), 0);
+	mf_free(mf);
+	mf = NULL;
+	assert_int_equal(symlinkat("../../../etc/passwd", src, "sub/pw"), 0);
+	assert_int_equal(ram_seal(t, &k, src, 1, SHF_OWN, &mf, err, sizeof(err)), -EBADMSG);
+	assert_string_equal(err, "symlink sub/pw -> ../../../etc/passwd: the target leaves the shard "
+				 "(a shard's symlinks must point inside it)");
+	assert_int_equal(idx_get_shard(ram_idx(t), &k, &rec), 0);
+	assert_int_equal(rec.state, SH_BAD);
+	assert_false(shard_path_exists(t, "job/3/n0-w0"));
+	/* one inside is fine */
+	assert_int_equal(unlinkat(src, "sub/pw", 0), 0);
+	assert_int_equal(symlinkat("../a", src, "sub/pw"), 0);
+	assert_int_equal(ram_seal(t, &k, src, 1, SHF_OWN, &mf, err, sizeof(err)), 0);
+	assert_int_equal(idx_get_shard(ram_idx(t), &k, &rec), 0);
+	assert_int_equal(rec.state, SH_COMMITTED);
+	idx_rec_clear(&rec);
+	mf_free(mf);
+	close(src);
+	ram_close(t);
+}
+
+/* Issue 13 item 5: a crash in the middle of a drop (here: SIGKILL right
+ * after the record is marked, injected through MTCFS_TEST_CRASH in a child
+ * process) used to leave the files without a record, counted in ram_used
+ * forever. The next ram_open() finishes the drop; it also removes shard
+ * directories that no record names, and leaves staging names to their own
+ * rule and recorded shards alone. */
+static void test_drop_crash_finished_at_open(void **state)
+{
+	struct tmp *tmp = *state;
+	struct ram_tier *t = NULL;
+	struct manifest *mf = NULL;
+	struct shard_rec rec = { 0 };
+	struct shard_key k, keep;
+	struct shard_key *keys = NULL;
+	size_t n = 0;
+	pid_t pid;
+	int src, wst, fd;
+	static char big[1 << 20];
+
+	assert_int_equal(ram_open(tmp->path, 256 << 20, &t), 0);
+	src = make_step_dir(t, "5");
+	fd = openat(src, "big", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+	assert_true(fd >= 0);
+	memset(big, 'z', sizeof(big));
+	assert_int_equal(write(fd, big, sizeof(big)), (ssize_t)sizeof(big));
+	close(fd);
+	key_of(&k, "job", 5, 0);
+	key_of(&keep, "job", 6, 0);
+	assert_int_equal(ram_seal(t, &k, src, 1, SHF_OWN, &mf, NULL, 0), 0);
+	mf_free(mf);
+	assert_int_equal(ram_seal(t, &keep, src, 2, SHF_OWN, &mf, NULL, 0), 0);
+	mf_free(mf);
+	close(src);
+	/* the namespace copy goes (as drop_own does), so only the store holds it */
+	assert_int_equal(util_rmtree_at(ram_ns_fd(t), "5", NULL), 0);
+	ram_recount(t);
+
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		setenv("MTCFS_TEST_CRASH", "drop-marked", 1);
+		ram_drop(t, &k, NULL);
+		_exit(3);   /* not reached */
+	}
+	assert_int_equal(waitpid(pid, &wst, 0), pid);
+	assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+	ram_close(t);
+	t = NULL;
+
+	/* the state the crash left: files there, record marked and invisible */
+	{
+		struct idx *x = NULL;
+		char db[PATH_MAX + 64];
+		snprintf(db, sizeof(db), "%s/db", tmp->path);
+		assert_int_equal(idx_open(db, false, &x), 0);
+		assert_int_equal(idx_get_shard(x, &k, &rec), -ENOENT);
+		assert_int_equal(idx_list_dropping(x, &keys, &n), 0);
+		assert_int_equal(n, 1);
+		assert_int_equal(keys[0].step, 5);
+		free(keys);
+		idx_close(x);
+	}
+	{
+		char p[PATH_MAX + 64];
+		snprintf(p, sizeof(p), "%s/shards/job/5/n0-w0/big", tmp->path);
+		assert_int_equal(access(p, F_OK), 0);
+		/* and an orphan: a shard directory nothing names (a cut-short publish) */
+		snprintf(p, sizeof(p), "%s/shards/job/8/n1-w0", tmp->path);
+		assert_int_equal(util_mkdirs_at(AT_FDCWD, p, 0700), 0);
+		snprintf(p, sizeof(p), "%s/shards/job/8/n1-w0/orphan", tmp->path);
+		fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+		assert_true(fd >= 0);
+		assert_int_equal(write(fd, big, sizeof(big)), (ssize_t)sizeof(big));
+		close(fd);
+	}
+
+	assert_int_equal(ram_open(tmp->path, 256 << 20, &t), 0);
+	assert_false(shard_path_exists(t, "job/5"));
+	assert_false(shard_path_exists(t, "job/8"));
+	assert_true(shard_path_exists(t, "job/6/n0-w0/big"));
+	assert_int_equal(idx_list_dropping(ram_idx(t), &keys, &n), 0);
+	assert_int_equal(n, 0);
+	free(keys);
+	assert_int_equal(idx_get_shard(ram_idx(t), &keep, &rec), 0);
+	assert_int_equal(rec.state, SH_COMMITTED);
+	idx_rec_clear(&rec);
+	assert_int_equal(ram_used(t), du_ramdir(t));
+	assert_true(ram_used(t) >= sizeof(big) && ram_used(t) < 2 * sizeof(big));
+	ram_close(t);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_seal_verify_drop, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_stage_publish_and_abort, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_seal_races_stage_tidy, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_seal_deep_tree_marked_bad, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_seal_refuses_escaping_symlink, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_drop_crash_finished_at_open, tmp_setup, tmp_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -618,6 +618,170 @@ static void test_now_ns(void **state)
 	assert_true(b >= a);
 }
 
+/* A chain of `depth` directories "d/d/d/..." under dirfd/top, built with
+ * one descriptor at a time (no path is longer than one name). */
+static void make_deep(int dirfd, const char *top, int depth)
+{
+	int fd;
+
+	assert_int_equal(mkdirat(dirfd, top, 0755), 0);
+	fd = openat(dirfd, top, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	for (int i = 1; i < depth; i++) {
+		int sub;
+		assert_int_equal(mkdirat(fd, "d", 0755), 0);
+		sub = openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		assert_true(sub >= 0);
+		if (i % 100 == 0)
+			put_file(sub, "f", "x", 1);
+		close(fd);
+		fd = sub;
+	}
+	put_file(fd, "leaf", "leaf", 4);
+	close(fd);
+}
+
+/* rm -rf of a tree far deeper than PATH_MAX allows to name and than a
+ * recursive walk's descriptor table would hold (issue 13 item 3): 25000
+ * levels, above the 20000 descriptors a test process gets here. */
+static void test_rmtree_deep(void **state)
+{
+	struct tmp *t = *state;
+	uint64_t freed = 0;
+
+	make_deep(t->fd, "deep", 25000);
+	put_file(t->fd, "keep", "k", 1);
+	assert_int_equal(util_rmtree_at(t->fd, "deep", &freed), 0);
+	assert_false(exists(t->fd, "deep"));
+	assert_true(exists(t->fd, "keep"));
+	assert_true(freed >= 250 * 512);   /* 249 "f" files and the leaf, a block each */
+	/* many siblings at one level go in one pass each, and empty ones too */
+	assert_int_equal(mkdirat(t->fd, "wide", 0755), 0);
+	for (int i = 0; i < 300; i++) {
+		char n[32];
+		snprintf(n, sizeof(n), "wide/s%d/x", i);
+		assert_int_equal(util_mkdirs_at(t->fd, n, 0755), 0);
+	}
+	assert_int_equal(util_rmtree_at(t->fd, "wide", NULL), 0);
+	assert_false(exists(t->fd, "wide"));
+}
+
+struct seen {
+	char paths[64][64];
+	unsigned depth[64];
+	int n;
+	int skip_dir;   /* return UTIL_WALK_SKIP for the directory named "skip" */
+	int fail_at;    /* return -EIO at this entry (0: never) */
+};
+
+static int seen_cb(void *arg, const struct util_walk_ent *e)
+{
+	struct seen *s = arg;
+
+	assert_true(s->n < 64);
+	if (e->path) {
+		assert_int_equal(strlen(e->path), e->pathlen);
+		snprintf(s->paths[s->n], sizeof(s->paths[0]), "%s", e->path);
+	}
+	s->depth[s->n] = e->depth;
+	s->n++;
+	if (s->fail_at && s->n == s->fail_at)
+		return -EIO;
+	if (s->skip_dir && !strcmp(e->name, "skip"))
+		return UTIL_WALK_SKIP;
+	return 0;
+}
+
+static int seen_index(const struct seen *s, const char *p)
+{
+	for (int i = 0; i < s->n; i++)
+		if (!strcmp(s->paths[i], p))
+			return i;
+	return -1;
+}
+
+static void test_walk(void **state)
+{
+	struct tmp *t = *state;
+	struct seen s = { 0 };
+	int root;
+
+	assert_int_equal(util_mkdirs_at(t->fd, "r/a/b", 0755), 0);
+	assert_int_equal(util_mkdirs_at(t->fd, "r/skip/inner", 0755), 0);
+	put_file(t->fd, "r/top", "1", 1);
+	put_file(t->fd, "r/a/b/f", "2", 1);
+	assert_int_equal(symlinkat("a", t->fd, "r/ln"), 0);
+	root = openat(t->fd, "r", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(root >= 0);
+
+	/* every entry once, parents first, exact paths and depths; symlinks
+	 * are entries, never followed */
+	assert_int_equal(util_walk(root, 8, 0, seen_cb, &s), 0);
+	assert_int_equal(s.n, 7);
+	assert_true(seen_index(&s, "a") >= 0 && seen_index(&s, "a") < seen_index(&s, "a/b"));
+	assert_true(seen_index(&s, "a/b") < seen_index(&s, "a/b/f"));
+	assert_true(seen_index(&s, "skip/inner") > seen_index(&s, "skip"));
+	assert_int_equal(s.depth[seen_index(&s, "top")], 1);
+	assert_int_equal(s.depth[seen_index(&s, "a/b/f")], 3);
+	assert_true(seen_index(&s, "ln") >= 0);
+
+	/* UTIL_WALK_SKIP: the directory is an entry, its contents are not visited */
+	memset(&s, 0, sizeof(s));
+	s.skip_dir = 1;
+	assert_int_equal(util_walk(root, 8, 0, seen_cb, &s), 0);
+	assert_int_equal(s.n, 6);
+	assert_int_equal(seen_index(&s, "skip/inner"), -1);
+
+	/* depth bound: entries up to max_depth are fine, entering below fails */
+	memset(&s, 0, sizeof(s));
+	assert_int_equal(util_walk(root, 3, 0, seen_cb, &s), 0);
+	memset(&s, 0, sizeof(s));
+	assert_int_equal(util_walk(root, 2, 0, seen_cb, &s), -ELOOP);
+
+	/* a callback error stops the walk with it */
+	memset(&s, 0, sizeof(s));
+	s.fail_at = 2;
+	assert_int_equal(util_walk(root, 8, 0, seen_cb, &s), -EIO);
+	assert_int_equal(s.n, 2);
+	assert_int_equal(util_walk(root, 0, 0, seen_cb, &s), -EINVAL);
+	close(root);
+}
+
+static int count_cb(void *arg, const struct util_walk_ent *e)
+{
+	(void)e;
+	(*(int *)arg)++;
+	return 0;
+}
+
+/* A 5000-deep tree: the walk stops at its bound with -ELOOP (bounded stack
+ * and descriptors), paths that cannot be named fail with -ENAMETOOLONG, and
+ * nothing is leaked either way. */
+static void test_walk_deep(void **state)
+{
+	struct tmp *t = *state;
+	int root, n = 0, fd_before, fd_after;
+
+	make_deep(t->fd, "deep", 5000);
+	root = openat(t->fd, "deep", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(root >= 0);
+	fd_before = dup(0);
+	close(fd_before);
+	assert_int_equal(util_walk(root, 64, 0, count_cb, &n), -ELOOP);
+	assert_int_equal(n, 64);
+	n = 0;
+	assert_int_equal(util_walk(root, 4000, 0, count_cb, &n), -ENAMETOOLONG);
+	assert_true(n > 1000 && n < 2100);   /* "d/" per level: 2 bytes of PATH_MAX */
+	n = 0;
+	assert_int_equal(util_walk(root, 100000, UTIL_WALK_NOPATH, count_cb, &n), 0);
+	assert_int_equal(n, 4999 + 49 + 1);
+	fd_after = dup(0);
+	close(fd_after);
+	assert_int_equal(fd_after, fd_before);
+	close(root);
+	assert_int_equal(util_rmtree_at(t->fd, "deep", NULL), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -631,6 +795,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_mkdirs_at, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_mkdirs_at_existing_file, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_rmtree_at, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_rmtree_deep, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_walk, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_walk_deep, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_write_read_file, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_read_file_limits, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_write_file_errors, tmp_setup, tmp_teardown),
