@@ -23,6 +23,13 @@
 
 struct fs *g_fs;
 
+/* Set once the FUSE loop has returned: the read-ahead tuner must not wait
+ * for a first request any more. fuse_session_exited() cannot tell it:
+ * fuse_session_loop_mt() resets the flag before returning, so a tuner that
+ * missed the short window waited forever and the daemon never exited
+ * (SIGTERM or fusermount3 -u on a mount that served nothing). */
+static _Atomic bool ra_stop;
+
 struct cmdline {
 	struct fs_opts o;
 	char *ramdir;
@@ -129,7 +136,7 @@ static void *tune_readahead(void *arg)
 	int fd;
 
 	while (!atomic_load(&fs->served)) {
-		if (fuse_session_exited(fs->se))
+		if (atomic_load(&ra_stop) || fuse_session_exited(fs->se))
 			return NULL;
 		usleep(20000);
 	}
@@ -481,6 +488,7 @@ int fs_main(int argc, char **argv)
 	fuse_loop_cfg_destroy(lc);
 
 	mhttp_stop(mh);
+	atomic_store(&ra_stop, true);
 	if (ra_started)
 		pthread_join(ra, NULL);   /* it reads fs->mountpoint */
 	ctl_stop(fs);
