@@ -360,9 +360,12 @@ static int do_lookup(struct fs *fs, struct fnode *parent, const char *name,
 
 static void ll_init(void *userdata, struct fuse_conn_info *conn)
 {
-	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+	struct fs *fs = userdata;
+
+	/* splice only with pipes that hold a whole request (main.c checks) */
+	if (fs->splice_ok && (conn->capable & FUSE_CAP_SPLICE_WRITE))
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
-	if (conn->capable & FUSE_CAP_SPLICE_READ)
+	if (fs->splice_ok && (conn->capable & FUSE_CAP_SPLICE_READ))
 		conn->want |= FUSE_CAP_SPLICE_READ;
 	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
 		conn->want |= FUSE_CAP_PARALLEL_DIROPS;

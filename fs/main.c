@@ -108,17 +108,30 @@ static void usage(const char *prog)
 	       prog);
 }
 
-/* Splice needs pipes bigger than one 1 MiB request; without that libfuse
- * silently copies and reads run 3x slower. Say so. */
-static void check_pipe_size(void)
+/* Splice moves a request through a pipe, so the pipe must hold the
+ * largest one: 1 MiB of data plus its headers. With fs.pipe-max-size at
+ * 1 MiB it cannot, and libfuse would fall back to copying on every request
+ * (reads ~3x slower) while the kernel still set the connection up for
+ * splice; a reader was once seen stuck in D state in that configuration.
+ * So splice is only asked for in INIT (fs->splice_ok) when a pipe of
+ * 1 MiB + 8 KiB can be had, and the log says which way it went. */
+static bool check_pipe_size(void)
 {
+	bool ok;
 	int p[2];
-	if (pipe(p) < 0)
-		return;
-	if (fcntl(p[0], F_SETPIPE_SZ, (1 << 20) + 8192) < 0)
-		log_warn("fuse", "cannot make pipes larger than 1 MiB (fs.pipe-max-size): splice is off and reads are slower; raise it with: sysctl -w fs.pipe-max-size=4194304");
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return false;
+	ok = fcntl(p[0], F_SETPIPE_SZ, (1 << 20) + 8192) > (1 << 20);
 	close(p[0]);
 	close(p[1]);
+	if (!ok)
+		log_warn("fuse", "cannot make pipes larger than 1 MiB (fs.pipe-max-size): "
+			 "splice is not requested and reads are slower; raise it with: "
+			 "sysctl -w fs.pipe-max-size=4194304");
+	else
+		log_info("fuse", "pipes can hold a 1 MiB request: splice requested");
+	return ok;
 }
 
 /* Kernel read-ahead on a FUSE mount defaults to 128 KiB; 1 MiB matches the
@@ -462,7 +475,7 @@ int fs_main(int argc, char **argv)
 		log_err("main", "catalog recovery failed; committed steps may be missing");
 	if (ctl_start(fs) < 0)
 		goto out_unmount;
-	check_pipe_size();
+	fs->splice_ok = check_pipe_size();   /* before the loop: INIT reads it */
 	{
 		/* for mtcfs-admin status: where this daemon serves */
 		char meta[PATH_MAX + 128];
