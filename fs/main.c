@@ -183,6 +183,65 @@ static void *tune_readahead(void *arg)
 	return NULL;
 }
 
+#define LOCK_NAME "mtcfs.lock"
+
+/* One daemon per RAMDIR: two would share the LMDB catalog and the shard
+ * tree, each believing it owns them. An OFD lock on RAMDIR/mtcfs.lock is
+ * held for the daemon's life; it belongs to the open file description, so
+ * it survives fuse_daemonize()'s fork and goes away with the process
+ * however it ends (kill -9 included). The file holds the holder's PID for
+ * the refusal message (an OFD lock does not name its owner). Taken before
+ * the mount so a refused daemon never shows a mount. *fd_out stays open
+ * until exit. 0, -EBUSY (held: reported on stderr), other -errno. */
+static int ramdir_lock(const char *ramdir, int *fd_out)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	char path[PATH_MAX], buf[32] = "";
+	ssize_t n;
+	int fd, rc;
+
+	*fd_out = -1;
+	if (snprintf(path, sizeof(path), "%s/" LOCK_NAME, ramdir) >= (int)sizeof(path))
+		return -ENAMETOOLONG;
+	fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		rc = -errno;
+		fprintf(stderr, "mtcfs: cannot open %s: %s\n", path, strerror(-rc));
+		return rc;
+	}
+	if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
+		*fd_out = fd;
+		return 0;
+	}
+	rc = -errno;
+	if (rc != -EAGAIN && rc != -EACCES) {
+		fprintf(stderr, "mtcfs: cannot lock %s: %s\n", path, strerror(-rc));
+		close(fd);
+		return rc;
+	}
+	n = pread(fd, buf, sizeof(buf) - 1, 0);
+	close(fd);
+	buf[n > 0 ? n : 0] = '\0';
+	buf[strcspn(buf, "\n")] = '\0';
+	if (buf[0])
+		fprintf(stderr, "mtcfs: RAMDIR %s is in use by another mtcfs (pid %s, holding %s)\n",
+			ramdir, buf, path);
+	else
+		fprintf(stderr, "mtcfs: RAMDIR %s is in use by another mtcfs that is starting "
+			"(it holds %s)\n", ramdir, path);
+	return -EBUSY;
+}
+
+/* After fuse_daemonize(): our PID is final now. */
+static void ramdir_lock_note_pid(int fd)
+{
+	char buf[32];
+	int n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+
+	if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, (size_t)n, 0) != n)
+		log_warn("main", "cannot write the PID into " LOCK_NAME ": %s", strerror(errno));
+}
+
 static void opts_free(struct fs_opts *o)
 {
 	char **strs[] = { &o->ram_size, &o->bucket, &o->listen, &o->peers, &o->coordinator,
@@ -355,6 +414,7 @@ int fs_main(int argc, char **argv)
 	pthread_t ra;
 	bool ra_started = false;
 	struct mhttp *mh = NULL;
+	int lock_fd = -1;
 	int rc = 1;
 
 	fix_peer_options(argc, argv);
@@ -405,6 +465,8 @@ int fs_main(int argc, char **argv)
 		free(fo.mountpoint);
 		fo.mountpoint = mabs;
 	}
+	if (ramdir_lock(c.ramdir, &lock_fd) < 0)
+		goto out;
 	fs = calloc(1, sizeof(*fs));
 	if (!fs)
 		goto out;
@@ -432,6 +494,7 @@ int fs_main(int argc, char **argv)
 	if (fuse_session_mount(fs->se, fo.mountpoint) != 0)
 		goto out_handlers;
 	fuse_daemonize(fo.foreground);
+	ramdir_lock_note_pid(lock_fd);
 
 	/* From here on threads and LMDB are safe, and /proc/self is ours (it
 	 * named the parent before fuse_daemonize() forked). */
@@ -529,6 +592,13 @@ out:
 		if (fs->proc_self_fd >= 0)
 			close(fs->proc_self_fd);
 		free(fs);
+	}
+	if (lock_fd >= 0) {
+		/* no stale PID for the next one to name; the lock goes with the fd */
+		if (ftruncate(lock_fd, 0) < 0) {
+			/* harmless: the next daemon overwrites it */
+		}
+		close(lock_fd);
 	}
 	free(fo.mountpoint);
 	free(c.ramdir);
