@@ -15,6 +15,7 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,8 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import wait_until, mount_fstype  # noqa: E402
+from cluster import Cluster  # noqa: E402
+import test_peer_security as wire  # noqa: E402
 
 EXIT_DEADLINE = 5.0
 
@@ -146,6 +149,92 @@ class Lifetime(harness.MountTestCase):
             self.assertNotIn("cannot make pipes", log)
         else:
             self.assertIn("splice is not requested", log)
+
+
+# --- connection flood ---------------------------------------------------------
+
+FLOOD_NOFILE = 1024            # the flooded daemon's open-file limit
+FLOOD_SOURCES = ["127.0.0.%d" % i for i in range(11, 15)]
+FLOOD_PER_SOURCE = 300         # 1200 attempts: above both bounds and the limit
+
+
+def flood_one(addr, src):
+    """One connection from src that passes HELLO (no secret: zero MAC).
+    Returns the socket, or None when the server closed it at once; raises
+    socket.timeout when the server does not answer (its accept stalled)."""
+    host, port = addr.rsplit(":", 1)
+    s = socket.socket()
+    try:
+        s.settimeout(2.0)
+        s.bind((src, 0))
+        s.connect((host, int(port)))
+        w = wire.Wire.__new__(wire.Wire)
+        w.sock = s
+        w.handshake(None, rank=-1, purpose="control")
+        return s
+    except (wire.Closed, ConnectionError):
+        s.close()
+        return None
+    except BaseException:
+        s.close()
+        raise
+
+
+def flood(addr):
+    """Bounded flood: FLOOD_PER_SOURCE connections from each source; stops
+    by itself, also after 3 unanswered ones. (held sockets, refused,
+    stalled)."""
+    held, refused, stalled = [], 0, 0
+    for src in FLOOD_SOURCES:
+        for _ in range(FLOOD_PER_SOURCE):
+            try:
+                s = flood_one(addr, src)
+            except socket.timeout:
+                stalled += 1
+                if stalled >= 3:
+                    return held, refused, stalled
+                continue
+            if s is None:
+                refused += 1
+            else:
+                held.append(s)
+    return held, refused, stalled
+
+
+class Flood(unittest.TestCase):
+    def test_flood_without_secret_keeps_mount_and_peers_working(self):
+        c = Cluster(2, secret=False)
+        self.addCleanup(c.close)
+        n0 = c.nodes[0]
+        plain_argv = n0.argv
+        n0.argv = lambda: ["prlimit", "--nofile=%d:%d" % (FLOOD_NOFILE, FLOOD_NOFILE),
+                           "--"] + plain_argv()
+        self.daemons = c.nodes
+        c.start()
+        c.job_start("flood")
+        c.save("flood", 1)
+        c.wait_replicated("flood", 1)
+
+        held, refused, stalled = flood(c.addrs[0])
+        sys.stderr.write("flood: %d held, %d refused, %d stalled\n" % (len(held), refused, stalled))
+        try:
+            # the mount still works while the flood holds its connections
+            for i in range(20):
+                p = os.path.join(n0.mnt, "after-flood-%d" % i)
+                harness.write_file(p, b"x%d" % i * 1000)
+                self.assertEqual(harness.read_file(p), b"x%d" % i * 1000)
+            self.assertEqual(stalled, 0, "the daemon stopped answering "
+                             "(%d connections held)" % len(held))
+            self.assertGreater(refused, 0)
+            self.assertLess(len(held), FLOOD_NOFILE // 2)
+        finally:
+            for s in held:
+                s.close()
+        self.assertRegex(n0.log_text(), r"refused \d+ connection\(s\) in the last "
+                         r"second; the last from 127\.0\.0\.1[1-4]:")
+        # a legitimate peer replicates afterwards, both ways
+        c.save("flood", 2)
+        c.wait_replicated("flood", 2)
 
 
 if __name__ == "__main__":

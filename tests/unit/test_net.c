@@ -800,6 +800,53 @@ struct hostile {
 	const char *reason;   /* in the server's WARN line */
 };
 
+/* Connection bounds (issue 13): without a secret every connection passes
+ * HELLO, so the per-address bound holds for a connection's whole life;
+ * beyond it a connection is closed at once, counted and logged once; with
+ * a secret a proven connection stops counting against its address. */
+static void test_connection_bounds(void **state)
+{
+	struct nconn *c[6] = { 0 };
+	struct tsrv *t;
+	size_t mark;
+	int rc;
+
+	(void)state;
+	t = tsrv_start(NULL);
+	assert_true(nsrv_max_conns(t->s) >= 16);
+	nsrv_set_max_per_addr(t->s, 4);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(nconn_connect(t->addr, i, "control", NULL, 5000, &c[i], NULL), 0);
+	mark = log_mark();
+	rc = nconn_connect(t->addr, 4, "control", NULL, 5000, &c[4], NULL);
+	assert_true(rc == -ECONNRESET || rc == -EPIPE);
+	assert_null(c[4]);
+	assert_int_equal(nsrv_refused(t->s), 1);
+	assert_true(wait_log(mark, 2000, "WARN", "refused 1 connection(s)",
+			     "too many unauthenticated connections from this address"));
+	call_echo(c[0], 1, false);   /* the admitted ones are served */
+	nconn_close(c[3]);           /* a slot comes back when one closes */
+	c[3] = NULL;
+	assert_true(wait_atomic(&t->nclose, 1, 5000));
+	assert_int_equal(nconn_connect(t->addr, 3, "control", NULL, 5000, &c[3], NULL), 0);
+	call_echo(c[3], 2, false);
+	for (int i = 0; i < 6; i++)
+		nconn_close(c[i]);
+	tsrv_stop(t);
+
+	/* with a secret, six proven connections from one address are fine */
+	t = tsrv_start(secret(SECRET_A));
+	nsrv_set_max_per_addr(t->s, 4);
+	for (int i = 0; i < 6; i++)
+		assert_int_equal(nconn_connect(t->addr, i, "control", secret(SECRET_A), 5000, &c[i],
+					       NULL), 0);
+	call_echo(c[5], 3, false);
+	assert_int_equal(nsrv_refused(t->s), 0);
+	for (int i = 0; i < 6; i++)
+		nconn_close(c[i]);
+	tsrv_stop(t);
+}
+
 static void test_hostile_clients(void **state)
 {
 	struct tsrv *t = tsrv_start(secret(SECRET_A));
@@ -2016,6 +2063,7 @@ int main(void)
 		cmocka_unit_test(test_handshake_secret),
 		cmocka_unit_test(test_wrong_secret),
 		cmocka_unit_test(test_hostile_clients),
+		cmocka_unit_test(test_connection_bounds),
 		cmocka_unit_test(test_req_resp_events),
 		cmocka_unit_test(test_output_queue_bound),
 		cmocka_unit_test(test_1000_clients),
