@@ -76,6 +76,7 @@ struct sconn {
 	bool in_hs;                 /* counted in nsrv.nhs */
 	bool data_slot;             /* holds one of the max_data slots */
 	bool handoff;               /* data: hand over once WELCOME is written */
+	bool sparse;                /* its HELLO said it takes sparse NT_FILEs */
 	bool got_bytes;
 	uint8_t nonce_s[AUTH_NONCE_LEN];
 	uint64_t deadline_ns;       /* when timed */
@@ -687,6 +688,7 @@ static int handoff(struct nsrv *s, struct sconn *c)
 		return -1;
 	}
 	d->c = nc;
+	nconn_set_peer_sparse(nc, c->sparse);
 	/* the socket is the nconn's now; the slot goes to the data thread */
 	epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
 	c->fd = -1;
@@ -741,6 +743,7 @@ static int hello_in(struct nsrv *s, struct sconn *c, const uint8_t *p)
 		return -1;
 	}
 	data = purpose[0] == 'd';
+	c->sparse = json_is_true(json_object_get(o, "sparse"));
 	json_decref(o);
 
 	if (s->auth.has_secret) {
@@ -783,7 +786,7 @@ static int hello_in(struct nsrv *s, struct sconn *c, const uint8_t *p)
 		c->data_slot = true;
 	}
 	net_hex_encode(want, sizeof(want), mac_hex);
-	w = json_pack("{s:i, s:s}", "rank", s->my_rank, "mac", mac_hex);
+	w = json_pack("{s:i, s:s, s:b}", "rank", s->my_rank, "mac", mac_hex, "sparse", 1);
 	rc = enqueue_json(c, NT_WELCOME, 0, w);
 	if (rc < 0) {
 		drop(s, c, true, "cannot queue WELCOME: %s", strerror(-rc));
