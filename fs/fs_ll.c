@@ -1005,7 +1005,8 @@ static void ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 	struct fs *fs = fs_of(req);
 	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
 	struct fnode *n = h->node;
-	uint64_t growth = (uint64_t)len + 4096;
+	/* punching a hole frees space: nothing to reserve */
+	uint64_t growth = (mode & FALLOC_FL_PUNCH_HOLE) ? 0 : (uint64_t)len + 4096;
 	int rc = 0;
 
 	atomic_fetch_add(&n->inflight, 1);
@@ -1013,7 +1014,7 @@ static void ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 		rc = EROFS;
 		goto out;
 	}
-	if (ram_reserve(fs->ram, growth) < 0) {
+	if (growth && ram_reserve(fs->ram, growth) < 0) {
 		rc = ENOSPC;
 		goto out;
 	}

@@ -13,6 +13,7 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \
      /usr/bin/python3 tests/integration/test_limits.py [-k NAME]
 """
 
+import errno
 import os
 import signal
 import socket
@@ -235,6 +236,125 @@ class Flood(unittest.TestCase):
         # a legitimate peer replicates afterwards, both ways
         c.save("flood", 2)
         c.wait_replicated("flood", 2)
+
+
+# --- sparse files ---------------------------------------------------------------
+
+MiB = 1 << 20
+SPARSE_SIZE = 256 * MiB
+SPARSE_EXTENTS = [(1 * MiB, b"A" * 4096), (200 * MiB + 4096, b"B" * 4096)]
+
+
+def write_sparse(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, SPARSE_SIZE)
+        for off, data in SPARSE_EXTENTS:
+            os.pwrite(fd, data, off)
+    finally:
+        os.close(fd)
+
+
+def check_sparse(tc, path, what):
+    """path has the logical bytes of write_sparse and few blocks."""
+    st = os.stat(path)
+    tc.assertEqual(st.st_size, SPARSE_SIZE, what)
+    tc.assertLess(st.st_blocks * 512, 1 * MiB,
+                  "%s: %d bytes allocated for 8 KiB of data"
+                  % (what, st.st_blocks * 512))
+    want = {off: data for off, data in SPARSE_EXTENTS}
+    with open(path, "rb") as f:
+        pos = 0
+        while pos < SPARSE_SIZE:
+            chunk = f.read(16 * MiB)
+            tc.assertEqual(len(chunk), min(16 * MiB, SPARSE_SIZE - pos), what)
+            for off, data in want.items():
+                if pos <= off < pos + len(chunk):
+                    tc.assertEqual(chunk[off - pos:off - pos + len(data)], data, what)
+                    chunk = (chunk[:off - pos] + bytes(len(data))
+                             + chunk[off - pos + len(data):])
+            tc.assertEqual(chunk.count(0), len(chunk), "%s: a hole is not zeros" % what)
+            pos += len(chunk)
+
+
+class Sparse(unittest.TestCase):
+    def save(self, c, r, step, sparse):
+        mnt = c.nodes[r].mnt
+        tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-%d" % (step, r))
+        os.makedirs(os.path.join(tmp, "state"))
+        if sparse:
+            write_sparse(os.path.join(tmp, "state", "sparse.bin"))
+        harness.write_file(os.path.join(tmp, "state", "small"), b"rank %d" % r)
+        harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
+        os.rename(tmp, os.path.join(mnt, str(step)))
+
+    def test_sparse_file_replicates_and_restores_sparse(self):
+        # 128M tiers: a dense copy of the 256 MiB file could not even be held
+        c = Cluster(2, ram_size="128M")
+        self.addCleanup(c.close)
+        self.daemons = c.nodes
+        c.start()
+        c.job_start("sparse")
+        self.save(c, 0, 1, sparse=True)
+        self.save(c, 1, 1, sparse=False)
+        c.wait_replicated("sparse", 1)
+        own = os.path.join(harness.shard_dir(c.nodes[0].ramdir, 1, "sparse", 0),
+                           "state", "sparse.bin")
+        check_sparse(self, own, "the owner's copy")
+        replica = os.path.join(harness.shard_dir(c.nodes[1].ramdir, 1, "sparse", 0),
+                               "state", "sparse.bin")
+        check_sparse(self, replica, "the replica")
+
+        # node 0 comes back empty: its shard is restored from node 1
+        n0 = c.nodes[0]
+        n0.kill9()
+        n0.wipe_ramdir()
+        n0.start()
+        steps = c.job_start("sparse")
+        self.assertEqual(steps, {0: 1, 1: 1})
+        restored = os.path.join(harness.shard_dir(n0.ramdir, 1, "sparse", 0),
+                                "state", "sparse.bin")
+        check_sparse(self, restored, "the copy restored from the peer")
+        ms = [x for x in os.listdir(n0.mnt) if x.endswith(".restore")]
+        os.replace(os.path.join(n0.mnt, ms[0]), os.path.join(n0.mnt, "1"))
+        check_sparse(self, os.path.join(n0.mnt, "1", "state", "sparse.bin"),
+                     "the restored file through the mount")
+
+
+class PunchHole(harness.MountTestCase):
+    OPTS = "ram_size=64M"
+
+    def test_punch_hole_on_a_full_tier_frees_space(self):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+        FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
+        p = os.path.join(self.mnt, "big")
+        fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            chunk = b"\xaa" * MiB
+            n = 0
+            try:
+                while n < 64:
+                    os.pwrite(fd, chunk, n * MiB)
+                    n += 1
+            except OSError as e:
+                self.assertEqual(e.errno, errno.ENOSPC)
+            self.assertGreater(n, 32)
+            used = os.fstat(fd).st_blocks * 512
+            # the tier is full: a hole over most of the file must still go
+            rc = libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                MiB, (n - 2) * MiB)
+            self.assertEqual(rc, 0, os.strerror(ctypes.get_errno()))
+            self.assertEqual(os.fstat(fd).st_size, n * MiB)
+            self.assertLess(os.fstat(fd).st_blocks * 512, used - (n - 3) * MiB)
+            self.assertEqual(os.pread(fd, 16, 2 * MiB), bytes(16))
+            self.assertEqual(os.pread(fd, 16, 0), b"\xaa" * 16)
+            # and the space it freed is the tier's again
+            os.pwrite(fd, chunk * 8, n * MiB)
+        finally:
+            os.close(fd)
 
 
 if __name__ == "__main__":
