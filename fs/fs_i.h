@@ -67,6 +67,7 @@ struct fs {
 	struct ram_tier *ram;
 	struct fuse_session *se;
 	_Atomic bool served;        /* a request after INIT arrived (INIT's reply is in) */
+	bool splice_ok;             /* pipes hold a 1 MiB request: set before the loop (main.c) */
 	struct workq *sealq;        /* commit sealing, in order */
 	struct workq *notifyq;      /* kernel cache invalidations, off request paths */
 	struct eng *eng;            /* peer tier; NULL for a single node without network */

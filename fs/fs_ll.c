@@ -537,9 +537,10 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn)
 	umask(0);
 	conn->want &= ~FUSE_CAP_DONT_MASK;
 	frozen_load(fs);
-	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+	/* splice only with pipes that hold a whole request (main.c checks) */
+	if (fs->splice_ok && (conn->capable & FUSE_CAP_SPLICE_WRITE))
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
-	if (conn->capable & FUSE_CAP_SPLICE_READ)
+	if (fs->splice_ok && (conn->capable & FUSE_CAP_SPLICE_READ))
 		conn->want |= FUSE_CAP_SPLICE_READ;
 	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
 		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
@@ -1292,7 +1293,8 @@ static void ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 	struct fs *fs = fs_of(req);
 	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
 	struct fnode *n = h->node;
-	uint64_t growth = (uint64_t)len + 4096;
+	/* punching a hole frees space: nothing to reserve */
+	uint64_t growth = (mode & FALLOC_FL_PUNCH_HOLE) ? 0 : (uint64_t)len + 4096;
 	int rc = 0;
 
 	atomic_fetch_add(&n->inflight, 1);
@@ -1300,7 +1302,7 @@ static void ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 		rc = EROFS;
 		goto out;
 	}
-	if (ram_reserve(fs->ram, growth) < 0) {
+	if (growth && ram_reserve(fs->ram, growth) < 0) {
 		rc = ENOSPC;
 		goto out;
 	}

@@ -23,6 +23,13 @@
 
 struct fs *g_fs;
 
+/* Set once the FUSE loop has returned: the read-ahead tuner must not wait
+ * for a first request any more. fuse_session_exited() cannot tell it:
+ * fuse_session_loop_mt() resets the flag before returning, so a tuner that
+ * missed the short window waited forever and the daemon never exited
+ * (SIGTERM or fusermount3 -u on a mount that served nothing). */
+static _Atomic bool ra_stop;
+
 struct cmdline {
 	struct fs_opts o;
 	char *ramdir;
@@ -101,17 +108,30 @@ static void usage(const char *prog)
 	       prog);
 }
 
-/* Splice needs pipes bigger than one 1 MiB request; without that libfuse
- * silently copies and reads run 3x slower. Say so. */
-static void check_pipe_size(void)
+/* Splice moves a request through a pipe, so the pipe must hold the
+ * largest one: 1 MiB of data plus its headers. With fs.pipe-max-size at
+ * 1 MiB it cannot, and libfuse would fall back to copying on every request
+ * (reads ~3x slower) while the kernel still set the connection up for
+ * splice; a reader was once seen stuck in D state in that configuration.
+ * So splice is only asked for in INIT (fs->splice_ok) when a pipe of
+ * 1 MiB + 8 KiB can be had, and the log says which way it went. */
+static bool check_pipe_size(void)
 {
+	bool ok;
 	int p[2];
-	if (pipe(p) < 0)
-		return;
-	if (fcntl(p[0], F_SETPIPE_SZ, (1 << 20) + 8192) < 0)
-		log_warn("fuse", "cannot make pipes larger than 1 MiB (fs.pipe-max-size): splice is off and reads are slower; raise it with: sysctl -w fs.pipe-max-size=4194304");
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return false;
+	ok = fcntl(p[0], F_SETPIPE_SZ, (1 << 20) + 8192) > (1 << 20);
 	close(p[0]);
 	close(p[1]);
+	if (!ok)
+		log_warn("fuse", "cannot make pipes larger than 1 MiB (fs.pipe-max-size): "
+			 "splice is not requested and reads are slower; raise it with: "
+			 "sysctl -w fs.pipe-max-size=4194304");
+	else
+		log_info("fuse", "pipes can hold a 1 MiB request: splice requested");
+	return ok;
 }
 
 /* Kernel read-ahead on a FUSE mount defaults to 128 KiB; 1 MiB matches the
@@ -129,7 +149,7 @@ static void *tune_readahead(void *arg)
 	int fd;
 
 	while (!atomic_load(&fs->served)) {
-		if (fuse_session_exited(fs->se))
+		if (atomic_load(&ra_stop) || fuse_session_exited(fs->se))
 			return NULL;
 		usleep(20000);
 	}
@@ -161,6 +181,65 @@ static void *tune_readahead(void *arg)
 		close(fd);
 	}
 	return NULL;
+}
+
+#define LOCK_NAME "mtcfs.lock"
+
+/* One daemon per RAMDIR: two would share the LMDB catalog and the shard
+ * tree, each believing it owns them. An OFD lock on RAMDIR/mtcfs.lock is
+ * held for the daemon's life; it belongs to the open file description, so
+ * it survives fuse_daemonize()'s fork and goes away with the process
+ * however it ends (kill -9 included). The file holds the holder's PID for
+ * the refusal message (an OFD lock does not name its owner). Taken before
+ * the mount so a refused daemon never shows a mount. *fd_out stays open
+ * until exit. 0, -EBUSY (held: reported on stderr), other -errno. */
+static int ramdir_lock(const char *ramdir, int *fd_out)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	char path[PATH_MAX], buf[32] = "";
+	ssize_t n;
+	int fd, rc;
+
+	*fd_out = -1;
+	if (snprintf(path, sizeof(path), "%s/" LOCK_NAME, ramdir) >= (int)sizeof(path))
+		return -ENAMETOOLONG;
+	fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		rc = -errno;
+		fprintf(stderr, "mtcfs: cannot open %s: %s\n", path, strerror(-rc));
+		return rc;
+	}
+	if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
+		*fd_out = fd;
+		return 0;
+	}
+	rc = -errno;
+	if (rc != -EAGAIN && rc != -EACCES) {
+		fprintf(stderr, "mtcfs: cannot lock %s: %s\n", path, strerror(-rc));
+		close(fd);
+		return rc;
+	}
+	n = pread(fd, buf, sizeof(buf) - 1, 0);
+	close(fd);
+	buf[n > 0 ? n : 0] = '\0';
+	buf[strcspn(buf, "\n")] = '\0';
+	if (buf[0])
+		fprintf(stderr, "mtcfs: RAMDIR %s is in use by another mtcfs (pid %s, holding %s)\n",
+			ramdir, buf, path);
+	else
+		fprintf(stderr, "mtcfs: RAMDIR %s is in use by another mtcfs that is starting "
+			"(it holds %s)\n", ramdir, path);
+	return -EBUSY;
+}
+
+/* After fuse_daemonize(): our PID is final now. */
+static void ramdir_lock_note_pid(int fd)
+{
+	char buf[32];
+	int n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+
+	if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, (size_t)n, 0) != n)
+		log_warn("main", "cannot write the PID into " LOCK_NAME ": %s", strerror(errno));
 }
 
 static void opts_free(struct fs_opts *o)
@@ -335,6 +414,7 @@ int fs_main(int argc, char **argv)
 	pthread_t ra;
 	bool ra_started = false;
 	struct mhttp *mh = NULL;
+	int lock_fd = -1;
 	int rc = 1;
 
 	fix_peer_options(argc, argv);
@@ -385,6 +465,8 @@ int fs_main(int argc, char **argv)
 		free(fo.mountpoint);
 		fo.mountpoint = mabs;
 	}
+	if (ramdir_lock(c.ramdir, &lock_fd) < 0)
+		goto out;
 	fs = calloc(1, sizeof(*fs));
 	if (!fs)
 		goto out;
@@ -412,6 +494,7 @@ int fs_main(int argc, char **argv)
 	if (fuse_session_mount(fs->se, fo.mountpoint) != 0)
 		goto out_handlers;
 	fuse_daemonize(fo.foreground);
+	ramdir_lock_note_pid(lock_fd);
 
 	/* From here on threads and LMDB are safe, and /proc/self is ours (it
 	 * named the parent before fuse_daemonize() forked). */
@@ -455,7 +538,7 @@ int fs_main(int argc, char **argv)
 		log_err("main", "catalog recovery failed; committed steps may be missing");
 	if (ctl_start(fs) < 0)
 		goto out_unmount;
-	check_pipe_size();
+	fs->splice_ok = check_pipe_size();   /* before the loop: INIT reads it */
 	{
 		/* for mtcfs-admin status: where this daemon serves */
 		char meta[PATH_MAX + 128];
@@ -481,6 +564,7 @@ int fs_main(int argc, char **argv)
 	fuse_loop_cfg_destroy(lc);
 
 	mhttp_stop(mh);
+	atomic_store(&ra_stop, true);
 	if (ra_started)
 		pthread_join(ra, NULL);   /* it reads fs->mountpoint */
 	ctl_stop(fs);
@@ -508,6 +592,13 @@ out:
 		if (fs->proc_self_fd >= 0)
 			close(fs->proc_self_fd);
 		free(fs);
+	}
+	if (lock_fd >= 0) {
+		/* no stale PID for the next one to name; the lock goes with the fd */
+		if (ftruncate(lock_fd, 0) < 0) {
+			/* harmless: the next daemon overwrites it */
+		}
+		close(lock_fd);
 	}
 	free(fo.mountpoint);
 	free(c.ramdir);

@@ -22,6 +22,7 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,6 +52,9 @@ struct nconn {
 	int recv_err;              /* sticky receive failure */
 	bool file_pending;         /* an NT_FILE's raw bytes are next on the stream */
 	uint64_t file_left;
+	bool file_sparse;          /* ... as extents ("data" in its header) */
+	uint64_t file_data;        /* ... of this many data bytes */
+	_Atomic bool peer_sparse;  /* the other side takes sparse NT_FILEs */
 	uint8_t *pre;              /* bytes read ahead by the server, served first */
 	size_t pre_len, pre_off;
 	int pipefd[2];             /* splice pipe, created on first use */
@@ -381,19 +385,117 @@ static int send_file_copy(struct nconn *c, int fd, uint64_t off, uint64_t size)
 	return rc;
 }
 
+/* size bytes of fd from off to the socket: sendfile, or pread + send
+ * under TLS or where sendfile refuses. -EIO when fd ends early. */
+static int send_range(struct nconn *c, const char *path, int fd, uint64_t off, uint64_t size)
+{
+	struct sigpipe_guard g;
+	off_t o = (off_t)off;
+	uint64_t end = off + size;
+	int rc = 0;
+
+	if (c->ssl)
+		return send_file_copy(c, fd, off, end);   /* encrypted in user space */
+	sigpipe_block(&g);
+	while ((uint64_t)o < end) {
+		uint64_t left = end - (uint64_t)o;
+		ssize_t n = sendfile(c->fd, fd, &o, left > (1u << 30) ? (1u << 30) : (size_t)left);
+		if (n > 0)
+			continue;
+		if (n == 0) {
+			rc = -EIO;
+			log_err("net", "%s: %s is shorter than the %llu bytes announced",
+				c->addr, path, (unsigned long long)end);
+			break;
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN) {
+			rc = wait_fd(c->fd, POLLOUT, deadline_after(c->io_timeout_ms));
+			if (rc < 0)
+				break;
+			continue;
+		}
+		if ((errno == EINVAL || errno == ENOSYS) && (uint64_t)o == off) {
+			rc = send_file_copy(c, fd, off, end);
+			break;
+		}
+		rc = -errno;
+		break;
+	}
+	sigpipe_restore(&g);
+	return rc;
+}
+
+/* The next data extent of fd in [from, size): 1 with *off and *len, 0 when only
+ * holes are left. A filesystem without SEEK_DATA reports all data. */
+static int next_extent(int fd, uint64_t from, uint64_t size, uint64_t *off, uint64_t *len)
+{
+	off_t d, h;
+
+	if (from >= size)
+		return 0;
+	d = lseek(fd, (off_t)from, SEEK_DATA);
+	if (d < 0) {
+		if (errno == ENXIO)
+			return 0;
+		if (errno != EINVAL && errno != EOPNOTSUPP)
+			return -errno;
+		d = (off_t)from;   /* no hole support: one extent */
+		h = (off_t)size;
+	} else {
+		h = lseek(fd, d, SEEK_HOLE);
+		if (h < 0)
+			return -errno;
+	}
+	if ((uint64_t)d >= size)
+		return 0;
+	if ((uint64_t)h > size)
+		h = (off_t)size;
+	*off = (uint64_t)d;
+	*len = (uint64_t)(h - d);
+	return *len > 0;
+}
+
+/* Bytes of data extents of fd in [0, size) (holes not counted). */
+static int count_data(int fd, uint64_t size, uint64_t *data)
+{
+	uint64_t pos = 0, off, len;
+	int rc;
+
+	*data = 0;
+	while ((rc = next_extent(fd, pos, size, &off, &len)) > 0) {
+		*data += len;
+		pos = off + len;
+	}
+	return rc;
+}
+
 int nconn_send_file(struct nconn *c, const char *path, int fd, uint64_t size,
 		    uint32_t crc32c)
 {
-	struct sigpipe_guard g;
+	bool sparse = c->peer_sparse;
 	json_t *hdr = NULL;
 	uint8_t *frame = NULL;
+	uint64_t data = size;
+	struct stat st;
 	size_t flen;
-	off_t off = 0;
 	int rc;
 
 	if (fd < 0)
 		return -EINVAL;
-	rc = net_file_hdr_build(path, size, crc32c, &hdr);
+	/* a file shorter than announced goes the dense way, which fails it
+	 * as before: a hole past its end would read as zeros it does not have */
+	if (sparse && (fstat(fd, &st) < 0 || (uint64_t)st.st_size < size))
+		sparse = false;
+	if (sparse) {
+		rc = count_data(fd, size, &data);
+		if (rc < 0)
+			return rc;
+		rc = net_file_hdr_build_sparse(path, size, crc32c, data, &hdr);
+	} else {
+		rc = net_file_hdr_build(path, size, crc32c, &hdr);
+	}
 	if (rc < 0)
 		return rc;
 	rc = net_frame_build(NT_FILE, 0, hdr, &frame, &flen);
@@ -408,43 +510,35 @@ int nconn_send_file(struct nconn *c, const char *path, int fd, uint64_t size,
 		pthread_mutex_unlock(&c->send_mu);
 		return rc;
 	}
-	if (c->ssl) {
-		/* the bytes must be encrypted in user space */
-		rc = send_file_copy(c, fd, 0, size);
-		if (rc < 0)
-			c->send_err = rc;
-		pthread_mutex_unlock(&c->send_mu);
-		return rc;
-	}
-	sigpipe_block(&g);
-	while ((uint64_t)off < size) {
-		uint64_t left = size - (uint64_t)off;
-		ssize_t n = sendfile(c->fd, fd, &off, left > (1u << 30) ? (1u << 30) : (size_t)left);
-		if (n > 0)
-			continue;
-		if (n == 0) {
-			rc = -EIO;
-			log_err("net", "%s: %s is shorter than the %llu bytes announced",
-				c->addr, path, (unsigned long long)size);
-			break;
-		}
-		if (errno == EINTR)
-			continue;
-		if (errno == EAGAIN) {
-			rc = wait_fd(c->fd, POLLOUT, deadline_after(c->io_timeout_ms));
+	if (!sparse) {
+		rc = send_range(c, path, fd, 0, size);
+	} else {
+		uint64_t pos = 0, sent = 0, off, len;
+		uint8_t eh[NET_EXT_LEN];
+		size_t w;
+
+		while (sent < data && (rc = next_extent(fd, pos, size, &off, &len)) > 0) {
+			if (len > data - sent)
+				len = data - sent;
+			net_ext_encode(eh, off, len);
+			rc = write_all(c, eh, sizeof(eh), &w);
+			if (rc == 0)
+				rc = send_range(c, path, fd, off, len);
 			if (rc < 0)
 				break;
-			continue;
+			sent += len;
+			pos = off + len;
 		}
-		if ((errno == EINVAL || errno == ENOSYS) && off == 0) {
-			rc = send_file_copy(c, fd, 0, size);
-			break;
+		/* the extents changed under us (the file is not immutable?): the
+		 * header promised data bytes, so the stream is broken now */
+		if (rc >= 0 && sent != data) {
+			log_err("net", "%s: %s changed while it was sent", c->addr, path);
+			rc = -EIO;
 		}
-		rc = -errno;
-		break;
+		if (rc > 0)
+			rc = 0;
 	}
-	sigpipe_restore(&g);
-	/* the NT_FILE header promised size bytes: any shortfall breaks the stream */
+	/* the NT_FILE header promised its bytes: any shortfall breaks the stream */
 	if (rc < 0)
 		c->send_err = rc;
 	pthread_mutex_unlock(&c->send_mu);
@@ -566,7 +660,8 @@ int nconn_recv(struct nconn *c, int timeout_ms, struct net_hdr *h, json_t **msg)
 		goto out;
 	}
 	if (h->type == NT_FILE) {
-		if (net_json_u64(o, "size", NET_FILE_MAX, &size) < 0) {
+		if (net_json_u64(o, "size", NET_FILE_MAX, &size) < 0 ||
+		    net_file_hdr_data(o, size, &c->file_sparse, &c->file_data) < 0) {
 			rc = c->recv_err = -EBADMSG;
 			json_decref(o);
 			goto out;
@@ -792,6 +887,94 @@ static int rx_splice(struct nconn *c, int fd, uint64_t off, uint64_t size, int t
 	return 0;
 }
 
+/* [off, end) of the file from the stream: read-ahead bytes first, then
+ * the copy path. */
+static int rx_range(struct nconn *c, int fd, uint64_t off, uint64_t end, int timeout_ms,
+		    uint32_t *crc)
+{
+	if (c->pre_off < c->pre_len && off < end) {
+		size_t k = c->pre_len - c->pre_off;
+		int rc;
+
+		if (k > end - off)
+			k = (size_t)(end - off);
+		*crc = mf_crc32c(*crc, c->pre + c->pre_off, k);
+		if (fd >= 0) {
+			rc = pwrite_all(fd, c->pre + c->pre_off, k, off);
+			if (rc < 0)
+				return rc;
+		}
+		c->pre_off += k;
+		off += k;
+	}
+	return rx_copy(c, fd, off, end, timeout_ms, crc);
+}
+
+static int write_zeros(struct nconn *c, int fd, uint64_t off, uint64_t n)
+{
+	if (!c->rxbuf) {
+		c->rxbuf = malloc(RX_CHUNK);
+		if (!c->rxbuf)
+			return -ENOMEM;
+	}
+	memset(c->rxbuf, 0, RX_CHUNK);
+	while (n > 0) {
+		size_t k = n > RX_CHUNK ? RX_CHUNK : (size_t)n;
+		int rc = pwrite_all(fd, c->rxbuf, k, off);
+		if (rc < 0)
+			return rc;
+		off += k;
+		n -= k;
+	}
+	return 0;
+}
+
+/* A sparse NT_FILE: the file gets its length first (holes cost nothing),
+ * then each extent at its offset; the CRC runs over the holes as zeros. */
+static int recv_sparse(struct nconn *c, int fd, uint64_t size, uint64_t data, int timeout_ms,
+		       uint32_t *crc)
+{
+	uint64_t done_to = 0, left = data, off, len;
+	uint8_t eh[NET_EXT_LEN];
+	size_t got;
+	int rc, fl = fd >= 0 ? fcntl(fd, F_GETFL) : 0;
+	/* O_APPEND ignores offsets: there the holes are written as zeros */
+	bool append = fl >= 0 && (fl & O_APPEND);
+
+	if (fd >= 0 && !append && ftruncate(fd, (off_t)size) < 0)
+		return -errno;
+	while (left > 0 || (append && done_to < size)) {
+		if (left == 0) {
+			off = size;   /* the trailing hole */
+			len = 0;
+		} else {
+			rc = read_exact(c, eh, sizeof(eh), deadline_after(timeout_ms), &got);
+			if (rc < 0)
+				return rc;
+			if (net_ext_decode(eh, size, done_to, left, &off, &len) < 0) {
+				log_warn("net", "%s: bad extent in a sparse file", c->addr);
+				return -EBADMSG;
+			}
+		}
+		if (append && off > done_to) {
+			rc = write_zeros(c, fd, done_to, off - done_to);
+			if (rc < 0)
+				return rc;
+		}
+		*crc = net_crc32c_zeros(*crc, off - done_to);
+		done_to = off;
+		if (len == 0)
+			continue;
+		rc = rx_range(c, fd, off, off + len, timeout_ms, crc);
+		if (rc < 0)
+			return rc;
+		done_to = off + len;
+		left -= len;
+	}
+	*crc = net_crc32c_zeros(*crc, size - done_to);
+	return 0;
+}
+
 int nconn_recv_file(struct nconn *c, int fd, uint64_t size, int timeout_ms,
 		    uint32_t *crc_out)
 {
@@ -807,6 +990,10 @@ int nconn_recv_file(struct nconn *c, int fd, uint64_t size, int timeout_ms,
 	if (size != c->file_left)
 		return -EINVAL;
 	c->file_pending = false;
+	if (c->file_sparse) {
+		rc = recv_sparse(c, fd, size, c->file_data, timeout_ms, &crc);
+		goto out;
+	}
 
 	if (c->pre_off < c->pre_len) {
 		size_t k = c->pre_len - c->pre_off;
@@ -959,8 +1146,10 @@ static int client_handshake(struct nconn *c, int my_rank, const char *purpose,
 	}
 	net_hex_encode(nonce_c, sizeof(nonce_c), nc_hex);
 	net_hex_encode(mac, sizeof(mac), mac_hex);
-	hello = json_pack("{s:i, s:s, s:s, s:s}", "rank", my_rank, "purpose", purpose,
-			  "nonce", nc_hex, "mac", mac_hex);
+	/* "sparse": we take sparse NT_FILEs (not covered by the MAC: a
+	 * man in the middle could only strip it, and dense files are fine) */
+	hello = json_pack("{s:i, s:s, s:s, s:s, s:b}", "rank", my_rank, "purpose", purpose,
+			  "nonce", nc_hex, "mac", mac_hex, "sparse", 1);
 	if (!hello) {
 		rc = -ENOMEM;
 		goto out;
@@ -995,6 +1184,7 @@ static int client_handshake(struct nconn *c, int my_rank, const char *purpose,
 		}
 	}
 	c->peer_rank = (int)srank;
+	c->peer_sparse = json_is_true(json_object_get(w, "sparse"));
 	rc = 0;
 out:
 	json_decref(hello);
@@ -1145,6 +1335,16 @@ int nconn_from_fd(int fd, struct ssl_st *ssl, int peer_rank, const char *peer_ad
 	c->unreg_arg = unreg_fn ? unreg_arg : NULL;
 	*out = c;
 	return 0;
+}
+
+void nconn_set_peer_sparse(struct nconn *c, bool yes)
+{
+	c->peer_sparse = yes;
+}
+
+uint64_t nconn_file_data(const struct nconn *c)
+{
+	return c->file_sparse ? c->file_data : c->file_left;
 }
 
 bool nconn_unregister(struct nconn *c)

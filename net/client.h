@@ -81,7 +81,11 @@ int nconn_recv_raw(struct nconn *c, int timeout_ms, struct net_hdr *h, uint8_t *
 int nconn_call(struct nconn *c, json_t *req, json_t **resp, int timeout_ms);
 
 /* Send an NT_FILE frame {"path","size","crc32c"} and then exactly size
- * bytes of fd from offset 0 (sendfile). path must be a safe relative path
+ * bytes of fd from offset 0 (sendfile). When the other side announced
+ * "sparse" in its handshake, only fd's data extents go (SEEK_DATA /
+ * SEEK_HOLE, the sparse NT_FILE of net/frame.h): a 256 MiB file with
+ * 8 KiB of data costs 8 KiB on the wire and on the receiver.
+ * path must be a safe relative path
  * (util_safe_relpath). The send mutex is held for the whole transfer.
  * 0, -EINVAL, -EIO (fd shorter than size: the connection is failed),
  * -ETIMEDOUT, -EPIPE/-ECONNRESET, other -errno. */
@@ -89,7 +93,9 @@ int nconn_send_file(struct nconn *c, const char *path, int fd, uint64_t size,
 		    uint32_t crc32c);
 /* After nconn_recv returned an NT_FILE frame: take exactly its size raw
  * bytes (size must equal the frame's "size") and write them to fd at
- * offsets 0..size-1 (fd < 0: discard them). *crc_out gets their CRC32C;
+ * offsets 0..size-1 (fd < 0: discard them); a sparse one sets fd's length
+ * with ftruncate (fd must be a new, empty file) and writes its extents
+ * only, leaving holes. *crc_out gets the CRC32C of all size logical bytes;
  * comparing it with the frame's crc32c is the caller's job. fd may be
  * O_WRONLY; it is written with pwrite, its offset is not moved. timeout_ms
  * bounds the wait for each piece of progress, not the whole transfer
@@ -98,6 +104,10 @@ int nconn_send_file(struct nconn *c, const char *path, int fd, uint64_t size,
  * write (-ENOSPC...). Any error leaves the connection failed. */
 int nconn_recv_file(struct nconn *c, int fd, uint64_t size, int timeout_ms,
 		    uint32_t *crc_out);
+
+/* After nconn_recv returned an NT_FILE frame: the bytes it will write
+ * (its data extents when sparse, else its size): what to reserve. */
+uint64_t nconn_file_data(const struct nconn *c);
 
 /* Shut the socket down both ways without freeing c: a thread blocked in
  * nconn_recv/nconn_send on c returns (-ECONNRESET/-EPIPE) at once. Any
@@ -119,6 +129,8 @@ struct ssl_st;
 int nconn_from_fd(int fd, struct ssl_st *ssl, int peer_rank, const char *peer_addr,
 		  const void *pre, size_t prelen, void (*unreg_fn)(void *, struct nconn *),
 		  void *unreg_arg, struct nconn **out);
+/* The other side takes sparse NT_FILEs (the server, from a data HELLO). */
+void nconn_set_peer_sparse(struct nconn *c, bool yes);
 /* Take the registration back (the server, when on_data returned without
  * closing c): true when it was still registered. */
 bool nconn_unregister(struct nconn *c);

@@ -347,6 +347,109 @@ int net_file_hdr_parse(json_t *msg, const char **path, uint64_t *size, uint32_t 
 	return 0;
 }
 
+int net_file_hdr_build_sparse(const char *path, uint64_t size, uint32_t crc32c, uint64_t data,
+			      json_t **out)
+{
+	int rc;
+
+	if (data > size)
+		return -EINVAL;
+	rc = net_file_hdr_build(path, size, crc32c, out);
+	if (rc < 0)
+		return rc;
+	if (json_object_set_new(*out, "data", json_integer((json_int_t)data)) < 0) {
+		json_decref(*out);
+		*out = NULL;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+int net_file_hdr_data(json_t *msg, uint64_t size, bool *sparse, uint64_t *data)
+{
+	int rc = net_json_u64(msg, "data", size, data);
+
+	*sparse = rc == 0;
+	if (rc == -ENOENT) {
+		*data = size;
+		return 0;
+	}
+	return rc < 0 ? -EBADMSG : 0;
+}
+
+void net_ext_encode(uint8_t out[NET_EXT_LEN], uint64_t off, uint64_t len)
+{
+	for (int i = 0; i < 8; i++) {
+		out[i] = (uint8_t)(off >> (8 * i));
+		out[8 + i] = (uint8_t)(len >> (8 * i));
+	}
+}
+
+int net_ext_decode(const uint8_t in[NET_EXT_LEN], uint64_t size, uint64_t done_to,
+		   uint64_t data_left, uint64_t *off, uint64_t *len)
+{
+	uint64_t o = 0, l = 0;
+
+	for (int i = 7; i >= 0; i--) {
+		o = o << 8 | in[i];
+		l = l << 8 | in[8 + i];
+	}
+	/* in order, not overlapping, inside the file, within what was announced */
+	if (l == 0 || o < done_to || o > size || l > size - o || l > data_left)
+		return -EBADMSG;
+	*off = o;
+	*len = l;
+	return 0;
+}
+
+/* GF(2) 32x32 matrix times vector, and the square of a matrix: the way
+ * zlib's crc32_combine moves a CRC over zeros without reading them. */
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
+{
+	uint32_t sum = 0;
+
+	for (; vec; vec >>= 1, mat++)
+		if (vec & 1)
+			sum ^= *mat;
+	return sum;
+}
+
+static void gf2_square(uint32_t *sq, const uint32_t *mat)
+{
+	for (int n = 0; n < 32; n++)
+		sq[n] = gf2_times(mat, mat[n]);
+}
+
+uint32_t net_crc32c_zeros(uint32_t crc, uint64_t n)
+{
+	uint32_t odd[32], even[32], reg;
+	uint32_t row = 1;
+
+	if (n == 0)
+		return crc;
+	odd[0] = 0x82f63b78u;           /* one zero bit: the reflected polynomial */
+	for (int i = 1; i < 32; i++) {
+		odd[i] = row;
+		row <<= 1;
+	}
+	gf2_square(even, odd);          /* two zero bits */
+	gf2_square(odd, even);          /* four */
+	reg = ~crc;                     /* the raw register, as mf_crc32c keeps it */
+	do {
+		gf2_square(even, odd);      /* 1, 4, 16, ... bytes */
+		if (n & 1)
+			reg = gf2_times(even, reg);
+		n >>= 1;
+		if (!n)
+			break;
+		gf2_square(odd, even);      /* 2, 8, 32, ... bytes */
+		if (n & 1)
+			reg = gf2_times(odd, reg);
+		n >>= 1;
+	} while (n);
+	return ~reg;
+}
+
 json_t *net_error_msg(int err, const char *text)
 {
 	if (err < 0)

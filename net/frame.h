@@ -10,7 +10,13 @@
  *   u32 req_id  u32 len  u32 payload_crc (CRC32C of the payload)
  *   u32 hdr_crc (CRC32C of the 20 bytes before it)
  *   then len payload bytes; after an NT_FILE frame, exactly "size" raw
- *   bytes (from its JSON payload) follow and are not counted in len. */
+ *   bytes (from its JSON payload) follow and are not counted in len.
+ *   A sparse NT_FILE (its payload has "data": D, sent only to a peer whose
+ *   HELLO or WELCOME said "sparse": true) is followed instead by extents
+ *   until D bytes have come: u64 off, u64 len (len > 0, in increasing
+ *   order, not overlapping, off + len <= size), then len bytes of the
+ *   file at off. Everything between them is a hole (zeros); "crc32c" is
+ *   over all size logical bytes, holes included. */
 #ifndef MTCFS_NET_FRAME_H
 #define MTCFS_NET_FRAME_H
 
@@ -27,6 +33,7 @@
 #define NET_JSON_MAX_DEPTH 16
 #define NET_PATH_MAX     4096u            /* NT_FILE "path" */
 #define NET_FILE_MAX     (1ULL << 44)     /* NT_FILE "size": 16 TiB, as MF_MAX_FILE_SIZE */
+#define NET_EXT_LEN      16u              /* a sparse NT_FILE's extent header */
 
 enum net_type {
 	NT_CHALLENGE = 1,   /* server -> client: 32-byte nonce, binary */
@@ -103,6 +110,23 @@ int net_hex_decode(const char *s, size_t slen, uint8_t *out, size_t n);
  * while msg lives. */
 int net_file_hdr_build(const char *path, uint64_t size, uint32_t crc32c, json_t **out);
 int net_file_hdr_parse(json_t *msg, const char **path, uint64_t *size, uint32_t *crc32c);
+
+/* Sparse NT_FILE: the same object plus "data" (bytes of data extents that
+ * follow, <= size: else -EINVAL). net_file_hdr_data reads it from a parsed
+ * NT_FILE (size from net_file_hdr_parse): *sparse false and *data = size
+ * when absent; -EBADMSG when not an integer in 0..size. */
+int net_file_hdr_build_sparse(const char *path, uint64_t size, uint32_t crc32c, uint64_t data,
+			      json_t **out);
+int net_file_hdr_data(json_t *msg, uint64_t size, bool *sparse, uint64_t *data);
+/* An extent header (off, len as two u64 LE) and its validating decode:
+ * done_to is where the previous extent ended (0 at first), data_left the
+ * announced data bytes not yet received. 0 or -EBADMSG. */
+void net_ext_encode(uint8_t out[NET_EXT_LEN], uint64_t off, uint64_t len);
+int net_ext_decode(const uint8_t in[NET_EXT_LEN], uint64_t size, uint64_t done_to,
+		   uint64_t data_left, uint64_t *off, uint64_t *len);
+/* The CRC32C (mf_crc32c's convention) of what crc covered followed by n
+ * zero bytes, in O(log n) without touching them: holes of sparse files. */
+uint32_t net_crc32c_zeros(uint32_t crc, uint64_t n);
 
 /* NT_ERROR payload {"error": text, "errno": err} (err positive or negative,
  * stored positive) and its parse, which returns the negative errno

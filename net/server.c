@@ -33,6 +33,16 @@
 #define HASH_BUCKETS      (1u << 14)
 #define MAX_EVENTS        256
 #define IOV_BATCH         64
+#define ADDR_BUCKETS      (1u << 12)
+#define FD_RESERVE_MIN    64          /* beyond half the limit, for FUSE and the tiers */
+
+/* Connections counted against one peer address (the IP, port ignored;
+ * IPv4 as its v4-mapped v6 form). Loop thread only. */
+struct addrent {
+	struct addrent *next;
+	uint8_t ip[16];
+	uint32_t n;
+};
 
 struct obuf {
 	struct obuf *next;
@@ -53,6 +63,7 @@ struct sconn {
 	char addr[INET6_ADDRSTRLEN + 8];
 	struct sconn *hnext;        /* id hash chain; protected by mu */
 	bool authed;                /* a control connection: on_close owed; protected by mu */
+	struct addrent *ae;         /* loop: counted against its address while set */
 
 	/* protected by mu: what other threads hand to the loop */
 	struct obuf *pend_head, *pend_tail;
@@ -65,6 +76,7 @@ struct sconn {
 	bool in_hs;                 /* counted in nsrv.nhs */
 	bool data_slot;             /* holds one of the max_data slots */
 	bool handoff;               /* data: hand over once WELCOME is written */
+	bool sparse;                /* its HELLO said it takes sparse NT_FILEs */
 	bool got_bytes;
 	uint8_t nonce_s[AUTH_NONCE_LEN];
 	uint64_t deadline_ns;       /* when timed */
@@ -129,6 +141,14 @@ struct nsrv {
 	bool accept_paused;
 	uint64_t accept_resume;
 	uint64_t last_refuse_log;
+	size_t nconns;              /* struct sconn alive (data threads are in ndata) */
+	size_t max_conns;           /* nconns + ndata bound, from RLIMIT_NOFILE */
+	_Atomic int max_per_addr;
+	struct addrent **atab;      /* per-address counts */
+	uint64_t refused_since_log; /* refused by the bounds since the last log line */
+	const char *refused_why;    /* the last refusal's reason (a literal) */
+	char refused_from[INET6_ADDRSTRLEN + 8];
+	_Atomic uint64_t refused;   /* refused by the bounds, ever */
 	uint8_t scratch[SCRATCH_SZ];
 };
 
@@ -268,6 +288,111 @@ static void free_obufs(struct obuf *o)
 	}
 }
 
+/* ---- connections per address (loop) ---- */
+
+static void addr_key(const struct sockaddr *sa, uint8_t ip[16])
+{
+	memset(ip, 0, 16);
+	if (sa->sa_family == AF_INET) {
+		ip[10] = ip[11] = 0xff;
+		memcpy(ip + 12, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+	} else if (sa->sa_family == AF_INET6) {
+		memcpy(ip, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, 16);
+	}
+}
+
+static struct addrent **addr_slot(struct nsrv *s, const uint8_t ip[16])
+{
+	uint32_t h = 2166136261u;   /* FNV-1a */
+	struct addrent **pp;
+
+	for (int i = 0; i < 16; i++)
+		h = (h ^ ip[i]) * 16777619u;
+	for (pp = &s->atab[h & (ADDR_BUCKETS - 1)]; *pp; pp = &(*pp)->next)
+		if (!memcmp((*pp)->ip, ip, 16))
+			break;
+	return pp;
+}
+
+static void addr_unref(struct nsrv *s, struct addrent *e)
+{
+	struct addrent **pp;
+
+	if (!e || --e->n > 0)
+		return;
+	pp = addr_slot(s, e->ip);
+	*pp = e->next;
+	free(e);
+}
+
+/* Stop counting c against its address (it proved the secret, or closed). */
+static void addr_put(struct nsrv *s, struct sconn *c)
+{
+	addr_unref(s, c->ae);
+	c->ae = NULL;
+}
+
+/* May one more connection from sa be served? NULL and *out = its address
+ * entry (counted) when it may; else why not. The total keeps a reserve of
+ * file descriptors for FUSE and the tiers: without it, a flood of
+ * connections (every one passes HELLO when there is no secret) made every
+ * open() of the mount fail with EMFILE. */
+static const char *admit(struct nsrv *s, const struct sockaddr *sa, struct addrent **out)
+{
+	struct addrent **pp, *e;
+	uint8_t ip[16];
+	int ndata;
+
+	*out = NULL;
+	pthread_mutex_lock(&s->mu);
+	ndata = s->ndata;
+	pthread_mutex_unlock(&s->mu);
+	if (s->nconns + (size_t)ndata >= s->max_conns)
+		return "connection limit reached";
+	if (s->nhs >= NSRV_MAX_HANDSHAKES)
+		return "too many connections authenticating";
+	addr_key(sa, ip);
+	pp = addr_slot(s, ip);
+	e = *pp;
+	if (e && e->n >= (uint32_t)s->max_per_addr)
+		return "too many unauthenticated connections from this address";
+	if (!e) {
+		e = calloc(1, sizeof(*e));
+		if (!e)
+			return "out of memory";
+		memcpy(e->ip, ip, sizeof(e->ip));
+		*pp = e;
+	}
+	e->n++;
+	*out = e;
+	return NULL;
+}
+
+static void refuse_log(struct nsrv *s, uint64_t now)
+{
+	log_warn("net", "refused %llu connection(s) in the last second; the last from %s: %s "
+		 "(%zu open, at most %zu; at most %d per address until authenticated)",
+		 (unsigned long long)s->refused_since_log, s->refused_from, s->refused_why,
+		 s->nconns, s->max_conns, (int)s->max_per_addr);
+	s->refused_since_log = 0;
+	s->last_refuse_log = now;
+}
+
+/* A refused connection is closed at once, counted, and logged at most
+ * once a second (a flood must not flood the log too). */
+static void refuse(struct nsrv *s, int fd, const struct sockaddr *sa, const char *why)
+{
+	uint64_t now = util_now_ns();
+
+	close(fd);
+	s->refused++;
+	s->refused_since_log++;
+	s->refused_why = why;
+	fmt_addr(sa, s->refused_from, sizeof(s->refused_from));
+	if (now - s->last_refuse_log > 1000000000ull)
+		refuse_log(s, now);
+}
+
 /* ---- closing ---- */
 
 /* Close and free c; on_close for an authenticated control connection. */
@@ -289,6 +414,8 @@ static void close_conn(struct nsrv *s, struct sconn *c)
 		release_data_slot(s);
 	timed_clear(s, c);
 	hs_done(s, c);
+	addr_put(s, c);
+	s->nconns--;
 	net_tls_close(c->ssl);
 	if (c->fd >= 0) {
 		epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->fd, NULL);
@@ -561,6 +688,7 @@ static int handoff(struct nsrv *s, struct sconn *c)
 		return -1;
 	}
 	d->c = nc;
+	nconn_set_peer_sparse(nc, c->sparse);
 	/* the socket is the nconn's now; the slot goes to the data thread */
 	epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
 	c->fd = -1;
@@ -615,6 +743,7 @@ static int hello_in(struct nsrv *s, struct sconn *c, const uint8_t *p)
 		return -1;
 	}
 	data = purpose[0] == 'd';
+	c->sparse = json_is_true(json_object_get(o, "sparse"));
 	json_decref(o);
 
 	if (s->auth.has_secret) {
@@ -631,6 +760,10 @@ static int hello_in(struct nsrv *s, struct sconn *c, const uint8_t *p)
 		}
 	}
 	c->peer_rank = (int)rank;
+	/* a proven peer no longer counts against its address: a coordinator
+	 * serves thousands of nodes, which may share one (NAT, loopback) */
+	if (s->auth.has_secret || s->auth.tls)
+		addr_put(s, c);
 	if (data) {
 		int max = s->max_data;
 		bool full;
@@ -653,7 +786,7 @@ static int hello_in(struct nsrv *s, struct sconn *c, const uint8_t *p)
 		c->data_slot = true;
 	}
 	net_hex_encode(want, sizeof(want), mac_hex);
-	w = json_pack("{s:i, s:s}", "rank", s->my_rank, "mac", mac_hex);
+	w = json_pack("{s:i, s:s, s:b}", "rank", s->my_rank, "mac", mac_hex, "sparse", 1);
 	rc = enqueue_json(c, NT_WELCOME, 0, w);
 	if (rc < 0) {
 		drop(s, c, true, "cannot queue WELCOME: %s", strerror(-rc));
@@ -900,7 +1033,7 @@ static int on_readable(struct nsrv *s, struct sconn *c)
 
 /* ---- accepting ---- */
 
-static void new_conn(struct nsrv *s, int fd, const struct sockaddr *sa)
+static void new_conn(struct nsrv *s, int fd, const struct sockaddr *sa, struct addrent *ae)
 {
 	struct epoll_event ev = { .events = EPOLLIN };
 	struct sconn *c = calloc(1, sizeof(*c));
@@ -910,9 +1043,11 @@ static void new_conn(struct nsrv *s, int fd, const struct sockaddr *sa)
 
 	if (!c) {
 		close(fd);
+		addr_unref(s, ae);
 		return;
 	}
 	c->fd = fd;
+	c->ae = ae;
 	c->id = ++s->next_id;
 	c->state = CS_HELLO;
 	c->peer_rank = AUTH_RANK_TOOL;
@@ -923,40 +1058,38 @@ static void new_conn(struct nsrv *s, int fd, const struct sockaddr *sa)
 	    net_frame_build_raw(NT_CHALLENGE, 0, c->nonce_s, AUTH_NONCE_LEN, &frame, &flen) < 0 ||
 	    enqueue(c, frame, flen) < 0) {
 		log_err("net", "%s: cannot build CHALLENGE", c->addr);
-		close(fd);
-		free_obufs(c->out_head);
-		free(c);
-		return;
+		goto fail;
 	}
 	if (s->auth.tls) {
 		c->ssl = net_tls_new(s->auth.tls, fd, 1);
 		if (!c->ssl) {
 			log_err("net", "%s: cannot start a TLS session", c->addr);
-			close(fd);
-			free_obufs(c->out_head);
-			free(c);
-			return;
+			goto fail;
 		}
 		c->tls_hs = true;
 	}
 	ev.data.ptr = c;
 	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
 		log_err("net", "%s: epoll_ctl: %s", c->addr, strerror(errno));
-		net_tls_close(c->ssl);
-		close(fd);
-		free_obufs(c->out_head);
-		free(c);
-		return;
+		goto fail;
 	}
 	c->events = EPOLLIN;
 	pthread_mutex_lock(&s->mu);
 	c->hnext = *bucket(s, c->id);
 	*bucket(s, c->id) = c;
 	pthread_mutex_unlock(&s->mu);
+	s->nconns++;
 	c->in_hs = true;
 	s->nhs++;
 	timed_set(s, c, util_now_ns() + (uint64_t)s->hs_timeout_ms * 1000000u);
 	flush(s, c);
+	return;
+fail:
+	net_tls_close(c->ssl);
+	close(fd);
+	free_obufs(c->out_head);
+	addr_put(s, c);
+	free(c);
 }
 
 static void pause_accept(struct nsrv *s, uint64_t now)
@@ -973,6 +1106,8 @@ static void do_accept(struct nsrv *s)
 	for (int i = 0; i < ACCEPTS_PER_EVENT; i++) {
 		struct sockaddr_storage ss;
 		socklen_t sl = sizeof(ss);
+		struct addrent *ae;
+		const char *why;
 		uint64_t now;
 		int fd;
 
@@ -991,19 +1126,12 @@ static void do_accept(struct nsrv *s)
 			pause_accept(s, now);
 			return;
 		}
-		if (s->nhs >= NSRV_MAX_HANDSHAKES) {
-			char a[INET6_ADDRSTRLEN + 8];
-			now = util_now_ns();
-			if (now - s->last_refuse_log > 1000000000ull) {
-				fmt_addr((struct sockaddr *)&ss, a, sizeof(a));
-				log_warn("net", "%s: refused: %d connections are already "
-					 "authenticating", a, NSRV_MAX_HANDSHAKES);
-				s->last_refuse_log = now;
-			}
-			close(fd);
+		why = admit(s, (struct sockaddr *)&ss, &ae);
+		if (why) {
+			refuse(s, fd, (struct sockaddr *)&ss, why);
 			continue;
 		}
-		new_conn(s, fd, (struct sockaddr *)&ss);
+		new_conn(s, fd, (struct sockaddr *)&ss, ae);
 	}
 }
 
@@ -1068,6 +1196,8 @@ static void sweep(struct nsrv *s, uint64_t now)
 		else
 			drop(s, c, true, "handshake timeout");
 	}
+	if (s->refused_since_log > 0 && now - s->last_refuse_log > 1000000000ull)
+		refuse_log(s, now);
 	if (s->accept_paused && now >= s->accept_resume) {
 		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &s->lfd };
 		epoll_ctl(s->epfd, EPOLL_CTL_MOD, s->lfd, &ev);
@@ -1098,7 +1228,7 @@ static void *loop_main(void *arg)
 	tl_loop = s;
 	pthread_setname_np(pthread_self(), "nsrv-loop");
 	while (!s->stop) {
-		int to = (s->thead || s->accept_paused) ? SWEEP_MS : -1;
+		int to = (s->thead || s->accept_paused || s->refused_since_log) ? SWEEP_MS : -1;
 		int n = epoll_wait(s->epfd, evs, MAX_EVENTS, to);
 		uint64_t now;
 
@@ -1153,17 +1283,33 @@ static void *loop_main(void *arg)
 
 /* ---- public ---- */
 
-static void raise_nofile(void)
+/* Raise RLIMIT_NOFILE's soft limit to the hard one and return the
+ * result. Connections may use half of it, less FD_RESERVE_MIN: the rest
+ * stays for FUSE (one O_PATH descriptor per inode the kernel remembers,
+ * open files), LMDB and the tiers. */
+static size_t fd_budget(void)
 {
 	struct rlimit rl;
+	uint64_t lim;
 
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
-		return;
-	rl.rlim_cur = rl.rlim_max;
-	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
-		log_warn("net", "cannot raise the open-file limit: %s", strerror(errno));
-	else
-		log_dbg("net", "open-file limit raised to %llu", (unsigned long long)rl.rlim_cur);
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 16;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rlim_t cur = rl.rlim_cur;
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+			log_warn("net", "cannot raise the open-file limit: %s", strerror(errno));
+			rl.rlim_cur = cur;
+		} else {
+			log_dbg("net", "open-file limit raised to %llu",
+				(unsigned long long)rl.rlim_cur);
+		}
+	}
+	lim = rl.rlim_cur == RLIM_INFINITY ? (1u << 20) : (uint64_t)rl.rlim_cur;
+	if (lim > (1u << 20))
+		lim = 1u << 20;
+	lim = lim / 2 > FD_RESERVE_MIN + 16 ? lim / 2 - FD_RESERVE_MIN : 16;
+	return lim > NSRV_MAX_CONNS ? NSRV_MAX_CONNS : (size_t)lim;
 }
 
 static int listen_on(const char *hostport, int *fd_out, int *port_out)
@@ -1260,7 +1406,13 @@ int nsrv_start(const char *listen_hostport, int my_rank, const struct net_auth *
 		rc = -ENOMEM;
 		goto fail;
 	}
-	raise_nofile();
+	s->max_conns = fd_budget();
+	s->max_per_addr = NSRV_MAX_PER_ADDR;
+	s->atab = calloc(ADDR_BUCKETS, sizeof(*s->atab));
+	if (!s->atab) {
+		rc = -ENOMEM;
+		goto fail;
+	}
 	rc = listen_on(listen_hostport, &s->lfd, &s->port);
 	if (rc < 0)
 		goto fail;
@@ -1293,7 +1445,9 @@ int nsrv_start(const char *listen_hostport, int my_rank, const struct net_auth *
 		rc = -rc;
 		goto fail;
 	}
-	log_info("net", "listening on %s (port %d) as rank %d", listen_hostport, s->port, my_rank);
+	log_info("net", "listening on %s (port %d) as rank %d; at most %zu connections, %d per "
+		 "address until authenticated", listen_hostport, s->port, my_rank, s->max_conns,
+		 NSRV_MAX_PER_ADDR);
 	*out = s;
 	return 0;
 fail:
@@ -1305,6 +1459,7 @@ fail:
 		close(s->evfd);
 	auth_clear(&s->auth);
 	free(s->tab);
+	free(s->atab);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->data_cv);
 	free(s);
@@ -1324,6 +1479,21 @@ void nsrv_set_handshake_timeout_ms(struct nsrv *s, int ms)
 void nsrv_set_max_data_conns(struct nsrv *s, int n)
 {
 	s->max_data = n >= 0 ? n : NSRV_MAX_DATA_CONNS;
+}
+
+void nsrv_set_max_per_addr(struct nsrv *s, int n)
+{
+	s->max_per_addr = n > 0 ? n : NSRV_MAX_PER_ADDR;
+}
+
+size_t nsrv_max_conns(const struct nsrv *s)
+{
+	return s->max_conns;
+}
+
+uint64_t nsrv_refused(struct nsrv *s)
+{
+	return atomic_load(&s->refused);
 }
 
 int nsrv_send(struct nsrv *s, uint64_t conn_id, uint8_t type, uint32_t req_id, json_t *msg)
@@ -1448,6 +1618,8 @@ void nsrv_stop(struct nsrv *s)
 	close(s->evfd);
 	auth_clear(&s->auth);
 	free(s->tab);
+	/* every connection was closed, so every entry is gone already */
+	free(s->atab);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->data_cv);
 	free(s);

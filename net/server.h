@@ -28,6 +28,8 @@ struct nsrv;
 #define NSRV_MAX_OUTQ        (64u << 20)   /* per control connection */
 #define NSRV_MAX_DATA_CONNS  64
 #define NSRV_MAX_HANDSHAKES  4096          /* connections not yet authenticated */
+#define NSRV_MAX_PER_ADDR    256           /* per peer IP, until the secret/TLS is proven */
+#define NSRV_MAX_CONNS       32768         /* in total, whatever RLIMIT_NOFILE allows */
 
 struct nsrv_ops {
 	/* A JSON frame (NT_REQ, NT_EVENT, and NT_RESP / NT_ERROR answering
@@ -50,6 +52,13 @@ struct nsrv_ops {
 /* Bind listen_hostport ("0.0.0.0:7000", "[::]:7000", ":7000" for every
  * address, "127.0.0.1:0" for a free port) with SO_REUSEADDR, raise
  * RLIMIT_NOFILE's soft limit to the hard one and start the loop thread.
+ * Bounds on connections: in total (handshaking, control and data) half
+ * the open-file limit less 64, so that FUSE and the tiers keep the rest;
+ * per peer IP NSRV_MAX_PER_ADDR until the connection proved the secret or
+ * its TLS certificate (without either, for its whole life); a connection
+ * that has not finished HELLO within the handshake timeout is closed,
+ * with or without a secret. A connection beyond a bound is closed at
+ * once, counted (nsrv_refused) and logged at most once a second.
  * my_rank (-1..65535) goes into WELCOME. auth may be NULL (no secret: a
  * warning is logged). ops is copied. 0, -EINVAL, -EADDRINUSE, other -errno. */
 int nsrv_start(const char *listen_hostport, int my_rank, const struct net_auth *auth,
@@ -62,6 +71,12 @@ void nsrv_set_handshake_timeout_ms(struct nsrv *s, int ms);
 /* Cap on concurrent data connections (default NSRV_MAX_DATA_CONNS);
  * beyond it a data HELLO gets NT_ERROR EBUSY. */
 void nsrv_set_max_data_conns(struct nsrv *s, int n);
+/* Per-address bound (default NSRV_MAX_PER_ADDR; tests lower it). */
+void nsrv_set_max_per_addr(struct nsrv *s, int n);
+/* The total bound computed at start from RLIMIT_NOFILE. */
+size_t nsrv_max_conns(const struct nsrv *s);
+/* Connections refused by the bounds so far (any thread). */
+uint64_t nsrv_refused(struct nsrv *s);
 
 /* Queue a frame (NT_REQ, NT_RESP, NT_EVENT or NT_ERROR) with payload msg to
  * control connection conn_id. Any thread. Takes ownership of msg (NULL:

@@ -210,7 +210,7 @@ static int recv_files(struct eng *e, struct nconn *c, struct ram_stage *st,
 		struct net_hdr h;
 		json_t *m = NULL;
 		const char *path;
-		uint64_t size;
+		uint64_t size, resv;
 		uint32_t crc, got;
 		struct stat sb;
 		int fd, rc;
@@ -236,22 +236,24 @@ static int recv_files(struct eng *e, struct nconn *c, struct ram_stage *st,
 			return -EPROTO;
 		}
 		json_decref(m);
-		if (ram_reserve(e->ram, size + 4096) < 0) {
+		/* a sparse file costs its data extents, not its size */
+		resv = nconn_file_data(c) + 4096;
+		if (ram_reserve(e->ram, resv) < 0) {
 			snprintf(why, whylen, "RAM tier full (%s needs %llu bytes)", en->path,
-				 (unsigned long long)size);
+				 (unsigned long long)resv);
 			return -ENOSPC;
 		}
 		fd = openat(st->fd, en->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
 			    (en->mode & 0777) | 0400);
 		if (fd < 0) {
 			rc = -errno;
-			ram_adjust(e->ram, -(int64_t)(size + 4096));
+			ram_adjust(e->ram, -(int64_t)resv);
 			snprintf(why, whylen, "create %s: %s", en->path, strerror(-rc));
 			return rc;
 		}
 		rc = nconn_recv_file(c, fd, size, DATA_TIMEOUT_MS, &got);
 		if (fstat(fd, &sb) == 0)
-			ram_adjust(e->ram, (int64_t)sb.st_blocks * 512 - (int64_t)(size + 4096));
+			ram_adjust(e->ram, (int64_t)sb.st_blocks * 512 - (int64_t)resv);
 		close(fd);
 		if (rc < 0) {
 			snprintf(why, whylen, "receiving %s: %s", en->path, strerror(-rc));

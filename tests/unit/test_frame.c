@@ -465,6 +465,81 @@ static void test_file_hdr(void **state)
 	}
 }
 
+/* The sparse NT_FILE (issue 13): the "data" key, the exact bytes of an
+ * extent header, every bound of its decode, and the CRC over holes. */
+static void test_sparse_file(void **state)
+{
+	static const uint8_t want[NET_EXT_LEN] = {
+		0x00, 0x10, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00,   /* off 0x100001000 LE */
+		0x00, 0x20, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,   /* len 0x2000 LE */
+	};
+	uint8_t eh[NET_EXT_LEN], buf[4096 + 3 + 5000] = { 0 };
+	uint64_t size, data, off, len;
+	const char *path;
+	uint32_t crc;
+	bool sparse;
+	json_t *m = NULL;
+	char *txt;
+
+	(void)state;
+	assert_int_equal(net_file_hdr_build_sparse("a/b", 1ull << 34, 0x01020304, 8192, &m), 0);
+	txt = json_dumps(m, JSON_COMPACT | JSON_SORT_KEYS);
+	assert_string_equal(txt, "{\"crc32c\":\"01020304\",\"data\":8192,\"path\":\"a/b\","
+			    "\"size\":17179869184}");
+	free(txt);
+	assert_int_equal(net_file_hdr_parse(m, &path, &size, &crc), 0);
+	assert_int_equal(net_file_hdr_data(m, size, &sparse, &data), 0);
+	assert_true(sparse);
+	assert_int_equal(data, 8192);
+	json_decref(m);
+	assert_int_equal(net_file_hdr_build_sparse("a", 10, 0, 11, &m), -EINVAL);
+
+	/* a dense header: no "data", all of it is data */
+	assert_int_equal(net_file_hdr_build("a", 10, 0, &m), 0);
+	assert_int_equal(net_file_hdr_data(m, 10, &sparse, &data), 0);
+	assert_false(sparse);
+	assert_int_equal(data, 10);
+	json_decref(m);
+	static const char *const bad[] = {
+		"{\"path\":\"x\",\"size\":10,\"crc32c\":\"00000000\",\"data\":11}",
+		"{\"path\":\"x\",\"size\":10,\"crc32c\":\"00000000\",\"data\":-1}",
+		"{\"path\":\"x\",\"size\":10,\"crc32c\":\"00000000\",\"data\":\"5\"}",
+		"{\"path\":\"x\",\"size\":10,\"crc32c\":\"00000000\",\"data\":1.5}",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		assert_int_equal(decode_str(bad[i], &m), 0);
+		assert_int_equal(net_file_hdr_parse(m, &path, &size, &crc), 0);
+		assert_int_equal(net_file_hdr_data(m, size, &sparse, &data), -EBADMSG);
+		json_decref(m);
+	}
+
+	net_ext_encode(eh, 0x100001000ull, 0x2000);
+	assert_memory_equal(eh, want, NET_EXT_LEN);
+	assert_int_equal(net_ext_decode(eh, 0x100003000ull, 0, 0x2000, &off, &len), 0);
+	assert_int_equal(off, 0x100001000ull);
+	assert_int_equal(len, 0x2000);
+	/* past the end, overlapping the previous extent, beyond "data", empty */
+	assert_int_equal(net_ext_decode(eh, 0x100002fffull, 0, 0x2000, &off, &len), -EBADMSG);
+	assert_int_equal(net_ext_decode(eh, 0x100003000ull, 0x100001001ull, 0x2000, &off, &len),
+			 -EBADMSG);
+	assert_int_equal(net_ext_decode(eh, 0x100003000ull, 0, 0x1fff, &off, &len), -EBADMSG);
+	net_ext_encode(eh, 5, 0);
+	assert_int_equal(net_ext_decode(eh, 100, 0, 100, &off, &len), -EBADMSG);
+	net_ext_encode(eh, UINT64_MAX - 1, 4);   /* off + len wraps */
+	assert_int_equal(net_ext_decode(eh, UINT64_MAX, 0, 100, &off, &len), -EBADMSG);
+	net_ext_encode(eh, 100, 0);
+	eh[8] = 1;
+	assert_int_equal(net_ext_decode(eh, 101, 100, 1, &off, &len), 0);   /* ends at size */
+
+	/* zeros appended by arithmetic = zeros read */
+	memcpy(buf + 4096, "abc", 3);
+	for (uint64_t n = 0; n <= 5000; n += (n < 70 ? 1 : 977))
+		assert_int_equal(net_crc32c_zeros(mf_crc32c(0, buf + 4096, 3), n),
+				 mf_crc32c(0, buf + 4096, 3 + n));
+	assert_int_equal(net_crc32c_zeros(0, 4096), mf_crc32c(0, buf, 4096));
+	assert_int_equal(net_crc32c_zeros(mf_crc32c(0, "x", 1), 0), mf_crc32c(0, "x", 1));
+}
+
 static void test_error_msg(void **state)
 {
 	json_t *m;
@@ -533,6 +608,7 @@ int main(void)
 		cmocka_unit_test(test_json_str),
 		cmocka_unit_test(test_json_hex),
 		cmocka_unit_test(test_file_hdr),
+		cmocka_unit_test(test_sparse_file),
 		cmocka_unit_test(test_error_msg),
 		cmocka_unit_test(test_hostport),
 	};

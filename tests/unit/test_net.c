@@ -800,6 +800,53 @@ struct hostile {
 	const char *reason;   /* in the server's WARN line */
 };
 
+/* Connection bounds (issue 13): without a secret every connection passes
+ * HELLO, so the per-address bound holds for a connection's whole life;
+ * beyond it a connection is closed at once, counted and logged once; with
+ * a secret a proven connection stops counting against its address. */
+static void test_connection_bounds(void **state)
+{
+	struct nconn *c[6] = { 0 };
+	struct tsrv *t;
+	size_t mark;
+	int rc;
+
+	(void)state;
+	t = tsrv_start(NULL);
+	assert_true(nsrv_max_conns(t->s) >= 16);
+	nsrv_set_max_per_addr(t->s, 4);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(nconn_connect(t->addr, i, "control", NULL, 5000, &c[i], NULL), 0);
+	mark = log_mark();
+	rc = nconn_connect(t->addr, 4, "control", NULL, 5000, &c[4], NULL);
+	assert_true(rc == -ECONNRESET || rc == -EPIPE);
+	assert_null(c[4]);
+	assert_int_equal(nsrv_refused(t->s), 1);
+	assert_true(wait_log(mark, 2000, "WARN", "refused 1 connection(s)",
+			     "too many unauthenticated connections from this address"));
+	call_echo(c[0], 1, false);   /* the admitted ones are served */
+	nconn_close(c[3]);           /* a slot comes back when one closes */
+	c[3] = NULL;
+	assert_true(wait_atomic(&t->nclose, 1, 5000));
+	assert_int_equal(nconn_connect(t->addr, 3, "control", NULL, 5000, &c[3], NULL), 0);
+	call_echo(c[3], 2, false);
+	for (int i = 0; i < 6; i++)
+		nconn_close(c[i]);
+	tsrv_stop(t);
+
+	/* with a secret, six proven connections from one address are fine */
+	t = tsrv_start(secret(SECRET_A));
+	nsrv_set_max_per_addr(t->s, 4);
+	for (int i = 0; i < 6; i++)
+		assert_int_equal(nconn_connect(t->addr, i, "control", secret(SECRET_A), 5000, &c[i],
+					       NULL), 0);
+	call_echo(c[5], 3, false);
+	assert_int_equal(nsrv_refused(t->s), 0);
+	for (int i = 0; i < 6; i++)
+		nconn_close(c[i]);
+	tsrv_stop(t);
+}
+
 static void test_hostile_clients(void **state)
 {
 	struct tsrv *t = tsrv_start(secret(SECRET_A));
@@ -1324,6 +1371,41 @@ static void test_file_transfer(void **state)
 	t->discard = true;
 	assert_int_equal(send_and_ack(t, c, "odd.bin", (3ull << 20) + 12345, crc_odd), crc_odd);
 	t->discard = false;
+	/* sparse (issue 13): only the data extents travel; the received file
+	 * has the holes back, the same bytes and the CRC over all of them;
+	 * the same file into an O_APPEND fd gets its holes written as zeros */
+	{
+		static const char a[] = "start", b[] = "middle", z[] = "end";
+		const uint64_t sz = 64ull << 20;
+		int fd = openat(tdirfd, "sparse.bin", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		uint32_t crc_sparse, crc;
+		struct stat sb;
+
+		assert_true(fd >= 0);
+		assert_int_equal(ftruncate(fd, (off_t)sz), 0);
+		assert_int_equal(pwrite(fd, a, 5, 0), 5);
+		assert_int_equal(pwrite(fd, b, 6, 20 << 20), 6);
+		assert_int_equal(pwrite(fd, z, 3, (off_t)sz - 3), 3);
+		assert_int_equal(mf_crc32c_fd(fd, &crc_sparse, &(uint64_t){ 0 }), 0);
+		close(fd);
+		nconn_set_rx_mode(NCONN_RX_AUTO);
+		t->open_flags = O_WRONLY;
+		assert_int_equal(send_and_ack(t, c, "sparse.bin", sz, crc_sparse), crc_sparse);
+		/* no same_files yet: its mmap reads would fill the holes of tmpfs
+		 * (pread does not) */
+		assert_int_equal(fstatat(tdirfd, "recv.bin", &sb, 0), 0);
+		assert_int_equal((uint64_t)sb.st_size, sz);
+		assert_true((uint64_t)sb.st_blocks * 512 <= 64 * 1024);
+		fd = openat(tdirfd, "recv.bin", O_RDONLY | O_CLOEXEC);
+		assert_int_equal(mf_crc32c_fd(fd, &crc, &(uint64_t){ 0 }), 0);
+		close(fd);
+		assert_int_equal(crc, crc_sparse);
+		t->open_flags = O_RDWR | O_APPEND;
+		assert_int_equal(send_and_ack(t, c, "sparse.bin", sz, crc_sparse), crc_sparse);
+		assert_true(same_files("sparse.bin", "recv.bin"));
+		t->open_flags = O_RDWR;
+		t->nfiles -= 2;
+	}
 	/* requests interleave with files on the same connection */
 	{
 		json_t *req = json_pack("{s:i}", "seq", 1), *resp = NULL;
@@ -2016,6 +2098,7 @@ int main(void)
 		cmocka_unit_test(test_handshake_secret),
 		cmocka_unit_test(test_wrong_secret),
 		cmocka_unit_test(test_hostile_clients),
+		cmocka_unit_test(test_connection_bounds),
 		cmocka_unit_test(test_req_resp_events),
 		cmocka_unit_test(test_output_queue_bound),
 		cmocka_unit_test(test_1000_clients),
