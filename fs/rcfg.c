@@ -1001,7 +1001,7 @@ static int validate(struct parse *p)
 		 * neighbour and the node itself (dist = nodes // k = 0) */
 		if (k > nodes || (k > lim && lim == RCFG_PEERS_MAX))
 			warn(p, "line %zu: 'peers-per-node' %lld is more than this job can use: "
-			     "%lld peers are used", p->line[K_PEERS_PER_NODE], k, lim);
+			     "clamped to %lld", p->line[K_PEERS_PER_NODE], k, lim);
 		if (k > lim)
 			p->ival[K_PEERS_PER_NODE] = lim;
 	}

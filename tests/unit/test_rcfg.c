@@ -485,7 +485,7 @@ static void test_peers_per_node_forms(void **state)
 	assert_int_equal(c.peers_per_node, 1);
 	assert_int_equal(w.n, 1);
 	assert_non_null(strstr(w.lines[0], "'peers-per-node' 3 is more than this job can use: "
-	                                   "1 peers are used"));
+	                                   "clamped to 1"));
 	rcfg_free(&c);
 	memset(&w, 0, sizeof w);
 	assert_int_equal(parse_w("job-name: j\nnode-rank: 0\nnodes: 1000\npeers-per-node: 65\n",
