@@ -739,16 +739,18 @@ static int skip_value(struct parse *p)
 
 /* master-port: GKE's coordinator port; mtcfs's comes from mount options.
  * Whatever it holds is accepted; a value GKE could not bind is a warning. */
-static void check_master_port(struct parse *p, const yaml_event_t *ev)
+static int check_master_port(struct parse *p, const yaml_event_t *ev)
 {
 	char nb[VARNAME_MAX + 128];
 	long long v = -1;
+	int rc = expand(p, ev, "'master-port'");
 
-	if (expand(p, ev, "'master-port'"))
-		return;
+	if (rc)
+		return rc;
 	if (scalar_to_int(p, ev, &v) != 0 || v < 1 || v > 65535)
 		warn(p, "line %zu: 'master-port' %s%s is not a port number; ignored (mtcfs takes "
 		     "the coordinator from its mount options)", ev_line(ev), p->raw, note(p, nb));
+	return 0;
 }
 
 static int parse_value(struct parse *p, enum key_id k)
@@ -769,7 +771,7 @@ static int parse_value(struct parse *p, enum key_id k)
 			rc = fail(p, "line %zu: %s expects a scalar, got %s", ev_line(&ev), subj,
 			          node_kind(&ev));
 		else if (k == K_MASTER_PORT)
-			check_master_port(p, &ev);
+			rc = check_master_port(p, &ev);
 		else
 			rc = expand(p, &ev, subj);
 		goto out;

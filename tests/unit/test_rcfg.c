@@ -448,6 +448,9 @@ static void test_nemo_reference_yaml(void **state)
 	assert_int_equal(c.peer_ranks[0], 0);
 	assert_int_equal(w.n, 0);
 	rcfg_free(&c);
+	/* a value that cannot be read at all is an error, also here */
+	EXPECT_ERROR(BASE "master-port: \"1\\0\"\n", "'master-port'", "contains a NUL character");
+	EXPECT_ERROR(BASE "master: \"a\\0\"\n", "'master'", "contains a NUL character");
 	/* a port GKE could not bind: ignored (mtcfs does not use it) */
 	assert_int_equal(parse_w(BASE "master-port: http\nmaster: [a]\n", &c, &w), -EINVAL);
 	memset(&w, 0, sizeof w);
