@@ -275,6 +275,14 @@ static int name_char(char c)
 	       c == '_';
 }
 
+static int plain_name(const char *s)
+{
+	for (; *s; s++)
+		if (!name_char(*s))
+			return 0;
+	return 1;
+}
+
 static const char *env_default(const char *name)
 {
 	return getenv(name);
@@ -344,7 +352,9 @@ static int expand(struct parse *p, const yaml_event_t *ev, const char *subj)
 				p->expanded = 1;
 				continue;
 			}
-			if (!p->literal[0]) {
+			/* named in messages only when it is a plain name: "${a\nb}"
+			 * is a reference too, but not one to print */
+			if (!p->literal[0] && plain_name(name)) {
 				memcpy(p->literal, name, nl + 1);
 				p->literal_allowed = allowed;
 			}
@@ -1137,6 +1147,8 @@ int rcfg_parse_warn(const char *buf, size_t len, const char *(*getenv_fn)(const 
 		rc = pass == 1 ? syntax_pass(p) : parse_stream(p);
 		yaml_parser_delete(&p->yp);
 	}
+	if (!rc && p->failed)   /* an error set on a path that did not return it */
+		rc = -EINVAL;
 	if (!rc)
 		rc = validate(p);
 	if (!rc) {

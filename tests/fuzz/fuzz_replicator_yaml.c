@@ -191,6 +191,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		die("unexpected return code", data, size, err);
 	if (size > RCFG_INPUT_MAX)
 		die("accepted an input over RCFG_INPUT_MAX", data, size, err);
+	if (err[0])
+		die("accepted, but with an error message", data, size, err);
 
 	if (!secret_in_input && strstr(c.job, "s3cr3t"))
 		die("the job name holds a refused variable's value", data, size, err);

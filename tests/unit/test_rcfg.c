@@ -915,6 +915,9 @@ static void test_err_env(void **state)
 	             "\"${NODE_RANK\"");
 	EXPECT_ERROR("job-name: j\nnode-rank: ${1X}\nnodes: 4\n", "'node-rank'", "\"${1X}\"");
 	EXPECT_ERROR("job-name: j\nnode-rank: ${}\nnodes: 4\n", "\"${}\"");
+	/* fuzzing: "${\n}" is a reference to a name with a newline; the one
+	 * line of the message stays one line */
+	EXPECT_ERROR("job-name: j\nnode-rank: \"${a\\nb}\"\nnodes: 4\n", "\"${a\\x0Ab}\"");
 	EXPECT_ERROR("job-name: j\nnode-rank: $MTCFS_YAML_BAD\nnodes: 4\n",
 	             "'node-rank' expects a non-negative integer, got \"$MTCFS_YAML_BAD\" "
 	             "(after $VAR expansion)");
