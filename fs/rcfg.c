@@ -571,14 +571,15 @@ static int scalar_minutes(struct parse *p, const yaml_event_t *ev, const char *s
 {
 	char nb[VARNAME_MAX + 128], clean[64];
 	long long iv;
-	size_t o = 0;
+	size_t o = 0, lo = 0, hi;
 	double d;
 	char *end;
-	int rc, ndig = 0;
+	int rc, ndig = 0, plain, seen_e = 0;
 
 	rc = expand(p, ev, subj);
 	if (rc)
 		return rc;
+	hi = p->vlen;
 	rc = scalar_to_int(p, ev, &iv);
 	if (rc != -1) {
 		/* integer: the int rules (and messages) */
@@ -586,10 +587,25 @@ static int scalar_minutes(struct parse *p, const yaml_event_t *ev, const char *s
 		p->minutes = (double)iv;
 		return rc;
 	}
-	for (size_t i = 0; i < p->vlen && o + 1 < sizeof clean; i++) {
+	/* Python's float() text: surrounding whitespace, '_' only between two
+	 * digits; a plain scalar is a YAML 1.1 float: '_' anywhere after the
+	 * first digit, before the exponent */
+	plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && !ev->data.scalar.tag &&
+	        !p->expanded && !p->literal[0];
+	while (lo < hi && is_space(p->val[lo]))
+		lo++;
+	while (hi > lo && is_space(p->val[hi - 1]))
+		hi--;
+	for (size_t i = lo; i < hi && o + 1 < sizeof clean; i++) {
 		char c = p->val[i];
-		if (c == '_' || (is_space(c) && (i == 0 || i + 1 == p->vlen)))
+		if (c == '_') {
+			if (plain ? !ndig || seen_e
+			          : i == lo || i + 1 == hi || p->val[i - 1] < '0' ||
+			                p->val[i - 1] > '9' || p->val[i + 1] < '0' || p->val[i + 1] > '9')
+				goto bad;
 			continue;
+		}
+		seen_e |= c == 'e' || c == 'E';
 		if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' ||
 		      c == '-'))
 			goto bad;

@@ -559,6 +559,21 @@ static void test_fractional_minutes(void **state)
 	EXPECT_ERROR(BASE "backup-interval-minutes: 1e9\n",
 	             "'backup-interval-minutes' must be at most 525600");
 	EXPECT_ERROR(BASE "backup-interval-minutes: 0x1p3\n", "expects a number of minutes");
+	/* Python float(): '_' only between digits (diffed against GKE's reading
+	 * of 867 forms: these were accepted before) */
+	EXPECT_ERROR(BASE "backup-interval-minutes: \"_1\"\n", "expects a number of minutes");
+	EXPECT_ERROR(BASE "backup-interval-minutes: +_0\n", "expects a number of minutes");
+	EXPECT_ERROR(BASE "backup-interval-minutes: \"1__0.5\"\n", "expects a number of minutes");
+	EXPECT_ERROR(BASE "backup-interval-minutes: \"1_.5\"\n", "expects a number of minutes");
+	EXPECT_ERROR(BASE "backup-interval-minutes: \"1. 5\"\n", "expects a number of minutes");
+	/* plain: YAML 1.1 floats take '_' after the first digit (GKE: 5._ = 5.0) */
+	parse_ok(BASE "backup-interval-minutes: 5._\n", &c);
+	assert_int_equal(c.backup_interval_minutes, 5);
+	rcfg_free(&c);
+	parse_ok(BASE "backup-interval-minutes: 0_.5_\n", &c);
+	assert_int_equal(c.backup_interval_minutes, 1);
+	rcfg_free(&c);
+	EXPECT_ERROR(BASE "backup-interval-minutes: ._5\n", "expects a number of minutes");
 }
 
 static void test_dp_and_workers(void **state)
