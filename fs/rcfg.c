@@ -676,15 +676,19 @@ static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
 		            "pytorch.distributed, pytorch",
 		            ev_line(ev), p->raw, note(p, nb));
 	}
-	/* GKE: a plain job-name YAML reads as an int is that int, printed in
-	 * decimal (job-name: 010 names files 8-s..-n..-w..) */
-	if (ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && !ev->data.scalar.tag &&
-	    !p->expanded && !p->literal[0] && yaml11_int(p->val, p->vlen, &iv) == 0) {
-		int n = snprintf(p->val, sizeof p->val, "%lld", iv);
-		if (strcmp(p->val, (const char *)ev->data.scalar.value))
-			warn(p, "line %zu: 'job-name' %s is a YAML integer: the job is named %s, "
-			     "as in GKE", ev_line(ev), p->raw, p->val);
-		p->vlen = (size_t)n;
+	/* GKE: a job-name that reads as an integer (YAML's, or int() of the
+	 * text: util.try_parse_int) is that integer, printed in decimal --
+	 * job-name: 010 names its files 8-s..., "010" and 1_0 name them 10-s... */
+	if (scalar_to_int(p, ev, &iv) == 0) {
+		char dec[32];
+		int n = snprintf(dec, sizeof dec, "%lld", iv);
+		if ((size_t)n != p->vlen || memcmp(dec, p->val, p->vlen)) {
+			if (!p->expanded)
+				warn(p, "line %zu: 'job-name' %s reads as the integer %s: the job is "
+				     "named %s, as in GKE", ev_line(ev), p->raw, dec, dec);
+			memcpy(p->val, dec, (size_t)n + 1);
+			p->vlen = (size_t)n;
+		}
 	}
 	why = job_name_problem(p->val, p->vlen, &bad);
 	if (why) {

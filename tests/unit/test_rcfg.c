@@ -347,8 +347,21 @@ static void test_quoted_ints(void **state)
 	parse_ok("job-name: 010\nnode-rank: 0\nnodes: 1\n", &c);
 	assert_string_equal(c.job, "8");
 	rcfg_free(&c);
+	/* GKE (run): "010" -> 10, 08 -> 8, " 5 " -> 5, 1_1 -> 11 (util.try_parse_int) */
 	parse_ok("job-name: \"010\"\nnode-rank: 0\nnodes: 1\n", &c);
-	assert_string_equal(c.job, "010");
+	assert_string_equal(c.job, "10");
+	rcfg_free(&c);
+	parse_ok("job-name: 08\nnode-rank: 0\nnodes: 1\n", &c);
+	assert_string_equal(c.job, "8");
+	rcfg_free(&c);
+	parse_ok("job-name: \" 5 \"\nnode-rank: 0\nnodes: 1\n", &c);
+	assert_string_equal(c.job, "5");
+	rcfg_free(&c);
+	parse_ok("job-name: \"1_1\"\nnode-rank: 0\nnodes: 1\n", &c);
+	assert_string_equal(c.job, "11");
+	rcfg_free(&c);
+	parse_ok("job-name: 123\nnode-rank: 0\nnodes: 1\n", &c);
+	assert_string_equal(c.job, "123");
 	rcfg_free(&c);
 }
 
