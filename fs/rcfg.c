@@ -112,6 +112,8 @@ struct parse {
 
 	char warn[WARN_MAX][WARN_LEN];  /* delivered only if the parse succeeds */
 	int nwarn, warn_dropped;
+	char ppn_err[512];              /* why peers-per-node could not be read:
+	                                   fatal only without peer-ranks */
 };
 
 __attribute__((format(printf, 2, 3)))
@@ -816,6 +818,25 @@ static int parse_value(struct parse *p, enum key_id k)
 		rc = set_string(p, k, &ev);
 		break;
 	case T_INT:
+		if (k == K_PEERS_PER_NODE) {
+			/* GKE never reads peers-per-node when peer-ranks is given,
+			 * which may come later: hold the error until then */
+			char *err = p->err;
+			size_t errlen = p->errlen;
+			p->err = p->ppn_err;
+			p->errlen = sizeof p->ppn_err;
+			p->ppn_err[0] = '\0';
+			rc = scalar_int(p, &ev, subj, keys[k].min, keys[k].max, &p->ival[k]);
+			p->err = err;
+			p->errlen = errlen;
+			if (rc == -EINVAL) {
+				p->failed = 0;
+				rc = 0;
+			} else {
+				p->ppn_err[0] = '\0';
+			}
+			break;
+		}
 		rc = scalar_int(p, &ev, subj, keys[k].min, keys[k].max, &p->ival[k]);
 		break;
 	case T_MINUTES:
@@ -837,7 +858,8 @@ static int parse_value(struct parse *p, enum key_id k)
 		break;
 	}
 	/* a kept-literal $VAR in a value that was accepted anyway */
-	if (!rc && ev.type == YAML_SCALAR_EVENT && p->literal[0])
+	if (!rc && ev.type == YAML_SCALAR_EVENT && p->literal[0] &&
+	    !(k == K_PEERS_PER_NODE && p->ppn_err[0]))
 		warn(p, "line %zu: %s: $%s %s; kept as written", ev_line(&ev), subj, p->literal,
 		     p->literal_allowed ? "is not set" : "is not a variable mtcfs expands (see README)");
 out:
@@ -1025,6 +1047,11 @@ static int validate(struct parse *p)
 			p->list[kept++] = v;
 	}
 	p->nlist = kept;
+	if (p->ppn_err[0] && HAS(p, K_PEER_RANKS))
+		warn(p, "'peers-per-node' (line %zu) ignored: peer-ranks is given (%s)",
+		     p->line[K_PEERS_PER_NODE], p->ppn_err);
+	else if (p->ppn_err[0])
+		return fail(p, "%s", p->ppn_err);
 	if (HAS(p, K_PEERS_PER_NODE) && !HAS(p, K_PEER_RANKS) && nodes > 1) {
 		long long k = p->ival[K_PEERS_PER_NODE], lim = nodes - 1;
 		if (lim > RCFG_PEERS_MAX)

@@ -434,6 +434,24 @@ static void test_both_peer_keys(void **state)
 	assert_null(c.peer_ranks);
 	assert_int_equal(c.peers_per_node, 0);
 	rcfg_free(&c);
+	/* GKE (run): with peer-ranks, a peers-per-node that is no number
+	 * ("$PPN" unset, -1) is never read; alone it is still an error */
+	memset(&w, 0, sizeof w);
+	assert_int_equal(parse_w("job-name: j\nnode-rank: 0\nnodes: 4\npeers-per-node: $PPN\n"
+	                         "peer-ranks: [1]\n", &c, &w), 0);
+	assert_int_equal(c.peers_per_node, 1);
+	assert_int_equal(w.n, 1);
+	assert_non_null(strstr(w.lines[0], "'peers-per-node' (line 4) ignored: peer-ranks is "
+	                                   "given (line 4: 'peers-per-node' expects a "
+	                                   "non-negative integer, got \"$PPN\""));
+	rcfg_free(&c);
+	parse_ok("job-name: j\nnode-rank: 0\nnodes: 4\npeer-ranks: [1]\npeers-per-node: -1\n", &c);
+	rcfg_free(&c);
+	EXPECT_ERROR("job-name: j\nnode-rank: 0\nnodes: 4\npeers-per-node: $PPN\n",
+	             "line 4: 'peers-per-node' expects a non-negative integer, got \"$PPN\"");
+	/* the first error is still the one reported */
+	EXPECT_ERROR("job-name: j\nnode-rank: x\nnodes: 4\npeers-per-node: -1\n",
+	             "'node-rank' expects");
 	/* peers-per-node may then be anything GKE would not look at */
 	parse_ok("job-name: j\nnode-rank: 0\nnodes: 4\npeers-per-node: 9\npeer-ranks: [1, 2]\n",
 	         &c);
