@@ -877,8 +877,10 @@ def start_ranks(c, job, ranks, text=nemo_yaml, timeout=60):
                     if os.path.exists(os.path.join(mnt, bad)):
                         raise AssertionError("node %d: %s: %s" % (
                             i, bad, read_file(os.path.join(mnt, bad))))
-                return [x for x in os.listdir(mnt)
-                        if x.endswith(".restore")] or None
+                # this job's markers: the last job's stay until the yaml
+                # is taken
+                return [x for x in os.listdir(mnt) if x.endswith(".restore")
+                        and x.startswith(job + "-s")] or None
             wait_until(ready, timeout, "markers on node %d" % i)
         except Exception as e:
             errs.append((i, e))
