@@ -179,8 +179,26 @@ static void apply_identity(struct fs *fs, const struct rcfg *c)
 	pthread_mutex_unlock(&fs->mu);
 }
 
+static void write_jax_init_info(struct fs *fs, int rank);
+
+/* replicator.yaml's warnings, held until the namespace is clean (the
+ * clean-up removes replicator.errors). */
+struct warnings {
+	char line[10][400];
+	int n;
+};
+
+static void keep_warning(void *arg, const char *line)
+{
+	struct warnings *w = arg;
+
+	if (w->n < (int)(sizeof w->line / sizeof w->line[0]))
+		snprintf(w->line[w->n++], sizeof w->line[0], "%s", line);
+}
+
 static void process_yaml(struct fs *fs)
 {
+	struct warnings warns = { .n = 0 };
 	int nsfd = ram_ns_fd(fs->ram);
 	struct restore_plan plan;
 	struct rcfg c = { 0 };
@@ -211,7 +229,7 @@ static void process_yaml(struct fs *fs)
 		return;
 	}
 	err[0] = '\0';
-	rc = rcfg_parse(buf, len, NULL, &c, err, sizeof(err));
+	rc = rcfg_parse_warn(buf, len, NULL, keep_warning, &warns, &c, err, sizeof(err));
 	if (rc == 0)   /* until the markers are out: a crash in between resumes it */
 		idx_put_meta(ram_idx(fs->ram), "pending_yaml", buf, len);
 	free(buf);
@@ -249,6 +267,14 @@ static void process_yaml(struct fs *fs)
 		idx_put_meta(ram_idx(fs->ram), "config", dump, strlen(dump));
 
 	clean_namespace(fs);
+	/* before the yaml goes: Orbax reads replicator.errors when it does */
+	for (int i = 0; i < warns.n; i++) {
+		log_warn("ctl", "%s", warns.line[i]);
+		ctl_report_error(fs, warns.line[i]);
+	}
+	/* this incarnation's rank (GKE's driver rewrites it per incarnation) */
+	if (fs->o.jax_init_info >= 0)
+		write_jax_init_info(fs, c.node_rank);
 	/* "configured and clean" */
 	if (unlinkat(nsfd, YAML, 0) < 0 && errno != ENOENT)
 		log_err("ctl", "cannot delete replicator.yaml: %s", strerror(errno));
@@ -301,15 +327,32 @@ static void process_yaml(struct fs *fs)
 	rcfg_free(&c);
 }
 
-static void write_jax_init_info(struct fs *fs)
+/* jax-init-info.txt: "RANK\nHOST:PORT\n", what Orbax's and MaxText's
+ * _retrieve_jax_init_info read (the first two lines: process id, then the
+ * coordinator address for jax.distributed.initialize) and wait 900 s for.
+ * HOST is rank 0's host (coordinator= or the first peers= entry; 127.0.0.1
+ * for a node on its own), PORT the JAX coordinator's (jax_port, 8476).
+ * rank < 0: this node's own, when known -- from peers=/listen=/rank=, or 0
+ * for a node without peers; a node that learns its rank only from
+ * replicator.yaml (coordinator= alone) writes it once that arrives.
+ * Written tmp + rename, so a reader never sees half of it. */
+static void write_jax_init_info(struct fs *fs, int rank)
 {
 	char buf[512];
-	int n;
-
 	char host[256] = "127.0.0.1";
 	const char *coord = fs->o.coordinator ? fs->o.coordinator : fs->o.peers;
-	int rank = fs->eng ? eng_rank(fs->eng) : fs->o.rank;
+	int n;
 
+	if (rank < 0) {
+		rank = fs->eng ? eng_rank(fs->eng) : fs->o.rank;
+		if (rank < 0 && coord) {
+			log_info("ctl", "%s: waiting for replicator.yaml to know this node's rank "
+				 "(give rank= to have it at start-up)", JAXINFO);
+			return;
+		}
+		if (rank < 0)
+			rank = 0;
+	}
 	if (coord) {
 		/* the JAX coordinator runs beside rank 0: same host, JAX's port */
 		size_t hl = strcspn(coord, ",");
@@ -319,7 +362,7 @@ static void write_jax_init_info(struct fs *fs)
 			host[colon - coord] = '\0';
 		}
 	}
-	n = snprintf(buf, sizeof(buf), "%d\n%s:%d\n", rank < 0 ? 0 : rank, host, fs->o.jax_port);
+	n = snprintf(buf, sizeof(buf), "%d\n%s:%d\n", rank, host, fs->o.jax_port);
 	if (util_write_file_atomic(ram_ns_fd(fs->ram), JAXINFO, buf, (size_t)n) < 0)
 		log_err("ctl", "cannot write %s: %s", JAXINFO, strerror(errno));
 }
@@ -389,8 +432,8 @@ int ctl_start(struct fs *fs)
 	pthread_cond_init(&fs->ctl_cv, NULL);
 	snprintf(fs->phase, sizeof(fs->phase), "waiting-for-config");
 	load_identity(fs);
-	if (fs->o.jax_init_info)
-		write_jax_init_info(fs);
+	if (fs->o.jax_init_info >= 0)   /* default on; -1: no_jax_init_info */
+		write_jax_init_info(fs, -1);
 	rc = pthread_create(&fs->ctl_thr, NULL, ctl_main, fs);
 	if (rc)
 		return -rc;

@@ -55,6 +55,8 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("gcs_endpoint=%s", o.gcs_endpoint),
 	OPT("gcs_key_file=%s", o.gcs_key_file),
 	OPT("jax_init_info", o.jax_init_info),
+	{ "no_jax_init_info", offsetof(struct cmdline, o.jax_init_info), -1 },
+	{ "jax_init_info=0", offsetof(struct cmdline, o.jax_init_info), -1 },
 	OPT("restore_timeout=%d", o.restore_timeout),
 	OPT("jax_port=%d", o.jax_port),
 	OPT("rank=%d", o.rank),
@@ -88,7 +90,7 @@ static void usage(const char *prog)
 	       "    -f                     stay in the foreground\n"
 	       "    -d                     verbose log (one line per event)\n"
 	       "    -o ram_size=SIZE       RAM tier capacity (512M, 4G, 200Gi); default: free space of RAMDIR\n"
-	       "    -o jax_init_info       write jax-init-info.txt for jax.distributed.initialize\n"
+	       "    -o no_jax_init_info    do not write jax-init-info.txt (written by default)\n"
 	       "    -o jax_port=PORT       JAX coordinator port written there (default 8476)\n"
 	       "    -o rank=N              this node's rank when no peer table says it (default 0)\n"
 	       "    -o restore_timeout=S   seconds to wait for all nodes when planning a restore\n"

@@ -2,7 +2,9 @@
  * errors ahead of anything else and bounds nesting; the second pass reads the
  * events against a fixed grammar (mapping of known keys -> scalar or sequence
  * of scalars), expanding $VARs per scalar; then the cross-key rules are
- * checked.  Only the first error is reported.
+ * checked.  Only the first error is reported.  What GKE's replicator would
+ * run (util.read_config: yaml.safe_load, os.path.expandvars, int()) is
+ * accepted; where mtcfs reads it differently it says so in a warning.
  */
 #include "fs/rcfg.h"
 
@@ -28,10 +30,13 @@
 
 enum key_id {
 	K_JOB, K_FRAMEWORK, K_NODE_RANK, K_NODES, K_PEER_RANKS, K_PEERS_PER_NODE,
-	K_MINUTES, K_STEPS, K_DP, K_WORKERS, K_COUNT
+	K_MINUTES, K_STEPS, K_DP, K_WORKERS, K_MASTER, K_MASTER_PORT, K_COUNT
 };
 
-enum key_type { T_STR, T_INT, T_INTLIST };
+/* T_MINUTES: a number, fractions allowed (GKE multiplies it by 60);
+ * T_IGNORED: GKE's own coordinator address (master, master-port): mtcfs
+ * takes its coordinator from mount options, so any scalar is accepted. */
+enum key_type { T_STR, T_INT, T_INTLIST, T_MINUTES, T_IGNORED };
 
 /* min/max are checked as each value is read; limits that involve another key
  * (node-rank < nodes, ...) are checked once the whole mapping is read. */
@@ -45,12 +50,33 @@ static const struct key_def {
 	[K_NODE_RANK]      = { "node-rank",               T_INT,     0, INT_MAX },
 	[K_NODES]          = { "nodes",                   T_INT,     1, RCFG_NODES_MAX },
 	[K_PEER_RANKS]     = { "peer-ranks",              T_INTLIST, 0, INT_MAX },
-	[K_PEERS_PER_NODE] = { "peers-per-node",          T_INT,     0, RCFG_PEERS_MAX },
-	[K_MINUTES]        = { "backup-interval-minutes", T_INT,     1, RCFG_MINUTES_MAX },
+	[K_PEERS_PER_NODE] = { "peers-per-node",          T_INT,     0, INT_MAX },
+	[K_MINUTES]        = { "backup-interval-minutes", T_MINUTES, 0, RCFG_MINUTES_MAX },
 	[K_STEPS]          = { "backup-interval-steps",   T_INT,     1, RCFG_STEPS_MAX },
 	[K_DP]             = { "assume-data-parallelism", T_INT,     1, RCFG_NODES_MAX },
 	[K_WORKERS]        = { "workers-per-node",        T_INT,     1, RCFG_WORKERS_MAX },
+	[K_MASTER]         = { "master",                  T_IGNORED, 0, 0 },
+	[K_MASTER_PORT]    = { "master-port",             T_IGNORED, 0, 0 },
 };
+
+/* The variables a $VAR may read from the daemon's environment.  GKE expands
+ * from the replicator's own environment; mtcfs's daemon environment may hold
+ * credentials, and any mount user can write replicator.yaml and read what
+ * it turns into (file names, messages).  So only names that describe a job
+ * or a node are read -- those Kubernetes/JobSet and torchrun put in a
+ * training pod -- plus any MTCFS_YAML_* an operator exports on purpose.
+ * Every other reference stays literal, as an unset one does in GKE. */
+static const char *const env_allowed[] = {
+	"JOBSET_NAME", "JOB_NAME", "REPLICATED_JOB_NAME", "JOB_INDEX",
+	"JOB_COMPLETION_INDEX", "JOB_GLOBAL_INDEX", "NODE_RANK", "NNODES",
+	"NUM_NODES", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT",
+	"NODE_NAME", "KUBE_NODE_NAME", "POD_NAME", "POD_NAMESPACE", "POD_IP",
+	"HOSTNAME",
+};
+#define ENV_PREFIX "MTCFS_YAML_"
+
+#define WARN_MAX  8      /* warnings kept per file; one more says "and more" */
+#define WARN_LEN  400
 
 static const char *const fw_names[] = {
 	[RCFG_FW_ORBAX]               = "orbax",
@@ -74,10 +100,20 @@ struct parse {
 	char job[RCFG_JOB_MAX + 1];
 	enum rcfg_framework fw;
 
+	double minutes;                 /* backup-interval-minutes as written */
+
 	char val[VALUE_MAX + 1];        /* the current scalar, expanded */
 	size_t vlen;
-	char raw[QBUF];                 /* the current scalar as written, quoted,
-	                                   when expansion changed it; else "" */
+	char raw[QBUF];                 /* the current scalar as written, quoted */
+	int expanded;                   /* a $VAR of it was replaced */
+	char literal[VARNAME_MAX + 1];  /* first $VAR of it kept literally, or "" */
+	int literal_allowed;            /* ... because it is unset (1) or not
+	                                   on the list (0) */
+
+	char warn[WARN_MAX][WARN_LEN];  /* delivered only if the parse succeeds */
+	int nwarn, warn_dropped;
+	char ppn_err[512];              /* why peers-per-node could not be read:
+	                                   fatal only without peer-ranks */
 };
 
 __attribute__((format(printf, 2, 3)))
@@ -91,6 +127,23 @@ static int fail(struct parse *p, const char *fmt, ...)
 	}
 	p->failed = 1;
 	return -EINVAL;
+}
+
+__attribute__((format(printf, 2, 3)))
+static void warn(struct parse *p, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (p->nwarn >= WARN_MAX) {
+		p->warn_dropped++;
+		return;
+	}
+	n = snprintf(p->warn[p->nwarn], WARN_LEN, "WARNING: replicator.yaml: ");
+	va_start(ap, fmt);
+	vsnprintf(p->warn[p->nwarn] + n, WARN_LEN - (size_t)n, fmt, ap);
+	va_end(ap);
+	p->nwarn++;
 }
 
 /* "text" with C-style escapes for anything unprintable, cut after
@@ -218,14 +271,18 @@ static int check_node(struct parse *p, const yaml_event_t *ev, const char *subj)
 	return 0;
 }
 
-static int name_start(char c)
-{
-	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
-}
-
 static int name_char(char c)
 {
-	return name_start(c) || (c >= '0' && c <= '9');
+	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+	       c == '_';
+}
+
+static int plain_name(const char *s)
+{
+	for (; *s; s++)
+		if (!name_char(*s))
+			return 0;
+	return 1;
 }
 
 static const char *env_default(const char *name)
@@ -233,130 +290,348 @@ static const char *env_default(const char *name)
 	return getenv(name);
 }
 
-/* Expands $NAME / ${NAME} of the scalar ev into p->val. */
+int rcfg_env_allowed(const char *name)
+{
+	if (!name)
+		return 0;
+	if (!strncmp(name, ENV_PREFIX, strlen(ENV_PREFIX)) && name[strlen(ENV_PREFIX)])
+		return 1;
+	for (size_t i = 0; i < sizeof env_allowed / sizeof env_allowed[0]; i++)
+		if (!strcmp(name, env_allowed[i]))
+			return 1;
+	return 0;
+}
+
+/* Expands the scalar ev into p->val the way Python's os.path.expandvars
+ * does (GKE: util.expand_env_variables): $NAME with NAME = [A-Za-z0-9_]+
+ * (longest), or ${ANYTHING-BUT-'}'}; a reference that cannot be read -- the
+ * variable is unset or not on the allow list -- stays as written; a '$'
+ * starting neither form, or "${" without its '}', is literal.  Values are
+ * not re-expanded. */
 static int expand(struct parse *p, const yaml_event_t *ev, const char *subj)
 {
 	const char *in = (const char *)ev->data.scalar.value;
 	size_t n = ev->data.scalar.length, o = 0, line = ev_line(ev);
-	char q[QBUF];
 
-	p->raw[0] = '\0';
+	quote(p->raw, in, n);
+	p->expanded = 0;
+	p->literal[0] = '\0';
 	if (memchr(in, '\0', n))
 		return fail(p, "line %zu: %s: value %s contains a NUL character", line, subj,
-		            quote(q, in, n));
+		            p->raw);
 	for (size_t i = 0; i < n;) {
-		size_t ns, nl = 0, adv;
-		char name[VARNAME_MAX + 1];
-		const char *v;
-		size_t vl;
+		size_t ns = 0, nl = 0, adv = 0;
+		const char *v = NULL;
+		int allowed;
 
 		if (in[i] == '$' && i + 1 < n && in[i + 1] == '{') {
-			ns = i + 2;
-			while (ns + nl < n && in[ns + nl] != '}')
-				nl++;
-			if (ns + nl >= n)
-				return fail(p, "line %zu: %s: unterminated \"${\" in %s", line,
-				            subj, quote(q, in, n));
-			for (size_t j = 0; j < nl; j++)
-				if (!(j ? name_char(in[ns + j]) : name_start(in[ns + j])))
-					nl = 0; /* an invalid name is treated like an empty one */
-			if (nl == 0)
-				return fail(p,
-				            "line %zu: %s: invalid variable reference in %s "
-				            "(names are [A-Za-z_][A-Za-z0-9_]*)",
-				            line, subj, quote(q, in, n));
-			adv = nl + 3;
-		} else if (in[i] == '$' && i + 1 < n && name_start(in[i + 1])) {
+			const char *close = memchr(in + i + 2, '}', n - i - 2);
+			if (close) {
+				ns = i + 2;
+				nl = (size_t)(close - (in + ns));
+				adv = nl + 3;
+			}
+		} else if (in[i] == '$') {
 			ns = i + 1;
 			while (ns + nl < n && name_char(in[ns + nl]))
 				nl++;
-			adv = nl + 1;
-		} else {
-			if (o >= VALUE_MAX)
-				goto toolong;
-			p->val[o++] = in[i++];
-			continue;
+			adv = nl ? nl + 1 : 0;
 		}
-		if (nl > VARNAME_MAX)
-			return fail(p,
-			            "line %zu: %s: variable name longer than %d characters in %s",
-			            line, subj, VARNAME_MAX, quote(q, in, n));
-		memcpy(name, in + ns, nl);
-		name[nl] = '\0';
-		v = p->getenv_fn(name);
-		if (!v)
-			return fail(p, "line %zu: %s: environment variable %s is not set", line,
-			            subj, name);
-		vl = strlen(v);
-		if (vl > VALUE_MAX - o)
+		if (adv && nl > 0 && nl <= VARNAME_MAX) {
+			char name[VARNAME_MAX + 1];
+			memcpy(name, in + ns, nl);
+			name[nl] = '\0';
+			allowed = rcfg_env_allowed(name);
+			if (allowed)
+				v = p->getenv_fn(name);
+			if (v) {
+				size_t vl = strlen(v);
+				if (vl > VALUE_MAX - o)
+					goto toolong;
+				memcpy(p->val + o, v, vl);
+				o += vl;
+				i += adv;
+				p->expanded = 1;
+				continue;
+			}
+			/* named in messages only when it is a plain name: "${a\nb}"
+			 * is a reference too, but not one to print */
+			if (!p->literal[0] && plain_name(name)) {
+				memcpy(p->literal, name, nl + 1);
+				p->literal_allowed = allowed;
+			}
+		}
+		if (!adv)
+			adv = 1;
+		/* kept as written */
+		if (adv > VALUE_MAX - o)
 			goto toolong;
-		memcpy(p->val + o, v, vl);
-		o += vl;
+		memcpy(p->val + o, in + i, adv);
+		o += adv;
 		i += adv;
 	}
 	p->val[o] = '\0';
 	p->vlen = o;
-	if (o != n || memcmp(p->val, in, n) != 0)
-		quote(p->raw, in, n);
 	return 0;
 toolong:
 	return fail(p, "line %zu: %s: value %s is longer than %d bytes after expansion", line, subj,
-	            quote(q, in, n), VALUE_MAX);
+	            p->raw, VALUE_MAX);
 }
 
-/* " (from "$X")" when the value came out of an expansion, else "". */
-static const char *from(const struct parse *p, char buf[QBUF + 16])
+/* What a message may say about the current value besides quoting it as
+ * written: never the expanded text (it may come from the environment). */
+static const char *note(const struct parse *p, char buf[VARNAME_MAX + 128])
 {
-	if (!p->raw[0])
-		return "";
-	snprintf(buf, QBUF + 16, " (from %s)", p->raw);
+	if (p->literal[0])
+		snprintf(buf, VARNAME_MAX + 128,
+		         p->literal_allowed ? " ($%s is not set)"
+		                            : " ($%s is not expanded: not a variable mtcfs reads, see README)",
+		         p->literal);
+	else if (p->expanded)
+		snprintf(buf, VARNAME_MAX + 128, " (after $VAR expansion)");
+	else
+		buf[0] = '\0';
 	return buf;
+}
+
+static int digit_ok(char c, int base)
+{
+	if (base == 16)
+		return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+	return c >= '0' && c < '0' + base;
+}
+
+/* Accumulates digits of s[0..n) in base, '_' skipped when us (underscores
+ * allowed anywhere, YAML 1.1) or only between digits (Python int()).
+ * 0 = ok, -1 = not a number, -ERANGE = above LLONG_MAX/2. */
+static int digits(const char *s, size_t n, int base, int yaml_us, long long *out)
+{
+	long long v = 0;
+	int nd = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		int d;
+		if (s[i] == '_') {
+			if (!yaml_us && (i == 0 || i + 1 == n || s[i + 1] == '_'))
+				return -1;
+			continue;
+		}
+		if (!digit_ok(s[i], base))
+			return -1;
+		d = s[i] <= '9' ? s[i] - '0' : (s[i] | 0x20) - 'a' + 10;
+		if (v > (LLONG_MAX / 2 - d) / base)
+			return -ERANGE;
+		v = v * base + d;
+		nd++;
+	}
+	if (!nd)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* A plain scalar YAML 1.1 resolves as an int (PyYAML's resolver and
+ * construct_yaml_int): 0b.., 0x.., 0<octal>, decimal, sexagesimal a:b:c,
+ * '_' ignored.  0 = *out set, -1 = not such an int, -ERANGE. */
+static int yaml11_int(const char *s, size_t n, long long *out)
+{
+	int neg = 0, rc;
+	long long v = 0;
+
+	if (n && (s[0] == '-' || s[0] == '+')) {
+		neg = s[0] == '-';
+		s++;
+		n--;
+	}
+	if (n == 0)
+		return -1;
+	if (n > 2 && s[0] == '0' && s[1] == 'b')
+		rc = digits(s + 2, n - 2, 2, 1, &v);
+	else if (n > 2 && s[0] == '0' && s[1] == 'x')
+		rc = digits(s + 2, n - 2, 16, 1, &v);
+	else if (memchr(s, ':', n)) {
+		/* [1-9][0-9_]*(:[0-5]?[0-9])+ */
+		const char *c = memchr(s, ':', n);
+		size_t hl = (size_t)(c - s);
+		if (s[0] < '1' || s[0] > '9' || digits(s, hl, 10, 1, &v) < 0)
+			return -1;
+		for (size_t i = hl; i < n;) {
+			size_t j = i + 1, k = j;
+			long long part = 0;
+			while (k < n && s[k] != ':')
+				k++;
+			if (k - j < 1 || k - j > 2 || digits(s + j, k - j, 10, 0, &part) < 0 ||
+			    (k - j == 2 && s[j] > '5'))
+				return -1;
+			if (v > LLONG_MAX / 120)
+				return -ERANGE;
+			v = v * 60 + part;
+			i = k;
+		}
+		rc = 0;
+	} else if (s[0] == '0' && n > 1) {
+		rc = digits(s + 1, n - 1, 8, 1, &v);
+	} else {
+		if (s[0] == '_')
+			return -1;
+		rc = digits(s, n, 10, 1, &v);
+	}
+	if (rc)
+		return rc;
+	*out = neg ? -v : v;
+	return 0;
+}
+
+static int is_space(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* Python's int(text): surrounding whitespace, a sign, decimal digits with
+ * single '_' between them ("010" is 10). */
+static int python_int(const char *s, size_t n, long long *out)
+{
+	int neg = 0, rc;
+	long long v;
+
+	while (n && is_space(*s)) {
+		s++;
+		n--;
+	}
+	while (n && is_space(s[n - 1]))
+		n--;
+	if (n && (s[0] == '-' || s[0] == '+')) {
+		neg = s[0] == '-';
+		s++;
+		n--;
+	}
+	rc = digits(s, n, 10, 0, &v);
+	if (rc)
+		return rc;
+	*out = neg ? -v : v;
+	return 0;
+}
+
+/* GKE's reading of an integer-valued scalar: a plain one YAML resolves as
+ * an int is that int; any other string (quoted, or after $VAR expansion)
+ * goes through Python's int(). */
+static int scalar_to_int(const struct parse *p, const yaml_event_t *ev, long long *out)
+{
+	const char *tag = (const char *)ev->data.scalar.tag;
+	int plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && !tag;
+	int rc = -1;
+
+	if ((plain || (tag && !strcmp(tag, TAG_INT))) && !p->expanded && !p->literal[0])
+		rc = yaml11_int(p->val, p->vlen, out);
+	if (rc == -1)
+		rc = python_int(p->val, p->vlen, out);
+	return rc;
 }
 
 /* Reads the scalar ev as an integer in [min, max]; subj names it in messages. */
 static int scalar_int(struct parse *p, const yaml_event_t *ev, const char *subj, long long min,
                       long long max, long long *out)
 {
-	char q[QBUF], f[QBUF + 16];
-	const char *s;
-	char *end;
-	size_t i = 0;
-	long long v;
+	char nb[VARNAME_MAX + 128], num[QBUF + VARNAME_MAX + 128];
+	long long v = 0;
 	int rc;
 
 	rc = expand(p, ev, subj);
 	if (rc)
 		return rc;
-	s = p->val;
-	if (p->vlen == 0)
-		return fail(p, "line %zu: %s expects an integer, got an empty value%s", ev_line(ev),
-		            subj, from(p, f));
-	if (s[0] == '+' || s[0] == '-')
-		i = 1;
-	if (i == p->vlen)
-		goto notint;
-	for (; i < p->vlen; i++)
-		if (s[i] < '0' || s[i] > '9')
-			goto notint;
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno == ERANGE || end != s + p->vlen || v > INT_MAX || v < INT_MIN)
-		return fail(p, "line %zu: %s: %s is too large%s", ev_line(ev), subj,
-		            quote(q, s, p->vlen), from(p, f));
-	if (v < 0 || s[0] == '-')   /* "-0" too: the sign says what was meant */
-		return fail(p, "line %zu: %s must not be negative, got %s%lld%s", ev_line(ev), subj,
-		            v == 0 ? "-" : "", v, from(p, f));
+	if (p->vlen == 0 && !p->expanded)
+		return fail(p, "line %zu: %s expects an integer, got an empty value", ev_line(ev),
+		            subj);
+	rc = scalar_to_int(p, ev, &v);
+	if (rc == -1)
+		return fail(p, "line %zu: %s expects a non-negative integer, got %s%s",
+		            ev_line(ev), subj, p->raw, note(p, nb));
+	if (rc == -ERANGE || v > INT_MAX || v < INT_MIN)
+		return fail(p, "line %zu: %s: %s is too large%s", ev_line(ev), subj, p->raw,
+		            note(p, nb));
+	/* the number itself only when it is what was written */
+	note(p, nb);
+	if (p->expanded)
+		snprintf(num, sizeof num, "%s%s", p->raw, nb);
+	else
+		snprintf(num, sizeof num, "%lld", v);
+	if (v < 0)
+		return fail(p, "line %zu: %s must not be negative, got %s", ev_line(ev), subj, num);
 	if (v < min)
-		return fail(p, "line %zu: %s must be at least %lld, got %lld%s", ev_line(ev), subj,
-		            min, v, from(p, f));
+		return fail(p, "line %zu: %s must be at least %lld, got %s", ev_line(ev), subj, min,
+		            num);
 	if (v > max)
-		return fail(p, "line %zu: %s must be at most %lld, got %lld%s", ev_line(ev), subj,
-		            max, v, from(p, f));
+		return fail(p, "line %zu: %s must be at most %lld, got %s", ev_line(ev), subj, max,
+		            num);
 	*out = v;
 	return 0;
-notint:
-	return fail(p, "line %zu: %s expects a non-negative integer, got %s%s", ev_line(ev), subj,
-	            quote(q, s, p->vlen), from(p, f));
+}
+
+/* backup-interval-minutes: GKE reads any YAML number (0.5 = every 30 s).
+ * Accepted: an integer as above, or a decimal fraction [+]D[.D][e[+-]D]. */
+static int scalar_minutes(struct parse *p, const yaml_event_t *ev, const char *subj)
+{
+	char nb[VARNAME_MAX + 128], clean[64];
+	long long iv;
+	size_t o = 0, lo = 0, hi;
+	double d;
+	char *end;
+	int rc, ndig = 0, plain, seen_e = 0;
+
+	rc = expand(p, ev, subj);
+	if (rc)
+		return rc;
+	hi = p->vlen;
+	rc = scalar_to_int(p, ev, &iv);
+	if (rc != -1) {
+		/* integer: the int rules (and messages) */
+		rc = scalar_int(p, ev, subj, 0, keys[K_MINUTES].max, &iv);
+		p->minutes = (double)iv;
+		return rc;
+	}
+	/* Python's float() text: surrounding whitespace, '_' only between two
+	 * digits; a plain scalar is a YAML 1.1 float: '_' anywhere after the
+	 * first digit, before the exponent */
+	plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && !ev->data.scalar.tag &&
+	        !p->expanded && !p->literal[0];
+	while (lo < hi && is_space(p->val[lo]))
+		lo++;
+	while (hi > lo && is_space(p->val[hi - 1]))
+		hi--;
+	for (size_t i = lo; i < hi && o + 1 < sizeof clean; i++) {
+		char c = p->val[i];
+		if (c == '_') {
+			if (plain ? !ndig || seen_e
+			          : i == lo || i + 1 == hi || p->val[i - 1] < '0' ||
+			                p->val[i - 1] > '9' || p->val[i + 1] < '0' || p->val[i + 1] > '9')
+				goto bad;
+			continue;
+		}
+		seen_e |= c == 'e' || c == 'E';
+		if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' ||
+		      c == '-'))
+			goto bad;
+		ndig += c >= '0' && c <= '9';
+		clean[o++] = c;
+	}
+	clean[o] = '\0';
+	if (!ndig || o + 1 >= sizeof clean)
+		goto bad;
+	errno = 0;
+	d = strtod(clean, &end);
+	if (*end || errno == ERANGE || d != d)
+		goto bad;
+	if (d < 0)
+		return fail(p, "line %zu: %s must not be negative, got %s%s", ev_line(ev), subj,
+		            p->raw, note(p, nb));
+	if (d > (double)keys[K_MINUTES].max)
+		return fail(p, "line %zu: %s must be at most %lld, got %s%s", ev_line(ev), subj,
+		            keys[K_MINUTES].max, p->raw, note(p, nb));
+	p->minutes = d;
+	return 0;
+bad:
+	return fail(p, "line %zu: %s expects a number of minutes, got %s%s", ev_line(ev), subj,
+	            p->raw, note(p, nb));
 }
 
 /* NULL if s[0..n) may be a job name (it becomes a file and object name),
@@ -382,8 +657,9 @@ static const char *job_name_problem(const char *s, size_t n, char *bad)
 
 static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
 {
-	char q[QBUF], f[QBUF + 16], bad = 0, subj[64];
+	char nb[VARNAME_MAX + 128], bad = 0, subj[64];
 	const char *why;
+	long long iv;
 	int rc;
 
 	snprintf(subj, sizeof subj, "'%s'", keys[k].name);
@@ -400,17 +676,32 @@ static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
 		}
 		return fail(p, "line %zu: 'framework' %s%s is not one of orbax, "
 		            "pytorch.distributed, pytorch",
-		            ev_line(ev), quote(q, p->val, p->vlen), from(p, f));
+		            ev_line(ev), p->raw, note(p, nb));
+	}
+	/* GKE: a job-name that reads as an integer (YAML's, or int() of the
+	 * text: util.try_parse_int) is that integer, printed in decimal --
+	 * job-name: 010 names its files 8-s..., "010" and 1_0 name them 10-s... */
+	if (scalar_to_int(p, ev, &iv) == 0) {
+		char dec[32];
+		int n = snprintf(dec, sizeof dec, "%lld", iv);
+		if ((size_t)n != p->vlen || memcmp(dec, p->val, p->vlen)) {
+			if (!p->expanded)
+				warn(p, "line %zu: 'job-name' %s reads as the integer %s: the job is "
+				     "named %s, as in GKE", ev_line(ev), p->raw, dec, dec);
+			memcpy(p->val, dec, (size_t)n + 1);
+			p->vlen = (size_t)n;
+		}
 	}
 	why = job_name_problem(p->val, p->vlen, &bad);
 	if (why) {
 		char ch[32] = "";
-		if (bad >= 0x20 && bad < 0x7f)
+		/* the offending character only when the value is as written */
+		if (!p->expanded && bad >= 0x20 && bad < 0x7f)
 			snprintf(ch, sizeof ch, " (found '%c')", bad);
-		else if (bad)
+		else if (!p->expanded && bad)
 			snprintf(ch, sizeof ch, " (found byte 0x%02X)", (unsigned char)bad);
-		return fail(p, "line %zu: 'job-name' %s%s cannot be used as a file name: %s%s",
-		            ev_line(ev), quote(q, p->val, p->vlen), from(p, f), why, ch);
+		return fail(p, "line %zu: 'job-name' %s cannot be used as a file name: %s%s%s",
+		            ev_line(ev), p->raw, why, ch, note(p, nb));
 	}
 	memcpy(p->job, p->val, p->vlen);
 	p->job[p->vlen] = '\0';
@@ -430,6 +721,7 @@ static int parse_list(struct parse *p, enum key_id k)
 			return -ENOMEM;
 		}
 	}
+	p->nlist = 0;   /* a repeated key: the last one counts */
 	for (;;) {
 		yaml_event_t ev;
 		long long v = 0;
@@ -457,6 +749,42 @@ static int parse_list(struct parse *p, enum key_id k)
 	}
 }
 
+/* Consumes the value of an unknown key, whatever its shape (nesting is
+ * bounded by the syntax pass; this loop counts, it does not recurse). */
+static int skip_value(struct parse *p)
+{
+	int depth = 0, rc;
+
+	do {
+		yaml_event_t ev;
+		rc = next_event(p, &ev);
+		if (rc)
+			return rc;
+		if (ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_MAPPING_START_EVENT)
+			depth++;
+		else if (ev.type == YAML_SEQUENCE_END_EVENT || ev.type == YAML_MAPPING_END_EVENT)
+			depth--;
+		yaml_event_delete(&ev);
+	} while (depth > 0);
+	return 0;
+}
+
+/* master-port: GKE's coordinator port; mtcfs's comes from mount options.
+ * Whatever it holds is accepted; a value GKE could not bind is a warning. */
+static int check_master_port(struct parse *p, const yaml_event_t *ev)
+{
+	char nb[VARNAME_MAX + 128];
+	long long v = -1;
+	int rc = expand(p, ev, "'master-port'");
+
+	if (rc)
+		return rc;
+	if (scalar_to_int(p, ev, &v) != 0 || v < 1 || v > 65535)
+		warn(p, "line %zu: 'master-port' %s%s is not a port number; ignored (mtcfs takes "
+		     "the coordinator from its mount options)", ev_line(ev), p->raw, note(p, nb));
+	return 0;
+}
+
 static int parse_value(struct parse *p, enum key_id k)
 {
 	yaml_event_t ev;
@@ -470,20 +798,49 @@ static int parse_value(struct parse *p, enum key_id k)
 	rc = check_node(p, &ev, subj);
 	if (rc)
 		goto out;
+	if (keys[k].type == T_IGNORED) {
+		if (ev.type != YAML_SCALAR_EVENT)
+			rc = fail(p, "line %zu: %s expects a scalar, got %s", ev_line(&ev), subj,
+			          node_kind(&ev));
+		else if (k == K_MASTER_PORT)
+			rc = check_master_port(p, &ev);
+		else
+			rc = expand(p, &ev, subj);
+		goto out;
+	}
+	if (ev.type != YAML_SCALAR_EVENT && keys[k].type != T_INTLIST) {
+		rc = fail(p, "line %zu: %s expects %s, got %s", ev_line(&ev), subj,
+		          keys[k].type == T_STR ? "a string" : "an integer", node_kind(&ev));
+		goto out;
+	}
 	switch (keys[k].type) {
 	case T_STR:
-		if (ev.type != YAML_SCALAR_EVENT)
-			rc = fail(p, "line %zu: %s expects a string, got %s", ev_line(&ev), subj,
-			          node_kind(&ev));
-		else
-			rc = set_string(p, k, &ev);
+		rc = set_string(p, k, &ev);
 		break;
 	case T_INT:
-		if (ev.type != YAML_SCALAR_EVENT)
-			rc = fail(p, "line %zu: %s expects an integer, got %s", ev_line(&ev), subj,
-			          node_kind(&ev));
-		else
+		if (k == K_PEERS_PER_NODE) {
+			/* GKE never reads peers-per-node when peer-ranks is given,
+			 * which may come later: hold the error until then */
+			char *err = p->err;
+			size_t errlen = p->errlen;
+			p->err = p->ppn_err;
+			p->errlen = sizeof p->ppn_err;
+			p->ppn_err[0] = '\0';
 			rc = scalar_int(p, &ev, subj, keys[k].min, keys[k].max, &p->ival[k]);
+			p->err = err;
+			p->errlen = errlen;
+			if (rc == -EINVAL) {
+				p->failed = 0;
+				rc = 0;
+			} else {
+				p->ppn_err[0] = '\0';
+			}
+			break;
+		}
+		rc = scalar_int(p, &ev, subj, keys[k].min, keys[k].max, &p->ival[k]);
+		break;
+	case T_MINUTES:
+		rc = scalar_minutes(p, &ev, subj);
 		break;
 	case T_INTLIST:
 		if (ev.type == YAML_SCALAR_EVENT)
@@ -497,8 +854,18 @@ static int parse_value(struct parse *p, enum key_id k)
 		else
 			rc = parse_list(p, k);
 		break;
+	case T_IGNORED:
+		break;
 	}
+	/* a kept-literal $VAR in a value that was accepted anyway */
+	if (!rc && ev.type == YAML_SCALAR_EVENT && p->literal[0] &&
+	    !(k == K_PEERS_PER_NODE && p->ppn_err[0]))
+		warn(p, "line %zu: %s: $%s %s; kept as written", ev_line(&ev), subj, p->literal,
+		     p->literal_allowed ? "is not set" : "is not a variable mtcfs expands (see README)");
 out:
+	if (!rc && keys[k].type == T_IGNORED && p->literal[0])
+		warn(p, "line %zu: %s: $%s %s; kept as written", ev_line(&ev), subj, p->literal,
+		     p->literal_allowed ? "is not set" : "is not a variable mtcfs expands (see README)");
 	yaml_event_delete(&ev);
 	return rc;
 }
@@ -532,18 +899,19 @@ static int parse_mapping(struct parse *p)
 		for (k = 0; k < K_COUNT; k++)
 			if (strlen(keys[k].name) == klen && !memcmp(keys[k].name, kname, klen))
 				break;
-		if (k == K_COUNT)
-			rc = fail(p, "line %zu: unknown key %s (known keys: job-name, framework, "
-			          "node-rank, nodes, peer-ranks, peers-per-node, "
-			          "backup-interval-minutes, backup-interval-steps, "
-			          "assume-data-parallelism, workers-per-node)",
-			          line, quote(q, kname, klen));
-		else if (p->seen & (1u << k))
-			rc = fail(p, "line %zu: duplicate key '%s' (first given at line %zu)", line,
-			          keys[k].name, p->line[k]);
+		if (k == K_COUNT) {
+			/* GKE reads the keys it knows and ignores the rest */
+			warn(p, "line %zu: unknown key %s ignored", line, quote(q, kname, klen));
+			yaml_event_delete(&ev);
+			rc = skip_value(p);
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (p->seen & (1u << k))   /* PyYAML keeps the last one */
+			warn(p, "line %zu: duplicate key '%s' (first given at line %zu): the last "
+			     "one counts, as in GKE", line, keys[k].name, p->line[k]);
 		yaml_event_delete(&ev);
-		if (rc)
-			return rc;
 		p->seen |= 1u << k;
 		p->line[k] = line;
 		rc = parse_value(p, (enum key_id)k);
@@ -634,7 +1002,7 @@ static int validate(struct parse *p)
 	static const enum key_id required[] = { K_JOB, K_NODE_RANK, K_NODES };
 	char missing[128] = "";
 	size_t mlen = 0;
-	int nmissing = 0;
+	int nmissing = 0, kept = 0;
 	long long nodes, rank;
 
 	for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
@@ -655,43 +1023,75 @@ static int validate(struct parse *p)
 		            "(ranks are 0..%lld)",
 		            p->line[K_NODE_RANK], rank, nodes, nodes - 1);
 
-	if (HAS(p, K_PEER_RANKS) && HAS(p, K_PEERS_PER_NODE))
-		return fail(p,
-		            "'peer-ranks' (line %zu) and 'peers-per-node' (line %zu) are mutually "
-		            "exclusive: give one of them",
-		            p->line[K_PEER_RANKS], p->line[K_PEERS_PER_NODE]);
+	/* GKE: the node sends peer-ranks to the coordinator when given, which
+	 * then uses them instead of peers-per-node, and the node takes the
+	 * number of peers it got back as its peers-per-node (restore.py,
+	 * coordinator._get_replication_peers_for_node).  The NeMo reference
+	 * writes both keys. */
 	for (int i = 0; i < p->nlist; i++) {
-		int v = p->list[i];
-		if (v >= nodes)
+		int v = p->list[i], dup = 0;
+		if (v >= nodes)   /* GKE: KeyError in the coordinator */
 			return fail(p,
 			            "line %zu: 'peer-ranks' entry %d is out of range: with 'nodes' "
 			            "%lld ranks are 0..%lld",
 			            p->line[K_PEER_RANKS], v, nodes, nodes - 1);
-		if (v == rank)
-			return fail(p, "line %zu: 'peer-ranks' entry %d is this node's own "
-			            "'node-rank'", p->line[K_PEER_RANKS], v);
-		for (int j = 0; j < i; j++)
-			if (p->list[j] == v)
-				return fail(p, "line %zu: 'peer-ranks' lists %d twice",
-				            p->line[K_PEER_RANKS], v);
+		for (int j = 0; j < kept; j++)
+			dup |= p->list[j] == v;
+		if (v == rank)   /* GKE would replicate to itself */
+			warn(p, "line %zu: 'peer-ranks' entry %d is this node's own 'node-rank': "
+			     "ignored", p->line[K_PEER_RANKS], v);
+		else if (dup)
+			warn(p, "line %zu: 'peer-ranks' lists %d twice: once is used",
+			     p->line[K_PEER_RANKS], v);
+		else
+			p->list[kept++] = v;
 	}
-	if (HAS(p, K_PEERS_PER_NODE) && nodes > 1 && p->ival[K_PEERS_PER_NODE] >= nodes)
-		return fail(p,
-		            "line %zu: 'peers-per-node' %lld must be less than 'nodes' %lld: a "
-		            "node cannot be its own peer, so at most %lld peers",
-		            p->line[K_PEERS_PER_NODE], p->ival[K_PEERS_PER_NODE], nodes, nodes - 1);
+	p->nlist = kept;
+	if (p->ppn_err[0] && HAS(p, K_PEER_RANKS))
+		warn(p, "'peers-per-node' (line %zu) ignored: peer-ranks is given (%s)",
+		     p->line[K_PEERS_PER_NODE], p->ppn_err);
+	else if (p->ppn_err[0])
+		return fail(p, "%s", p->ppn_err);
+	if (HAS(p, K_PEERS_PER_NODE) && !HAS(p, K_PEER_RANKS) && nodes > 1) {
+		long long k = p->ival[K_PEERS_PER_NODE], lim = nodes - 1;
+		if (lim > RCFG_PEERS_MAX)
+			lim = RCFG_PEERS_MAX;
+		/* GKE: k = nodes gives every other node; k > nodes gives the XOR
+		 * neighbour and the node itself (dist = nodes // k = 0) */
+		if (k > nodes || (k > lim && lim == RCFG_PEERS_MAX))
+			warn(p, "line %zu: 'peers-per-node' %lld is more than this job can use: "
+			     "clamped to %lld", p->line[K_PEERS_PER_NODE], k, lim);
+		if (k > lim)
+			p->ival[K_PEERS_PER_NODE] = lim;
+	}
+	if (HAS(p, K_PEERS_PER_NODE) && p->ival[K_PEERS_PER_NODE] > RCFG_PEERS_MAX)
+		p->ival[K_PEERS_PER_NODE] = RCFG_PEERS_MAX;   /* nodes == 1: no peers anyway */
 
-	if (HAS(p, K_MINUTES) && HAS(p, K_STEPS))
-		return fail(p,
-		            "'backup-interval-minutes' (line %zu) and 'backup-interval-steps' "
-		            "(line %zu) are mutually exclusive: give one of them",
-		            p->line[K_MINUTES], p->line[K_STEPS]);
+	if (HAS(p, K_MINUTES) && HAS(p, K_STEPS)) {
+		/* GKE's coordinator reads only backup-interval-minutes */
+		warn(p, "'backup-interval-minutes' (line %zu) and 'backup-interval-steps' (line "
+		     "%zu) are both given: the minutes are used, as in GKE",
+		     p->line[K_MINUTES], p->line[K_STEPS]);
+		p->seen &= ~(1u << K_STEPS);
+	}
+	if (HAS(p, K_MINUTES)) {
+		double m = p->minutes, c = (double)(long long)m;
+		long long whole = (long long)(c < m ? c + 1 : c);
+		if (whole < 1)
+			whole = 1;
+		/* backups are named by the UTC minute, so one a minute at most */
+		if ((double)whole != m)
+			warn(p, "line %zu: 'backup-interval-minutes' %g is rounded up to %lld: mtcfs "
+			     "backs up at most once a minute", p->line[K_MINUTES], m, whole);
+		p->ival[K_MINUTES] = whole;
+	}
 
-	if (HAS(p, K_DP) && nodes % p->ival[K_DP] != 0)
-		return fail(p,
-		            "line %zu: 'nodes' %lld is not divisible by "
-		            "'assume-data-parallelism' %lld",
-		            p->line[K_DP], nodes, p->ival[K_DP]);
+	if (HAS(p, K_DP) && nodes % p->ival[K_DP] != 0) {
+		/* GKE logs an error and infers nothing; mtcfs assumes nothing */
+		warn(p, "line %zu: 'nodes' %lld is not divisible by 'assume-data-parallelism' "
+		     "%lld: data parallelism is not assumed", p->line[K_DP], nodes, p->ival[K_DP]);
+		p->seen &= ~(1u << K_DP);
+	}
 	return 0;
 }
 
@@ -746,6 +1146,13 @@ static int blank(const char *buf, size_t len)
 int rcfg_parse(const char *buf, size_t len, const char *(*getenv_fn)(const char *name),
                struct rcfg *out, char *err, size_t errlen)
 {
+	return rcfg_parse_warn(buf, len, getenv_fn, NULL, NULL, out, err, errlen);
+}
+
+int rcfg_parse_warn(const char *buf, size_t len, const char *(*getenv_fn)(const char *name),
+                    rcfg_warn_fn warn_fn, void *warn_arg, struct rcfg *out, char *err,
+                    size_t errlen)
+{
 	struct parse *p;
 	int rc;
 
@@ -787,10 +1194,21 @@ int rcfg_parse(const char *buf, size_t len, const char *(*getenv_fn)(const char 
 		rc = pass == 1 ? syntax_pass(p) : parse_stream(p);
 		yaml_parser_delete(&p->yp);
 	}
+	if (!rc && p->failed)   /* an error set on a path that did not return it */
+		rc = -EINVAL;
 	if (!rc)
 		rc = validate(p);
-	if (!rc)
+	if (!rc) {
 		fill(p, out);
+		for (int i = 0; warn_fn && i < p->nwarn; i++)
+			warn_fn(warn_arg, p->warn[i]);
+		if (warn_fn && p->warn_dropped) {
+			char more[96];
+			snprintf(more, sizeof more, "WARNING: replicator.yaml: %d more warnings "
+			         "not shown", p->warn_dropped);
+			warn_fn(warn_arg, more);
+		}
+	}
 	free(p->list);
 	free(p);
 	return rc;

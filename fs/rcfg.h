@@ -26,9 +26,11 @@ struct rcfg {
 	int *peer_ranks; int n_peer_ranks; /* owned; NULL/0 when peers-per-node was
 	                                      given (or peer-ranks was an empty list) */
 	int peers_per_node;             /* == n_peer_ranks when peer-ranks given;
-	                                   default 1 if neither key */
+	                                   default 1 if neither key; at most
+	                                   nodes - 1 when nodes > 1 */
 	int backup_interval_minutes;    /* 0 when backup-interval-steps given;
-	                                   default 30 if neither */
+	                                   default 30 if neither; whole minutes
+	                                   (fractions rounded up), >= 1 */
 	int backup_interval_steps;      /* 0 unless given */
 	int assume_dp;                  /* assume-data-parallelism, 0 = not set;
 	                                   else divides nodes */
@@ -37,36 +39,65 @@ struct rcfg {
 
 /* Parse and validate replicator.yaml held in buf[0..len) (need not be
  * NUL-terminated; buf is only read during the call; at most RCFG_INPUT_MAX).
+ * What GKE's replicator runs is accepted (README: "GKE replicator vs mtcfs").
  *
- * Grammar: one YAML document whose top level is a mapping of the keys
+ * Grammar: one YAML document whose top level is a mapping.  Keys read:
  * job-name, framework (orbax | pytorch.distributed | pytorch), node-rank,
- * nodes, peer-ranks (sequence of ints) or peers-per-node, backup-interval-
- * minutes or backup-interval-steps, assume-data-parallelism, workers-per-node.
- * Each value is a scalar (peer-ranks: a sequence of scalars); in every value
- * scalar, whatever its quoting, $NAME and ${NAME} (NAME = [A-Za-z_][A-Za-z0-9_]*,
- * $NAME takes the longest such name) are replaced by getenv_fn(NAME) (NULL
- * getenv_fn: getenv); a '$' followed by neither is kept literally; values are
- * not re-expanded; keys are never expanded.  An integer is the expanded text
- * [+]digits (decimal, leading zeros allowed), so `nodes: 4`, `nodes: "4"` and
- * `nodes: $N` all work; "-digits" is recognised only to report it as negative;
- * floats, hex, booleans and other YAML forms are rejected.  Anchors, aliases
- * and tags other than !, !!str, !!int (scalars), !!seq and !!map are rejected.
- * YAML syntax errors are reported before any other error; collections nested
- * deeper than 8 are refused before the grammar is applied.
+ * nodes, peer-ranks (sequence of ints), peers-per-node, backup-interval-
+ * minutes (a number; fractions are rounded up to whole minutes, 0 is 1) or
+ * backup-interval-steps, assume-data-parallelism, workers-per-node, and
+ * GKE's master / master-port (accepted, not used: the coordinator comes from
+ * mount options).  Any other key, a repeated key (the last one counts), both
+ * peer keys (peer-ranks wins, as in GKE), peer-ranks naming this node or a
+ * rank twice (dropped), peers-per-node above what nodes allow (clamped to
+ * min(nodes - 1, RCFG_PEERS_MAX)), both interval keys (minutes win) and an
+ * assume-data-parallelism that does not divide nodes (ignored) are accepted
+ * with a warning line.
  *
- * Returns 0 and fills *out (release with rcfg_free), or:
+ * $VARs: in every value scalar, whatever its quoting, $NAME (NAME =
+ * [A-Za-z0-9_]+, longest) and ${NAME} are replaced as Python's
+ * os.path.expandvars does, but only for names rcfg_env_allowed() accepts,
+ * read through getenv_fn (NULL: getenv).  Others, and unset ones, stay as
+ * written.  Values are not re-expanded; keys never are.
+ *
+ * Integers are read as GKE reads them: a plain scalar that YAML 1.1 resolves
+ * as an int (0x1f, 0b11, 010 = 8, 1_000, 1:30 = 90) is that int; any other
+ * text (quoted, or after expansion) as Python's int() ("010" = 10, " 7 ").
+ * Anchors, aliases and tags other than !, !!str, !!int (scalars), !!seq and
+ * !!map are rejected.  YAML syntax errors are reported before any other
+ * error; collections nested deeper than 8 are refused.
+ *
+ * Returns 0 and fills *out (release with rcfg_free), then passes each
+ * warning to warn_fn(warn_arg, line) (one line, no newline, starting
+ * "WARNING: "; warn_fn may be NULL); or:
  *   -ENODATA  buf is empty or only whitespace (optionally after a UTF-8 BOM):
  *             the caller deletes and ignores the file; err is left empty.
  *             A file of only comments is -EINVAL ("no YAML document");
  *   -EINVAL   anything else wrong (bad arguments included); err receives one
- *             message naming the key (with its line) and the offending value,
- *             unprintable bytes escaped, no newline;
+ *             message naming the key (with its line) and the offending value
+ *             quoted AS WRITTEN -- never its expansion, which may come from
+ *             the environment -- unprintable bytes escaped, no newline; no
+ *             warnings are passed;
  *   -ENOMEM   allocation failed.
  * On any error *out is zeroed (no allocation to free).  err may be NULL or
  * errlen 0; messages are truncated to errlen (1024 bytes hold any of them).
  */
+typedef void (*rcfg_warn_fn)(void *arg, const char *line);
+int rcfg_parse_warn(const char *buf, size_t len, const char *(*getenv_fn)(const char *name),
+                    rcfg_warn_fn warn_fn, void *warn_arg, struct rcfg *out, char *err,
+                    size_t errlen);
+
+/* rcfg_parse_warn() without warnings. */
 int rcfg_parse(const char *buf, size_t len, const char *(*getenv_fn)(const char *name),
                struct rcfg *out, char *err, size_t errlen);
+
+/* 1 if a $NAME in replicator.yaml may read the daemon's environment: the
+ * names Kubernetes/JobSet/torchrun give a training pod (JOBSET_NAME,
+ * JOB_NAME, REPLICATED_JOB_NAME, JOB_INDEX, JOB_COMPLETION_INDEX,
+ * JOB_GLOBAL_INDEX, NODE_RANK, NNODES, NUM_NODES, WORLD_SIZE, RANK,
+ * MASTER_ADDR, MASTER_PORT, NODE_NAME, KUBE_NODE_NAME, POD_NAME,
+ * POD_NAMESPACE, POD_IP, HOSTNAME) and MTCFS_YAML_<anything>; else 0. */
+int rcfg_env_allowed(const char *name);
 
 /* Frees c->peer_ranks and resets it to NULL/0; accepts NULL. */
 void rcfg_free(struct rcfg *c);

@@ -6,8 +6,13 @@
  * *out, an -EINVAL without a message or with a newline or one that does not
  * fit 1024 bytes, an -ENODATA with a message; on success a config that
  * breaks the documented invariants, or whose canonical dump (rcfg_to_yaml)
- * does not parse back to an equal struct and to the same dump.
+ * does not parse back to an equal struct and to the same dump; a warning
+ * with a newline; an error, warning or job name holding the value of a
+ * variable rcfg_env_allowed() refuses ("s3cr3t"), or a lookup of one.
  * $VARs expand from a fixed table, so every input is deterministic. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE   /* memmem */
+#endif
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,18 +31,35 @@ static const char *fuzz_env(const char *name)
 	static const struct {
 		const char *name, *value;
 	} env[] = {
-		{ "NODE_RANK", "3" },   { "NODES", "8" },  { "JOB", "llama" }, { "EMPTY", "" },
-		{ "FW", "pytorch" },    { "BAD", "x1" },   { "NEG", "-2" },    { "PEER", "5" },
-		{ "DOLLAR", "$NODES" }, { "ZERO", "0" },   { "BIG", "2147483648" },
-		{ "A", "1" },           { "_", "pytorch.distributed" },
+		{ "NODE_RANK", "3" },            { "NNODES", "8" },
+		{ "JOBSET_NAME", "llama" },      { "MTCFS_YAML_EMPTY", "" },
+		{ "MTCFS_YAML_FW", "pytorch" },  { "MTCFS_YAML_BAD", "x1" },
+		{ "MTCFS_YAML_NEG", "-2" },      { "MTCFS_YAML_PEER", "5" },
+		{ "MTCFS_YAML_DOLLAR", "$NNODES" }, { "MTCFS_YAML_ZERO", "0" },
+		{ "MTCFS_YAML_BIG", "2147483648" }, { "MTCFS_YAML_A", "1" },
+		{ "MTCFS_YAML_HALF", "0.5" },    { "MTCFS_YAML__", "pytorch.distributed" },
+		{ "SECRET_TOKEN", "s3cr3t" },    { "PATH", "s3cr3t" },
 	};
 
-	if (!strcmp(name, "LONG"))
+	if (!rcfg_env_allowed(name))
+		abort();   /* rcfg looked up a variable it must not read */
+	if (!strcmp(name, "MTCFS_YAML_LONG"))
 		return long_value;
 	for (size_t i = 0; i < sizeof(env) / sizeof(env[0]); i++)
 		if (!strcmp(env[i].name, name))
 			return env[i].value;
 	return NULL;
+}
+
+/* set when the input itself holds "s3cr3t": then it may be echoed */
+static int secret_in_input;
+
+static void check_warning(void *arg, const char *line)
+{
+	(void)arg;
+	if (strchr(line, '\n') || (!secret_in_input && strstr(line, "s3cr3t")) ||
+	    strncmp(line, "WARNING: ", 9))
+		abort();
 }
 
 static void die(const char *what, const uint8_t *data, size_t size, const char *err)
@@ -81,6 +103,8 @@ static const char *check_invariants(const struct rcfg *c)
 		return "framework outside the enum";
 	if (c->node_rank < 0 || c->node_rank >= c->nodes || c->nodes > RCFG_NODES_MAX)
 		return "node-rank/nodes out of range";
+	if (c->nodes > 1 && c->peers_per_node > c->nodes - 1)
+		return "peers-per-node not clamped to nodes - 1";
 	if ((c->peer_ranks == NULL) != (c->n_peer_ranks == 0))
 		return "peer_ranks and n_peer_ranks disagree";
 	if (c->n_peer_ranks > 0 && c->peers_per_node != c->n_peer_ranks)
@@ -140,9 +164,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size > RCFG_INPUT_MAX + 1)
 		return 0;
 	memset(err, 'X', sizeof(err));
-	rc = rcfg_parse((const char *)data, size, fuzz_env, &c, err, sizeof(err));
+	secret_in_input = memmem(data, size, "s3cr3t", 6) != NULL;
+	rc = rcfg_parse_warn((const char *)data, size, fuzz_env, check_warning, NULL, &c, err,
+			     sizeof(err));
 	if (!memchr(err, '\0', sizeof(err)))
 		die("err is not NUL-terminated", data, size, NULL);
+	if (!secret_in_input && strstr(err, "s3cr3t"))
+		die("the message shows a refused variable's value", data, size, err);
 	if (rc == -ENODATA) {
 		if (err[0] || !all_zero(&c, sizeof(c)))
 			die("-ENODATA with a message or a non-zero *out", data, size, err);
@@ -163,7 +191,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		die("unexpected return code", data, size, err);
 	if (size > RCFG_INPUT_MAX)
 		die("accepted an input over RCFG_INPUT_MAX", data, size, err);
+	if (err[0])
+		die("accepted, but with an error message", data, size, err);
 
+	if (!secret_in_input && strstr(c.job, "s3cr3t"))
+		die("the job name holds a refused variable's value", data, size, err);
 	why = check_invariants(&c);
 	if (why)
 		die(why, data, size, err);

@@ -69,6 +69,8 @@ def modes_of(root):
 
 
 class AppCase(harness.MountTestCase):
+    # the listings below are the app's files only
+    OPTS = harness.DEFAULT_OPTS + ",no_jax_init_info"
 
     def m(self, *parts):
         return os.path.join(self.mnt, *parts)
