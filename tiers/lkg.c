@@ -75,7 +75,31 @@ static const struct lkg_hold *pick(const struct lkg_input *in, struct lkg_hold *
 	return best;
 }
 
-/* Try to cover every rank with the shards of one step. */
+/* With D, may rank r's shard be taken from another owner of its column?
+ * Only when every usable shard of that column at this step has the same
+ * content: Orbax's processes write per-process files, so the shards of one
+ * column often differ, and then nothing says which one r had. */
+static bool column_agrees(const struct lkg_input *in, struct lkg_hold **run, size_t n,
+			  uint32_t r, uint32_t P)
+{
+	const uint8_t *first = NULL;
+
+	for (size_t i = 0; i < n; i++) {
+		const struct lkg_hold *h = run[i];
+		if (h->owner % P != r % P || !usable(in, h))
+			continue;
+		if (!first)
+			first = h->hash;
+		else if (memcmp(first, h->hash, 32))
+			return false;
+	}
+	return true;
+}
+
+/* Try to cover every rank with the shards of one step. A rank whose own
+ * shard has a usable copy always gets it (whatever its column holds, as
+ * GKE's replicator does); only a rank without one borrows a same-column
+ * shard under D, and only where the column agrees. */
 static bool cover(const struct lkg_input *in, struct lkg_hold **run, size_t n,
 		  struct lkg_src *src, uint32_t *load)
 {
@@ -88,10 +112,10 @@ static bool cover(const struct lkg_input *in, struct lkg_hold **run, size_t n,
 
 		memset(&src[r], 0, sizeof(src[r]));
 		best = pick(in, run, n, r, r, load, &self);
-		/* with D, a shard of the same column is the same data */
-		for (uint32_t o = r % P; !best && P != in->nodes && o < in->nodes; o += P)
-			if (o != r)
-				best = pick(in, run, n, o, r, load, &self);
+		if (!best && P != in->nodes && column_agrees(in, run, n, r, P))
+			for (uint32_t o = r % P; !best && o < in->nodes; o += P)
+				if (o != r)
+					best = pick(in, run, n, o, r, load, &self);
 		if (!best)
 			return false;
 		src[r].found = true;
@@ -100,14 +124,6 @@ static bool cover(const struct lkg_input *in, struct lkg_hold **run, size_t n,
 		memcpy(src[r].hash, best->hash, 32);
 		if (!self)
 			load[best->holder]++;
-	}
-	/* with D, every usable holder of one column must agree on the data */
-	if (P != in->nodes) {
-		for (size_t i = 0; i < n; i++) {
-			const struct lkg_hold *h = run[i];
-			if (usable(in, h) && memcmp(src[h->owner % P].hash, h->hash, 32))
-				return false;
-		}
 	}
 	return true;
 }

@@ -44,8 +44,9 @@ struct lkg_plan {
 };
 
 /* Highest step S such that every owner 0..nodes-1 has a complete shard on
- * some live node (with D, a shard of the same column r mod (nodes/D) counts,
- * and all holders of one column at S must agree on the hash), plus a source
+ * some live node (with D, a rank without its own shard may take one of the
+ * same column r mod (nodes/D), when every usable shard of that column at S
+ * has the same hash), plus a source
  * per rank: itself if it holds its own shard, else the live holder with the
  * fewest assignments so far. 0 or -ENOMEM / -EINVAL. */
 int  lkg_plan(const struct lkg_input *in, struct lkg_plan *out);

@@ -134,7 +134,34 @@ static void test_data_parallel_hash_disagreement(void **s)
 	struct lkg_plan p;
 	plan(4, 2, h, 8, NULL, NULL, 0, &p);
 	assert_true(p.found);
-	assert_int_equal(p.step, 8);   /* column 0 disagrees at step 9 */
+	/* column 0 disagrees at step 9, but every rank holds its own shard:
+	 * each restores its own (GKE's replicator does the same; Orbax's
+	 * processes always write different files) */
+	assert_int_equal(p.step, 9);
+	for (uint32_t r = 0; r < 4; r++) {
+		assert_int_equal(p.src[r].holder, r);
+		assert_int_equal(p.src[r].owner, r);
+	}
+	assert_int_equal(p.src[2].hash[0], 0xc);
+	lkg_plan_free(&p);
+}
+
+static void test_data_parallel_no_borrow_from_disagreeing_column(void **s)
+{
+	/* 6 nodes, D = 3 -> P = 2: column 0 is {0, 2, 4}. Node 4 was wiped;
+	 * owners 0 and 2 differ at step 9, so nothing says what 4 had: step 9
+	 * is not complete. At step 8 the column agrees and 4 borrows. */
+	struct lkg_hold h[] = { H(0, 0, 9, 0xa), H(2, 2, 9, 0xc), H(1, 1, 9, 0xb), H(3, 3, 9, 0xb),
+				H(5, 5, 9, 0xb),
+				H(0, 0, 8, 1), H(2, 2, 8, 1), H(1, 1, 8, 2), H(3, 3, 8, 2), H(5, 5, 8, 2) };
+	struct lkg_plan p;
+	plan(6, 3, h, 10, NULL, NULL, 0, &p);
+	assert_true(p.found);
+	assert_int_equal(p.step, 8);
+	assert_true(p.src[4].found);
+	assert_int_equal(p.src[4].owner % 2, 0);
+	assert_int_not_equal(p.src[4].holder, 4);
+	assert_int_equal(p.src[4].hash[0], 1);
 	lkg_plan_free(&p);
 }
 
@@ -204,6 +231,7 @@ int main(void)
 		cmocka_unit_test(test_dead_holder_and_bad_sources),
 		cmocka_unit_test(test_bad_excludes_only_copy),
 		cmocka_unit_test(test_data_parallel_column),
+		cmocka_unit_test(test_data_parallel_no_borrow_from_disagreeing_column),
 		cmocka_unit_test(test_data_parallel_hash_disagreement),
 		cmocka_unit_test(test_load_spread),
 		cmocka_unit_test(test_nothing),
