@@ -97,15 +97,17 @@ class Ranks:
         """Wait for every rank to exit 0; fail with their logs otherwise.
         check() runs while waiting (e.g. "daemons alive")."""
         deadline = time.monotonic() + timeout
+        timed_out = False
         while any(p.poll() is None for p in self.procs):
-            bad = [i for i, p in enumerate(self.procs)
-                   if p.poll() is not None and p.returncode != 0]
-            if bad or time.monotonic() > deadline:
+            if any(p.poll() is not None and p.returncode != 0
+                   for p in self.procs):
+                break             # one failed: the others would only hang
+            if time.monotonic() > deadline:
+                timed_out = True
                 break
             if check is not None:
                 check()
             time.sleep(0.1)
-        timed_out = any(p.poll() is None for p in self.procs)
         self.kill()
         rcs = [p.returncode for p in self.procs]
         if timed_out or any(rc != 0 for rc in rcs):
