@@ -62,11 +62,11 @@ def orbax_leaf(name, step):
     return gen("orbax/" + name, step, n, dtype)
 
 
-def orbax_local(name, step, process, nprocs):
+def orbax_local(name, step, process, nprocs, replicated=False):
     """The bytes process `process` holds of leaf `name` at `step`."""
     shape, dtype, sharded = ORBAX_TREE[name]
     data = orbax_leaf(name, step)
-    if not sharded:
+    if not sharded or replicated:
         return data
     per = shape[0] // nprocs
     ncols = 1

@@ -15,7 +15,9 @@ MaxText does with multi-tier checkpointing, through the real Orbax code:
   (Composite(state=PyTreeSave(tree))), wait_until_finished, close.
 
 The pytree (ckpt_data.ORBAX_TREE) has leaves sharded along axis 0 over the
-processes (each process writes only its half) and a replicated one.
+processes (each process writes only its half) and a replicated one; with
+--replicated every leaf is replicated (pure data parallelism over the
+slices, MaxText's default data_parallelism = number of slices).
 Output: a JSON report (--out); for a restore, the raw bytes of every
 restored leaf's local shard in --dump-dir, for the test to compare with
 its own copy.
@@ -72,8 +74,12 @@ def flatten(tree, prefix=""):
     return out
 
 
+REPLICATED = False      # --replicated: every leaf on every process (DP)
+
+
 def sharding_of(mesh, name):
     _, _, sharded = ckpt_data.ORBAX_TREE[name]
+    sharded = sharded and not REPLICATED
     spec = jax.sharding.PartitionSpec("x") if sharded else jax.sharding.PartitionSpec()
     return jax.sharding.NamedSharding(mesh, spec)
 
@@ -119,9 +125,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--dump-dir")
     ap.add_argument("--num-slices", type=int, default=2)
-    ap.add_argument("--data-parallelism", type=int, default=1)
+    ap.add_argument("--data-parallelism", type=int, default=1,
+                    help="0: Orbax's default (= the number of slices)")
+    ap.add_argument("--replicated", action="store_true",
+                    help="every leaf replicated on every process")
     ap.add_argument("--backup-interval-steps", type=int)
+    ap.add_argument("--keep", type=int, help="preservation policy LatestN")
     a = ap.parse_args()
+    global REPLICATED
+    REPLICATED = a.replicated
     d = epath.Path(a.dir)
     # MaxText runs under absl's app.run (flags parsed) and sets this one
     # before creating its emergency checkpoint manager
@@ -133,7 +145,7 @@ def main():
         d, run_name=a.job,
         backup_interval_minutes=None if a.backup_interval_steps else 30,
         backup_interval_steps=a.backup_interval_steps,
-        num_slices=a.num_slices, data_parallelism=a.data_parallelism,
+        num_slices=a.num_slices, data_parallelism=a.data_parallelism or None,
         jax_initialization_timeout_seconds=120)
     pid = jax.process_index()
     log("initialized: process %d of %d, devices %s (%.1f s)" % (
@@ -141,8 +153,10 @@ def main():
     report = {"process": pid, "nprocs": jax.process_count(),
               "top_after_init": sorted(os.listdir(a.dir))}
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+    policy = ocp.checkpoint_managers.LatestN(n=a.keep) if a.keep else None
     mngr = rcm.ReplicatorCheckpointManager(
-        d, options=rcm.ReplicatorCheckpointManagerOptions(save_interval_steps=1),
+        d, options=rcm.ReplicatorCheckpointManagerOptions(
+            save_interval_steps=1, preservation_policy=policy),
         global_mesh=mesh)
     latest = mngr.latest_step()
     report["latest_step"] = latest
@@ -164,7 +178,8 @@ def main():
                 with open(os.path.join(a.dump_dir, "p%d.%s" % (
                         pid, name.replace("/", "."))), "wb") as f:
                     f.write(got)
-            want = ckpt_data.orbax_local(name, latest, pid, jax.process_count())
+            want = ckpt_data.orbax_local(name, latest, pid, jax.process_count(),
+                                         replicated=REPLICATED)
             if got != want:
                 log("MISMATCH %s at step %d" % (name, latest))
                 ok = False
@@ -175,6 +190,9 @@ def main():
             state=ocp.args.PyTreeSave(make_tree(mesh, s))))
         log("save %d started: %s" % (s, saved))
     mngr.wait_until_finished()
+    # Orbax's own bookkeeping (no re-read: mtcfs may be dropping an older
+    # step from the view right now, as GKE's replicator renames it away)
+    report["all_steps_end"] = sorted(mngr.all_steps())
     mngr.close()
     report["top"] = sorted(os.listdir(a.dir))
     with open(a.out, "w") as f:

@@ -6,12 +6,16 @@ the process id and JAX coordinator come from jax-init-info.txt) and its
 ReplicatorCheckpointManager, as MaxText does (tests/clients/orbax_mtc.py).
 
 - A fresh job: both processes find nothing to restore; they save steps
-  1, 2, 3 of a pytree whose leaves are sharded over the two processes;
-  every node commits each step and replicates it to its peer.
+  1, 2, 3 of a pytree whose leaves are sharded over the two processes
+  (Orbax's LatestN(2) deletes old steps through the mount); every node commits
+  each step and replicates it to its peer.
 - Node 1's mtcfs killed -9 and its RAMDIR wiped, both processes restarted:
   Orbax renames the s3 marker to DIR/3, latest_step() is 3, and the
   restored local shards equal, byte for byte, what each process saved
-  (the test regenerates them itself); then it saves step 4.
+  (the test regenerates them itself); then it saves step 4. A plain
+  restart after that restores step 4.
+- Every node's mtcfs killed -9 and its RAMDIR wiped: the processes restore
+  the backup in the file:// bucket.
 
 The clients run under the venv python (tests/clients/launch.py: skipped
 without it, failed in CI; run in the release build only).
@@ -101,7 +105,7 @@ class RealOrbax(unittest.TestCase):
             harness.wait_committed(self.c.nodes[r].ramdir, step, job=JOB,
                                    rank=r, daemon=self.c.nodes[r])
 
-    def assert_restored(self, reports, dump, step):
+    def assert_restored(self, reports, dump, step, replicated=False):
         for r in range(N):
             rep = reports[r]
             self.assertEqual(rep["latest_step"], step, "process %d" % rep["process"])
@@ -117,7 +121,7 @@ class RealOrbax(unittest.TestCase):
                 with open(os.path.join(dump, "p%d.%s" % (p, name.replace("/", "."))),
                           "rb") as f:
                     got = f.read()
-                want = ckpt_data.orbax_local(name, step, p, N)
+                want = ckpt_data.orbax_local(name, step, p, N, replicated)
                 self.assertEqual(len(got), len(want), "%s size" % name)
                 self.assertTrue(got == want, "process %d: restored %s differs "
                                 "from what it saved at step %d" % (p, name, step))
@@ -125,10 +129,18 @@ class RealOrbax(unittest.TestCase):
     def test_replicator_manager_restore_after_node_loss(self):
         self.make_cluster()
         c = self.c
-        reports, _ = self.run_job("first", [1, 2, 3])
+        # Orbax's preservation policy keeps 2 and deletes older steps
+        # through the mount, racing mtcfs, which drops a step from the view
+        # once a newer one is complete job-wide (GKE's replicator renames
+        # each step away into <hash>.data right after the commit)
+        reports, _ = self.run_job("first", [1, 2, 3], ["--keep", "2"])
         for r in range(N):
             self.assertIsNone(reports[r]["latest_step"], "fresh job, node %d" % r)
-            self.assertIn("3", reports[r]["top"])
+            self.assertEqual(reports[r]["all_steps_end"], [2, 3],
+                             "node %d: Orbax's steps at the end" % r)
+            top = {x for x in reports[r]["top"] if x.isdigit()}
+            self.assertIn("3", top, "node %d: step directories" % r)
+            self.assertLessEqual(top, {"2", "3"}, "node %d: step directories" % r)
         self.assert_committed(3)
         c.wait_replicated(JOB, 3)
 
@@ -142,6 +154,50 @@ class RealOrbax(unittest.TestCase):
         self.assertRegex(c.nodes[1].log_text(),
                          r"restored job=%s step=3 from rank 0" % JOB,
                          "the wiped node fetched its shard from its peer")
+        self.assert_committed(4)
+        c.wait_replicated(JOB, 4)
+
+        # a plain restart (no failure): the step saved after the restore is
+        # restored, beside the old restored step's symlink
+        reports, dump = self.run_job("third", [5])
+        self.assert_restored(reports, dump, 4)
+        self.assert_committed(5)
+
+    # KNOWN FAILURE against mtcfs at d38f0e3: tiers/lkg.c cover() (lines
+    # 104-110) rejects a step when the shards of one data-parallel column
+    # have different hashes, so with assume-data-parallelism: 2 Orbax never
+    # gets a restore (plan found=0 with holds=4) and fs/commit.c
+    # commit_drop_newer() then drops every copy of the newest step. The
+    # harness counts an unexpected success as a failure: remove this line
+    # with the fix.
+    @unittest.expectedFailure
+    def test_data_parallel_restarts(self):
+        """MaxText's default: data_parallelism = the number of slices
+        (assume-data-parallelism: 2), every leaf replicated on both
+        processes. Orbax's two shards of a step still differ (per-process
+        OCDBT files, process metadata), which GKE's replicator logs as
+        "Conflicting meta" and restores anyway.
+        - a plain restart restores the newest step;
+        - node 1 wiped: it restores its own shard from its peer's replica."""
+        self.make_cluster()
+        c = self.c
+        dp = ["--data-parallelism", "0", "--replicated"]
+        reports, _ = self.run_job("first", [1, 2], dp)
+        for r in range(N):
+            self.assertIsNone(reports[r]["latest_step"])
+        self.assert_committed(2)
+        c.wait_replicated(JOB, 2)
+
+        reports, dump = self.run_job("second", [3], dp)
+        self.assert_restored(reports, dump, 2, replicated=True)
+        self.assert_committed(3)
+        c.wait_replicated(JOB, 3)
+
+        c.nodes[1].kill9()
+        c.nodes[1].wipe_ramdir()
+        c.nodes[1].start()
+        reports, dump = self.run_job("third", [4], dp)
+        self.assert_restored(reports, dump, 3, replicated=True)
         self.assert_committed(4)
 
     def test_every_node_wiped_restores_from_bucket(self):
