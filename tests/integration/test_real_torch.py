@@ -11,7 +11,12 @@ is that protocol around the real torch.distributed.checkpoint).
 - Node 1's mtcfs killed -9 and its RAMDIR wiped; both ranks restart: both
   see prerestore step 3, rename their marker to step=3, dcp.load it, and
   every tensor's bytes equal what that rank saved (the test regenerates
-  them itself); then they save step 4, which both nodes commit.
+  them itself); then they save step 4, which both nodes commit. A plain
+  restart after that restores step 4.
+- GKE's `framework: pytorch` mode with two workers per node: one
+  torch.save file per worker and step, restored through each worker's own
+  marker after node 1 is wiped (an expected failure until mtcfs has that
+  mode).
 
 The clients run under the venv python (tests/clients/launch.py: skipped
 without it, failed in CI; run in the release build only).
@@ -58,27 +63,30 @@ class RealTorch(unittest.TestCase):
         for d in self.c.nodes:
             d.check_alive()
 
-    def run_job(self, name, steps):
-        """Both ranks: start-up handshake, restore if any, save steps.
-        Returns ({rank: report}, dump dir)."""
+    def run_job(self, name, steps, script="torch_nemo.py", job=JOB, workers=1):
+        """Every rank (workers per node, node-major): start-up handshake,
+        restore if any, save steps. Returns ({rank: report}, dump dir)."""
         port = free_ports(1)[0]
         dump = os.path.join(self.tmp, name)
         os.mkdir(dump)
         argvs, envs = [], []
-        for r in range(N):
-            argvs.append(["--dir", self.c.nodes[r].mnt, "--job", JOB,
+        world = N * workers
+        for r in range(world):
+            node = r // workers
+            argvs.append(["--dir", self.c.nodes[node].mnt, "--job", job,
                           "--steps", ",".join(map(str, steps)),
                           "--out", os.path.join(self.tmp, "%s.%d.json" % (name, r)),
                           "--dump-dir", dump])
-            envs.append({"RANK": str(r), "WORLD_SIZE": str(N),
-                         "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                         "NODE_RANK": str(r), "NNODES": str(N),
+            envs.append({"RANK": str(r), "WORLD_SIZE": str(world),
+                         "LOCAL_RANK": str(r % workers),
+                         "LOCAL_WORLD_SIZE": str(workers),
+                         "NODE_RANK": str(node), "NNODES": str(N),
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                          "OMP_NUM_THREADS": "1"})
-        ranks = launch.Ranks(self, self.py, "torch_nemo.py", argvs, envs, name)
+        ranks = launch.Ranks(self, self.py, script, argvs, envs, name)
         ranks.wait(CLIENT_TIMEOUT, check=self.check_alive)
         reports = {}
-        for r in range(N):
+        for r in range(world):
             with open(os.path.join(self.tmp, "%s.%d.json" % (name, r))) as f:
                 reports[r] = json.load(f)
         return reports, dump
@@ -143,6 +151,58 @@ class RealTorch(unittest.TestCase):
                          r"restored job=%s step=3 from rank 0" % JOB,
                          "the wiped node fetched its shard from its peer")
         self.assert_committed(4)
+        c.wait_replicated(JOB, 4)
+
+        # a plain restart: step 4 (saved beside the restored step=3 link)
+        reports, dump = self.run_job("third", [5])
+        for r in range(N):
+            self.assertEqual(reports[r]["restored_step"], 4, "rank %d" % r)
+            self.assertTrue(reports[r]["restore"]["equal"], "rank %d" % r)
+            for name in ckpt_data.TORCH_TENSORS:
+                with open(os.path.join(dump, "rank%d.%s" % (r, name)), "rb") as f:
+                    self.assertTrue(f.read() == ckpt_data.torch_tensor(name, 4, r),
+                                    "rank %d: %s of step 4" % (r, name))
+        self.assert_committed(5)
+
+    # KNOWN FAILURE against mtcfs at d38f0e3: GKE's `framework: pytorch`
+    # mode (per-worker <job>-s<S>-n<n>-w<w>.save files) is not implemented:
+    # fs/rcfg.c parses the framework name and nothing else looks at it, so
+    # the .save files are never committed. The harness counts an
+    # unexpected success as a failure: remove this line with the feature.
+    @unittest.expectedFailure
+    def test_gke_pytorch_mode_restore_after_node_loss(self):
+        """framework: pytorch, workers-per-node 2 (4 ranks): torch.save
+        per worker per step; node 1 wiped; every worker torch.load()s its
+        own marker (a symlink to its file) and gets its bytes back."""
+        c, job, W = self.c, "gke-torch", 2
+        reports, _ = self.run_job("first", [1, 2], "torch_gke.py", job, W)
+        for r, rep in reports.items():
+            self.assertEqual(rep["marker"], "%s-s0-n%d-w%d.restore"
+                             % (job, r // W, r % W))
+            self.assertEqual(rep["restored_step"], 0)
+        for n in range(N):
+            for w in range(W):
+                harness.wait_committed(c.nodes[n].ramdir, 2, job=job, rank=n,
+                                       worker=w, timeout=15, daemon=c.nodes[n])
+        c.wait_replicated(job, 2)
+        c.nodes[1].kill9()
+        c.nodes[1].wipe_ramdir()
+        c.nodes[1].start()
+        reports, dump = self.run_job("second", [3], "torch_gke.py", job, W)
+        for r, rep in reports.items():
+            n, w = r // W, r % W
+            self.assertEqual(rep["marker"], "%s-s2-n%d-w%d.restore" % (job, n, w))
+            self.assertTrue(rep["marker_is_symlink"], "rank %d" % r)
+            self.assertFalse(os.path.isabs(rep["marker_target"]), rep["marker_target"])
+            for name in ckpt_data.TORCH_TENSORS:
+                with open(os.path.join(dump, "rank%d.%s" % (r, name)), "rb") as f:
+                    self.assertTrue(f.read() == ckpt_data.torch_tensor(name, 2, r),
+                                    "rank %d: restored %s of step 2" % (r, name))
+            self.assertTrue(rep["equal"])
+        for n in range(N):
+            for w in range(W):
+                harness.wait_committed(c.nodes[n].ramdir, 3, job=job, rank=n,
+                                       worker=w, timeout=15, daemon=c.nodes[n])
 
 
 if __name__ == "__main__":
