@@ -69,6 +69,8 @@ class Ranks:
             full_env = dict(os.environ)
             full_env.update(env)
             full_env.setdefault("PYTHONUNBUFFERED", "1")
+            # a crash in a framework's native code prints the Python stack
+            full_env.setdefault("PYTHONFAULTHANDLER", "1")
             with open(lp, "wb") as log:
                 self.procs.append(subprocess.Popen(
                     [py, os.path.join(HERE, script)] + argv,
@@ -85,7 +87,7 @@ class Ranks:
                     pass
                 p.wait()
 
-    def log_tail(self, i, n=40):
+    def log_tail(self, i, n=60):
         try:
             with open(self.logs[i], "rb") as f:
                 lines = f.read().decode(errors="replace").splitlines()
