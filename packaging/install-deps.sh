@@ -9,7 +9,7 @@ PKGS=(
   liblmdb-dev lmdb-utils
   libyaml-dev libcurl4-openssl-dev libssl-dev
   libisal-dev libxxhash-dev libjansson-dev libmicrohttpd-dev libcmocka-dev
-  python3 python3-yaml iproute2 procps psmisc file dpkg-dev groff-base
+  python3 python3-venv python3-yaml iproute2 procps psmisc file dpkg-dev groff-base
   clang libclang-rt-14-dev gnuplot-nox curl openssl
 )
 

@@ -1,0 +1,204 @@
+"""The real PyTorch DCP client (issue 12, DESIGN §3.2, §3.3, §7): two ranks
+of torch.distributed (gloo on loopback), one mtcfs node each, checkpointing
+through the NeMo/resiliency reference protocol (tests/clients/torch_nemo.py
+is that protocol around the real torch.distributed.checkpoint).
+
+- A fresh job: the reference's replicator.yaml (written in place, yaml.dump,
+  framework pytorch.distributed) is consumed, replicator.prerestore says
+  step 0, the marker is <job>-s0-n<rank>-w0.restore; the job saves steps
+  1, 2, 3 (step=N-unfinished, DCP into step=N/<rank>/, unlink, rename to N)
+  and each node commits exactly the files DCP wrote.
+- Node 1's mtcfs killed -9 and its RAMDIR wiped; both ranks restart: both
+  see prerestore step 3, rename their marker to step=3, dcp.load it, and
+  every tensor's bytes equal what that rank saved (the test regenerates
+  them itself); then they save step 4, which both nodes commit. A plain
+  restart after that restores step 4.
+- GKE's `framework: pytorch` mode with two workers per node: one
+  torch.save file per worker and step, restored through each worker's own
+  marker after node 1 is wiped (an expected failure until mtcfs has that
+  mode).
+
+The clients run under the venv python (tests/clients/launch.py: skipped
+without it, failed in CI; run in the release build only).
+
+Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin MTCFS_BUILD=build \\
+     MTCFS_TEST_PY=/var/cache/mtcfs-test-venv/bin/python \\
+     /usr/bin/python3 tests/integration/test_real_torch.py
+"""
+import json
+import os
+import sys
+import tempfile
+import shutil
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "clients"))
+import harness  # noqa: E402
+from harness import admin_ls, find_shard  # noqa: E402
+from cluster import Cluster, free_ports  # noqa: E402
+import ckpt_data  # noqa: E402
+import launch  # noqa: E402
+
+N = 2
+JOB = "nemo-dcp"
+CLIENT_TIMEOUT = 150
+
+
+class RealTorch(unittest.TestCase):
+
+    def setUp(self):
+        self.py = launch.check_runnable(self)
+        self.c = Cluster(N, ram_size="512M", restore_timeout=20)
+        for d in self.c.nodes:
+            d.extra_args.append("-d")
+        self.daemons = list(self.c.nodes)
+        self.addCleanup(self.c.close)
+        self.c.start()
+        self.tmp = tempfile.mkdtemp(prefix="mtcfs-torch-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
+    def check_alive(self):
+        for d in self.c.nodes:
+            d.check_alive()
+
+    def run_job(self, name, steps, script="torch_nemo.py", job=JOB, workers=1):
+        """Every rank (workers per node, node-major): start-up handshake,
+        restore if any, save steps. Returns ({rank: report}, dump dir)."""
+        port = free_ports(1)[0]
+        dump = os.path.join(self.tmp, name)
+        os.mkdir(dump)
+        argvs, envs = [], []
+        world = N * workers
+        for r in range(world):
+            node = r // workers
+            argvs.append(["--dir", self.c.nodes[node].mnt, "--job", job,
+                          "--steps", ",".join(map(str, steps)),
+                          "--out", os.path.join(self.tmp, "%s.%d.json" % (name, r)),
+                          "--dump-dir", dump])
+            envs.append({"RANK": str(r), "WORLD_SIZE": str(world),
+                         "LOCAL_RANK": str(r % workers),
+                         "LOCAL_WORLD_SIZE": str(workers),
+                         "NODE_RANK": str(node), "NNODES": str(N),
+                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                         "OMP_NUM_THREADS": "1"})
+        ranks = launch.Ranks(self, self.py, script, argvs, envs, name)
+        ranks.wait(CLIENT_TIMEOUT, check=self.check_alive)
+        reports = {}
+        for r in range(world):
+            with open(os.path.join(self.tmp, "%s.%d.json" % (name, r))) as f:
+                reports[r] = json.load(f)
+        return reports, dump
+
+    def dcp_files(self, r):
+        """The files the reference writes into step=N on node r (DCP with
+        two writer threads: two .distcp files per rank)."""
+        return {"common.pt", "metadata.json", "%d/.metadata" % r,
+                "%d/__%d_0.distcp" % (r, r), "%d/__%d_1.distcp" % (r, r)}
+
+    def assert_committed(self, step):
+        """Every node committed its own shard of step with exactly the
+        files DCP wrote (no marker, no step= prefix)."""
+        for r in range(N):
+            s = harness.wait_committed(self.c.nodes[r].ramdir, step, job=JOB,
+                                       rank=r, daemon=self.c.nodes[r])
+            files = {e["path"] for e in s["files"] if e.get("type") == "file"}
+            self.assertEqual(files, self.dcp_files(r),
+                             "node %d step %d: committed files" % (r, step))
+
+    def test_nemo_dcp_restore_after_node_loss(self):
+        c = self.c
+        reports, _ = self.run_job("first", [1, 2, 3])
+        for r in range(N):
+            rep = reports[r]
+            self.assertEqual(rep["restored_step"], 0, "rank %d: fresh job" % r)
+            self.assertEqual(rep["prerestore_step"], 0,
+                             "rank %d: replicator.prerestore of a fresh job" % r)
+            self.assertEqual(rep["marker"], "%s-s0-n%d-w0.restore" % (JOB, r))
+            self.assertNotIn("step=3", rep["top"])
+            self.assertNotIn("step=3-unfinished", rep["top"])
+            self.assertIn("3", rep["top"], "rank %d: the renamed step" % r)
+        self.assert_committed(3)
+        c.wait_replicated(JOB, 3)
+
+        # node 1 loses its daemon and its RAM tier; the job restarts whole
+        c.nodes[1].kill9()
+        c.nodes[1].wipe_ramdir()
+        c.nodes[1].start()
+        self.assertEqual(admin_ls(c.nodes[1].ramdir)["shards"], [])
+
+        reports, dump = self.run_job("second", [4])
+        for r in range(N):
+            rep = reports[r]
+            self.assertEqual(rep["prerestore_step"], 3,
+                             "rank %d: replicator.prerestore restore-step" % r)
+            self.assertEqual(rep["restored_step"], 3, "rank %d" % r)
+            self.assertEqual(rep["marker"], "%s-s3-n%d-w0.restore" % (JOB, r))
+            res = rep["restore"]
+            self.assertEqual(set(res["files"]), self.dcp_files(r),
+                             "rank %d: files under step=3" % r)
+            self.assertEqual(res["common"], {"world_size": N, "step": 3, "rank": r})
+            for name in ckpt_data.TORCH_TENSORS:
+                with open(os.path.join(dump, "rank%d.%s" % (r, name)), "rb") as f:
+                    got = f.read()
+                want = ckpt_data.torch_tensor(name, 3, r)
+                self.assertEqual(len(got), len(want), "rank %d %s size" % (r, name))
+                self.assertTrue(got == want, "rank %d: restored %s differs from "
+                                "what it saved at step 3" % (r, name))
+            self.assertTrue(res["equal"])
+        self.assertRegex(c.nodes[1].log_text(),
+                         r"restored job=%s step=3 from rank 0" % JOB,
+                         "the wiped node fetched its shard from its peer")
+        self.assert_committed(4)
+        c.wait_replicated(JOB, 4)
+
+        # a plain restart: step 4 (saved beside the restored step=3 link)
+        reports, dump = self.run_job("third", [5])
+        for r in range(N):
+            self.assertEqual(reports[r]["restored_step"], 4, "rank %d" % r)
+            self.assertTrue(reports[r]["restore"]["equal"], "rank %d" % r)
+            for name in ckpt_data.TORCH_TENSORS:
+                with open(os.path.join(dump, "rank%d.%s" % (r, name)), "rb") as f:
+                    self.assertTrue(f.read() == ckpt_data.torch_tensor(name, 4, r),
+                                    "rank %d: %s of step 4" % (r, name))
+        self.assert_committed(5)
+
+    # KNOWN FAILURE against mtcfs at d38f0e3: GKE's `framework: pytorch`
+    # mode (per-worker <job>-s<S>-n<n>-w<w>.save files) is not implemented:
+    # fs/rcfg.c parses the framework name and nothing else looks at it, so
+    # the .save files are never committed. The harness counts an
+    # unexpected success as a failure: remove this line with the feature.
+    @unittest.expectedFailure
+    def test_gke_pytorch_mode_restore_after_node_loss(self):
+        """framework: pytorch, workers-per-node 2 (4 ranks): torch.save
+        per worker per step; node 1 wiped; every worker torch.load()s its
+        own marker (a symlink to its file) and gets its bytes back."""
+        c, job, W = self.c, "gke-torch", 2
+        reports, _ = self.run_job("first", [1, 2], "torch_gke.py", job, W)
+        for r, rep in reports.items():
+            self.assertEqual(rep["marker"], "%s-s0-n%d-w%d.restore"
+                             % (job, r // W, r % W))
+            self.assertEqual(rep["restored_step"], 0)
+        # committed on every node and held by its peer (the shard layout,
+        # one per worker or one per node, is mtcfs's business)
+        c.wait_replicated(job, 2, timeout=15)
+        c.nodes[1].kill9()
+        c.nodes[1].wipe_ramdir()
+        c.nodes[1].start()
+        reports, dump = self.run_job("second", [3], "torch_gke.py", job, W)
+        for r, rep in reports.items():
+            n, w = r // W, r % W
+            self.assertEqual(rep["marker"], "%s-s2-n%d-w%d.restore" % (job, n, w))
+            self.assertTrue(rep["marker_is_symlink"], "rank %d" % r)
+            self.assertFalse(os.path.isabs(rep["marker_target"]), rep["marker_target"])
+            for name in ckpt_data.TORCH_TENSORS:
+                with open(os.path.join(dump, "rank%d.%s" % (r, name)), "rb") as f:
+                    self.assertTrue(f.read() == ckpt_data.torch_tensor(name, 2, r),
+                                    "rank %d: restored %s of step 2" % (r, name))
+            self.assertTrue(rep["equal"])
+        c.wait_replicated(job, 3, timeout=15)
+
+
+if __name__ == "__main__":
+    harness.main()
