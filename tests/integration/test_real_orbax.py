@@ -163,14 +163,6 @@ class RealOrbax(unittest.TestCase):
         self.assert_restored(reports, dump, 4)
         self.assert_committed(5)
 
-    # KNOWN FAILURE against mtcfs at d38f0e3: tiers/lkg.c cover() (lines
-    # 104-110) rejects a step when the shards of one data-parallel column
-    # have different hashes, so with assume-data-parallelism: 2 Orbax never
-    # gets a restore (plan found=0 with holds=4) and fs/commit.c
-    # commit_drop_newer() then drops every copy of the newest step. The
-    # harness counts an unexpected success as a failure: remove this line
-    # with the fix.
-    @unittest.expectedFailure
     def test_data_parallel_restarts(self):
         """MaxText's default: data_parallelism = the number of slices
         (assume-data-parallelism: 2), every leaf replicated on both
