@@ -5,12 +5,15 @@
  * builds the manifest. Policy (which steps may go) lives here too. */
 #include "fs/fs_i.h"
 #include "common/log.h"
+#include "tiers/restore.h"
 #include "common/metrics.h"
 #include "common/util.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +67,55 @@ static void key_of(const struct fs_step *s, struct shard_key *k)
 	k->worker = 0;
 }
 
+/* A step's spelling ("05", "00000100") is kept in the catalog beside its
+ * shard, only when it is not the plain decimal: the namespace name goes
+ * with the next clean, and the .restore marker still needs it. */
+static void name_meta_key(const struct shard_key *k, char *buf, size_t len)
+{
+	snprintf(buf, len, "stepname/%s/%u/%" PRIu64, k->job, k->rank, k->step);
+}
+
+static void name_store(struct fs *fs, const struct shard_key *k, const char *name)
+{
+	char key[256], plain[32];
+
+	name_meta_key(k, key, sizeof(key));
+	snprintf(plain, sizeof(plain), "%" PRIu64, k->step);
+	if (!strcmp(name, plain))
+		idx_del_meta(ram_idx(fs->ram), key);
+	else if (idx_put_meta(ram_idx(fs->ram), key, name, strlen(name)) < 0)
+		log_warn("commit", "cannot record the name %s of step %" PRIu64 ": it restores as %s",
+			 name, k->step, plain);
+}
+
+static void name_forget(struct fs *fs, const struct shard_key *k)
+{
+	char key[256];
+	name_meta_key(k, key, sizeof(key));
+	idx_del_meta(ram_idx(fs->ram), key);
+}
+
+/* The step's name as the app wrote it, else its decimal. */
+static void name_of(struct fs *fs, const struct shard_key *k, char *buf, size_t len)
+{
+	char key[256];
+	void *v = NULL;
+	size_t vl = 0;
+	uint64_t step;
+
+	name_meta_key(k, key, sizeof(key));
+	if (idx_get_meta(ram_idx(fs->ram), key, &v, &vl) == 0 && vl < len) {
+		memcpy(buf, v, vl);
+		buf[vl] = '\0';
+		if (util_is_step_name(buf, &step) && step == k->step) {
+			free(v);
+			return;
+		}
+	}
+	free(v);
+	snprintf(buf, len, "%" PRIu64, k->step);
+}
+
 bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
 {
 	struct fs_step *s;
@@ -75,12 +127,15 @@ bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
 	return r;
 }
 
-int commit_begin(struct fs *fs, uint64_t step, ino_t dir_ino)
+int commit_begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino)
 {
 	struct shard_rec rec = { 0 };
 	struct fs_step *s;
 	int rc;
 
+	if (strlen(name) >= sizeof(s->name)) {
+		return -ENAMETOOLONG;
+	}
 	pthread_mutex_lock(&fs->mu);
 	s = commit_find(fs, step);
 	if (s && s->visible && !s->sealed) {
@@ -88,12 +143,21 @@ int commit_begin(struct fs *fs, uint64_t step, ino_t dir_ino)
 		pthread_mutex_unlock(&fs->mu);
 		return -EBUSY;
 	}
+	if (s && s->visible && strcmp(s->name, name)) {
+		/* "5" and "05" are the same step of the job: one shard, one
+		 * name; the first stays until the app deletes it */
+		log_warn("commit", "step %s is already committed as %s: %s is not committed",
+			 name, s->name, name);
+		pthread_mutex_unlock(&fs->mu);
+		return -EEXIST;
+	}
 	s = step_add(fs, step);
 	if (!s) {
 		pthread_mutex_unlock(&fs->mu);
 		return -ENOMEM;
 	}
 	snprintf(s->job, sizeof(s->job), "%s", fs->job);
+	snprintf(s->name, sizeof(s->name), "%s", name);
 	s->rank = fs->rank;
 	s->dir_ino = dir_ino;
 	s->visible = true;
@@ -101,6 +165,7 @@ int commit_begin(struct fs *fs, uint64_t step, ino_t dir_ino)
 	s->failed = false;
 	key_of(s, &rec.key);
 	pthread_mutex_unlock(&fs->mu);
+	name_store(fs, &rec.key, name);
 
 	atomic_fetch_add(&fs->sealing, 1);
 	rec.state = SH_SEALING;
@@ -136,6 +201,7 @@ void commit_abort(struct fs *fs, uint64_t step)
 	pthread_mutex_unlock(&fs->mu);
 	atomic_fetch_sub(&fs->sealing, 1);
 	idx_del_shard(ram_idx(fs->ram), &k);
+	name_forget(fs, &k);
 }
 
 static void seal_job(void *arg)
@@ -146,7 +212,7 @@ static void seal_job(void *arg)
 	struct fs_step *s;
 	struct shard_key k;
 	struct stat st;
-	char name[32], hex[65];
+	char name[sizeof(s->name)], hex[65];
 	ino_t ino;
 	int dfd = -1, rc;
 	bool frozen = false;
@@ -160,14 +226,14 @@ static void seal_job(void *arg)
 	}
 	key_of(s, &k);
 	ino = s->dir_ino;
+	snprintf(name, sizeof(name), "%s", s->name);
 	pthread_mutex_unlock(&fs->mu);
 
-	snprintf(name, sizeof(name), "%llu", (unsigned long long)step);
 	dfd = openat(ram_ns_fd(fs->ram), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (dfd < 0 || fstat(dfd, &st) < 0 || st.st_ino != ino) {
 		rc = dfd < 0 ? -errno : -ESTALE;
-		log_err("commit", "step %llu vanished before it was sealed: %s",
-			(unsigned long long)step, strerror(-rc));
+		log_err("commit", "step %s vanished before it was sealed: %s", name,
+			strerror(-rc));
 		goto out;
 	}
 	fs_freeze_subtree(fs, dfd, step);
@@ -192,8 +258,8 @@ static void seal_job(void *arg)
 	metrics_add(MC_COMMITS, 1);
 	metrics_observe(MH_SEAL_SECONDS, (double)(util_now_ns() - t0) / 1e9);
 	eng_committed(fs->eng, &k, mf->hash);
-	log_info("commit", "committed job=%s step=%llu rank=%u files=%u bytes=%llu hash=%s seal_ms=%.1f",
-		 k.job, (unsigned long long)step, k.rank, mf->nfiles,
+	log_info("commit", "committed job=%s step=%s rank=%u files=%u bytes=%llu hash=%s seal_ms=%.1f",
+		 k.job, name, k.rank, mf->nfiles,
 		 (unsigned long long)mf->total, hex, (double)(util_now_ns() - t0) / 1e6);
 out:
 	if (dfd >= 0)
@@ -288,26 +354,30 @@ static void unlink_views(struct fs *fs, const struct shard_key *k)
 static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_ino)
 {
 	uint64_t freed = 0;
-	char name[32];
+	char name[sizeof(((struct fs_step *)0)->name)];
 	struct stat st;
 	bool in_ns = false;
 
+	name[0] = '\0';
 	pthread_mutex_lock(&fs->mu);
 	{
 		struct fs_step *s = commit_find(fs, k->step);
 		if (s && !strcmp(s->job, k->job) && s->rank == k->rank) {
 			in_ns = s->visible && s->dir_ino == ns_ino;
+			snprintf(name, sizeof(name), "%s", s->name);
 			step_remove(fs, k->step);
 		}
 	}
 	pthread_mutex_unlock(&fs->mu);
-	snprintf(name, sizeof(name), "%llu", (unsigned long long)k->step);
+	if (!name[0])
+		name_of(fs, k, name, sizeof(name));
 	if (in_ns && fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
 	    st.st_ino == ns_ino) {
 		util_rmtree_at(ram_ns_fd(fs->ram), name, &freed);
 		ram_adjust(fs->ram, -(int64_t)freed);   /* ram_drop accounts its own */
 	}
 	unlink_views(fs, k);
+	name_forget(fs, k);
 	ram_drop(fs->ram, k, &freed);
 	metrics_add(MC_GC_DROPPED, 1);
 	if (in_ns)
@@ -549,13 +619,21 @@ int commit_init(struct fs *fs)
 		return rc;
 	for (size_t i = 0; i < n; i++) {
 		struct shard_rec *r = &recs[i];
-		char name[32], err[512];
+		char name[sizeof(((struct fs_step *)0)->name)], err[512];
 		struct stat st;
 		bool in_ns;
 
+		if (r->key.step > INT64_MAX) {
+			/* recorded before such names stopped being steps: the
+			 * peers' plans cannot carry it */
+			log_warn("commit", "job %s step %llu node %u is above the largest step (2^63-1): forgotten",
+				 r->key.job, (unsigned long long)r->key.step, r->key.rank);
+			ram_drop(fs->ram, &r->key, NULL);
+			continue;
+		}
 		if (!(r->flags & SHF_OWN))
 			continue;
-		snprintf(name, sizeof(name), "%llu", (unsigned long long)r->key.step);
+		name_of(fs, &r->key, name, sizeof(name));
 		in_ns = fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
 			S_ISDIR(st.st_mode) && st.st_ino == r->ns_ino;
 		if (r->state == SH_SEALING) {
@@ -577,6 +655,7 @@ int commit_init(struct fs *fs)
 			s = step_add(fs, r->key.step);
 			if (s) {
 				snprintf(s->job, sizeof(s->job), "%s", r->key.job);
+				snprintf(s->name, sizeof(s->name), "%s", name);
 				s->rank = r->key.rank;
 				s->dir_ino = st.st_ino;
 				s->visible = !(r->flags & SHF_HIDDEN);
@@ -592,5 +671,72 @@ int commit_init(struct fs *fs)
 		}
 	}
 	idx_recs_free(recs, n);
+	return 0;
+}
+
+/* ---- commit_success.txt ---- */
+
+/* Name of the top-level step directory with inode ino. 0 or -ENOENT. */
+static int find_top_dir(struct fs *fs, ino_t ino, char *name, size_t len, uint64_t *step)
+{
+	int fd = openat(ram_ns_fd(fs->ram), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = -ENOENT;
+	struct dirent *de;
+	DIR *d;
+
+	if (fd < 0 || !(d = fdopendir(fd))) {
+		if (fd >= 0)
+			close(fd);
+		return -errno;
+	}
+	while ((de = readdir(d)) != NULL) {
+		if (de->d_ino == ino && util_is_step_name(de->d_name, step) &&
+		    strlen(de->d_name) < len) {
+			snprintf(name, len, "%s", de->d_name);
+			rc = 0;
+			break;
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+void commit_marker_done(struct fs *fs, ino_t dir_ino)
+{
+	char name[sizeof(((struct fs_step *)0)->name)];
+	struct stat st;
+	uint64_t step;
+
+	if (find_top_dir(fs, dir_ino, name, sizeof(name), &step) < 0)
+		return;
+	if (fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    S_ISDIR(st.st_mode) && st.st_ino == dir_ino &&
+	    !commit_is_step_dir(fs, step, st.st_ino) &&
+	    commit_begin(fs, step, name, st.st_ino) == 0) {
+		fs_node_set_frozen(fs, st.st_ino, st.st_dev, step);
+		commit_queue(fs, step);
+	}
+}
+
+/* ---- restore markers ---- */
+
+int commit_marker(struct fs *fs, const char *job, int rank, const struct restore_plan *p,
+		  int w, char *name, size_t nlen, char *target, size_t tlen)
+{
+	char rel[512], stepname[sizeof(((struct fs_step *)0)->name)];
+	int rc;
+
+	target[0] = '\0';
+	if (!p->found) {
+		snprintf(name, nlen, "%s-s0-n%d-w%d.restore", job, rank, w);
+		return 0;
+	}
+	rc = ram_shard_relpath(&p->key, rel, sizeof(rel));
+	if (rc < 0)
+		return rc;
+	name_of(fs, &p->key, stepname, sizeof(stepname));
+	if ((size_t)snprintf(target, tlen, ".mtcfs/%s", rel) >= tlen)
+		return -ENAMETOOLONG;
+	if ((size_t)snprintf(name, nlen, "%s-s%s-n%d-w%d.restore", job, stepname, rank, w) >= nlen)
+		return -ENAMETOOLONG;
 	return 0;
 }

@@ -128,15 +128,14 @@ static int publish_markers(struct fs *fs, const struct rcfg *c, const struct res
 	int nsfd = ram_ns_fd(fs->ram);
 
 	for (int w = 0; w < c->workers_per_node; w++) {
-		char name[256], tmp[300], target[512];
-		snprintf(name, sizeof(name), "%s-s%llu-n%d-w%d.restore", c->job,
-			 (unsigned long long)(p->found ? p->step : 0), c->node_rank, w);
+		char name[256], tmp[300], target[1024];
+		int rc = commit_marker(fs, c->job, c->node_rank, p, w, name, sizeof(name), target,
+				       sizeof(target));
+		if (rc < 0)
+			return rc;
 		snprintf(tmp, sizeof(tmp), ".%s.mtcfs-tmp", name);
 		unlinkat(nsfd, tmp, 0);
 		if (p->found) {
-			char rel[300];
-			ram_shard_relpath(&p->key, rel, sizeof(rel));
-			snprintf(target, sizeof(target), ".mtcfs/%s", rel);
 			if (symlinkat(target, nsfd, tmp) < 0)
 				return -errno;
 		} else {

@@ -696,7 +696,8 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	struct fnode *src = node_of(fs, parent), *dst = node_of(fs, newparent);
 	struct stat st, tst;
 	uint64_t step = 0, tstep;
-	bool commit = false;
+	bool commit = false, marker = false;
+	ino_t marker_dir = 0;
 	int rc;
 
 	if (is_frozen(src) || is_frozen(dst)) {
@@ -726,7 +727,7 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	}
 	if (dst == &fs->root && S_ISDIR(st.st_mode) && !(flags & RENAME_EXCHANGE) &&
 	    util_is_step_name(newname, &step)) {
-		rc = commit_begin(fs, step, st.st_ino);
+		rc = commit_begin(fs, step, newname, st.st_ino);
 		if (rc < 0) {
 			fuse_reply_err(req, -rc);
 			return;
@@ -778,6 +779,14 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 			if (commit)
 				n->step = step;
 		}
+		/* commit_success.txt renamed into a top-level step directory
+		 * (written as a tmp, then renamed): complete unless still open */
+		if (S_ISREG(st.st_mode) && !strcmp(newname, COMMIT_MARKER) && dst != &fs->root &&
+		    !dst->parent && (atomic_load(&dst->flags) & (FN_STEPDIR | FN_FROZEN)) == FN_STEPDIR &&
+		    !(n && atomic_load(&n->writers) > 0)) {
+			marker = true;
+			marker_dir = dst->ino;
+		}
 	}
 	pthread_mutex_unlock(&fs->mu);
 	if (commit)
@@ -786,6 +795,8 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	/* the seal worker's wake-up stays off the rename's latency */
 	if (commit)
 		commit_queue(fs, step);
+	if (marker)
+		commit_marker_done(fs, marker_dir);
 	if (dst == &fs->root && !strcmp(newname, YAML_NAME))
 		ctl_notify(fs);
 }
@@ -923,18 +934,8 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		ctl_notify(fs);
 	/* Closing a written commit_success.txt in a top-level digits directory
 	 * created in place commits that directory. */
-	if (writable && mstep && !frozen) {
-		char nm[32];
-		struct stat st;
-		snprintf(nm, sizeof(nm), "%llu", (unsigned long long)(mstep - 1));
-		if (fstatat(ram_ns_fd(fs->ram), nm, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-		    S_ISDIR(st.st_mode) && st.st_ino == mdir &&
-		    !commit_is_step_dir(fs, mstep - 1, st.st_ino) &&
-		    commit_begin(fs, mstep - 1, st.st_ino) == 0) {
-			fs_node_set_frozen(fs, st.st_ino, st.st_dev, mstep - 1);
-			commit_queue(fs, mstep - 1);
-		}
-	}
+	if (writable && mstep && !frozen)
+		commit_marker_done(fs, mdir);
 }
 
 static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
