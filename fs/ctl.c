@@ -174,6 +174,7 @@ static void apply_identity(struct fs *fs, const struct rcfg *c)
 	snprintf(fs->job, sizeof(fs->job), "%s", c->job);
 	fs->rank = (uint32_t)c->node_rank;
 	fs->workers = (uint32_t)c->workers_per_node;
+	fs->save_files = c->framework == RCFG_FW_PYTORCH;
 	fs->eager_gc = true;
 	pthread_mutex_unlock(&fs->mu);
 }

@@ -45,7 +45,9 @@ struct fs_step {
 	char name[65];     /* the step as the app spelled it ("05"), UTIL_STEP_NAME_MAX */
 	uint32_t rank;
 	uint64_t step;
-	ino_t dir_ino;     /* the step directory in ns/ */
+	ino_t dir_ino;     /* the step directory in ns/; 0 for .save files */
+	ino_t *files;      /* framework pytorch: the .save file of each worker, owned */
+	uint32_t nfiles;
 	bool visible;      /* still in the app's view (top-level name present) */
 	bool sealed;       /* hard links and manifest done */
 	bool failed;       /* sealing failed */
@@ -89,6 +91,7 @@ struct fs {
 	bool have_restored;
 	bool eager_gc;              /* a job is configured: keep only what policy needs */
 	uint32_t workers;           /* workers-per-node of the current job */
+	bool save_files;            /* framework: pytorch: <job>-s<S>-n<r>-w<w>.save files commit */
 
 	/* control thread (ctl.c) */
 	pthread_t ctl_thr;
@@ -124,6 +127,13 @@ int  commit_begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino)
 /* commit_success.txt in the top-level step directory dir_ino is complete
  * (closed after writing, or renamed into place): commit the directory. */
 void commit_marker_done(struct fs *fs, ino_t dir_ino);
+/* A regular file at the top was closed after writing or renamed there:
+ * with framework: pytorch, commit each step whose .save files are all
+ * complete. FUSE threads; no-op otherwise. */
+void commit_top_file_done(struct fs *fs);
+/* A top-level regular file that is a committed .save file: its step.
+ * fs->mu held. */
+bool commit_file_frozen_locked(struct fs *fs, ino_t ino, uint64_t *step);
 /* The .restore marker of worker w for plan p (p->found false: the empty
  * s0 marker): its name, and the relative symlink target (empty when the
  * marker is an empty file). 0 or -errno. Control thread. */

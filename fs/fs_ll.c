@@ -275,6 +275,10 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 		if (s && s->dir_ino == st->st_ino)
 			fl |= FN_FROZEN;
 		atomic_store(&n->flags, fl);
+	} else if (parent == &fs->root && S_ISREG(st->st_mode) &&
+		   commit_file_frozen_locked(fs, st->st_ino, &step)) {
+		n->step = step;   /* a committed .save file (framework: pytorch) */
+		atomic_store(&n->flags, FN_FROZEN);
 	}
 	if (parent == &fs->root && S_ISREG(st->st_mode) && !strcmp(name, YAML_NAME))
 		atomic_fetch_or(&n->flags, FN_YAML);
@@ -797,6 +801,8 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		commit_queue(fs, step);
 	if (marker)
 		commit_marker_done(fs, marker_dir);
+	if (dst == &fs->root && S_ISREG(st.st_mode))
+		commit_top_file_done(fs);
 	if (dst == &fs->root && !strcmp(newname, YAML_NAME))
 		ctl_notify(fs);
 }
@@ -916,11 +922,12 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct fnode *n = h->node;
 	uint64_t mstep;
 	ino_t mdir;
-	bool writable = h->writable, yaml = false, frozen = is_frozen(n);
+	bool writable = h->writable, yaml = false, frozen = is_frozen(n), top;
 
 	pthread_mutex_lock(&fs->mu);   /* a rename may update them concurrently */
 	mstep = n->marker_step;
 	mdir = n->marker_dir_ino;
+	top = writable && n != &fs->root && !n->parent;
 	pthread_mutex_unlock(&fs->mu);
 
 	/* Everything about the node is read before the reply: after it the
@@ -936,6 +943,9 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	 * created in place commits that directory. */
 	if (writable && mstep && !frozen)
 		commit_marker_done(fs, mdir);
+	/* framework: pytorch commits .save files at the top on their close */
+	if (top && !frozen)
+		commit_top_file_done(fs);
 }
 
 static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
