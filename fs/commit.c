@@ -731,6 +731,15 @@ static int check_sizes(struct fs *fs, const struct shard_rec *r, char *err, size
 	return rc;
 }
 
+void commit_free(struct fs *fs)
+{
+	for (size_t i = 0; i < fs->nsteps; i++)
+		free(fs->steps[i].files);
+	free(fs->steps);
+	fs->steps = NULL;
+	fs->nsteps = fs->capsteps = 0;
+}
+
 static void adopt_files(struct fs *fs, const struct shard_key *k);
 
 int commit_init(struct fs *fs)

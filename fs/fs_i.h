@@ -119,6 +119,7 @@ int  fs_node_writers(struct fs *fs, ino_t ino, dev_t dev);
 
 /* commit.c */
 int  commit_init(struct fs *fs);           /* catalog recovery at start-up */
+void commit_free(struct fs *fs);           /* the step table, at exit */
 /* A step directory (ino) became committed at top-level name `name` (the
  * digits as written; `step` is their value). Called on a FUSE thread:
  * records SEALING. -EEXIST when another spelling of the same step ("5"
