@@ -181,6 +181,19 @@ class SingleNode(harness.MountTestCase):
         self.assertEqual(harness.shard_steps(self.ramdir, job), [2])
         write_file(self.m(save_name(job, 7, 0, 0)), b"still writable")
 
+    def test_save_file_renamed_into_place(self):
+        # GKE's watcher also takes a .save name that appears by rename
+        job = "ptm"
+        self.start(job)
+        w0 = body(job, 40, 0, 0)
+        w1 = body(job, 40, 0, 1)
+        write_file(self.m(save_name(job, 40, 0, 0)), w0)
+        write_file(self.m("w1.partial"), w1)
+        os.rename(self.m("w1.partial"), self.m(save_name(job, 40, 0, 1)))
+        s = self.committed(job, 40)
+        assert_manifest(self, s, {save_name(job, 40, 0, 0): w0,
+                                  save_name(job, 40, 0, 1): w1})
+
     def test_one_worker_zero_padded_step(self):
         job = "ptz"
         self.start(job, workers=1)
