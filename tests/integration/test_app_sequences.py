@@ -423,8 +423,13 @@ class StepNames(AppCase):
         """A new replicator.yaml; returns the sorted .restore markers."""
         y = self.m("replicator.yaml")
         harness.wait_until(lambda: not os.path.exists(y), 30, "yaml absent")
+        for n in os.listdir(self.mnt):  # the previous run's markers, consumed
+            if n.endswith(".restore"):
+                os.unlink(self.m(n))
         write_file(y + ".tmp", self.YAML.encode())
         os.rename(y + ".tmp", y)
+        harness.wait_until(lambda: not os.path.exists(y), 30, "yaml consumed",
+                           check=self.fs.check_alive)
 
         def markers():
             if os.path.exists(self.m("replicator.failed")):
