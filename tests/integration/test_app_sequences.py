@@ -531,6 +531,62 @@ class StepNames(AppCase):
         self.assertEqual(read_tree(self.m("8")), {"x": b"barrier"})
 
 
+class StepNamesCluster(unittest.TestCase):
+    """The same rules on two nodes: a name above 2^63-1 on one node does
+    not reach the job-wide plan; padded names restore under their names."""
+
+    def start(self):
+        from cluster import Cluster
+        c = Cluster(2)
+        for d in c.nodes:
+            d.extra_args.append("-d")      # INFO lines: evidence on failure
+        self.daemons = list(c.nodes)
+        self.addCleanup(c.close)
+        return c.start()
+
+    def test_huge_name_does_not_break_the_cluster_restore(self):
+        c = self.start()
+        job = "huge"
+        c.job_start(job)
+        c.save(job, 3)
+        c.wait_replicated(job, 3)
+        mnt = c.nodes[0].mnt
+        for name in ("9223372036854775808", "99999999999999999999"):
+            os.mkdir(os.path.join(mnt, name + ".tmp"))
+            write_file(os.path.join(mnt, name + ".tmp", "x"), b"not a step")
+            os.rename(os.path.join(mnt, name + ".tmp"), os.path.join(mnt, name))
+        c.save(job, 4, ranks=[0])           # a barrier on node 0
+        c.nodes[0].check_alive()
+        harness.wait_committed(c.nodes[0].ramdir, 4, job=job)
+        self.assertEqual(harness.shard_steps(c.nodes[0].ramdir, job)[-1], 4)
+        self.assertEqual(c.job_start(job), {0: 3, 1: 3})
+        for r in (0, 1):
+            c.restore_and_verify(job, r, 3)
+
+    def test_padded_names_restore_on_every_node(self):
+        c = self.start()
+        job = "pad"
+        c.job_start(job)
+        for r in (0, 1):
+            mnt = c.nodes[r].mnt
+            for n in os.listdir(mnt):
+                if n.endswith(".restore"):
+                    os.unlink(os.path.join(mnt, n))
+            tmp = os.path.join(mnt, "00000100.orbax-checkpoint-tmp-0")
+            os.mkdir(tmp)
+            write_file(os.path.join(tmp, "f"), b"node %d" % r)
+            os.rename(tmp, os.path.join(mnt, "00000100"))
+        c.wait_replicated(job, 100)
+        self.assertEqual(c.job_start(job), {0: 100, 1: 100})
+        for r in (0, 1):
+            mnt = c.nodes[r].mnt
+            ms = sorted(n for n in os.listdir(mnt) if n.endswith(".restore"))
+            self.assertEqual(ms, ["pad-s00000100-n%d-w0.restore" % r])
+            os.replace(os.path.join(mnt, ms[0]), os.path.join(mnt, "00000100"))
+            self.assertEqual(read_file(os.path.join(mnt, "00000100", "f")),
+                             b"node %d" % r)
+
+
 class Negatives(AppCase):
 
     def test_never_steps(self):
