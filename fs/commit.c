@@ -974,7 +974,10 @@ static int cmp_save(const void *a, const void *b)
 #define SAVE_SCAN_MAX 65536u   /* top-level .save files looked at per scan */
 
 /* The group g[0..W) is this node's shard of the step, already sealed:
- * nothing to do (also after a restart of mtcfs: the catalog says so). */
+ * nothing to do (also after a restart of mtcfs: the catalog says so).
+ * A group that shares a file with the committed step (one worker's file
+ * replaced, the others still the committed ones) is not a new save
+ * either: committing it would mix two saves in one shard. */
 static bool group_committed(struct fs *fs, const struct save_ent *g, uint32_t nw,
 			    const char *job, uint32_t rank)
 {
@@ -986,10 +989,10 @@ static bool group_committed(struct fs *fs, const struct save_ent *g, uint32_t nw
 
 	pthread_mutex_lock(&fs->mu);
 	s = commit_find(fs, g[0].step);
-	if (s && s->nfiles == nw && !strcmp(s->job, job) && s->rank == rank) {
-		same = true;
-		for (uint32_t w = 0; w < nw; w++)
-			same = same && s->files[w] == g[w].ino;
+	if (s && s->nfiles && !strcmp(s->job, job) && s->rank == rank) {
+		for (uint32_t w = 0; w < nw && !same; w++)
+			for (uint32_t x = 0; x < s->nfiles && !same; x++)
+				same = s->files[x] == g[w].ino;
 	}
 	pthread_mutex_unlock(&fs->mu);
 	if (same || s)
@@ -1003,7 +1006,8 @@ static bool group_committed(struct fs *fs, const struct save_ent *g, uint32_t nw
 	idx_rec_clear(&rec);
 	if (!same || (sfd = ram_shard_open(fs->ram, &k)) < 0)
 		return false;
-	for (uint32_t w = 0; w < nw && same; w++) {
+	same = false;
+	for (uint32_t w = 0; w < nw && !same; w++) {
 		char fn[NAME_MAX + 1];
 		struct stat st;
 		save_name(&k, g[w].name, w, fn, sizeof(fn));

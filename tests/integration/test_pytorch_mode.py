@@ -84,6 +84,16 @@ def assert_markers(tc, mnt, job, step, rank, files):
 
 
 class SingleNode(harness.MountTestCase):
+    START = False
+
+    def setUp(self):
+        super().setUp()
+        self.fs.extra_args.append("-d")    # INFO lines: commits in the log
+        self.fs.start()
+
+    def wait_log(self, regex):
+        wait_until(lambda: re.search(regex, self.fs.log_text()), TIMEOUT,
+                   "log line %r" % regex, check=self.fs.check_alive)
 
     def m(self, *p):
         return os.path.join(self.mnt, *p)
@@ -193,6 +203,36 @@ class SingleNode(harness.MountTestCase):
         s = self.committed(job, 40)
         assert_manifest(self, s, {save_name(job, 40, 0, 0): w0,
                                   save_name(job, 40, 0, 1): w1})
+
+    def test_replacing_one_file_does_not_mix_two_saves(self):
+        job = "ptx"
+        self.start(job)
+        old, _ = self.save(job, 50)
+        want = {save_name(job, 50, 0, w): old[w] for w in (0, 1)}
+        assert_manifest(self, self.committed(job, 50), want)
+        # a new worker-0 file over the committed name: worker 1's is still
+        # the committed one, so this is no complete save of its own
+        write_file(self.m("w0.new"), b"new worker 0")
+        os.rename(self.m("w0.new"), self.m(save_name(job, 50, 0, 0)))
+        # barrier: a later commit (policy drops it at once, being older
+        # than 50, so it is seen in the log)
+        os.mkdir(self.m("2.tmp"))
+        write_file(self.m("2.tmp", "x"), b"barrier")
+        os.rename(self.m("2.tmp"), self.m("2"))
+        self.wait_log(r"committed job=%s step=2 " % job)
+        sh = harness.find_shard(admin_ls(self.ramdir), 50, job=job)
+        assert_manifest(self, sh, want)
+        # both files new: a save of step 50 again, which replaces the shard
+        write_file(self.m("w1.new"), b"new worker 1")
+        os.rename(self.m("w1.new"), self.m(save_name(job, 50, 0, 1)))
+        new = {save_name(job, 50, 0, 0): b"new worker 0",
+               save_name(job, 50, 0, 1): b"new worker 1"}
+
+        def replaced():
+            sh = harness.find_shard(admin_ls(self.ramdir), 50, job=job)
+            return sh if sh and sh["state"] in harness.COMMITTED_STATES and \
+                sh["bytes"] == 24 else None
+        assert_manifest(self, wait_until(replaced, TIMEOUT, "step 50 again"), new)
 
     def test_one_worker_zero_padded_step(self):
         job = "ptz"
