@@ -770,6 +770,14 @@ int commit_init(struct fs *fs)
 		in_ns = fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
 			S_ISDIR(st.st_mode) && st.st_ino == r->ns_ino;
 		if (r->state == SH_SEALING) {
+			if (!in_ns && r->ns_ino == 0) {
+				/* .save files: the scan after the configuration
+				 * is loaded commits them again if complete */
+				log_info("commit", "step %llu (.save files) was being committed when mtcfs stopped: it is committed again from the files",
+					 (unsigned long long)r->key.step);
+				idx_del_shard(ram_idx(fs->ram), &r->key);
+				continue;
+			}
 			if (!in_ns) {
 				log_warn("commit", "step %llu was being committed when mtcfs stopped and its directory is gone; forgetting it",
 					 (unsigned long long)r->key.step);

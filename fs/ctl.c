@@ -339,6 +339,9 @@ static void load_identity(struct fs *fs)
 			rcfg_free(&c);
 		}
 		free(v);
+		/* framework: pytorch: .save files completed while mtcfs was
+		 * down (or whose close it never processed) commit now */
+		commit_top_file_done(fs);
 	}
 	if (idx_get_meta(ram_idx(fs->ram), "restored", &v, &len) == 0) {
 		char job[130];

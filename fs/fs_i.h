@@ -130,7 +130,8 @@ int  commit_begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino)
 void commit_marker_done(struct fs *fs, ino_t dir_ino);
 /* A regular file at the top was closed after writing or renamed there:
  * with framework: pytorch, commit each step whose .save files are all
- * complete. FUSE threads; no-op otherwise. */
+ * complete. FUSE threads (and the control thread at start-up); no-op
+ * otherwise. */
 void commit_top_file_done(struct fs *fs);
 /* A top-level regular file that is a committed .save file: its step.
  * fs->mu held. */

@@ -234,6 +234,26 @@ class SingleNode(harness.MountTestCase):
                 sh["bytes"] == 24 else None
         assert_manifest(self, wait_until(replaced, TIMEOUT, "step 50 again"), new)
 
+    def test_kill9_right_after_the_last_close(self):
+        # the close's release (and so the commit) may not even have been
+        # seen, or the seal may be running: after the restart the step is
+        # committed from the files
+        job = "ptk"
+        self.start(job)
+        files = [body(job, 60, 0, w, 48 << 20) for w in (0, 1)]
+        for w in (0, 1):
+            write_file(self.m(save_name(job, 60, 0, w)), files[w])
+        self.fs.kill9()
+        self.fs.start()
+        s = self.wait_committed(60, job=job, timeout=120)
+        assert_manifest(self, s, {save_name(job, 60, 0, w): files[w]
+                                  for w in (0, 1)})
+        with self.assertRaises(OSError) as cm:
+            os.close(os.open(self.m(save_name(job, 60, 0, 1)), os.O_WRONLY))
+        self.assertEqual(cm.exception.errno, errno.EROFS)
+        self.start(job)
+        assert_markers(self, self.mnt, job, 60, 0, files)
+
     def test_one_worker_zero_padded_step(self):
         job = "ptz"
         self.start(job, workers=1)
