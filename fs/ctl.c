@@ -128,15 +128,14 @@ static int publish_markers(struct fs *fs, const struct rcfg *c, const struct res
 	int nsfd = ram_ns_fd(fs->ram);
 
 	for (int w = 0; w < c->workers_per_node; w++) {
-		char name[256], tmp[300], target[512];
-		snprintf(name, sizeof(name), "%s-s%llu-n%d-w%d.restore", c->job,
-			 (unsigned long long)(p->found ? p->step : 0), c->node_rank, w);
+		char name[256], tmp[300], target[1024];
+		int rc = commit_marker(fs, c->job, c->node_rank, p, w, name, sizeof(name), target,
+				       sizeof(target));
+		if (rc < 0)
+			return rc;
 		snprintf(tmp, sizeof(tmp), ".%s.mtcfs-tmp", name);
 		unlinkat(nsfd, tmp, 0);
 		if (p->found) {
-			char rel[300];
-			ram_shard_relpath(&p->key, rel, sizeof(rel));
-			snprintf(target, sizeof(target), ".mtcfs/%s", rel);
 			if (symlinkat(target, nsfd, tmp) < 0)
 				return -errno;
 		} else {
@@ -175,6 +174,7 @@ static void apply_identity(struct fs *fs, const struct rcfg *c)
 	snprintf(fs->job, sizeof(fs->job), "%s", c->job);
 	fs->rank = (uint32_t)c->node_rank;
 	fs->workers = (uint32_t)c->workers_per_node;
+	fs->save_files = c->framework == RCFG_FW_PYTORCH;
 	fs->eager_gc = true;
 	pthread_mutex_unlock(&fs->mu);
 }
@@ -382,6 +382,9 @@ static void load_identity(struct fs *fs)
 			rcfg_free(&c);
 		}
 		free(v);
+		/* framework: pytorch: .save files completed while mtcfs was
+		 * down (or whose close it never processed) commit now */
+		commit_top_file_done(fs);
 	}
 	if (idx_get_meta(ram_idx(fs->ram), "restored", &v, &len) == 0) {
 		char job[130];
