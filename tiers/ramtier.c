@@ -501,6 +501,12 @@ static int link_cb(void *arg, const struct util_walk_ent *e)
 		tgt[l] = 0;
 		if (symlinkat(tgt, dst, e->path) < 0)
 			return -errno;
+	} else if (S_ISFIFO(st->st_mode)) {
+		/* a FIFO of its own, not a link: the shard keeps only its mode,
+		 * exactly (fchmodat: mkfifoat is subject to the umask) */
+		if (mkfifoat(dst, e->path, st->st_mode & 0777) < 0 ||
+		    fchmodat(dst, e->path, st->st_mode & 0777, 0) < 0)
+			return -errno;
 	}
 	return 0;
 }
@@ -775,6 +781,8 @@ static int publish_locked(struct ram_tier *t, struct ram_stage *st, const struct
 		if (fstatat(st->fd, mf->e[i].path, &sb, AT_SYMLINK_NOFOLLOW) < 0)
 			return -EBADMSG;
 		if (mf->e[i].type == MF_FILE && (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != mf->e[i].size))
+			return -EBADMSG;
+		if (mf->e[i].type == MF_FIFO && !S_ISFIFO(sb.st_mode))
 			return -EBADMSG;
 	}
 	rc = ram_shard_relpath(&st->key, rel, sizeof(rel));

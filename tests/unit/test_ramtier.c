@@ -551,6 +551,58 @@ static void test_publish_during_drop_keeps_files(void **state)
 	pthread_mutex_destroy(&r.mu);
 }
 
+/* A FIFO in a step is part of its shard (mode only, exactly, whatever the
+ * umask), and a stage linked from that shard carries it too. */
+static void test_seal_keeps_fifo(void **state)
+{
+	struct tmp *tmp = *state;
+	struct ram_tier *t = NULL;
+	struct manifest *mf = NULL;
+	struct ram_stage st;
+	struct shard_key own, rep;
+	char p[PATH_MAX + 64], err[256] = "";
+	struct stat sb;
+	int src;
+	mode_t old = umask(022);
+
+	assert_int_equal(ram_open(tmp->path, 64 << 20, &t), 0);
+	src = make_step_dir(t, "4");
+	assert_int_equal(mkfifoat(src, "sub/pipe", 0600), 0);
+	assert_int_equal(fchmodat(src, "sub/pipe", 0666, 0), 0);
+	key_of(&own, "job", 4, 0);
+	assert_int_equal(ram_seal(t, &own, src, 1, SHF_OWN, &mf, NULL, 0), 0);
+	close(src);
+	{
+		bool seen = false;
+		for (size_t i = 0; i < mf->n; i++)
+			if (!strcmp(mf->e[i].path, "sub/pipe")) {
+				assert_int_equal(mf->e[i].type, MF_FIFO);
+				assert_int_equal(mf->e[i].mode, 0666);
+				seen = true;
+			}
+		assert_true(seen);
+	}
+	snprintf(p, sizeof(p), "%s/shards/job/4/n0-w0/sub/pipe", tmp->path);
+	assert_int_equal(lstat(p, &sb), 0);
+	assert_true(S_ISFIFO(sb.st_mode));
+	assert_int_equal(sb.st_mode & 07777, 0666);
+	assert_int_equal(ram_verify(t, &own, err, sizeof(err)), 0);
+
+	key_of(&rep, "job", 4, 1);
+	assert_int_equal(ram_stage_begin(t, &rep, &st), 0);
+	assert_int_equal(ram_stage_link(t, &st, &own), 0);
+	assert_int_equal(ram_stage_publish(t, &st, mf, 0), 0);
+	snprintf(p, sizeof(p), "%s/shards/job/4/n1-w0/sub/pipe", tmp->path);
+	assert_int_equal(lstat(p, &sb), 0);
+	assert_true(S_ISFIFO(sb.st_mode));
+	assert_int_equal(sb.st_mode & 07777, 0666);
+	assert_int_equal(ram_verify(t, &rep, err, sizeof(err)), 0);
+
+	mf_free(mf);
+	ram_close(t);
+	umask(old);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -561,6 +613,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_seal_refuses_escaping_symlink, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_drop_crash_finished_at_open, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_publish_during_drop_keeps_files, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_seal_keeps_fifo, tmp_setup, tmp_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
