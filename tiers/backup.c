@@ -893,6 +893,12 @@ int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t 
 			unlinkat(dirfd, e->path, 0);
 			if (symlinkat(e->target, dirfd, e->path) < 0)
 				rc = -errno;
+		} else if (e->type == MF_FIFO) {
+			/* no data object: the manifest's mode is all of it */
+			unlinkat(dirfd, e->path, 0);
+			if (mkfifoat(dirfd, e->path, 0600) < 0 ||
+			    fchmodat(dirfd, e->path, e->mode & 0777, 0) < 0)
+				rc = -errno;
 		}
 	}
 	/* directory modes last: a read-only directory must not block its files */

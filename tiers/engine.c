@@ -203,6 +203,12 @@ static int recv_files(struct eng *e, struct nconn *c, struct ram_stage *st,
 				snprintf(why, whylen, "symlink %s: %s", en->path, strerror(errno));
 				return -errno;
 			}
+		} else if (en->type == MF_FIFO) {
+			if (mkfifoat(st->fd, en->path, 0600) < 0 ||
+			    fchmodat(st->fd, en->path, en->mode & 0777, 0) < 0) {
+				snprintf(why, whylen, "mkfifo %s: %s", en->path, strerror(errno));
+				return -errno;
+			}
 		}
 	}
 	for (size_t i = 0; i < mf->n; i++) {
