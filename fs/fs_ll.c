@@ -282,10 +282,9 @@ static int frozen_add(struct fs *fs, ino_t ino)
 	return 0;
 }
 
+/* FIFOs are part of the shard (by their mode); these are not. */
 static const char *special_kind(mode_t m)
 {
-	if (S_ISFIFO(m))
-		return "a FIFO";
 	if (S_ISSOCK(m))
 		return "a socket";
 	if (S_ISCHR(m))
@@ -325,10 +324,10 @@ static int freeze_one(void *arg, const struct util_walk_ent *e)
 	fs_node_set_frozen(fs, st->st_ino, st->st_dev, a->step);
 	if (kind && a->reported++ < 16) {
 		/* The shard (and so every peer and backup copy, and a restore)
-		 * holds regular files, directories and symlinks only. */
+		 * holds regular files, directories, symlinks and FIFOs only. */
 		char line[PATH_MAX + 256];
 		snprintf(line, sizeof(line),
-			 "step %llu: %s is %s: not checkpointed (a shard holds regular files, directories and symlinks only)",
+			 "step %llu: %s is %s: not checkpointed (a shard holds regular files, directories, symlinks and FIFOs only)",
 			 (unsigned long long)a->step, rel, kind);
 		log_warn("commit", "%s", line);
 		ctl_report_error(fs, line);
