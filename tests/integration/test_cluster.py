@@ -49,10 +49,10 @@ RESTART_MAX_SECS = 10.0
 # --- placement, recomputed from the rule in tiers/placement.h --------------------
 
 def expected_peers(r, n, k, dp=0):
-    """Peers of rank r: K = min(k, n-1) picks from the candidates, skipping
-    r and earlier picks. No D: r XOR 1 (or r-1 when that is >= n), then
-    (r + i*floor(n/K)) mod n for i = 1..K-1; D >= 2 (P = n/D): (r + a*P)
-    mod n for a = -1, +1, -2, +2, ...; then (r + j) mod n for j = 1, 2, ..."""
+    """Peers of rank r: K = min(k, n-1) picks from GKE's candidates, skipping
+    r and earlier picks. D >= 2 with P = n//D >= 1: (r + a*P) mod n for
+    a = -1, +1, -2, +2, ... (k terms); else (r XOR 1) mod n, then
+    (r + i*(n//k)) mod n for i = 1..k-1; then (r + j) mod n for j = 1, 2, ..."""
     K = min(k, n - 1)
     picks = []
     if K <= 0:
@@ -61,15 +61,15 @@ def expected_peers(r, n, k, dp=0):
     def add(c):
         if c != r and c not in picks and len(picks) < K:
             picks.append(c)
-    if dp >= 2:
+    if dp >= 2 and n // dp >= 1:
         P = n // dp
-        for a in range(1, dp // 2 + 1):
-            add((r - a * P) % n)
-            add((r + a * P) % n)
+        for i in range(k):
+            a = i // 2 + 1
+            add((r + (-a if i % 2 == 0 else a) * P) % n)
     else:
-        add(r ^ 1 if (r ^ 1) < n else r - 1)
-        for i in range(1, K):
-            add((r + i * (n // K)) % n)
+        add((r ^ 1) % n)
+        for i in range(1, k):
+            add((r + i * (n // k)) % n)
     j = 1
     while len(picks) < K:
         add((r + j) % n)
