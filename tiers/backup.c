@@ -420,7 +420,7 @@ out:
 
 int bk_new_name(struct bkt *b, const char *job, time_t t, char out[BK_NAME_MAX])
 {
-	char stamp[32], prefix[PATH_MAX], want[BK_NAME_MAX + 1];
+	char stamp[32], prefix[PATH_MAX];
 	struct objs o = { 0 };
 	struct tm tm;
 	int rc;
@@ -430,23 +430,61 @@ int bk_new_name(struct bkt *b, const char *job, time_t t, char out[BK_NAME_MAX])
 	if (!gmtime_r(&t, &tm) || !strftime(stamp, sizeof(stamp), "%Y-%m-%d_%H-%M", &tm) ||
 	    strlen(stamp) != 16)
 		return -EINVAL;
-	snprintf(prefix, sizeof(prefix), "%s/%s", job, stamp);
-	/* "JOB/STAMP/", "JOB/STAMP-2/", ... (and unrelated "JOB/STAMPx..." we skip) */
+	/* Exactly the stamp, never a suffix: GKE's listing regex and Orbax's
+	 * converter see nothing else.  One object under JOB/STAMP/ is enough
+	 * to say the minute is taken. */
+	snprintf(prefix, sizeof(prefix), "%s/%s/", job, stamp);
 	rc = list_into(b, prefix, "/", &o);
 	if (rc < 0)
 		goto out;
-	for (unsigned n = 1; n <= SUFFIX_MAX; n++) {
-		if (n == 1)
-			snprintf(want, sizeof(want), "/");
-		else
-			snprintf(want, sizeof(want), "-%u/", n);
-		if (!objs_find(&o, want)) {
-			snprintf(out, BK_NAME_MAX, "%s%.*s", stamp, (int)strlen(want) - 1, want);
-			goto out;
+	if (o.n) {
+		bkt_set_error("%s/%s: a backup was already started in this UTC minute; the next "
+			      "one waits for the next minute", bkt_url(b), prefix);
+		rc = -EAGAIN;
+		goto out;
+	}
+	snprintf(out, BK_NAME_MAX, "%s", stamp);
+out:
+	objs_free(&o);
+	return rc;
+}
+
+int bk_discard_attempt(struct bkt *b, const char *job, const char *backup)
+{
+	char prefix[PATH_MAX], name[PATH_MAX];
+	struct objs o = { 0 };
+	int rc;
+
+	if ((rc = check_names(job, backup)) < 0)
+		return rc;
+	snprintf(prefix, sizeof(prefix), "%s/%s/", job, backup);
+	rc = list_into(b, prefix, NULL, &o);
+	if (rc < 0)
+		goto out;
+	/* .meta objects first: a reader that lists meanwhile sees a backup
+	 * that is missing shards (incomplete), never a .meta without data. */
+	for (int pass = 0; pass < 2; pass++) {
+		for (size_t i = 0; i < o.n; i++) {
+			bool is_meta = !strchr(o.v[i].name, '/') &&
+				       strlen(o.v[i].name) > 5 &&
+				       !strcmp(o.v[i].name + strlen(o.v[i].name) - 5, ".meta");
+			if (is_meta != (pass == 0))
+				continue;
+			if ((size_t)snprintf(name, sizeof(name), "%s%s", prefix, o.v[i].name) >=
+			    sizeof(name)) {
+				rc = -ENAMETOOLONG;
+				goto out;
+			}
+			rc = bkt_delete(b, name);
+			if (rc == -ENOENT)
+				rc = 0;
+			if (rc < 0)
+				goto out;
 		}
 	}
-	bkt_set_error("%s/%s: %u backups started in one minute", bkt_url(b), prefix, SUFFIX_MAX);
-	rc = -EEXIST;
+	if (o.n)
+		log_info(MOD, "%s/%s: failed backup attempt removed (%zu objects)", bkt_url(b),
+			 prefix, o.n);
 out:
 	objs_free(&o);
 	return rc;

@@ -1620,16 +1620,61 @@ static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex
 	return 0;
 }
 
-static int bk_name(void *arg, const char *job, char *out, size_t outlen)
+/* The clock backups are named by.  MTCFS_TEST_MINUTE_SECS=N (tests only,
+ * 1..60) makes a minute of it last N real seconds from the first call, so
+ * tests of the one-backup-per-minute rule need not wait real minutes. */
+static time_t backup_clock(unsigned *real_s_per_min)
+{
+	/* only the coordinator's one worker thread calls this */
+	static time_t t0;
+	static unsigned scale;
+	time_t now = time(NULL);
+
+	*real_s_per_min = 60;
+	if (!t0) {
+		const char *v = getenv("MTCFS_TEST_MINUTE_SECS");
+		uint64_t n;
+		if (v && util_parse_u64(v, 60, &n) == 0 && n >= 1)
+			scale = (unsigned)n;
+		t0 = now;
+	}
+	if (!scale)
+		return now;
+	*real_s_per_min = scale;
+	return t0 + (now - t0) * 60 / (time_t)scale;
+}
+
+static int bk_name(void *arg, const char *job, char *out, size_t outlen, unsigned *retry_s)
 {
 	struct eng *e = arg;
 	char name[BK_NAME_MAX];
-	int rc = bk_new_name(e->bkt, job, time(NULL), name);
-	if (rc < 0) {
+	unsigned per_min;
+	time_t t = backup_clock(&per_min);
+	int rc = bk_new_name(e->bkt, job, t, name);
+
+	*retry_s = 0;
+	if (rc == -EAGAIN) {
+		/* real seconds until the clock's next minute, rounded up */
+		*retry_s = (unsigned)(((60 - t % 60) * per_min + 59) / 60);
+		snprintf(out, outlen, "%s", bkt_last_error());
+	} else if (rc < 0) {
 		report(e, "backup of job %s not started: %s", job, bkt_last_error());
 		snprintf(out, outlen, "%s", bkt_last_error());
 	} else {
 		snprintf(out, outlen, "%s", name);
+	}
+	return rc;
+}
+
+static int bk_discard(void *arg, const char *job, const char *name, char *out, size_t outlen)
+{
+	struct eng *e = arg;
+	int rc = bk_discard_attempt(e->bkt, job, name);
+
+	if (rc < 0) {
+		report(e, "backup %s of job %s failed and cannot be removed: %s", name, job,
+		       bkt_last_error());
+		snprintf(out, outlen, "%s", bkt_last_error());
 	}
 	return rc;
 }
@@ -1762,7 +1807,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		__atomic_store_n(&e->coord, c, __ATOMIC_RELEASE);
 	}
 	if (e->bkt) {
-		struct coord_bucket bcb = { .decide = bk_decide, .new_name = bk_name,
+		struct coord_bucket bcb = { .decide = bk_decide, .new_name = bk_name, .discard = bk_discard,
 					   .clear_restore_version = bk_clear_rv, .arg = e };
 		coord_set_bucket(e->coord, &bcb);
 	}

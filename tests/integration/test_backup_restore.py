@@ -278,7 +278,12 @@ def meta_name(job, step, node, worker=0):
     return "%s-s%d-n%d-w%d.meta" % (job, step, node, worker)
 
 
-NAME_RE = r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}(?:-\d+)?"
+# exactly GKE's form: its listing regex and Orbax's converter skip any other
+NAME_RE = r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}"
+# one backup per UTC minute: a minute of the daemons' backup clock lasts
+# this many real seconds (MTCFS_TEST_MINUTE_SECS), so successive backups
+# need not wait real minutes
+TEST_MINUTE_SECS = "1"
 
 
 def quiesce(c, timeout=10):
@@ -324,6 +329,7 @@ class BackupBase(unittest.TestCase):
         self.addCleanup(quiesce, c)            # runs before c.close
         for d in c.nodes:
             d.extra_args.append("-d")          # INFO: backup/restore lines
+            d.env["MTCFS_TEST_MINUTE_SECS"] = TEST_MINUTE_SECS
             self.store.setup_env(d.env)
             if env:
                 d.env.update(env)
@@ -445,6 +451,26 @@ class BackupBase(unittest.TestCase):
         # nothing but the job's backups in the bucket (no restore.version)
         tops = {x.split("/")[1] for x in self.store.names(job + "/")}
         self.assertEqual(tops, set(names.values()))
+
+    def test_1b_same_minute_waits_for_the_next(self):
+        """Two backups due in one UTC minute (backup-interval-steps: 1, steps
+        saved back to back): the second waits for the next minute of the
+        backup clock and gets that minute's bare name, never "-2"."""
+        job = "bk1b"
+        c = self.cluster(env={"MTCFS_TEST_MINUTE_SECS": "12"})
+        c.job_start(job)
+        c.save(job, 10, size=SIZE)
+        a = self.wait_backup(job, 10)
+        c.save(job, 20, size=SIZE)
+        b = self.wait_backup(job, 20)
+        for name in (a, b):
+            self.assertRegex(name, "^%s$" % NAME_RE)
+        self.assertGreater(b, a)
+        self.assertRegex(c.nodes[0].log_text(),
+                         r"job %s: backup of step 20 waits \d+ s for the next UTC minute" % job)
+        tops = {x.split("/")[1] for x in self.store.names(job + "/")}
+        self.assertEqual(tops, {a, b})
+        self.assert_backup_layout(job, b, 20, 2)
 
     def check_order(self, job, name, hashes):
         self.assert_no_meta_before_data(job, name, hashes)
@@ -903,6 +929,56 @@ class GsBackupTest(BackupBase):
         faults = self.srv.call("/_faults")
         self.assertEqual([f["count"] for f in faults], [0] * len(faults), faults)
 
+    # -- failed attempts: resumed under the same name, or removed --
+
+    def abandoned(self, job, step):
+        rx = re.compile(r"job %s: backup (%s) of step %d abandoned" % (
+            re.escape(job), NAME_RE, step))
+        d = self.c.nodes[0]
+        return wait_until(lambda: (rx.search(d.log_text()) or [None, None])[1], 60,
+                          "backup of step %d abandoned" % step)
+
+    def test_4c_failed_attempt_resumed_same_name(self):
+        """Node 1's .meta upload keeps failing (500) past its retries: the
+        attempt is abandoned; the retry of the same step resumes it under
+        the same name and completes it; no other directory appears."""
+        job = "bk4c"
+        c = self.cluster()
+        for d in c.nodes:
+            d.expect_log(r"abandoned|backup .* failed|500")
+        c.job_start(job)
+        self.srv.call("/_fault", [{"match": "upload", "kind": "500", "count": 12,
+                                   "name": "%s-s10-n1-w0.meta" % job}])
+        c.save(job, 10, size=SIZE)
+        first = self.abandoned(job, 10)
+        name = self.wait_backup(job, 10)
+        self.assertEqual(name, first)
+        self.assertEqual({x.split("/")[1] for x in self.store.names(job + "/")}, {name})
+        self.assert_backup_layout(job, name, 10, 2)
+
+    def test_4d_failed_attempt_removed_when_step_moved(self):
+        """The attempt for step 10 fails for good (node 1's .meta); step 20
+        becomes the one to back up: the step-10 directory is removed before
+        step 20's backup is named, so only that one is left."""
+        job = "bk4d"
+        c = self.cluster()
+        for d in c.nodes:
+            d.expect_log(r"abandoned|backup .* failed|500")
+        c.job_start(job)
+        self.srv.call("/_fault", [{"match": "upload", "kind": "500", "count": 100000,
+                                   "name": "%s-s10-n1-w0.meta" % job}])
+        c.save(job, 10, size=SIZE)
+        first = self.abandoned(job, 10)
+        wait_until(lambda: any(x.startswith("%s/%s/" % (job, first))
+                               for x in self.store.names(job + "/")), 10,
+                   "node 0's objects of the failed attempt")
+        c.save(job, 20, size=SIZE)
+        name = self.wait_backup(job, 20)
+        self.assertNotEqual(name, first)
+        self.assertEqual({x.split("/")[1] for x in self.store.names(job + "/")}, {name})
+        self.assertRegex(c.nodes[0].log_text(), r"%s/%s/: failed backup attempt removed"
+                         % (re.escape(job), re.escape(first)))
+
     # -- 7 --
 
     def auth_cluster(self, expect):
@@ -921,6 +997,7 @@ class GsBackupTest(BackupBase):
             d.env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
             d.env["GCE_METADATA_HOST"] = srv.host
             d.env["MTCFS_GCS_RETRY"] = GCS_RETRY
+            d.env["MTCFS_TEST_MINUTE_SECS"] = TEST_MINUTE_SECS
             d.expect_log(expect)
             self.daemons.append(d)
         return c

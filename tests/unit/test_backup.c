@@ -478,39 +478,71 @@ static void test_new_name(void **state)
 	assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
 	assert_int_equal(bk_new_name(e->b, JOB, t + 50, name), 0);
 	assert_string_equal(name, "2024-03-05_07-09");
-	for (int i = 2; i <= 11; i++) {
-		char want[BK_NAME_MAX];
-		snprintf(obj, sizeof(obj), "%s/%s/something", JOB, name);
+	/* The minute is taken: no "-2" (GKE and Orbax list only the bare
+	 * stamp); the caller waits for the next minute. */
+	snprintf(obj, sizeof(obj), "%s/2024-03-05_07-09/something", JOB);
+	assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
+	memset(name, 0, sizeof(name));
+	assert_int_equal(bk_new_name(e->b, JOB, t, name), -EAGAIN);
+	assert_int_equal(bk_new_name(e->b, JOB, t + 59 - (t % 60), name), -EAGAIN);
+	assert_non_null(strstr(bkt_last_error(), "next minute"));
+	assert_int_equal(bk_new_name(e->b, JOB, t + 60 - (t % 60), name), 0);
+	assert_string_equal(name, "2024-03-05_07-10");
+	/* Names older mtcfs wrote ("-N") are still listed, in order: -10 after
+	 * -9 numerically, newest first, a minute earlier last. */
+	for (int i = 2; i <= 10; i++) {
+		snprintf(obj, sizeof(obj), "%s/2024-03-05_07-09-%d/something", JOB, i);
 		assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
-		assert_int_equal(bk_new_name(e->b, JOB, t, name), 0);
-		snprintf(want, sizeof(want), "2024-03-05_07-09-%d", i);
-		assert_string_equal(name, want);
 	}
-	/* a hole is reused: the rule is "the smallest free N" */
-	snprintf(obj, sizeof(obj), "%s/2024-03-05_07-09-3/something", JOB);
-	assert_int_equal(bkt_delete(e->b, obj), 0);
-	assert_int_equal(bk_new_name(e->b, JOB, t, name), 0);
-	assert_string_equal(name, "2024-03-05_07-09-3");
-	/* order: -10 after -9 numerically, newest first, a minute earlier last */
 	snprintf(obj, sizeof(obj), "%s/2024-03-05_07-08/something", JOB);
 	assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
 	snprintf(obj, sizeof(obj), "%s/manual-copy/something", JOB);
 	assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
 	assert_int_equal(bk_list_backups(e->b, JOB, 1, 1, &v, &n), 0);
-	assert_int_equal(n, 11);     /* STAMP, -2, -4 .. -10, the minute before, manual-copy */
+	assert_int_equal(n, 12);     /* STAMP, -2 .. -10, the minute before, manual-copy */
 	assert_string_equal(v[0].name, "2024-03-05_07-09-10");
 	assert_string_equal(v[1].name, "2024-03-05_07-09-9");
-	assert_string_equal(v[6].name, "2024-03-05_07-09-4");
-	assert_string_equal(v[7].name, "2024-03-05_07-09-2");
-	assert_string_equal(v[8].name, "2024-03-05_07-09");
-	assert_string_equal(v[9].name, "2024-03-05_07-08");
-	assert_string_equal(v[10].name, "manual-copy");
+	assert_string_equal(v[8].name, "2024-03-05_07-09-2");
+	assert_string_equal(v[9].name, "2024-03-05_07-09");
+	assert_string_equal(v[10].name, "2024-03-05_07-08");
+	assert_string_equal(v[11].name, "manual-copy");
 	for (size_t i = 0; i < n; i++) {
 		assert_false(v[i].complete);
 		assert_string_equal(v[i].why, "no .meta");
 	}
 	bk_backups_free(v, n);
 	assert_int_equal(bk_new_name(e->b, "bad/job", t, name), -EINVAL);
+}
+
+/* A failed attempt that will not be resumed goes away whole, so the next
+ * attempt never leaves a second partial directory. */
+static void test_discard_attempt(void **state)
+{
+	struct env *e = *state;
+	char obj[PATH_MAX], name[BK_NAME_MAX];
+	const char *bk = "2024-03-05_07-09";
+	const char *objs[] = { "j-s1-n0-w0.meta", "aa.manifest", "aa.data/x", "aa.data/d/y" };
+	uint64_t size;
+	uint32_t crc;
+
+	for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
+		snprintf(obj, sizeof(obj), "%s/%s/%s", JOB, bk, objs[i]);
+		assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
+	}
+	snprintf(obj, sizeof(obj), "%s/2024-03-05_07-08/keep", JOB);
+	assert_int_equal(bkt_put_buf(e->b, obj, "k", 1), 0);
+	assert_int_equal(bk_discard_attempt(e->b, JOB, bk), 0);
+	for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
+		snprintf(obj, sizeof(obj), "%s/%s/%s", JOB, bk, objs[i]);
+		assert_int_equal(bkt_stat(e->b, obj, &size, &crc), -ENOENT);
+	}
+	snprintf(obj, sizeof(obj), "%s/2024-03-05_07-08/keep", JOB);
+	assert_int_equal(bkt_stat(e->b, obj, &size, &crc), 0);
+	/* the minute is free again; nothing there is fine too */
+	assert_int_equal(bk_new_name(e->b, JOB, 1709622540, name), 0);
+	assert_string_equal(name, bk);
+	assert_int_equal(bk_discard_attempt(e->b, JOB, bk), 0);
+	assert_int_equal(bk_discard_attempt(e->b, JOB, "../x"), -EINVAL);
 }
 
 static void test_restore_version(void **state)
@@ -697,6 +729,7 @@ int main(void)
 		BOTH(test_incomplete),
 		BOTH(test_corrupt_object),
 		BOTH(test_new_name),
+		BOTH(test_discard_attempt),
 		BOTH(test_restore_version),
 		BOTH(test_idempotent_reupload),
 		cmocka_unit_test_prestate_setup_teardown(test_fetch_refuses_unsafe_trees, setup,
