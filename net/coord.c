@@ -73,7 +73,9 @@ struct cjob {
 	char (*excluded)[64];         /* backups that failed during this round */
 	size_t nexcluded;
 	bool forced_restore;          /* this round restored restore.version */
+	bool rv_seen;                 /* this round found restore.version, valid or not */
 	bool rv_delete_pending;       /* delete it after the next commit */
+	bool rv_after_any;            /* ... any step (nothing was restored) */
 	uint64_t restored_step;
 	/* backups */
 	uint32_t bi_min, bi_steps;
@@ -264,6 +266,7 @@ static void bucket_plan_run(void *arg)
 		compute_plan(c, j);        /* the cluster's part */
 		j->bucket_plan = false;
 		j->forced_restore = false;
+		j->rv_seen = rc == 0 && d.forced;
 		snprintf(j->notes, sizeof(j->notes), "%s", rc < 0 || (!d.forced && j->plan.found) ? "" : d.notes);
 		if (rc < 0) {
 			snprintf(j->notes, sizeof(j->notes), "the bucket could not be read (%s); planning from the cluster only",
@@ -426,14 +429,23 @@ static void release_barrier(struct coord *c, struct cjob *j)
 		j->safe = j->plan.step;
 		j->restored_step = j->plan.step;
 		/* after a restore from it, restore.version goes with the next commit */
-		if (j->forced_restore)
+		if (j->forced_restore) {
 			j->rv_delete_pending = true;
+			j->rv_after_any = false;
+		}
 		if (j->bucket_plan && !j->has_last_bk) {
 			/* that backup already holds this step */
 			j->has_last_bk = true;
 			j->last_bk_step = j->plan.step;
 			j->last_bk_start = util_now_ns();
 		}
+	}
+	if (j->rv_seen && !j->plan.found) {
+		/* restore.version named a missing or incomplete backup: the job
+		 * started empty, and the file is used once all the same (GKE's
+		 * documented rule): it goes with the first checkpoint saved */
+		j->rv_delete_pending = true;
+		j->rv_after_any = true;
 	}
 	log_info("coord", "barrier released job=%s plan=%u step=%llu", j->name, j->plan_id,
 		 (unsigned long long)(j->plan.found ? j->plan.step : 0));
@@ -514,6 +526,7 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 		j->notes[0] = '\0';
 		j->bucket_plan = false;
 		j->forced_restore = false;
+		j->rv_seen = false;
 		j->round++;
 		j->state = R_COLLECT;
 		j->round_start = util_now_ns();
@@ -989,7 +1002,8 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 		log_info("coord", "job %s: step %llu is complete on all %u nodes", j->name,
 			 (unsigned long long)newest, j->nodes);
 		send_lkg(c, j);
-		if (j->rv_delete_pending && newest > j->restored_step && c->bk.clear_restore_version &&
+		if (j->rv_delete_pending && (j->rv_after_any || newest > j->restored_step) &&
+		    c->bk.clear_restore_version &&
 		    c->worker) {
 			struct bk_job *b = calloc(1, sizeof(*b));
 			if (b) {

@@ -28,7 +28,9 @@ Scenarios, each with both backends unless marked:
     step of the abandoned timeline still in RAM;
  5. restore.version naming a missing, an incomplete or no backup: s0
     markers everywhere, replicator.errors says why, nothing is restored
-    (no fallback), restore.version is left alone;
+    (no fallback); it is used once all the same: deleted with the first
+    checkpoint saved after that empty start, and the restart after that
+    restores in-cluster steps again;
  6. (gs) uploads under injected faults (503s, 429 with Retry-After, a reset
     mid-upload, slow answers): the backups complete and restore byte for
     byte;
@@ -697,10 +699,18 @@ class BackupBase(unittest.TestCase):
                 if must2:
                     self.assertIn(must2, err)
                 self.assertIn("nothing is restored", err)
-            # left alone: not deleted, not rewritten
+            # not yet used up: no checkpoint was saved since (not rewritten)
             self.assertEqual(self.store.read(rv), content.encode())
         # nothing of the bucket was touched
         self.assert_backup_layout(job, names[10], 10, 2)
+        # Used once all the same (GKE's documented rule): the first
+        # checkpoint saved after that empty start deletes it ...
+        c.save(job, 30, size=SIZE)
+        wait_until(lambda: not self.store.exists(rv), 30,
+                   "restore.version deleted after the first checkpoint saved")
+        self.assertRegex(c.nodes[0].log_text(), r"deleted .*restore\.version after the first commit")
+        # ... and the next restart restores the in-cluster step again
+        self.assertEqual(self.job_restart(job), {0: 30, 1: 30})
 
 
 class FileBackupTest(BackupBase):
