@@ -501,8 +501,12 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 		return;
 	}
 	j->dp = dp;
-	if (j->state == R_IDLE || (j->n[rank].reported && j->state == R_PLANNED)) {
-		/* a new restore round: abandon the previous one */
+	if (j->state == R_IDLE || j->n[rank].reported) {
+		/* A new restore round: abandon the previous one.  A rank that
+		 * reports twice in one round is a new incarnation of the job
+		 * there (a new replicator.yaml): as GKE's replicator restarts at
+		 * once, the round starts over now, its timeout with it, rather
+		 * than waiting restore_timeout for the old round to end. */
 		if (j->state != R_IDLE)
 			log_warn("coord", "job %s: rank %d restarted its restore; starting a new round",
 				 name, rank);

@@ -84,6 +84,11 @@ struct eng {
 	/* control connection to the coordinator */
 	pthread_mutex_t ctl_mu;       /* protects ctl state; taken before mu */
 	pthread_cond_t ctl_cv;
+	/* a restore in progress (protected by ctl_mu): its thread's calls to
+	 * the coordinator end with -ECANCELED once a new replicator.yaml
+	 * interrupts it */
+	bool restoring, restore_cancel;
+	pthread_t restore_thr;
 	struct nconn *ctl;
 	bool ctl_reader_running;
 	pthread_t ctl_reader;
@@ -822,6 +827,22 @@ static int ctl_ensure_locked(struct eng *e)
 }
 
 /* One request on the control connection; *resp owned by the caller. */
+/* ctl_mu held: the calling thread runs a restore that was interrupted. */
+static bool restore_cancelled_locked(struct eng *e)
+{
+	return e->restoring && e->restore_cancel && pthread_equal(e->restore_thr, pthread_self());
+}
+
+void eng_restore_interrupt(struct eng *e)
+{
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->restoring) {
+		e->restore_cancel = true;
+		pthread_cond_broadcast(&e->ctl_cv);
+	}
+	pthread_mutex_unlock(&e->ctl_mu);
+}
+
 static int ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms)
 {
 	struct pending_call p = { 0 };
@@ -831,6 +852,10 @@ static int ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms)
 
 	*resp = NULL;
 	pthread_mutex_lock(&e->ctl_mu);
+	if (restore_cancelled_locked(e)) {
+		rc = -ECANCELED;
+		goto out;
+	}
 	rc = ctl_ensure_locked(e);
 	if (rc < 0)
 		goto out;
@@ -859,6 +884,11 @@ static int ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms)
 		ts.tv_nsec -= 1000000000L;
 	}
 	while (!p.done) {
+		if (restore_cancelled_locked(e)) {
+			/* the answer, if it comes, finds no waiter and is dropped */
+			p.rc = -ECANCELED;
+			break;
+		}
 		if (pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts) == ETIMEDOUT) {
 			p.rc = -ETIMEDOUT;
 			break;
@@ -1432,10 +1462,17 @@ int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void
 	char last_notes[1024] = "";
 	int rc, rounds = 0;
 
+	pthread_mutex_lock(&e->ctl_mu);
+	e->restoring = true;
+	e->restore_cancel = false;
+	e->restore_thr = pthread_self();
+	pthread_mutex_unlock(&e->ctl_mu);
 restart:
 	json_decref(req);
 	req = catalog_msg(e, c);
 	rc = ctl_call(e, req, &resp, call_ms);
+	if (rc == -ECANCELED)
+		goto out;
 	if (rc < 0) {
 		char line[512];
 		snprintf(line, sizeof(line), "restore: the coordinator at %s did not answer: %s",
@@ -1444,8 +1481,13 @@ restart:
 			rep(arg, line);
 		log_err("engine", "%s", line);
 		if (util_now_ns() < deadline && rounds++ < 20) {
-			struct timespec ts = { 1, 0 };
-			nanosleep(&ts, NULL);
+			struct timespec ts;
+			pthread_mutex_lock(&e->ctl_mu);
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += 1;
+			if (!e->restore_cancel)   /* a new yaml ends the pause too */
+				pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts);
+			pthread_mutex_unlock(&e->ctl_mu);
 			goto restart;
 		}
 		goto out;
@@ -1532,6 +1574,14 @@ restart:
 		/* a new plan (another node's source failed): go around again */
 	}
 out:
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->restore_cancel)
+		rc = -ECANCELED;   /* whatever the round got to: a new one replaces it */
+	e->restoring = false;
+	e->restore_cancel = false;
+	pthread_mutex_unlock(&e->ctl_mu);
+	if (rc == -ECANCELED)
+		log_info("engine", "restore of job %s interrupted by a new replicator.yaml", c->job);
 	json_decref(req);
 	json_decref(resp);
 	return rc;
