@@ -64,6 +64,8 @@ struct bk_shard {
 	uint32_t node, worker;
 	uint64_t step;
 	uint8_t hash[32];           /* zero when there is no (readable) .meta */
+	bool gke;                   /* written by GKE's replicator: the .meta is
+				     * "D" + hash, <D hash>.data/ has no manifest */
 	bool complete;
 	char why[128];              /* when !complete: the first thing wrong */
 };
