@@ -12,6 +12,8 @@ Scenarios, each with both backends unless marked:
  2. every node loses its RAM (kill -9, RAMDIR wiped, restart): the job
     restart restores the newest complete backup's step on every node, byte
     for byte; replicator.prerestore names the backup;
+ 2b. a backup as GKE's replicator writes it (.meta = "D" + BLAKE3, no
+    manifest) restores on every node, byte for byte;
  3. the newest backup lacks one node's .meta (deleted behind mtcfs's back):
     the older complete backup is restored, replicator.errors names the
     skipped one;
@@ -280,6 +282,28 @@ def meta_name(job, step, node, worker=0):
     return "%s-s%d-n%d-w%d.meta" % (job, step, node, worker)
 
 
+# A backup as GKE's replicator writes it (sync.py: hash_and_wrap_into_meta,
+# atomic_copy_file): per node JOB-s<S>-n<r>-w0.meta holding "D" + the BLAKE3
+# merkle digest of its step directory (merkle.dir_digest), no newline, and
+# the directory itself as <that>.data/, no manifest. The digests below are
+# what GKE's own functions computed for these bytes (job "gk", step 40,
+# SIZE, commit_success.txt "ok\n"), run beside the project; the tree this
+# writes was compared with the one GKE's functions wrote: identical.
+GKE_JOB, GKE_STEP, GKE_BACKUP = "gk", 40, "2025-06-30_14-30"
+GKE_HASHES = {0: "D1e5f2c40eaa7e5cf69093fdc3edb7d703699e34abf9942293c65005dc63c34cb",
+              1: "D05ad6fd235c384e48787ad7b3904470c03679b2e0138d8ec5e73dd725dd6af08"}
+
+
+def write_gke_backup(store, job=GKE_JOB, step=GKE_STEP, backup=GKE_BACKUP, size=SIZE):
+    base = "%s/%s/" % (job, backup)
+    for r, h in GKE_HASHES.items():
+        files = dict(shard_files(job, step, r, size))
+        files["commit_success.txt"] = b"ok\n"
+        for rel, data in sorted(files.items()):
+            store.write(base + h + ".data/" + rel, data)
+        store.write(base + "%s-s%d-n%d-w0.meta" % (job, step, r), h.encode())
+
+
 # exactly GKE's form: its listing regex and Orbax's converter skip any other
 NAME_RE = r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}"
 # one backup per UTC minute: a minute of the daemons' backup clock lasts
@@ -507,6 +531,24 @@ class BackupBase(unittest.TestCase):
     def assert_backups_untouched(self, job, names):
         for s, name in names.items():
             self.assert_backup_layout(job, name, s, 2)
+
+    def test_2b_gke_written_backup_restored(self):
+        """A bucket GKE's replicator wrote (D<BLAKE3>.data/ directories, no
+        manifest) restores through mtcfs on every node, byte for byte, and
+        mtcfs writes nothing into that backup."""
+        write_gke_backup(self.store)
+        before = self.store.names(GKE_JOB + "/")
+        c = self.cluster()
+        got = self.job_restart(GKE_JOB)
+        self.assertEqual(got, {0: GKE_STEP, 1: GKE_STEP})
+        for r in range(2):
+            self.assertEqual(self.prerestore(r), "restore-step: %d\nrestore-backup: %s\n"
+                             % (GKE_STEP, GKE_BACKUP))
+            c.restore_and_verify(GKE_JOB, r, GKE_STEP, size=SIZE)
+            with open(os.path.join(c.nodes[r].mnt, str(GKE_STEP), "commit_success.txt"),
+                      "rb") as f:
+                self.assertEqual(f.read(), b"ok\n")
+        self.assertEqual(self.store.names(GKE_JOB + "/"), before)
 
     # -- 3 --
 
