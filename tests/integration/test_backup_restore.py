@@ -750,7 +750,8 @@ class BackupBase(unittest.TestCase):
         c.save(job, 30, size=SIZE)
         wait_until(lambda: not self.store.exists(rv), 30,
                    "restore.version deleted after the first checkpoint saved")
-        self.assertRegex(c.nodes[0].log_text(), r"deleted .*restore\.version after the first commit")
+        wait_until(lambda: re.search(r"deleted .*restore\.version after the first commit",
+                                     c.nodes[0].log_text()), 10, "rank 0 logs the delete")
         # ... and the next restart restores the in-cluster step again
         self.assertEqual(self.job_restart(job), {0: 30, 1: 30})
 
