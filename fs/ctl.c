@@ -283,6 +283,11 @@ static void process_yaml(struct fs *fs)
 		/* the job-wide plan; prerestore is written as soon as it is known,
 		 * before the fetch and the barrier */
 		rc = eng_restore(fs->eng, &c, ctl_report_error, fs, prerestore_cb, &plan);
+		if (rc == -ECANCELED) {
+			/* a new replicator.yaml: ctl_main takes it next */
+			rcfg_free(&c);
+			return;
+		}
 		if (rc < 0) {
 			metrics_add(MC_RESTORE_FAILURES, 1);
 			snprintf(err, sizeof(err), "restore failed: %s; no .restore markers published",
@@ -421,6 +426,12 @@ static void *ctl_main(void *arg)
 
 void ctl_notify(struct fs *fs)
 {
+	struct stat st;
+
+	/* A replicator.yaml present while a restore runs is a new one (the
+	 * restore's own was deleted before it began): that round ends now. */
+	if (fs->eng && fstatat(ram_ns_fd(fs->ram), YAML, &st, AT_SYMLINK_NOFOLLOW) == 0)
+		eng_restore_interrupt(fs->eng);
 	pthread_mutex_lock(&fs->ctl_mu);
 	fs->ctl_pending = true;
 	pthread_cond_signal(&fs->ctl_cv);
