@@ -39,7 +39,8 @@ def pattern(seed, n):
     return random.Random(seed).randbytes(n)
 
 
-class KernelCache(harness.MountTestCase):
+class Base(harness.MountTestCase):
+    """Helpers only (no tests of its own)."""
     OPTS = harness.DEFAULT_OPTS + ",debug"
 
     def m(self, *parts):
@@ -103,6 +104,9 @@ class KernelCache(harness.MountTestCase):
         self.fail("%s: every second run still sent %s (attempts: %r)"
                   % (what, "/".join(sorted(forbidden)), seen))
 
+
+
+class KernelCache(Base):
     # -- pages --
 
     def test_reread_of_committed_file_sends_no_read(self):
@@ -216,6 +220,36 @@ class KernelCache(harness.MountTestCase):
         self.commit(4, {"w": b"newer"})
         self.assertEqual(read_file(self.m("4", "w")), b"newer")
         self.assertEqual(os.stat(self.m("4", "w")).st_size, 5)
+
+
+class PolicyDrop(Base):
+    """A step that policy drops leaves the kernel's cache too."""
+
+    def test_dropped_step_leaves_the_cache(self):
+        write_file(self.m("replicator.yaml"),
+                   b"job-name: kc\nnode-rank: 0\nnodes: 1\n")
+        harness.wait_until(
+            lambda: os.path.lexists(self.m("kc-s0-n0-w0.restore")), 30,
+            "the job's .restore marker", check=self.fs.check_alive)
+        self.commit_job(10, b"ten")
+        for _ in range(2):      # cached: names, attributes, pages
+            self.assertEqual(read_file(self.m("10", "w")), b"ten")
+        self.assertEqual(sorted(os.listdir(self.m("10"))), ["w"])
+        self.commit_job(20, b"twenty")
+        # step 10 goes from the store; the kernel's cached names go too
+        harness.wait_until(
+            lambda: not os.path.lexists(self.m("10", "w"))
+            and not os.path.lexists(self.m("10")), 10,
+            "MNT/10 and MNT/10/w gone after GC", check=self.fs.check_alive)
+        self.assertNotIn("10", os.listdir(self.mnt))
+        self.assertEqual(read_file(self.m("20", "w")), b"twenty")
+
+    def commit_job(self, step, data):
+        tmp = self.m("%d.tmp" % step)
+        os.mkdir(tmp)
+        write_file(os.path.join(tmp, "w"), data)
+        os.rename(tmp, self.m(str(step)))
+        self.wait_committed(step, job="kc")
 
 
 if __name__ == "__main__":
