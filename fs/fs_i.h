@@ -32,6 +32,7 @@ struct fnode {
 	_Atomic int inflight;       /* writes/truncates in progress */
 	_Atomic int writers;        /* open handles with write access */
 	uint64_t step;              /* valid when FN_FROZEN: the step it belongs to */
+	uint8_t sdepth;             /* FN_STORE: 1 = .mtcfs, 2 job, 3 step, 4 shard dir, deeper inside */
 	uint64_t marker_step;       /* commit_success.txt in top-level digits dir: step+1, else 0 */
 	ino_t marker_dir_ino;
 	struct fnode *parent;       /* protected by fs->mu; holds a reference (NULL for root) */

@@ -96,11 +96,48 @@ static void htab_remove(struct fs *fs, struct fnode *n)
 		*pp = n->hnext;
 }
 
+/* How long the kernel may keep what never changes (seconds). */
+#define IMMUTABLE_TIMEOUT 3600.0
+
+/* Can neither n's bytes, attributes nor (for a directory) its names
+ * change except through this mount? True for what a sealed step holds in
+ * the namespace and for what is inside a shard directory of the store view
+ * (shards appear whole, by rename from staging, and are never modified).
+ * The kernel sees every change the application makes itself (unlink, rmdir
+ * in a committed step) and updates its cache; what changes behind its back
+ * is a whole step or shard going, and the levels above (top-level names,
+ * .mtcfs/<job>/<step>/<shard>) keep short timeouts, so a path walk finds it
+ * gone. Not yet sealed steps keep short ones: the seal links every file
+ * into the store, changing its link count. */
+static bool immutable(struct fs *fs, struct fnode *n)
+{
+	uint32_t fl = atomic_load(&n->flags);
+	struct fs_step *s;
+	bool r;
+
+	if (fl & FN_STORE)
+		return n->sdepth >= 4;
+	if (!(fl & FN_FROZEN) || n == &fs->root)
+		return false;
+	pthread_mutex_lock(&fs->mu);
+	s = commit_find(fs, n->step);
+	r = s && s->sealed && !s->failed;
+	pthread_mutex_unlock(&fs->mu);
+	return r;
+}
+
 static double entry_timeout(struct fnode *parent)
 {
 	/* The top level changes behind the kernel's back (control files,
 	 * markers, policy dropping steps): never cache its names. */
-	return parent == &g_fs->root ? 0.0 : 1.0;
+	if (parent == &g_fs->root)
+		return 0.0;
+	return immutable(g_fs, parent) ? IMMUTABLE_TIMEOUT : 1.0;
+}
+
+static double attr_timeout(struct fnode *n)
+{
+	return immutable(g_fs, n) ? IMMUTABLE_TIMEOUT : 1.0;
 }
 
 static int proc_path(int fd, char *buf, size_t len)
@@ -427,6 +464,7 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 	pthread_mutex_init(&n->amu, NULL);
 	if (atomic_load(&parent->flags) & FN_STORE) {
 		atomic_store(&n->flags, FN_STORE);
+		n->sdepth = parent->sdepth < 255 ? parent->sdepth + 1 : 255;
 	} else if (atomic_load(&parent->flags) & FN_FROZEN) {
 		n->step = parent->step;
 		atomic_store(&n->flags, FN_FROZEN);
@@ -510,8 +548,10 @@ static int do_lookup(struct fs *fs, struct fnode *parent, const char *name,
 	}
 	if (nm != name) {
 		n = node_get(fs, parent, name, fd, &e->attr);
-		if (n)
+		if (n) {
+			n->sdepth = 1;
 			atomic_fetch_or(&n->flags, FN_STORE);
+		}
 	} else {
 		n = node_get(fs, parent, name, fd, &e->attr);
 	}
@@ -524,8 +564,17 @@ static int do_lookup(struct fs *fs, struct fnode *parent, const char *name,
 	 * and the top-level directory again (7 requests per small-file open
 	 * instead of 5). Nothing behind the kernel changes a top-level entry's
 	 * mode or owner; its times and link count may lag by that second. */
-	e->attr_timeout = 1.0;
+	e->attr_timeout = attr_timeout(n);
 	e->entry_timeout = entry_timeout(parent);
+	/* Two top-level names are kept too: a sealed step's directory and the
+	 * store view. With timeout 0 the kernel drops a name at its last use,
+	 * and with it every cached name, attribute and page below it (each
+	 * read of a committed file cost a LOOKUP, OPEN and READs again).
+	 * Neither changes behind the kernel's back except when policy drops a
+	 * step or shard, and that path invalidates them (fs_forget_name). */
+	if (parent == &fs->root &&
+	    (nm != name || ((atomic_load(&n->flags) & FN_STEPDIR) && immutable(fs, n))))
+		e->entry_timeout = IMMUTABLE_TIMEOUT;
 	return 0;
 }
 
@@ -564,7 +613,9 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	if (rc < 0) {
 		if (rc == -ENOENT) {
 			memset(&e, 0, sizeof(e));
-			e.entry_timeout = 0;
+			/* a negative entry only where no name can appear: in
+			 * a sealed step or inside a shard */
+			e.entry_timeout = immutable(fs, node_of(fs, parent)) ? IMMUTABLE_TIMEOUT : 0;
 			fuse_reply_entry(req, &e);
 			return;
 		}
@@ -597,7 +648,7 @@ static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		fuse_reply_err(req, errno);
 		return;
 	}
-	fuse_reply_attr(req, &st, 1.0);
+	fuse_reply_attr(req, &st, attr_timeout(n));
 }
 
 /* Measure the node's allocation after a change and correct the account. */
@@ -1357,7 +1408,10 @@ static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	}
 	d->is_root = n == &fs->root;
 	fi->fh = (uintptr_t)d;
-	fi->cache_readdir = 0;
+	/* An immutable directory's listing stays in the kernel across opens;
+	 * an unlink or rmdir in it through the mount invalidates it there. */
+	fi->cache_readdir = immutable(fs, n) ? 1 : 0;
+	fi->keep_cache = fi->cache_readdir;
 	if (fuse_reply_open(req, fi) == -ENOENT) {
 		closedir(d->dp);
 		free(d);
