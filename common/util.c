@@ -88,9 +88,12 @@ bool util_is_step_name(const char *name, uint64_t *step)
 	uint64_t v;
 	size_t n = strlen(name);
 
-	if (n == 0 || n > 19)
+	/* Leading zeros are allowed (Orbax's step_format_fixed_length writes
+	 * "00000100"); the value must fit a signed 64-bit integer, because
+	 * steps travel as JSON integers and Python ints between the nodes. */
+	if (n == 0 || n > UTIL_STEP_NAME_MAX)
 		return false;
-	if (util_parse_u64(name, UINT64_MAX, &v) < 0)
+	if (util_parse_u64(name, INT64_MAX, &v) < 0)
 		return false;
 	if (step)
 		*step = v;

@@ -13,7 +13,9 @@
 int util_parse_size(const char *s, uint64_t *out);
 /* Non-negative decimal integer without sign/space, <= max. 0 or -EINVAL. */
 int util_parse_u64(const char *s, uint64_t max, uint64_t *out);
-/* True when name is 1..19 ASCII digits (a step directory name). */
+/* True when name is 1..UTIL_STEP_NAME_MAX ASCII digits whose value is at
+ * most INT64_MAX (a step directory name; leading zeros allowed). */
+#define UTIL_STEP_NAME_MAX 64
 bool util_is_step_name(const char *name, uint64_t *step);
 /* Relative path safe to use under a root: no "..", no "." components, not
  * absolute, no empty components, no NUL, bounded length. */

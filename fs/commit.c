@@ -4,13 +4,17 @@
  * the seal worker freezes the tree, hard-links it into the shard store and
  * builds the manifest. Policy (which steps may go) lives here too. */
 #include "fs/fs_i.h"
+#include "fs/rcfg.h"
 #include "common/log.h"
+#include "tiers/restore.h"
 #include "common/metrics.h"
 #include "common/util.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +53,7 @@ static void step_remove(struct fs *fs, uint64_t step)
 {
 	for (size_t i = 0; i < fs->nsteps; i++) {
 		if (fs->steps[i].step == step) {
+			free(fs->steps[i].files);
 			fs->steps[i] = fs->steps[--fs->nsteps];
 			return;
 		}
@@ -64,6 +69,55 @@ static void key_of(const struct fs_step *s, struct shard_key *k)
 	k->worker = 0;
 }
 
+/* A step's spelling ("05", "00000100") is kept in the catalog beside its
+ * shard, only when it is not the plain decimal: the namespace name goes
+ * with the next clean, and the .restore marker still needs it. */
+static void name_meta_key(const struct shard_key *k, char *buf, size_t len)
+{
+	snprintf(buf, len, "stepname/%s/%u/%" PRIu64, k->job, k->rank, k->step);
+}
+
+static void name_store(struct fs *fs, const struct shard_key *k, const char *name)
+{
+	char key[256], plain[32];
+
+	name_meta_key(k, key, sizeof(key));
+	snprintf(plain, sizeof(plain), "%" PRIu64, k->step);
+	if (!strcmp(name, plain))
+		idx_del_meta(ram_idx(fs->ram), key);
+	else if (idx_put_meta(ram_idx(fs->ram), key, name, strlen(name)) < 0)
+		log_warn("commit", "cannot record the name %s of step %" PRIu64 ": it restores as %s",
+			 name, k->step, plain);
+}
+
+static void name_forget(struct fs *fs, const struct shard_key *k)
+{
+	char key[256];
+	name_meta_key(k, key, sizeof(key));
+	idx_del_meta(ram_idx(fs->ram), key);
+}
+
+/* The step's name as the app wrote it, else its decimal. */
+static void name_of(struct fs *fs, const struct shard_key *k, char *buf, size_t len)
+{
+	char key[256];
+	void *v = NULL;
+	size_t vl = 0;
+	uint64_t step;
+
+	name_meta_key(k, key, sizeof(key));
+	if (idx_get_meta(ram_idx(fs->ram), key, &v, &vl) == 0 && vl < len) {
+		memcpy(buf, v, vl);
+		buf[vl] = '\0';
+		if (util_is_step_name(buf, &step) && step == k->step) {
+			free(v);
+			return;
+		}
+	}
+	free(v);
+	snprintf(buf, len, "%" PRIu64, k->step);
+}
+
 bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
 {
 	struct fs_step *s;
@@ -75,32 +129,56 @@ bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
 	return r;
 }
 
-int commit_begin(struct fs *fs, uint64_t step, ino_t dir_ino)
+/* Record step `step` (spelled `name`) as SEALING: a directory (dir_ino)
+ * or, with files != NULL, the nfiles .save files (ownership of files
+ * passes to the step table in every case). */
+static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
+		 ino_t *files, uint32_t nfiles)
 {
 	struct shard_rec rec = { 0 };
 	struct fs_step *s;
 	int rc;
 
+	if (strlen(name) >= sizeof(s->name)) {
+		free(files);
+		return -ENAMETOOLONG;
+	}
 	pthread_mutex_lock(&fs->mu);
 	s = commit_find(fs, step);
 	if (s && s->visible && !s->sealed) {
 		/* the previous commit of this name is still sealing */
 		pthread_mutex_unlock(&fs->mu);
+		free(files);
 		return -EBUSY;
+	}
+	if (s && s->visible && strcmp(s->name, name)) {
+		/* "5" and "05" are the same step of the job: one shard, one
+		 * name; the first stays until the app deletes it */
+		log_warn("commit", "step %s is already committed as %s: %s is not committed",
+			 name, s->name, name);
+		pthread_mutex_unlock(&fs->mu);
+		free(files);
+		return -EEXIST;
 	}
 	s = step_add(fs, step);
 	if (!s) {
 		pthread_mutex_unlock(&fs->mu);
+		free(files);
 		return -ENOMEM;
 	}
 	snprintf(s->job, sizeof(s->job), "%s", fs->job);
+	snprintf(s->name, sizeof(s->name), "%s", name);
 	s->rank = fs->rank;
 	s->dir_ino = dir_ino;
+	free(s->files);
+	s->files = files;
+	s->nfiles = nfiles;
 	s->visible = true;
 	s->sealed = false;
 	s->failed = false;
 	key_of(s, &rec.key);
 	pthread_mutex_unlock(&fs->mu);
+	name_store(fs, &rec.key, name);
 
 	atomic_fetch_add(&fs->sealing, 1);
 	rec.state = SH_SEALING;
@@ -120,6 +198,11 @@ int commit_begin(struct fs *fs, uint64_t step, ino_t dir_ino)
 	return 0;
 }
 
+int commit_begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino)
+{
+	return begin(fs, step, name, dir_ino, NULL, 0);
+}
+
 void commit_abort(struct fs *fs, uint64_t step)
 {
 	struct shard_key k;
@@ -136,6 +219,57 @@ void commit_abort(struct fs *fs, uint64_t step)
 	pthread_mutex_unlock(&fs->mu);
 	atomic_fetch_sub(&fs->sealing, 1);
 	idx_del_shard(ram_idx(fs->ram), &k);
+	name_forget(fs, &k);
+}
+
+/* The .save file of worker w of a step, as GKE's pytorch mode names it. */
+static void save_name(const struct shard_key *k, const char *stepname, uint32_t w,
+		      char *buf, size_t len)
+{
+	snprintf(buf, len, "%s-s%s-n%u-w%u.save", k->job, stepname, k->rank, w);
+}
+
+/* A framework: pytorch step is files at the top, not a directory: gather
+ * hard links of them in a private directory of RAMDIR (outside the app's
+ * namespace and the shard store) for ram_seal to take. Returns the open
+ * directory (its name in scratch) or -errno. */
+static int gather_files(struct fs *fs, const struct shard_key *k, const char *stepname,
+			const ino_t *files, uint32_t nfiles, char *scratch, size_t slen)
+{
+	int rootfd = ram_root_fd(fs->ram), nsfd = ram_ns_fd(fs->ram), dfd = -1, rc = 0;
+
+	snprintf(scratch, slen, ".seal-%s-n%u-%" PRIu64, k->job, k->rank, k->step);
+	util_rmtree_at(rootfd, scratch, NULL);
+	if (mkdirat(rootfd, scratch, 0755) < 0)
+		return -errno;
+	dfd = openat(rootfd, scratch, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0) {
+		rc = -errno;
+		goto out;
+	}
+	for (uint32_t w = 0; w < nfiles; w++) {
+		char fn[NAME_MAX + 1];
+		struct stat st;
+		save_name(k, stepname, w, fn, sizeof(fn));
+		if (linkat(nsfd, fn, dfd, fn, 0) < 0) {
+			rc = -errno;
+			goto out;
+		}
+		/* the name may have been replaced since the commit */
+		if (fstatat(dfd, fn, &st, AT_SYMLINK_NOFOLLOW) < 0 || st.st_ino != files[w]) {
+			rc = -ESTALE;
+			goto out;
+		}
+	}
+out:
+	if (rc < 0) {
+		if (dfd >= 0)
+			close(dfd);
+		util_rmtree_at(rootfd, scratch, NULL);
+		scratch[0] = '\0';
+		return rc;
+	}
+	return dfd;
 }
 
 static void seal_job(void *arg)
@@ -146,8 +280,9 @@ static void seal_job(void *arg)
 	struct fs_step *s;
 	struct shard_key k;
 	struct stat st;
-	char name[32], hex[65];
-	ino_t ino;
+	char name[sizeof(s->name)], hex[65], scratch[256] = "";
+	ino_t ino, *files = NULL;
+	uint32_t nfiles = 0;
 	int dfd = -1, rc;
 	bool frozen = false;
 
@@ -160,17 +295,39 @@ static void seal_job(void *arg)
 	}
 	key_of(s, &k);
 	ino = s->dir_ino;
+	snprintf(name, sizeof(name), "%s", s->name);
+	if (s->nfiles) {
+		files = malloc(s->nfiles * sizeof(*files));
+		if (files) {
+			memcpy(files, s->files, s->nfiles * sizeof(*files));
+			nfiles = s->nfiles;
+		}
+	}
 	pthread_mutex_unlock(&fs->mu);
 
-	snprintf(name, sizeof(name), "%llu", (unsigned long long)step);
-	dfd = openat(ram_ns_fd(fs->ram), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (dfd < 0 || fstat(dfd, &st) < 0 || st.st_ino != ino) {
-		rc = dfd < 0 ? -errno : -ESTALE;
-		log_err("commit", "step %llu vanished before it was sealed: %s",
-			(unsigned long long)step, strerror(-rc));
-		goto out;
+	if (nfiles) {
+		/* the files were made read-only when the last one closed */
+		dfd = gather_files(fs, &k, name, files, nfiles, scratch, sizeof(scratch));
+		if (dfd < 0) {
+			rc = dfd;
+			log_err("commit", "step %s: a .save file vanished before it was sealed: %s",
+				name, strerror(-rc));
+			goto out;
+		}
+	} else {
+		if (ino == 0) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		dfd = openat(ram_ns_fd(fs->ram), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (dfd < 0 || fstat(dfd, &st) < 0 || st.st_ino != ino) {
+			rc = dfd < 0 ? -errno : -ESTALE;
+			log_err("commit", "step %s vanished before it was sealed: %s", name,
+				strerror(-rc));
+			goto out;
+		}
+		fs_freeze_subtree(fs, dfd, step);
 	}
-	fs_freeze_subtree(fs, dfd, step);
 	frozen = true;
 	atomic_fetch_sub(&fs->sealing, 1);
 	/* a failure may be passing (a directory tidied away under the seal by
@@ -197,12 +354,15 @@ static void seal_job(void *arg)
 	metrics_add(MC_COMMITS, 1);
 	metrics_observe(MH_SEAL_SECONDS, (double)(util_now_ns() - t0) / 1e9);
 	eng_committed(fs->eng, &k, mf->hash);
-	log_info("commit", "committed job=%s step=%llu rank=%u files=%u bytes=%llu hash=%s seal_ms=%.1f",
-		 k.job, (unsigned long long)step, k.rank, mf->nfiles,
+	log_info("commit", "committed job=%s step=%s rank=%u files=%u bytes=%llu hash=%s seal_ms=%.1f",
+		 k.job, name, k.rank, mf->nfiles,
 		 (unsigned long long)mf->total, hex, (double)(util_now_ns() - t0) / 1e6);
 out:
 	if (dfd >= 0)
 		close(dfd);
+	if (scratch[0])
+		util_rmtree_at(ram_root_fd(fs->ram), scratch, NULL);   /* links only */
+	free(files);
 	if (!frozen)
 		atomic_fetch_sub(&fs->sealing, 1);
 	mf_free(mf);
@@ -289,30 +449,62 @@ static void unlink_views(struct fs *fs, const struct shard_key *k)
 	closedir(d);
 }
 
+/* A framework: pytorch shard's files are also top-level .save names of
+ * the app's view: those that are still the shard's own inodes go with it. */
+static void unlink_file_views(struct fs *fs, const struct shard_key *k)
+{
+	int nsfd = ram_ns_fd(fs->ram), sfd = ram_shard_open(fs->ram, k);
+	struct dirent *de;
+	DIR *d;
+
+	if (sfd < 0)
+		return;
+	if (!(d = fdopendir(sfd))) {
+		close(sfd);
+		return;
+	}
+	while ((de = readdir(d)) != NULL) {
+		struct stat a, b;
+		size_t l = strlen(de->d_name);
+		if (l < 6 || strcmp(de->d_name + l - 5, ".save"))
+			continue;
+		if (fstatat(sfd, de->d_name, &a, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(a.st_mode) &&
+		    fstatat(nsfd, de->d_name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_ino == b.st_ino &&
+		    unlinkat(nsfd, de->d_name, 0) == 0)
+			fs_forget_name(fs, de->d_name);
+	}
+	closedir(d);
+}
+
 /* Drop one own shard: its store copy, its record, and its namespace view. */
 static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_ino)
 {
 	uint64_t freed = 0;
-	char name[32];
+	char name[sizeof(((struct fs_step *)0)->name)];
 	struct stat st;
 	bool in_ns = false;
 
+	name[0] = '\0';
 	pthread_mutex_lock(&fs->mu);
 	{
 		struct fs_step *s = commit_find(fs, k->step);
 		if (s && !strcmp(s->job, k->job) && s->rank == k->rank) {
-			in_ns = s->visible && s->dir_ino == ns_ino;
+			in_ns = s->visible && s->dir_ino == ns_ino && ns_ino != 0;
+			snprintf(name, sizeof(name), "%s", s->name);
 			step_remove(fs, k->step);
 		}
 	}
 	pthread_mutex_unlock(&fs->mu);
-	snprintf(name, sizeof(name), "%llu", (unsigned long long)k->step);
+	if (!name[0])
+		name_of(fs, k, name, sizeof(name));
 	if (in_ns && fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
 	    st.st_ino == ns_ino) {
 		util_rmtree_at(ram_ns_fd(fs->ram), name, &freed);
 		ram_adjust(fs->ram, -(int64_t)freed);   /* ram_drop accounts its own */
 	}
 	unlink_views(fs, k);
+	unlink_file_views(fs, k);
+	name_forget(fs, k);
 	ram_drop(fs->ram, k, &freed);
 	metrics_add(MC_GC_DROPPED, 1);
 	if (in_ns)
@@ -544,6 +736,17 @@ static int check_sizes(struct fs *fs, const struct shard_rec *r, char *err, size
 	return rc;
 }
 
+void commit_free(struct fs *fs)
+{
+	for (size_t i = 0; i < fs->nsteps; i++)
+		free(fs->steps[i].files);
+	free(fs->steps);
+	fs->steps = NULL;
+	fs->nsteps = fs->capsteps = 0;
+}
+
+static void adopt_files(struct fs *fs, const struct shard_key *k);
+
 int commit_init(struct fs *fs)
 {
 	struct shard_rec *recs = NULL;
@@ -554,16 +757,32 @@ int commit_init(struct fs *fs)
 		return rc;
 	for (size_t i = 0; i < n; i++) {
 		struct shard_rec *r = &recs[i];
-		char name[32], err[512];
+		char name[sizeof(((struct fs_step *)0)->name)], err[512];
 		struct stat st;
 		bool in_ns;
 
+		if (r->key.step > INT64_MAX) {
+			/* recorded before such names stopped being steps: the
+			 * peers' plans cannot carry it */
+			log_warn("commit", "job %s step %llu node %u is above the largest step (2^63-1): forgotten",
+				 r->key.job, (unsigned long long)r->key.step, r->key.rank);
+			ram_drop(fs->ram, &r->key, NULL);
+			continue;
+		}
 		if (!(r->flags & SHF_OWN))
 			continue;
-		snprintf(name, sizeof(name), "%llu", (unsigned long long)r->key.step);
+		name_of(fs, &r->key, name, sizeof(name));
 		in_ns = fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
 			S_ISDIR(st.st_mode) && st.st_ino == r->ns_ino;
 		if (r->state == SH_SEALING) {
+			if (!in_ns && r->ns_ino == 0) {
+				/* .save files: the scan after the configuration
+				 * is loaded commits them again if complete */
+				log_info("commit", "step %llu (.save files) was being committed when mtcfs stopped: it is committed again from the files",
+					 (unsigned long long)r->key.step);
+				idx_del_shard(ram_idx(fs->ram), &r->key);
+				continue;
+			}
 			if (!in_ns) {
 				log_warn("commit", "step %llu was being committed when mtcfs stopped and its directory is gone; forgetting it",
 					 (unsigned long long)r->key.step);
@@ -576,12 +795,15 @@ int commit_init(struct fs *fs)
 			idx_set_state(ram_idx(fs->ram), &r->key, SH_BAD, 0, 0);
 			r->state = SH_BAD;
 		}
+		if (!in_ns && r->ns_ino == 0 && r->state >= SH_COMMITTED && r->state != SH_BAD)
+			adopt_files(fs, &r->key);   /* .save files: read-only again */
 		if (in_ns) {
 			struct fs_step *s;
 			pthread_mutex_lock(&fs->mu);
 			s = step_add(fs, r->key.step);
 			if (s) {
 				snprintf(s->job, sizeof(s->job), "%s", r->key.job);
+				snprintf(s->name, sizeof(s->name), "%s", name);
 				s->rank = r->key.rank;
 				s->dir_ino = st.st_ino;
 				s->visible = !(r->flags & SHF_HIDDEN);
@@ -597,5 +819,389 @@ int commit_init(struct fs *fs)
 		}
 	}
 	idx_recs_free(recs, n);
+	return 0;
+}
+
+/* ---- commits detected by name: commit_success.txt, .save files ---- */
+
+/* Name of the top-level step directory with inode ino. 0 or -ENOENT. */
+static int find_top_dir(struct fs *fs, ino_t ino, char *name, size_t len, uint64_t *step)
+{
+	int fd = openat(ram_ns_fd(fs->ram), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = -ENOENT;
+	struct dirent *de;
+	DIR *d;
+
+	if (fd < 0 || !(d = fdopendir(fd))) {
+		if (fd >= 0)
+			close(fd);
+		return -errno;
+	}
+	while ((de = readdir(d)) != NULL) {
+		if (de->d_ino == ino && util_is_step_name(de->d_name, step) &&
+		    strlen(de->d_name) < len) {
+			snprintf(name, len, "%s", de->d_name);
+			rc = 0;
+			break;
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+void commit_marker_done(struct fs *fs, ino_t dir_ino)
+{
+	char name[sizeof(((struct fs_step *)0)->name)];
+	struct stat st;
+	uint64_t step;
+
+	if (find_top_dir(fs, dir_ino, name, sizeof(name), &step) < 0)
+		return;
+	if (fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    S_ISDIR(st.st_mode) && st.st_ino == dir_ino &&
+	    !commit_is_step_dir(fs, step, st.st_ino) &&
+	    commit_begin(fs, step, name, st.st_ino) == 0) {
+		fs_node_set_frozen(fs, st.st_ino, st.st_dev, step);
+		commit_queue(fs, step);
+	}
+}
+
+/* "<job>-s<digits>-n<rank>-w<w>.save" (GKE's file_naming): the step's
+ * value and spelling, and the worker. Rank and worker are plain decimals
+ * (the names GKE's replicator builds). */
+static bool parse_save(const char *fn, const char *job, uint32_t rank, uint64_t *step,
+		       char *stepname, size_t slen, uint32_t *w)
+{
+	size_t jl = strlen(job), dl;
+	const char *p = fn, *q;
+	char num[24], want[48];
+	uint64_t v;
+
+	if (strncmp(p, job, jl) || strncmp(p + jl, "-s", 2))
+		return false;
+	p += jl + 2;
+	dl = strspn(p, "0123456789");
+	if (dl == 0 || dl >= slen)
+		return false;
+	memcpy(stepname, p, dl);
+	stepname[dl] = '\0';
+	if (!util_is_step_name(stepname, step))
+		return false;
+	p += dl;
+	snprintf(want, sizeof(want), "-n%u-w", rank);
+	if (strncmp(p, want, strlen(want)))
+		return false;
+	p += strlen(want);
+	q = strstr(p, ".save");
+	if (!q || strcmp(q, ".save") || q == p || (size_t)(q - p) >= sizeof(num))
+		return false;
+	memcpy(num, p, (size_t)(q - p));
+	num[q - p] = '\0';
+	if (util_parse_u64(num, UINT32_MAX, &v) < 0 || (num[0] == '0' && num[1]))
+		return false;
+	*w = (uint32_t)v;
+	return true;
+}
+
+/* At start-up: a committed framework: pytorch shard whose .save files are
+ * still in the app's view (same inodes) is a step of the table again, so
+ * the files stay read-only across a restart of mtcfs. */
+static void adopt_files(struct fs *fs, const struct shard_key *k)
+{
+	int sfd = ram_shard_open(fs->ram, k), nsfd = ram_ns_fd(fs->ram);
+	char stepname[sizeof(((struct fs_step *)0)->name)] = "";
+	ino_t *files = NULL;
+	uint32_t nf = 0;
+	struct dirent *de;
+	struct fs_step *s;
+	DIR *d;
+
+	if (sfd < 0)
+		return;
+	if (!(d = fdopendir(sfd))) {
+		close(sfd);
+		return;
+	}
+	while ((de = readdir(d)) != NULL) {
+		char sn[sizeof(stepname)];
+		struct stat a, b;
+		uint64_t step;
+		uint32_t w;
+		if (!parse_save(de->d_name, k->job, k->rank, &step, sn, sizeof(sn), &w) ||
+		    step != k->step || w >= RCFG_WORKERS_MAX)
+			continue;
+		if (fstatat(sfd, de->d_name, &a, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    fstatat(nsfd, de->d_name, &b, AT_SYMLINK_NOFOLLOW) < 0 || a.st_ino != b.st_ino)
+			continue;
+		if (w >= nf) {
+			ino_t *nv = realloc(files, (w + 1) * sizeof(*nv));
+			if (!nv)
+				goto out;
+			memset(nv + nf, 0, (w + 1 - nf) * sizeof(*nv));
+			files = nv;
+			nf = w + 1;
+		}
+		files[w] = a.st_ino;
+		snprintf(stepname, sizeof(stepname), "%s", sn);
+	}
+	for (uint32_t w = 0; w < nf; w++)
+		if (!files[w])
+			goto out;
+	if (!nf)
+		goto out;
+	pthread_mutex_lock(&fs->mu);
+	s = step_add(fs, k->step);
+	if (s) {
+		snprintf(s->job, sizeof(s->job), "%s", k->job);
+		snprintf(s->name, sizeof(s->name), "%s", stepname);
+		s->rank = k->rank;
+		s->dir_ino = 0;
+		free(s->files);
+		s->files = files;
+		s->nfiles = nf;
+		files = NULL;
+		s->visible = true;
+		s->sealed = true;
+	}
+	pthread_mutex_unlock(&fs->mu);
+out:
+	closedir(d);
+	free(files);
+}
+
+struct save_ent {
+	uint64_t step;
+	uint32_t w;
+	ino_t ino;
+	dev_t dev;
+	char name[sizeof(((struct fs_step *)0)->name)];
+};
+
+static int cmp_save(const void *a, const void *b)
+{
+	const struct save_ent *x = a, *y = b;
+	if (x->step != y->step)
+		return x->step < y->step ? -1 : 1;
+	return x->w < y->w ? -1 : x->w > y->w;
+}
+
+#define SAVE_SCAN_MAX 65536u   /* top-level .save files looked at per scan */
+
+/* The group g[0..W) is this node's shard of the step, already sealed:
+ * nothing to do (also after a restart of mtcfs: the catalog says so).
+ * A group that shares a file with the committed step (one worker's file
+ * replaced, the others still the committed ones) is not a new save
+ * either: committing it would mix two saves in one shard. */
+static bool group_committed(struct fs *fs, const struct save_ent *g, uint32_t nw,
+			    const char *job, uint32_t rank)
+{
+	struct shard_rec rec = { 0 };
+	struct shard_key k = { 0 };
+	struct fs_step *s;
+	bool same = false;
+	int sfd;
+
+	pthread_mutex_lock(&fs->mu);
+	s = commit_find(fs, g[0].step);
+	if (s && s->nfiles && !strcmp(s->job, job) && s->rank == rank) {
+		for (uint32_t w = 0; w < nw && !same; w++)
+			for (uint32_t x = 0; x < s->nfiles && !same; x++)
+				same = s->files[x] == g[w].ino;
+	}
+	pthread_mutex_unlock(&fs->mu);
+	if (same || s)
+		return same;
+	snprintf(k.job, sizeof(k.job), "%s", job);
+	k.step = g[0].step;
+	k.rank = rank;
+	if (idx_get_shard(ram_idx(fs->ram), &k, &rec) < 0)
+		return false;
+	same = rec.state >= SH_COMMITTED && rec.state != SH_BAD;
+	idx_rec_clear(&rec);
+	if (!same || (sfd = ram_shard_open(fs->ram, &k)) < 0)
+		return false;
+	same = false;
+	for (uint32_t w = 0; w < nw && !same; w++) {
+		char fn[NAME_MAX + 1];
+		struct stat st;
+		save_name(&k, g[w].name, w, fn, sizeof(fn));
+		same = fstatat(sfd, fn, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_ino == g[w].ino;
+	}
+	close(sfd);
+	return same;
+}
+
+static void commit_group(struct fs *fs, const struct save_ent *g, uint32_t nw)
+{
+	ino_t *files = malloc(nw * sizeof(*files));
+
+	if (!files)
+		return;
+	for (uint32_t w = 0; w < nw; w++)
+		files[w] = g[w].ino;
+	if (begin(fs, g[0].step, g[0].name, 0, files, nw) < 0)
+		return;
+	for (uint32_t w = 0; w < nw; w++)
+		fs_node_set_frozen(fs, g[w].ino, g[w].dev, g[0].step);
+	if (commit_queue(fs, g[0].step) < 0)
+		commit_abort(fs, g[0].step);
+}
+
+void commit_top_file_done(struct fs *fs)
+{
+	struct save_ent *v = NULL;
+	size_t n = 0, cap = 0;
+	uint32_t rank, workers;
+	char job[129];
+	struct dirent *de;
+	DIR *d;
+	int fd;
+
+	pthread_mutex_lock(&fs->mu);
+	if (!fs->save_files || fs->workers == 0) {
+		pthread_mutex_unlock(&fs->mu);
+		return;
+	}
+	snprintf(job, sizeof(job), "%s", fs->job);
+	rank = fs->rank;
+	workers = fs->workers;
+	pthread_mutex_unlock(&fs->mu);
+
+	fd = openat(ram_ns_fd(fs->ram), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || !(d = fdopendir(fd))) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	while ((de = readdir(d)) != NULL && n < SAVE_SCAN_MAX) {
+		struct save_ent e;
+		struct stat st;
+		if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
+			continue;
+		if (!parse_save(de->d_name, job, rank, &e.step, e.name, sizeof(e.name), &e.w) ||
+		    e.w >= workers)
+			continue;
+		if (fstatat(ram_ns_fd(fs->ram), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    !S_ISREG(st.st_mode))
+			continue;
+		e.ino = st.st_ino;
+		e.dev = st.st_dev;
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 16;
+			struct save_ent *nv = realloc(v, nc * sizeof(*nv));
+			if (!nv)
+				break;
+			v = nv;
+			cap = nc;
+		}
+		v[n++] = e;
+	}
+	closedir(d);
+	if (n > 1)
+		qsort(v, n, sizeof(*v), cmp_save);
+	/* A step is complete when every worker 0..W-1 has exactly one file,
+	 * spelled alike, and none is still open for writing (GKE waits for
+	 * the close of each). */
+	for (size_t i = 0; i < n;) {
+		size_t j = i;
+		bool ok = true;
+		while (j < n && v[j].step == v[i].step)
+			j++;
+		if (j - i != workers)
+			ok = false;
+		for (size_t x = i; ok && x < j; x++)
+			ok = v[x].w == x - i && !strcmp(v[x].name, v[i].name) &&
+			     fs_node_writers(fs, v[x].ino, v[x].dev) == 0;
+		if (ok && !group_committed(fs, &v[i], workers, job, rank))
+			commit_group(fs, &v[i], workers);
+		i = j;
+	}
+	free(v);
+}
+
+bool commit_file_frozen_locked(struct fs *fs, ino_t ino, uint64_t *step)
+{
+	for (size_t i = 0; i < fs->nsteps; i++) {
+		struct fs_step *s = &fs->steps[i];
+		for (uint32_t w = 0; w < s->nfiles; w++) {
+			if (s->files[w] == ino) {
+				*step = s->step;
+				return true;
+			}
+		}
+	}
+	return false;
+}
+
+/* ---- restore markers ---- */
+
+/* The restored shard's file of worker w (framework: pytorch): its name
+ * and spelling of the step. 0, -ENOENT (no such file), -ENODATA (the
+ * shard has no .save file at all: a directory step). */
+static int find_save(struct fs *fs, const struct shard_key *k, uint32_t w, char *fn, size_t fnlen,
+		     char *stepname, size_t slen)
+{
+	int sfd = ram_shard_open(fs->ram, k), rc = -ENODATA;
+	struct dirent *de;
+	DIR *d;
+
+	if (sfd < 0)
+		return sfd;
+	if (!(d = fdopendir(sfd))) {
+		close(sfd);
+		return -errno;
+	}
+	while ((de = readdir(d)) != NULL) {
+		uint64_t step;
+		uint32_t fw;
+		size_t l = strlen(de->d_name);
+		if (l > 5 && !strcmp(de->d_name + l - 5, ".save") && rc == -ENODATA)
+			rc = -ENOENT;
+		if (parse_save(de->d_name, k->job, k->rank, &step, stepname, slen, &fw) &&
+		    fw == w && step == k->step && l < fnlen) {
+			snprintf(fn, fnlen, "%s", de->d_name);
+			rc = 0;
+			break;
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+int commit_marker(struct fs *fs, const char *job, int rank, const struct restore_plan *p,
+		  int w, char *name, size_t nlen, char *target, size_t tlen)
+{
+	char rel[512], stepname[sizeof(((struct fs_step *)0)->name)], fn[NAME_MAX + 1];
+	bool save_files;
+	int rc;
+
+	target[0] = '\0';
+	if (!p->found) {
+		snprintf(name, nlen, "%s-s0-n%d-w%d.restore", job, rank, w);
+		return 0;
+	}
+	rc = ram_shard_relpath(&p->key, rel, sizeof(rel));
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&fs->mu);
+	save_files = fs->save_files;
+	pthread_mutex_unlock(&fs->mu);
+	/* framework: pytorch restores a file per worker: the marker points at
+	 * that worker's file, as GKE's points at its <hash>.data */
+	rc = save_files ? find_save(fs, &p->key, (uint32_t)w, fn, sizeof(fn), stepname,
+				    sizeof(stepname)) : -ENODATA;
+	if (rc == 0) {
+		if ((size_t)snprintf(target, tlen, ".mtcfs/%s/%s", rel, fn) >= tlen)
+			return -ENAMETOOLONG;
+	} else if (rc == -ENODATA) {
+		name_of(fs, &p->key, stepname, sizeof(stepname));
+		if ((size_t)snprintf(target, tlen, ".mtcfs/%s", rel) >= tlen)
+			return -ENAMETOOLONG;
+	} else {
+		log_err("commit", "restored step %llu has no .save file for worker %d",
+			(unsigned long long)p->step, w);
+		return rc;
+	}
+	if ((size_t)snprintf(name, nlen, "%s-s%s-n%d-w%d.restore", job, stepname, rank, w) >= nlen)
+		return -ENAMETOOLONG;
 	return 0;
 }

@@ -128,15 +128,14 @@ static int publish_markers(struct fs *fs, const struct rcfg *c, const struct res
 	int nsfd = ram_ns_fd(fs->ram);
 
 	for (int w = 0; w < c->workers_per_node; w++) {
-		char name[256], tmp[300], target[512];
-		snprintf(name, sizeof(name), "%s-s%llu-n%d-w%d.restore", c->job,
-			 (unsigned long long)(p->found ? p->step : 0), c->node_rank, w);
+		char name[256], tmp[300], target[1024];
+		int rc = commit_marker(fs, c->job, c->node_rank, p, w, name, sizeof(name), target,
+				       sizeof(target));
+		if (rc < 0)
+			return rc;
 		snprintf(tmp, sizeof(tmp), ".%s.mtcfs-tmp", name);
 		unlinkat(nsfd, tmp, 0);
 		if (p->found) {
-			char rel[300];
-			ram_shard_relpath(&p->key, rel, sizeof(rel));
-			snprintf(target, sizeof(target), ".mtcfs/%s", rel);
 			if (symlinkat(target, nsfd, tmp) < 0)
 				return -errno;
 		} else {
@@ -175,6 +174,7 @@ static void apply_identity(struct fs *fs, const struct rcfg *c)
 	snprintf(fs->job, sizeof(fs->job), "%s", c->job);
 	fs->rank = (uint32_t)c->node_rank;
 	fs->workers = (uint32_t)c->workers_per_node;
+	fs->save_files = c->framework == RCFG_FW_PYTORCH;
 	fs->eager_gc = true;
 	pthread_mutex_unlock(&fs->mu);
 }
@@ -283,6 +283,11 @@ static void process_yaml(struct fs *fs)
 		/* the job-wide plan; prerestore is written as soon as it is known,
 		 * before the fetch and the barrier */
 		rc = eng_restore(fs->eng, &c, ctl_report_error, fs, prerestore_cb, &plan);
+		if (rc == -ECANCELED) {
+			/* a new replicator.yaml: ctl_main takes it next */
+			rcfg_free(&c);
+			return;
+		}
 		if (rc < 0) {
 			metrics_add(MC_RESTORE_FAILURES, 1);
 			snprintf(err, sizeof(err), "restore failed: %s; no .restore markers published",
@@ -382,6 +387,9 @@ static void load_identity(struct fs *fs)
 			rcfg_free(&c);
 		}
 		free(v);
+		/* framework: pytorch: .save files completed while mtcfs was
+		 * down (or whose close it never processed) commit now */
+		commit_top_file_done(fs);
 	}
 	if (idx_get_meta(ram_idx(fs->ram), "restored", &v, &len) == 0) {
 		char job[130];
@@ -418,6 +426,12 @@ static void *ctl_main(void *arg)
 
 void ctl_notify(struct fs *fs)
 {
+	struct stat st;
+
+	/* A replicator.yaml present while a restore runs is a new one (the
+	 * restore's own was deleted before it began): that round ends now. */
+	if (fs->eng && fstatat(ram_ns_fd(fs->ram), YAML, &st, AT_SYMLINK_NOFOLLOW) == 0)
+		eng_restore_interrupt(fs->eng);
 	pthread_mutex_lock(&fs->ctl_mu);
 	fs->ctl_pending = true;
 	pthread_cond_signal(&fs->ctl_cv);

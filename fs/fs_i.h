@@ -42,9 +42,12 @@ struct fnode {
 /* A committed step of this node as the namespace shows it. */
 struct fs_step {
 	char job[129];     /* the job it was committed under */
+	char name[65];     /* the step as the app spelled it ("05"), UTIL_STEP_NAME_MAX */
 	uint32_t rank;
 	uint64_t step;
-	ino_t dir_ino;     /* the step directory in ns/ */
+	ino_t dir_ino;     /* the step directory in ns/; 0 for .save files */
+	ino_t *files;      /* framework pytorch: the .save file of each worker, owned */
+	uint32_t nfiles;
 	bool visible;      /* still in the app's view (top-level name present) */
 	bool sealed;       /* hard links and manifest done */
 	bool failed;       /* sealing failed */
@@ -98,6 +101,7 @@ struct fs {
 	bool have_restored;
 	bool eager_gc;              /* a job is configured: keep only what policy needs */
 	uint32_t workers;           /* workers-per-node of the current job */
+	bool save_files;            /* framework: pytorch: <job>-s<S>-n<r>-w<w>.save files commit */
 
 	/* control thread (ctl.c) */
 	pthread_t ctl_thr;
@@ -129,9 +133,29 @@ int  fs_node_writers(struct fs *fs, ino_t ino, dev_t dev);
 
 /* commit.c */
 int  commit_init(struct fs *fs);           /* catalog recovery at start-up */
-/* A step directory (ino) became committed at top-level name `step`.
- * Called on a FUSE thread: records SEALING and queues the seal. */
-int  commit_begin(struct fs *fs, uint64_t step, ino_t dir_ino);
+void commit_free(struct fs *fs);           /* the step table, at exit */
+/* A step directory (ino) became committed at top-level name `name` (the
+ * digits as written; `step` is their value). Called on a FUSE thread:
+ * records SEALING. -EEXIST when another spelling of the same step ("5"
+ * for "05") is committed and still in the app's view. */
+int  commit_begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino);
+/* commit_success.txt in the top-level step directory dir_ino is complete
+ * (closed after writing, or renamed into place): commit the directory. */
+void commit_marker_done(struct fs *fs, ino_t dir_ino);
+/* A regular file at the top was closed after writing or renamed there:
+ * with framework: pytorch, commit each step whose .save files are all
+ * complete. FUSE threads (and the control thread at start-up); no-op
+ * otherwise. */
+void commit_top_file_done(struct fs *fs);
+/* A top-level regular file that is a committed .save file: its step.
+ * fs->mu held. */
+bool commit_file_frozen_locked(struct fs *fs, ino_t ino, uint64_t *step);
+/* The .restore marker of worker w for plan p (p->found false: the empty
+ * s0 marker): its name, and the relative symlink target (empty when the
+ * marker is an empty file). 0 or -errno. Control thread. */
+struct restore_plan;
+int  commit_marker(struct fs *fs, const char *job, int rank, const struct restore_plan *p,
+		   int w, char *name, size_t nlen, char *target, size_t tlen);
 void commit_abort(struct fs *fs, uint64_t step);
 int  commit_queue(struct fs *fs, uint64_t step);
 struct fs_step *commit_find(struct fs *fs, uint64_t step);   /* fs->mu held */

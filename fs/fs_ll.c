@@ -282,10 +282,9 @@ static int frozen_add(struct fs *fs, ino_t ino)
 	return 0;
 }
 
+/* FIFOs are part of the shard (by their mode); these are not. */
 static const char *special_kind(mode_t m)
 {
-	if (S_ISFIFO(m))
-		return "a FIFO";
 	if (S_ISSOCK(m))
 		return "a socket";
 	if (S_ISCHR(m))
@@ -325,10 +324,10 @@ static int freeze_one(void *arg, const struct util_walk_ent *e)
 	fs_node_set_frozen(fs, st->st_ino, st->st_dev, a->step);
 	if (kind && a->reported++ < 16) {
 		/* The shard (and so every peer and backup copy, and a restore)
-		 * holds regular files, directories and symlinks only. */
+		 * holds regular files, directories, symlinks and FIFOs only. */
 		char line[PATH_MAX + 256];
 		snprintf(line, sizeof(line),
-			 "step %llu: %s is %s: not checkpointed (a shard holds regular files, directories and symlinks only)",
+			 "step %llu: %s is %s: not checkpointed (a shard holds regular files, directories, symlinks and FIFOs only)",
 			 (unsigned long long)a->step, rel, kind);
 		log_warn("commit", "%s", line);
 		ctl_report_error(fs, line);
@@ -438,6 +437,10 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 		if (s && s->dir_ino == st->st_ino)
 			fl |= FN_FROZEN;
 		atomic_store(&n->flags, fl);
+	} else if (parent == &fs->root && S_ISREG(st->st_mode) &&
+		   commit_file_frozen_locked(fs, st->st_ino, &step)) {
+		n->step = step;   /* a committed .save file (framework: pytorch) */
+		atomic_store(&n->flags, FN_FROZEN);
 	} else if (!S_ISDIR(st->st_mode) && st->st_nlink > 1 && st->st_dev == fs->root.dev &&
 		   frozen_has(fs, st->st_ino)) {
 		/* another name of a committed file (a hard link made before
@@ -948,7 +951,8 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	struct fnode *src = node_of(fs, parent), *dst = node_of(fs, newparent);
 	struct stat st, tst;
 	uint64_t step = 0, tstep;
-	bool commit = false;
+	bool commit = false, marker = false;
+	ino_t marker_dir = 0;
 	int rc;
 
 	if (is_frozen(src) || is_frozen(dst)) {
@@ -978,7 +982,7 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	}
 	if (dst == &fs->root && S_ISDIR(st.st_mode) && !(flags & RENAME_EXCHANGE) &&
 	    util_is_step_name(newname, &step)) {
-		rc = commit_begin(fs, step, st.st_ino);
+		rc = commit_begin(fs, step, newname, st.st_ino);
 		if (rc < 0) {
 			fuse_reply_err(req, -rc);
 			return;
@@ -1030,6 +1034,14 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 			if (commit)
 				n->step = step;
 		}
+		/* commit_success.txt renamed into a top-level step directory
+		 * (written as a tmp, then renamed): complete unless still open */
+		if (S_ISREG(st.st_mode) && !strcmp(newname, COMMIT_MARKER) && dst != &fs->root &&
+		    !dst->parent && (atomic_load(&dst->flags) & (FN_STEPDIR | FN_FROZEN)) == FN_STEPDIR &&
+		    !(n && atomic_load(&n->writers) > 0)) {
+			marker = true;
+			marker_dir = dst->ino;
+		}
 	}
 	pthread_mutex_unlock(&fs->mu);
 	if (commit)
@@ -1038,6 +1050,10 @@ static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	/* the seal worker's wake-up stays off the rename's latency */
 	if (commit)
 		commit_queue(fs, step);
+	if (marker)
+		commit_marker_done(fs, marker_dir);
+	if (dst == &fs->root && S_ISREG(st.st_mode))
+		commit_top_file_done(fs);
 	if (dst == &fs->root && !strcmp(newname, YAML_NAME))
 		ctl_notify(fs);
 }
@@ -1191,11 +1207,12 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct fnode *n = h->node;
 	uint64_t mstep;
 	ino_t mdir;
-	bool writable = h->writable, cached = h->cached, yaml = false, frozen = is_frozen(n);
+	bool writable = h->writable, cached = h->cached, yaml = false, frozen = is_frozen(n), top;
 
 	pthread_mutex_lock(&fs->mu);   /* a rename may update them concurrently */
 	mstep = n->marker_step;
 	mdir = n->marker_dir_ino;
+	top = writable && n != &fs->root && !n->parent;
 	pthread_mutex_unlock(&fs->mu);
 
 	/* Everything about the node is read before the reply: after it the
@@ -1211,18 +1228,11 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		ctl_notify(fs);
 	/* Closing a written commit_success.txt in a top-level digits directory
 	 * created in place commits that directory. */
-	if (writable && mstep && !frozen) {
-		char nm[32];
-		struct stat st;
-		snprintf(nm, sizeof(nm), "%llu", (unsigned long long)(mstep - 1));
-		if (fstatat(ram_ns_fd(fs->ram), nm, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-		    S_ISDIR(st.st_mode) && st.st_ino == mdir &&
-		    !commit_is_step_dir(fs, mstep - 1, st.st_ino) &&
-		    commit_begin(fs, mstep - 1, st.st_ino) == 0) {
-			fs_node_set_frozen(fs, st.st_ino, st.st_dev, mstep - 1);
-			commit_queue(fs, mstep - 1);
-		}
-	}
+	if (writable && mstep && !frozen)
+		commit_marker_done(fs, mdir);
+	/* framework: pytorch commits .save files at the top on their close */
+	if (top && !frozen)
+		commit_top_file_done(fs);
 }
 
 static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,

@@ -590,7 +590,7 @@ out:
 		if (fs->root.fd > 0)
 			close(fs->root.fd);
 		free(fs->htab);
-		free(fs->steps);
+		commit_free(fs);
 		if (fs->proc_self_fd >= 0)
 			close(fs->proc_self_fd);
 		free(fs);

@@ -73,7 +73,9 @@ struct cjob {
 	char (*excluded)[64];         /* backups that failed during this round */
 	size_t nexcluded;
 	bool forced_restore;          /* this round restored restore.version */
+	bool rv_seen;                 /* this round found restore.version, valid or not */
 	bool rv_delete_pending;       /* delete it after the next commit */
+	bool rv_after_any;            /* ... any step (nothing was restored) */
 	uint64_t restored_step;
 	/* backups */
 	uint32_t bi_min, bi_steps;
@@ -82,6 +84,11 @@ struct cjob {
 	uint64_t bk_retry_at, postponed_step;
 	uint32_t bk_backoff_s;
 	char bk_name[64];
+	/* the last attempt that failed, until it is resumed (same step: same
+	 * name) or discarded (another step), so no retry leaves a new partial
+	 * directory behind */
+	char bk_failed[64];
+	uint64_t bk_failed_step;
 	bool *bk_done;
 };
 
@@ -259,6 +266,7 @@ static void bucket_plan_run(void *arg)
 		compute_plan(c, j);        /* the cluster's part */
 		j->bucket_plan = false;
 		j->forced_restore = false;
+		j->rv_seen = rc == 0 && d.forced;
 		snprintf(j->notes, sizeof(j->notes), "%s", rc < 0 || (!d.forced && j->plan.found) ? "" : d.notes);
 		if (rc < 0) {
 			snprintf(j->notes, sizeof(j->notes), "the bucket could not be read (%s); planning from the cluster only",
@@ -421,14 +429,23 @@ static void release_barrier(struct coord *c, struct cjob *j)
 		j->safe = j->plan.step;
 		j->restored_step = j->plan.step;
 		/* after a restore from it, restore.version goes with the next commit */
-		if (j->forced_restore)
+		if (j->forced_restore) {
 			j->rv_delete_pending = true;
+			j->rv_after_any = false;
+		}
 		if (j->bucket_plan && !j->has_last_bk) {
 			/* that backup already holds this step */
 			j->has_last_bk = true;
 			j->last_bk_step = j->plan.step;
 			j->last_bk_start = util_now_ns();
 		}
+	}
+	if (j->rv_seen && !j->plan.found) {
+		/* restore.version named a missing or incomplete backup: the job
+		 * started empty, and the file is used once all the same (GKE's
+		 * documented rule): it goes with the first checkpoint saved */
+		j->rv_delete_pending = true;
+		j->rv_after_any = true;
 	}
 	log_info("coord", "barrier released job=%s plan=%u step=%llu", j->name, j->plan_id,
 		 (unsigned long long)(j->plan.found ? j->plan.step : 0));
@@ -484,8 +501,12 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 		return;
 	}
 	j->dp = dp;
-	if (j->state == R_IDLE || (j->n[rank].reported && j->state == R_PLANNED)) {
-		/* a new restore round: abandon the previous one */
+	if (j->state == R_IDLE || j->n[rank].reported) {
+		/* A new restore round: abandon the previous one.  A rank that
+		 * reports twice in one round is a new incarnation of the job
+		 * there (a new replicator.yaml): as GKE's replicator restarts at
+		 * once, the round starts over now, its timeout with it, rather
+		 * than waiting restore_timeout for the old round to end. */
 		if (j->state != R_IDLE)
 			log_warn("coord", "job %s: rank %d restarted its restore; starting a new round",
 				 name, rank);
@@ -509,6 +530,7 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 		j->notes[0] = '\0';
 		j->bucket_plan = false;
 		j->forced_restore = false;
+		j->rv_seen = false;
 		j->round++;
 		j->state = R_COLLECT;
 		j->round_start = util_now_ns();
@@ -681,6 +703,8 @@ struct bk_job {
 	struct coord *c;
 	char job[129];
 	uint64_t step;
+	char failed[64];              /* copy of the job's bk_failed */
+	uint64_t failed_step;
 };
 
 static void bk_abandon(struct cjob *j, const char *why, bool is_error);
@@ -701,21 +725,52 @@ static void backup_start_run(void *arg)
 	struct coord *c = b->c;
 	char name[600] = "";
 	struct cjob *j;
-	int rc = c->bk.new_name(c->bk.arg, b->job, name, sizeof(name));
+	unsigned retry_s = 0;
+	bool discarded = false;
+	int rc = 0;
+
+	if (b->failed[0] && b->failed_step == b->step) {
+		/* resume: uploads are idempotent, what is there is kept */
+		snprintf(name, sizeof(name), "%s", b->failed);
+	} else {
+		if (b->failed[0]) {
+			rc = c->bk.discard(c->bk.arg, b->job, b->failed, name, sizeof(name));
+			discarded = rc == 0;
+		}
+		if (rc == 0)
+			rc = c->bk.new_name(c->bk.arg, b->job, name, sizeof(name), &retry_s);
+	}
 
 	pthread_mutex_lock(&c->mu);
 	for (j = c->jobs; j; j = j->next)
 		if (!strcmp(j->name, b->job))
 			break;
+	if (j && discarded && !strcmp(j->bk_failed, b->failed))
+		j->bk_failed[0] = '\0';
 	if (!j || !j->bk_running || j->bk_step != b->step) {
+		pthread_mutex_unlock(&c->mu);
+		free(b);
+		return;
+	}
+	if (rc == -EAGAIN) {
+		/* a backup was started in this minute already: wait for the
+		 * next one (no error, no backoff) */
+		j->bk_running = false;
+		j->bk_retry_at = util_now_ns() + (uint64_t)(retry_s ? retry_s : 1) * 1000000000ULL;
+		log_info("coord", "job %s: backup of step %llu waits %u s for the next UTC minute",
+			 j->name, (unsigned long long)b->step, retry_s ? retry_s : 1);
 		pthread_mutex_unlock(&c->mu);
 		free(b);
 		return;
 	}
 	if (rc < 0) {
 		char why[700];
-		snprintf(why, sizeof(why), "cannot name a backup in the bucket: %.600s",
-			 name[0] ? name : strerror(-rc));
+		if (b->failed[0] && !discarded)
+			snprintf(why, sizeof(why), "cannot remove the failed attempt %s: %.600s",
+				 b->failed, name[0] ? name : strerror(-rc));
+		else
+			snprintf(why, sizeof(why), "cannot name a backup in the bucket: %.600s",
+				 name[0] ? name : strerror(-rc));
 		bk_abandon(j, why, true);
 		/* the other nodes' replicator.errors say it too (rank 0, where
 		 * the bucket call failed, reported it itself) */
@@ -785,6 +840,8 @@ static void maybe_backup(struct coord *c, struct cjob *j)
 	b->c = c;
 	snprintf(b->job, sizeof(b->job), "%s", j->name);
 	b->step = j->lkg;
+	snprintf(b->failed, sizeof(b->failed), "%s", j->bk_failed);
+	b->failed_step = j->bk_failed_step;
 	j->bk_running = true;
 	j->bk_step = j->lkg;
 	j->bk_start = now;
@@ -802,6 +859,10 @@ static void bk_abandon(struct cjob *j, const char *why, bool is_error)
 	uint64_t now = util_now_ns();
 	j->bk_backoff_s = j->bk_backoff_s ? (j->bk_backoff_s * 2 > 600 ? 600 : j->bk_backoff_s * 2) : 10;
 	j->bk_retry_at = now + (uint64_t)j->bk_backoff_s * 1000000000ULL;
+	if (j->bk_name[0]) {
+		snprintf(j->bk_failed, sizeof(j->bk_failed), "%s", j->bk_name);
+		j->bk_failed_step = j->bk_step;
+	}
 	log_msg(is_error ? LOG_ERROR : LOG_WARN, "coord",
 		"job %s: backup %s of step %llu abandoned: %s; next attempt in %u s", j->name,
 		j->bk_name[0] ? j->bk_name : "(unnamed)", (unsigned long long)j->bk_step, why,
@@ -831,6 +892,8 @@ static void on_backup_done(struct coord *c, int rank, json_t *m)
 	if (done == j->nodes) {
 		j->bk_running = false;
 		j->bk_backoff_s = 0;
+		if (!strcmp(j->bk_failed, j->bk_name))
+			j->bk_failed[0] = '\0';
 		j->has_last_bk = true;
 		j->last_bk_step = j->bk_step;
 		j->last_bk_start = j->bk_start;
@@ -943,7 +1006,8 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 		log_info("coord", "job %s: step %llu is complete on all %u nodes", j->name,
 			 (unsigned long long)newest, j->nodes);
 		send_lkg(c, j);
-		if (j->rv_delete_pending && newest > j->restored_step && c->bk.clear_restore_version &&
+		if (j->rv_delete_pending && (j->rv_after_any || newest > j->restored_step) &&
+		    c->bk.clear_restore_version &&
 		    c->worker) {
 			struct bk_job *b = calloc(1, sizeof(*b));
 			if (b) {

@@ -34,8 +34,13 @@ struct coord_bucket {
 	 * newest complete backup too (else only restore.version matters) */
 	int  (*decide)(void *arg, const char *job, uint32_t nodes, const char (*exclude)[64],
 		       size_t nexclude, bool need_newest, struct coord_bk_decision *d);
-	/* a new backup's name into out; on failure the reason in words */
-	int  (*new_name)(void *arg, const char *job, char *out, size_t outlen);
+	/* a new backup's name into out; on failure the reason in words.
+	 * -EAGAIN: the current UTC minute already has a backup; *retry_s is
+	 * when the next minute starts */
+	int  (*new_name)(void *arg, const char *job, char *out, size_t outlen, unsigned *retry_s);
+	/* remove the objects of an attempt that failed and is not resumed; on
+	 * failure the reason in words in out */
+	int  (*discard)(void *arg, const char *job, const char *name, char *out, size_t outlen);
 	void (*clear_restore_version)(void *arg, const char *job);
 	void *arg;
 };

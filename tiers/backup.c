@@ -231,24 +231,80 @@ static int put_small_once(struct bkt *b, const char *name, const void *buf, size
 	return rc;
 }
 
-static int read_meta(struct bkt *b, const char *name, uint8_t hash[32])
+/* A .meta names its shard's data: 64 hex digits (mtcfs's manifest hash;
+ * GKE's for a single-file shard), or "D" + 64 hex digits: GKE's replicator
+ * for a directory (a BLAKE3 hash over the tree or the TensorStore entries,
+ * util.py/merkle.py/framework/orbax.py).  *gke_dir tells which. */
+static int read_meta(struct bkt *b, const char *name, uint8_t hash[32], bool *gke_dir)
 {
 	void *buf = NULL;
 	size_t len = 0;
 	char *s;
 	int rc = bkt_get_buf(b, name, META_MAX, &buf, &len);
 
+	*gke_dir = false;
 	if (rc < 0)
 		return rc;
 	s = buf;
 	while (len && (s[len - 1] == '\n' || s[len - 1] == '\r' || s[len - 1] == ' '))
 		s[--len] = '\0';
+	if (len == 65 && s[0] == 'D') {
+		*gke_dir = true;
+		s++;
+		len--;
+	}
 	if (len != 64 || memchr(s, '\0', len) || mf_hash_parse(s, hash) < 0) {
-		bkt_set_error("%s/%s: not a shard hash (64 hex digits)", bkt_url(b), name);
+		bkt_set_error("%s/%s: not a shard hash (64 hex digits, or D and 64 as GKE writes)",
+			      bkt_url(b), name);
 		rc = -EBADMSG;
 	}
 	free(buf);
 	return rc;
+}
+
+/* The name of a shard's data in a backup: "<hex>" or GKE's "D<hex>". */
+static void data_base(const uint8_t hash[32], bool gke_dir, char out[67])
+{
+	char hex[65];
+
+	mf_hash_hex(hash, hex);
+	snprintf(out, 67, "%s%s", gke_dir ? "D" : "", hex);
+}
+
+/* The objects of a GKE shard's "<base>.data/" in a listing of the backup
+ * (names relative to JOB/BACKUP/): each a file, or a directory placeholder
+ * (name ending in "/", as gcsfuse makes them).  -EBADMSG with words in why
+ * for a path that could escape the shard.  The objects are all->v[*first]
+ * and the *count after it. */
+static int gke_objects(const struct objs *all, const char *base, size_t *first, size_t *count,
+		       char *why, size_t whylen)
+{
+	char pfx[80];
+	size_t pl, lo = 0, hi = all->n;
+
+	pl = (size_t)snprintf(pfx, sizeof(pfx), "%s.data/", base);
+	while (lo < hi) {           /* listings are sorted: the first >= pfx */
+		size_t mid = lo + (hi - lo) / 2;
+		if (strcmp(all->v[mid].name, pfx) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	*first = lo;
+	for (hi = lo; hi < all->n && !strncmp(all->v[hi].name, pfx, pl); hi++) {
+		const char *rel = all->v[hi].name + pl;
+		size_t rl = strlen(rel);
+		if (rl && rel[rl - 1] == '/')
+			rl--;
+		if (rl == 0)
+			continue;           /* the placeholder of <base>.data/ itself */
+		if (!util_safe_relpath(rel, rl)) {
+			snprintf(why, whylen, "unsafe object name %.80s", all->v[hi].name);
+			return -EBADMSG;
+		}
+	}
+	*count = hi - lo;
+	return 0;
 }
 
 static int read_manifest(struct bkt *b, const char *name, const uint8_t want[32],
@@ -421,7 +477,7 @@ out:
 
 int bk_new_name(struct bkt *b, const char *job, time_t t, char out[BK_NAME_MAX])
 {
-	char stamp[32], prefix[PATH_MAX], want[BK_NAME_MAX + 1];
+	char stamp[32], prefix[PATH_MAX];
 	struct objs o = { 0 };
 	struct tm tm;
 	int rc;
@@ -431,23 +487,61 @@ int bk_new_name(struct bkt *b, const char *job, time_t t, char out[BK_NAME_MAX])
 	if (!gmtime_r(&t, &tm) || !strftime(stamp, sizeof(stamp), "%Y-%m-%d_%H-%M", &tm) ||
 	    strlen(stamp) != 16)
 		return -EINVAL;
-	snprintf(prefix, sizeof(prefix), "%s/%s", job, stamp);
-	/* "JOB/STAMP/", "JOB/STAMP-2/", ... (and unrelated "JOB/STAMPx..." we skip) */
+	/* Exactly the stamp, never a suffix: GKE's listing regex and Orbax's
+	 * converter see nothing else.  One object under JOB/STAMP/ is enough
+	 * to say the minute is taken. */
+	snprintf(prefix, sizeof(prefix), "%s/%s/", job, stamp);
 	rc = list_into(b, prefix, "/", &o);
 	if (rc < 0)
 		goto out;
-	for (unsigned n = 1; n <= SUFFIX_MAX; n++) {
-		if (n == 1)
-			snprintf(want, sizeof(want), "/");
-		else
-			snprintf(want, sizeof(want), "-%u/", n);
-		if (!objs_find(&o, want)) {
-			snprintf(out, BK_NAME_MAX, "%s%.*s", stamp, (int)strlen(want) - 1, want);
-			goto out;
+	if (o.n) {
+		bkt_set_error("%s/%s: a backup was already started in this UTC minute; the next "
+			      "one waits for the next minute", bkt_url(b), prefix);
+		rc = -EAGAIN;
+		goto out;
+	}
+	snprintf(out, BK_NAME_MAX, "%s", stamp);
+out:
+	objs_free(&o);
+	return rc;
+}
+
+int bk_discard_attempt(struct bkt *b, const char *job, const char *backup)
+{
+	char prefix[PATH_MAX], name[PATH_MAX];
+	struct objs o = { 0 };
+	int rc;
+
+	if ((rc = check_names(job, backup)) < 0)
+		return rc;
+	snprintf(prefix, sizeof(prefix), "%s/%s/", job, backup);
+	rc = list_into(b, prefix, NULL, &o);
+	if (rc < 0)
+		goto out;
+	/* .meta objects first: a reader that lists meanwhile sees a backup
+	 * that is missing shards (incomplete), never a .meta without data. */
+	for (int pass = 0; pass < 2; pass++) {
+		for (size_t i = 0; i < o.n; i++) {
+			bool is_meta = !strchr(o.v[i].name, '/') &&
+				       strlen(o.v[i].name) > 5 &&
+				       !strcmp(o.v[i].name + strlen(o.v[i].name) - 5, ".meta");
+			if (is_meta != (pass == 0))
+				continue;
+			if ((size_t)snprintf(name, sizeof(name), "%s%s", prefix, o.v[i].name) >=
+			    sizeof(name)) {
+				rc = -ENAMETOOLONG;
+				goto out;
+			}
+			rc = bkt_delete(b, name);
+			if (rc == -ENOENT)
+				rc = 0;
+			if (rc < 0)
+				goto out;
 		}
 	}
-	bkt_set_error("%s/%s: %u backups started in one minute", bkt_url(b), prefix, SUFFIX_MAX);
-	rc = -EEXIST;
+	if (o.n)
+		log_info(MOD, "%s/%s: failed backup attempt removed (%zu objects)", bkt_url(b),
+			 prefix, o.n);
 out:
 	objs_free(&o);
 	return rc;
@@ -457,6 +551,7 @@ out:
 
 struct verdict {                 /* one distinct hash of a backup */
 	uint8_t hash[32];
+	bool gke_dir;                /* GKE's "D<hash>.data/" without a manifest */
 	bool ok;
 	char why[128];
 };
@@ -469,9 +564,32 @@ static void judge_hash(struct bkt *b, const char *job, const char *backup,
 	int rc;
 
 	mf_hash_hex(v->hash, hex);
+	if (v->gke_dir) {
+		/* GKE's replicator writes no manifest: the shard is there when
+		 * its .data directory is (GKE's own test).  The BLAKE3 hash is
+		 * not recomputed (no BLAKE3 library in Debian 12, and Orbax's is
+		 * over TensorStore entries); each object's bytes are checked
+		 * against the CRC32C the bucket lists when it is fetched. */
+		char base[67];
+		size_t first, count;
+		data_base(v->hash, true, base);
+		if (gke_objects(all, base, &first, &count, v->why, sizeof(v->why)) < 0)
+			return;
+		if (count == 0) {
+			snprintf(v->why, sizeof(v->why), "no D%.16s….data/", hex);
+			return;
+		}
+		v->ok = true;
+		return;
+	}
 	snprintf(name, sizeof(name), "%s.manifest", hex);
 	if (!objs_find(all, name)) {
-		snprintf(v->why, sizeof(v->why), "no %.16s….manifest", hex);
+		snprintf(name, sizeof(name), "%s.data", hex);
+		if (objs_find(all, name))
+			snprintf(v->why, sizeof(v->why), "%.16s….data is one file (GKE's framework: "
+				 "pytorch), which mtcfs does not restore", hex);
+		else
+			snprintf(v->why, sizeof(v->why), "no %.16s….manifest", hex);
 		return;
 	}
 	snprintf(path, sizeof(path), "%s/%s/%s.manifest", job, backup, hex);
@@ -600,7 +718,7 @@ int bk_check_backup(struct bkt *b, const char *job, const char *backup, uint32_t
 		if (s.step > maxstep)
 			maxstep = s.step;
 		snprintf(name, sizeof(name), "%s%s", prefix, o->name);
-		rc = read_meta(b, name, s.hash);
+		rc = read_meta(b, name, s.hash, &s.gke);
 		if (rc == -ENOENT || rc == -EBADMSG) {
 			snprintf(s.why, sizeof(s.why), "%s: %s", o->name,
 				 rc == -ENOENT ? "vanished" : "not a shard hash");
@@ -612,10 +730,11 @@ int bk_check_backup(struct bkt *b, const char *job, const char *backup, uint32_t
 		}
 		if (rc < 0)
 			goto out;
-		for (k = 0; k < nv && memcmp(vs[k].hash, s.hash, 32); k++)
+		for (k = 0; k < nv && (memcmp(vs[k].hash, s.hash, 32) || vs[k].gke_dir != s.gke); k++)
 			;
 		if (k == nv) {
 			memcpy(vs[nv].hash, s.hash, 32);
+			vs[nv].gke_dir = s.gke;
 			judge_hash(b, job, backup, &all, &vs[nv]);
 			nv++;
 		}
@@ -812,6 +931,100 @@ out:
 	return rc;
 }
 
+/* Download the shard GKE's replicator wrote as D<hash>.data/ into dirfd
+ * (dirfd < 0: read every object and discard it, to verify).  Each object is
+ * checked against the CRC32C and size the listing gives (gs://; file://
+ * lists neither CRC nor anything else to check against).  Directories are
+ * made from the files' paths (an empty one, known only by a gcsfuse
+ * placeholder, which listings hide, is not made); files get mode 0644
+ * (GKE keeps no modes).  Then the manifest is built from what is on
+ * disk: its CRC32Cs are of the bytes received. */
+static int gke_get(struct bkt *b, const char *job, const char *backup, const uint8_t hash[32],
+		   int dirfd, struct manifest **mfp)
+{
+	char prefix[PATH_MAX], base[67], why[160] = "";
+	struct objs all = { 0 };
+	struct bkt_xfer *x = NULL;
+	char **names = NULL;
+	uint64_t *want = NULL;         /* each transfer's size as listed */
+	size_t first = 0, count = 0, nx = 0, pl;
+	int devnull = -1, rc;
+
+	if (mfp)
+		*mfp = NULL;
+	data_base(hash, true, base);
+	snprintf(prefix, sizeof(prefix), "%s/%s/", job, backup);
+	if ((rc = list_into(b, prefix, NULL, &all)) < 0)
+		goto out;
+	if ((rc = gke_objects(&all, base, &first, &count, why, sizeof(why))) < 0) {
+		bkt_set_error("%s/%s: %s", bkt_url(b), prefix, why);
+		goto out;
+	}
+	if (count == 0) {
+		bkt_set_error("%s/%s%s.data/: no objects", bkt_url(b), prefix, base);
+		rc = -ENOENT;
+		goto out;
+	}
+	pl = strlen(base) + strlen(".data/");
+	if (dirfd < 0 && (devnull = open("/dev/null", O_WRONLY | O_CLOEXEC)) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	x = calloc(count, sizeof(*x));
+	names = calloc(count, sizeof(*names));
+	want = calloc(count, sizeof(*want));
+	if (!x || !names || !want) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = first; i < first + count; i++) {
+		const struct obj *o = &all.v[i];
+		const char *rel = o->name + pl;
+		size_t rl = strlen(rel);
+
+		if (rl == 0)
+			continue;
+		if (rel[rl - 1] == '/')
+			continue;   /* a directory placeholder (listings hide them) */
+		if ((size_t)snprintf(prefix, sizeof(prefix), "%s/%s/%s", job, backup, o->name) >=
+		    sizeof(prefix) || !(names[nx] = strdup(prefix))) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		x[nx] = (struct bkt_xfer){ .name = names[nx], .fd = devnull, .dirfd = dirfd,
+					   .path = rel, .mode = 0644, .has_crc = o->has_crc,
+					   .crc32c = o->crc, .size = 0 };
+		want[nx++] = o->size;
+	}
+	rc = bkt_get_files(b, x, nx);
+	if (rc < 0) {
+		if (rc == -EBADMSG)
+			log_err(MOD, "backup %s of job %s: %s", backup, job, bkt_last_error());
+		goto out;
+	}
+	for (size_t i = 0; i < nx; i++) {
+		if (x[i].size != want[i]) {
+			bkt_set_error("%s/%s: %" PRIu64 " bytes, the listing says %" PRIu64,
+				      bkt_url(b), x[i].name, x[i].size, want[i]);
+			log_err(MOD, "%s", bkt_last_error());
+			rc = -EBADMSG;
+			goto out;
+		}
+	}
+	if (mfp)
+		rc = mf_build(dirfd, mfp);
+out:
+	for (size_t i = 0; names && i < nx; i++)
+		free(names[i]);
+	free(names);
+	free(x);
+	free(want);
+	if (devnull >= 0)
+		close(devnull);
+	objs_free(&all);
+	return rc;
+}
+
 int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t node,
 		   uint32_t worker, int dirfd, struct manifest **mfp)
 {
@@ -821,14 +1034,19 @@ int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t 
 	char **names = NULL;
 	uint8_t hash[32];
 	size_t nx = 0, nnames = 0;
+	bool gke;
 	int rc;
 
 	*mfp = NULL;
 	if ((rc = check_names(job, backup)) < 0)
 		return rc;
 	if ((rc = find_meta(b, job, backup, node, worker, meta, sizeof(meta))) < 0 ||
-	    (rc = read_meta(b, meta, hash)) < 0)
+	    (rc = read_meta(b, meta, hash, &gke)) < 0)
 		goto out;
+	if (gke) {
+		rc = gke_get(b, job, backup, hash, dirfd, mfp);
+		goto out;
+	}
 	mf_hash_hex(hash, hex);
 	snprintf(name, sizeof(name), "%s/%s/%s.manifest", job, backup, hex);
 	if ((rc = read_manifest(b, name, hash, &mf)) < 0)
@@ -893,6 +1111,12 @@ int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t 
 			unlinkat(dirfd, e->path, 0);
 			if (symlinkat(e->target, dirfd, e->path) < 0)
 				rc = -errno;
+		} else if (e->type == MF_FIFO) {
+			/* no data object: the manifest's mode is all of it */
+			unlinkat(dirfd, e->path, 0);
+			if (mkfifoat(dirfd, e->path, 0600) < 0 ||
+			    fchmodat(dirfd, e->path, e->mode & 0777, 0) < 0)
+				rc = -errno;
 		}
 	}
 	/* directory modes last: a read-only directory must not block its files */
@@ -940,6 +1164,14 @@ int bk_verify_backup(struct bkt *b, const char *job, const char *backup, uint32_
 			dup |= out->shards[j].complete && !memcmp(out->shards[j].hash, s->hash, 32);
 		if (dup)
 			continue;           /* same data as a shard already read */
+		if (s->gke) {
+			rc = gke_get(b, job, backup, s->hash, -1, NULL);
+			if (rc == -EBADMSG) {
+				out->complete = false;
+				snprintf(out->why, sizeof(out->why), "%s", bkt_last_error());
+			}
+			continue;
+		}
 		mf_hash_hex(s->hash, hex);
 		snprintf(name, sizeof(name), "%s/%s/%s.manifest", job, backup, hex);
 		if ((rc = read_manifest(b, name, s->hash, &mf)) < 0)

@@ -1,5 +1,6 @@
 /* backup: checkpoints in the bucket, in GKE's layout (DESIGN §4):
- *   PREFIX/JOB/YYYY-MM-DD_HH-MM[-N]/          one backup, named by its UTC start
+ *   PREFIX/JOB/YYYY-MM-DD_HH-MM/              one backup, named by its UTC start
+ *                                            (older mtcfs: "-N" suffixes, still read)
  *     <job>-s<step>-n<node>-w<w>.meta          the shard hash (64 hex), no newline
  *     <hash>.data/<the shard's files>          the data
  *     <hash>.manifest                          mf_encode bytes
@@ -44,16 +45,27 @@ int bk_upload_shard(struct bkt *b, const char *job, const char *backup,
 		    const struct shard_key *k, int dirfd, const struct manifest *mf,
 		    bool upload_data);
 
-/* Name for a new backup of job started at unix time t into out:
- * "YYYY-MM-DD_HH-MM" (UTC) if no object exists under JOB/that/, else
- * "YYYY-MM-DD_HH-MM-N" for the smallest N >= 2 whose JOB/name/ is empty.
- * It does not reserve the name: one node (the coordinator) names backups. */
+/* Name for a new backup of job started at unix time t into out: exactly
+ * "YYYY-MM-DD_HH-MM" (UTC), the only form GKE's replicator and Orbax's
+ * converter list.  -EAGAIN when an object already exists under JOB/that/
+ * (a backup was started in this minute: the next one waits for the next
+ * minute).  It does not reserve the name: one node (the coordinator) names
+ * backups.  Older mtcfs wrote "-N" suffixes; bk_list_backups still reads
+ * them. */
 int bk_new_name(struct bkt *b, const char *job, time_t t, char out[BK_NAME_MAX]);
+
+/* Delete every object of JOB/backup/, .meta objects first: only for an
+ * attempt of this coordinator that failed and will not be resumed (the
+ * step it was for is no longer the one to back up).  0 also when there was
+ * nothing. */
+int bk_discard_attempt(struct bkt *b, const char *job, const char *backup);
 
 struct bk_shard {
 	uint32_t node, worker;
 	uint64_t step;
 	uint8_t hash[32];           /* zero when there is no (readable) .meta */
+	bool gke;                   /* written by GKE's replicator: the .meta is
+				     * "D" + hash, <D hash>.data/ has no manifest */
 	bool complete;
 	char why[128];              /* when !complete: the first thing wrong */
 };

@@ -84,6 +84,11 @@ struct eng {
 	/* control connection to the coordinator */
 	pthread_mutex_t ctl_mu;       /* protects ctl state; taken before mu */
 	pthread_cond_t ctl_cv;
+	/* a restore in progress (protected by ctl_mu): its thread's calls to
+	 * the coordinator end with -ECANCELED once a new replicator.yaml
+	 * interrupts it */
+	bool restoring, restore_cancel;
+	pthread_t restore_thr;
 	struct nconn *ctl;
 	bool ctl_reader_running;
 	pthread_t ctl_reader;
@@ -201,6 +206,12 @@ static int recv_files(struct eng *e, struct nconn *c, struct ram_stage *st,
 			 * owner applied when it sealed the shard */
 			if (symlinkat(en->target, st->fd, en->path) < 0) {
 				snprintf(why, whylen, "symlink %s: %s", en->path, strerror(errno));
+				return -errno;
+			}
+		} else if (en->type == MF_FIFO) {
+			if (mkfifoat(st->fd, en->path, 0600) < 0 ||
+			    fchmodat(st->fd, en->path, en->mode & 0777, 0) < 0) {
+				snprintf(why, whylen, "mkfifo %s: %s", en->path, strerror(errno));
 				return -errno;
 			}
 		}
@@ -828,6 +839,22 @@ static int ctl_ensure_locked(struct eng *e)
 }
 
 /* One request on the control connection; *resp owned by the caller. */
+/* ctl_mu held: the calling thread runs a restore that was interrupted. */
+static bool restore_cancelled_locked(struct eng *e)
+{
+	return e->restoring && e->restore_cancel && pthread_equal(e->restore_thr, pthread_self());
+}
+
+void eng_restore_interrupt(struct eng *e)
+{
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->restoring) {
+		e->restore_cancel = true;
+		pthread_cond_broadcast(&e->ctl_cv);
+	}
+	pthread_mutex_unlock(&e->ctl_mu);
+}
+
 static int ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms)
 {
 	struct pending_call p = { 0 };
@@ -837,6 +864,10 @@ static int ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms)
 
 	*resp = NULL;
 	pthread_mutex_lock(&e->ctl_mu);
+	if (restore_cancelled_locked(e)) {
+		rc = -ECANCELED;
+		goto out;
+	}
 	rc = ctl_ensure_locked(e);
 	if (rc < 0)
 		goto out;
@@ -865,6 +896,11 @@ static int ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms)
 		ts.tv_nsec -= 1000000000L;
 	}
 	while (!p.done) {
+		if (restore_cancelled_locked(e)) {
+			/* the answer, if it comes, finds no waiter and is dropped */
+			p.rc = -ECANCELED;
+			break;
+		}
 		if (pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts) == ETIMEDOUT) {
 			p.rc = -ETIMEDOUT;
 			break;
@@ -1441,10 +1477,17 @@ int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void
 	char last_notes[1024] = "";
 	int rc, rounds = 0;
 
+	pthread_mutex_lock(&e->ctl_mu);
+	e->restoring = true;
+	e->restore_cancel = false;
+	e->restore_thr = pthread_self();
+	pthread_mutex_unlock(&e->ctl_mu);
 restart:
 	json_decref(req);
 	req = catalog_msg(e, c);
 	rc = ctl_call(e, req, &resp, call_ms);
+	if (rc == -ECANCELED)
+		goto out;
 	if (rc < 0) {
 		char line[512];
 		snprintf(line, sizeof(line), "restore: the coordinator at %s did not answer: %s",
@@ -1453,8 +1496,13 @@ restart:
 			rep(arg, line);
 		log_err("engine", "%s", line);
 		if (util_now_ns() < deadline && rounds++ < 20) {
-			struct timespec ts = { 1, 0 };
-			nanosleep(&ts, NULL);
+			struct timespec ts;
+			pthread_mutex_lock(&e->ctl_mu);
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += 1;
+			if (!e->restore_cancel)   /* a new yaml ends the pause too */
+				pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts);
+			pthread_mutex_unlock(&e->ctl_mu);
 			goto restart;
 		}
 		goto out;
@@ -1541,6 +1589,14 @@ restart:
 		/* a new plan (another node's source failed): go around again */
 	}
 out:
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->restore_cancel)
+		rc = -ECANCELED;   /* whatever the round got to: a new one replaces it */
+	e->restoring = false;
+	e->restore_cancel = false;
+	pthread_mutex_unlock(&e->ctl_mu);
+	if (rc == -ECANCELED)
+		log_info("engine", "restore of job %s interrupted by a new replicator.yaml", c->job);
 	json_decref(req);
 	json_decref(resp);
 	return rc;
@@ -1629,16 +1685,61 @@ static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex
 	return 0;
 }
 
-static int bk_name(void *arg, const char *job, char *out, size_t outlen)
+/* The clock backups are named by.  MTCFS_TEST_MINUTE_SECS=N (tests only,
+ * 1..60) makes a minute of it last N real seconds from the first call, so
+ * tests of the one-backup-per-minute rule need not wait real minutes. */
+static time_t backup_clock(unsigned *real_s_per_min)
+{
+	/* only the coordinator's one worker thread calls this */
+	static time_t t0;
+	static unsigned scale;
+	time_t now = time(NULL);
+
+	*real_s_per_min = 60;
+	if (!t0) {
+		const char *v = getenv("MTCFS_TEST_MINUTE_SECS");
+		uint64_t n;
+		if (v && util_parse_u64(v, 60, &n) == 0 && n >= 1)
+			scale = (unsigned)n;
+		t0 = now;
+	}
+	if (!scale)
+		return now;
+	*real_s_per_min = scale;
+	return t0 + (now - t0) * 60 / (time_t)scale;
+}
+
+static int bk_name(void *arg, const char *job, char *out, size_t outlen, unsigned *retry_s)
 {
 	struct eng *e = arg;
 	char name[BK_NAME_MAX];
-	int rc = bk_new_name(e->bkt, job, time(NULL), name);
-	if (rc < 0) {
+	unsigned per_min;
+	time_t t = backup_clock(&per_min);
+	int rc = bk_new_name(e->bkt, job, t, name);
+
+	*retry_s = 0;
+	if (rc == -EAGAIN) {
+		/* real seconds until the clock's next minute, rounded up */
+		*retry_s = (unsigned)(((60 - t % 60) * per_min + 59) / 60);
+		snprintf(out, outlen, "%s", bkt_last_error());
+	} else if (rc < 0) {
 		report(e, "backup of job %s not started: %s", job, bkt_last_error());
 		snprintf(out, outlen, "%s", bkt_last_error());
 	} else {
 		snprintf(out, outlen, "%s", name);
+	}
+	return rc;
+}
+
+static int bk_discard(void *arg, const char *job, const char *name, char *out, size_t outlen)
+{
+	struct eng *e = arg;
+	int rc = bk_discard_attempt(e->bkt, job, name);
+
+	if (rc < 0) {
+		report(e, "backup %s of job %s failed and cannot be removed: %s", name, job,
+		       bkt_last_error());
+		snprintf(out, outlen, "%s", bkt_last_error());
 	}
 	return rc;
 }
@@ -1771,7 +1872,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		__atomic_store_n(&e->coord, c, __ATOMIC_RELEASE);
 	}
 	if (e->bkt) {
-		struct coord_bucket bcb = { .decide = bk_decide, .new_name = bk_name,
+		struct coord_bucket bcb = { .decide = bk_decide, .new_name = bk_name, .discard = bk_discard,
 					   .clear_restore_version = bk_clear_rv, .arg = e };
 		coord_set_bucket(e->coord, &bcb);
 	}

@@ -55,6 +55,12 @@ int  eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen);
 int  eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn report, void *arg,
 		 void (*prerestore)(void *arg, const struct restore_plan *p),
 		 struct restore_plan *plan);
+/* A new replicator.yaml arrived while eng_restore() runs (any thread; no
+ * effect otherwise): the restore's calls to the coordinator end at once and
+ * eng_restore() returns -ECANCELED, nothing published; the next
+ * eng_restore() starts a new round, which the coordinator begins at once
+ * (its timeout starts again) because this rank reports a second time. */
+void eng_restore_interrupt(struct eng *e);
 /* A shard of ours was sealed: replicate it to the peers and tell the
  * coordinator (asynchronous; never blocks on the network). */
 void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[32]);

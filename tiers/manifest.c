@@ -124,8 +124,10 @@ static int build_cb(void *arg, const struct util_walk_ent *w)
 		ent.target = strdup(tgt);
 		if (!ent.target)
 			return -ENOMEM;
+	} else if (S_ISFIFO(st->st_mode)) {
+		ent.type = MF_FIFO;   /* its mode is all there is to keep */
 	} else {
-		return 0;   /* fifos, sockets, devices are not checkpoint data */
+		return 0;   /* sockets and devices are not checkpoint data */
 	}
 	ent.path = strdup(w->path);
 	if (!ent.path || (rc = add_entry(b, &ent)) < 0) {
@@ -231,7 +233,7 @@ int mf_validate(const struct manifest *m, char *err, size_t errlen)
 				 MF_MAX_DEPTH);
 			return -EBADMSG;
 		}
-		if (e->type < MF_FILE || e->type > MF_SYMLINK || (e->mode & ~07777u) ||
+		if (e->type < MF_FILE || e->type > MF_FIFO || (e->mode & ~07777u) ||
 		    (e->type == MF_SYMLINK) != (e->target != NULL)) {
 			snprintf(err, errlen, "%.200s: bad entry type or mode", e->path);
 			return -EBADMSG;
@@ -482,6 +484,10 @@ int mf_verify(int dirfd, const struct manifest *m, char *err, size_t errlen)
 			snprintf(err, errlen, "%s: not a directory", e->path);
 			return -EBADMSG;
 		}
+		if (e->type == MF_FIFO && !S_ISFIFO(st.st_mode)) {
+			snprintf(err, errlen, "%s: not a FIFO", e->path);
+			return -EBADMSG;
+		}
 		if (e->type == MF_SYMLINK) {
 			char tgt[PATH_MAX];
 			ssize_t l;
@@ -699,7 +705,7 @@ int mf_decode_err(const uint8_t *buf, size_t len, struct manifest **out, char *e
 		if (!ru8(&r, &e->type) || !ru32(&r, &e->mode) || !ru64(&r, &e->size) ||
 		    !ru32(&r, &e->crc32c) || !ru16(&r, &pl))
 			goto out;
-		if (e->type < MF_FILE || e->type > MF_SYMLINK || (e->mode & ~07777u) ||
+		if (e->type < MF_FILE || e->type > MF_FIFO || (e->mode & ~07777u) ||
 		    e->size > MF_MAX_FILE_SIZE || pl == 0)
 			goto out;
 		if (e->type != MF_FILE && (e->size || e->crc32c))

@@ -10,7 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum mf_type { MF_FILE = 1, MF_DIR = 2, MF_SYMLINK = 3 };
+/* MF_FIFO: a named pipe, mode only (no data). An mtcfs older than
+ * MF_FIFO rejects a manifest holding one as malformed (-EBADMSG). */
+enum mf_type { MF_FILE = 1, MF_DIR = 2, MF_SYMLINK = 3, MF_FIFO = 4 };
 
 #define MF_MAX_ENTRIES 1000000u
 #define MF_MAX_FILE_SIZE (1ULL << 44)   /* 16 TiB per file */

@@ -9,8 +9,6 @@ static int check_args(int rank, int nodes, int k, int assume_dp, const int *out,
 	if (nodes < 1 || rank < 0 || rank >= nodes || k < 0 || assume_dp < 0 || max < 0 ||
 	    (max > 0 && !out))
 		return -EINVAL;
-	if (assume_dp > 0 && nodes % assume_dp != 0)
-		return -EINVAL;
 	return 0;
 }
 
@@ -38,27 +36,32 @@ static int pick(struct picks *p, int c)
 	return p->n >= p->want;
 }
 
-/* Writes the first `want` (<= min(k, nodes - 1)) peers of r; arguments valid. */
+/* Writes the first `want` (<= min(k, nodes - 1)) peers of r; arguments valid.
+ * The candidates are GKE's, term for term (k itself, not clamped, sets the
+ * ring distance as GKE's nodes // peers-per-node does), so wherever GKE's
+ * list is k distinct ranks other than r the two sets are equal. */
 static int peers(int r, int nodes, int k, int dp, int *out, int want)
 {
 	struct picks p = { .out = out, .want = want, .self = r };
-	int kk = k < nodes - 1 ? k : nodes - 1;
+	int part = dp >= 2 ? nodes / dp : 0;
 
 	if (want <= 0)
 		return 0;
-	if (dp >= 2) {
-		int cols = nodes / dp;
-		for (int m = 1; m <= dp / 2; m++) {
-			if (pick(&p, mod(r - (long long)m * cols, nodes)) ||
-			    pick(&p, mod(r + (long long)m * cols, nodes)))
+	if (part >= 1) {
+		for (int i = 0; i < k; i++) {
+			long long a = i / 2 + 1;
+			if (i % 2 == 0)
+				a = -a;
+			if (pick(&p, mod(r + a * part, nodes)))
 				return p.n;
 		}
 	} else {
-		int stride = nodes / kk;
-		if (pick(&p, (r ^ 1) < nodes ? (r ^ 1) : r - 1))
+		int dist = nodes / k;
+		/* XOR partner; the last rank of an odd count wraps to 0 as in GKE. */
+		if (pick(&p, (r ^ 1) % nodes))
 			return p.n;
-		for (int i = 1; i < kk; i++)
-			if (pick(&p, mod(r + (long long)i * stride, nodes)))
+		for (int i = 1; i < k; i++)
+			if (pick(&p, mod(r + (long long)i * dist, nodes)))
 				return p.n;
 	}
 	for (int j = 1; j < nodes; j++)

@@ -26,7 +26,19 @@ struct ram_tier {
 	pthread_mutex_t reclaim_mu;   /* serialises reclaim; taken before nothing else */
 	ram_reclaim_fn reclaim;
 	void *reclaim_arg;
+	/* Keys a seal, publish or drop is working on: these replace or delete
+	 * a shard's directory in several steps, and two of them on one key
+	 * must not interleave (a drop would delete the files a publish just
+	 * renamed into place, leaving a record that names nothing). keys_mu
+	 * is a leaf lock; while a key is held only the catalog is used (no
+	 * reservation, so reclaim cannot re-enter a drop of a held key). */
+	pthread_mutex_t keys_mu;
+	pthread_cond_t keys_cv;
+	struct shard_key *busy;
+	size_t nbusy, capbusy;
 };
+
+void (*ram_test_hook)(const char *point, const struct shard_key *k);
 
 static void finish_drops(struct ram_tier *t);
 static void sweep_shards(struct ram_tier *t);
@@ -42,6 +54,8 @@ int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 		return -ENOMEM;
 	t->rootfd = t->nsfd = t->shardsfd = -1;
 	pthread_mutex_init(&t->reclaim_mu, NULL);
+	pthread_mutex_init(&t->keys_mu, NULL);
+	pthread_cond_init(&t->keys_cv, NULL);
 	t->path = realpath(ramdir, NULL);
 	if (!t->path) {
 		rc = -errno;
@@ -96,6 +110,60 @@ static void crash_point(const char *name)
 	const char *v = getenv("MTCFS_TEST_CRASH");
 	if (v && !strcmp(v, name))
 		raise(SIGKILL);
+}
+
+static bool key_eq(const struct shard_key *a, const struct shard_key *b)
+{
+	return a->step == b->step && a->rank == b->rank && a->worker == b->worker &&
+	       !strcmp(a->job, b->job);
+}
+
+static ssize_t busy_find(const struct ram_tier *t, const struct shard_key *k)
+{
+	for (size_t i = 0; i < t->nbusy; i++)
+		if (key_eq(&t->busy[i], k))
+			return (ssize_t)i;
+	return -1;
+}
+
+/* Take k for a seal, publish or drop, waiting while another one holds it.
+ * 0 or -ENOMEM. */
+static int key_lock(struct ram_tier *t, const struct shard_key *k)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&t->keys_mu);
+	while (busy_find(t, k) >= 0) {
+		if (ram_test_hook)
+			ram_test_hook("key-wait", k);
+		pthread_cond_wait(&t->keys_cv, &t->keys_mu);
+	}
+	if (t->nbusy == t->capbusy) {
+		size_t ncap = t->capbusy ? 2 * t->capbusy : 8;
+		struct shard_key *nb = realloc(t->busy, ncap * sizeof(*nb));
+		if (!nb) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		t->busy = nb;
+		t->capbusy = ncap;
+	}
+	t->busy[t->nbusy++] = *k;
+out:
+	pthread_mutex_unlock(&t->keys_mu);
+	return rc;
+}
+
+static void key_unlock(struct ram_tier *t, const struct shard_key *k)
+{
+	ssize_t i;
+
+	pthread_mutex_lock(&t->keys_mu);
+	i = busy_find(t, k);
+	if (i >= 0)
+		t->busy[i] = t->busy[--t->nbusy];
+	pthread_cond_broadcast(&t->keys_cv);
+	pthread_mutex_unlock(&t->keys_mu);
 }
 
 /* Remove the now empty STEP and JOB directories above rel ("JOB/STEP/nR-wW"),
@@ -239,6 +307,9 @@ void ram_close(struct ram_tier *t)
 	if (t->rootfd >= 0)
 		close(t->rootfd);
 	pthread_mutex_destroy(&t->reclaim_mu);
+	pthread_mutex_destroy(&t->keys_mu);
+	pthread_cond_destroy(&t->keys_cv);
+	free(t->busy);
 	free(t->path);
 	free(t);
 }
@@ -430,6 +501,12 @@ static int link_cb(void *arg, const struct util_walk_ent *e)
 		tgt[l] = 0;
 		if (symlinkat(tgt, dst, e->path) < 0)
 			return -errno;
+	} else if (S_ISFIFO(st->st_mode)) {
+		/* a FIFO of its own, not a link: the shard keeps only its mode,
+		 * exactly (fchmodat: mkfifoat is subject to the umask) */
+		if (mkfifoat(dst, e->path, st->st_mode & 0777) < 0 ||
+		    fchmodat(dst, e->path, st->st_mode & 0777, 0) < 0)
+			return -errno;
 	}
 	return 0;
 }
@@ -466,8 +543,9 @@ static void record_unsealable(struct ram_tier *t, const struct shard_key *k, con
 			(unsigned long long)k->step, strerror(-rc));
 }
 
-int ram_seal(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
-	     uint64_t ns_ino, uint32_t rec_flags, struct manifest **mfp, char *err, size_t errlen)
+static int seal_locked(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
+		       uint64_t ns_ino, uint32_t rec_flags, struct manifest **mfp, char *err,
+		       size_t errlen)
 {
 	char rel[PATH_MAX], parent[PATH_MAX], staging[PATH_MAX], why[512] = "";
 	struct manifest *mf = NULL;
@@ -549,7 +627,19 @@ out:
 	return 0;
 }
 
-int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freedp)
+int ram_seal(struct ram_tier *t, const struct shard_key *k, int src_dirfd,
+	     uint64_t ns_ino, uint32_t rec_flags, struct manifest **mfp, char *err, size_t errlen)
+{
+	int rc = key_lock(t, k);
+
+	if (rc < 0)
+		return rc;
+	rc = seal_locked(t, k, src_dirfd, ns_ino, rec_flags, mfp, err, errlen);
+	key_unlock(t, k);
+	return rc;
+}
+
+static int drop_locked(struct ram_tier *t, const struct shard_key *k, uint64_t *freedp)
 {
 	char rel[PATH_MAX];
 	uint64_t freed = 0;
@@ -566,6 +656,8 @@ int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freedp)
 		return rc;
 	marked = rc == 0;
 	crash_point("drop-marked");
+	if (ram_test_hook)
+		ram_test_hook("drop-marked", k);
 	rc = util_rmtree_at(t->shardsfd, rel, &freed);
 	ram_adjust(t, -(int64_t)freed);
 	if (freedp)
@@ -578,6 +670,17 @@ int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freedp)
 	if (marked)
 		idx_forget_dropping(t->idx, k);
 	return 0;
+}
+
+int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freedp)
+{
+	int rc = key_lock(t, k);
+
+	if (rc < 0)
+		return rc;
+	rc = drop_locked(t, k, freedp);
+	key_unlock(t, k);
+	return rc;
 }
 
 int ram_verify(struct ram_tier *t, const struct shard_key *k, char *err, size_t errlen)
@@ -665,8 +768,8 @@ void ram_stage_abort(struct ram_tier *t, struct ram_stage *st)
 	st->rel[0] = '\0';
 }
 
-int ram_stage_publish(struct ram_tier *t, struct ram_stage *st, const struct manifest *mf,
-		      uint32_t flags)
+static int publish_locked(struct ram_tier *t, struct ram_stage *st, const struct manifest *mf,
+			  uint32_t flags)
 {
 	char rel[PATH_MAX];
 	struct shard_rec rec = { 0 };
@@ -678,6 +781,8 @@ int ram_stage_publish(struct ram_tier *t, struct ram_stage *st, const struct man
 		if (fstatat(st->fd, mf->e[i].path, &sb, AT_SYMLINK_NOFOLLOW) < 0)
 			return -EBADMSG;
 		if (mf->e[i].type == MF_FILE && (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != mf->e[i].size))
+			return -EBADMSG;
+		if (mf->e[i].type == MF_FIFO && !S_ISFIFO(sb.st_mode))
 			return -EBADMSG;
 	}
 	rc = ram_shard_relpath(&st->key, rel, sizeof(rel));
@@ -704,6 +809,19 @@ int ram_stage_publish(struct ram_tier *t, struct ram_stage *st, const struct man
 		return rc;
 	rc = idx_put_shard(t->idx, &rec);
 	free(rec.mf);
+	return rc;
+}
+
+int ram_stage_publish(struct ram_tier *t, struct ram_stage *st, const struct manifest *mf,
+		      uint32_t flags)
+{
+	struct shard_key k = st->key;
+	int rc = key_lock(t, &k);
+
+	if (rc < 0)
+		return rc;
+	rc = publish_locked(t, st, mf, flags);
+	key_unlock(t, &k);
 	return rc;
 }
 

@@ -86,4 +86,11 @@ int  ram_stage_link(struct ram_tier *t, struct ram_stage *st, const struct shard
 /* A committed, not bad shard holding exactly this content. 0 or -ENOENT. */
 int  ram_find_hash(struct ram_tier *t, const uint8_t hash[32], struct shard_key *out);
 
+/* Test use only (NULL otherwise): called at named points so that a unit
+ * test can interleave threads deterministically. "drop-marked": a drop has
+ * marked k's record and not yet deleted a file; "key-wait": a seal, publish
+ * or drop of k is about to wait for another one of k to finish. Set it
+ * before any thread uses a tier. */
+extern void (*ram_test_hook)(const char *point, const struct shard_key *k);
+
 #endif

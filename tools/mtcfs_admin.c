@@ -55,7 +55,7 @@ static int open_catalog(const char *ramdir, struct idx **x)
 
 static const char *type_name(uint8_t t)
 {
-	return t == MF_FILE ? "file" : t == MF_DIR ? "dir" : "symlink";
+	return t == MF_FILE ? "file" : t == MF_DIR ? "dir" : t == MF_FIFO ? "fifo" : "symlink";
 }
 
 static json_t *shard_json(const struct shard_rec *r, bool with_files)

@@ -627,6 +627,8 @@ class Ctx:
                        home=self.dir)
             if self.bucket is not None:
                 d.env.update(self.bucket.env())
+            # one backup per minute of the backup clock: 1 s here
+            d.env["MTCFS_TEST_MINUTE_SECS"] = "1"
             self.nodes.append(d)
         self.running = set()
         self.gen = {}           # bumped when node r is killed
@@ -673,8 +675,15 @@ class Ctx:
 
     def yaml(self, r):
         iv = "backup-interval-steps: 1" if self.backups else "backup-interval-minutes: 30"
+        if self.n == 3 and self.k == 1:
+            # The cells are written for node 2's replicas on node 1; with
+            # peers-per-node GKE's placement (which mtcfs follows) puts them
+            # on node 0, the coordinator. peer-ranks keeps the topology.
+            peers = "peer-ranks: [%d]" % (1 if r == 2 else r ^ 1)
+        else:
+            peers = "peers-per-node: %d" % self.k
         return ("job-name: %s\nframework: orbax\nnode-rank: %d\nnodes: %d\n"
-                "peers-per-node: %d\n%s\n" % (self.job, r, self.n, self.k, iv))
+                "%s\n%s\n" % (self.job, r, self.n, peers, iv))
 
     def write(self, r, step, size=None):
         """Write node r's step into <step>.orbax-checkpoint-tmp-r (no commit)."""

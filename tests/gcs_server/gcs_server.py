@@ -25,7 +25,8 @@ Control endpoints (never logged, never faulted, never authenticated):
   POST /_fault   {"match": "upload|download|meta|list|delete|token|metadata|
                   any", "kind": "500|503|429|408|412|reset|truncate|corrupt|
                   slow|drop", "count": N, "after_bytes": K, "delay_ms": D,
-                  "name": substring of the object name, "method": "PUT",
+                  "name": substring of the object name (a multipart
+                  upload's from its body), "method": "PUT",
                   "query": "uploadType=resumable", "retry_after": S,
                   "skip": M (let M matching requests pass first)}
   GET  /_log     the requests seen, oldest first (see Log.add for fields)
@@ -861,6 +862,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             name = meta.get("name") or self.q.get("name")
             e["name"] = name
             e["body_len"] = len(data)
+            if f is None and name and not self.q.get("name"):
+                # a fault's "name" filter also matches the object name
+                # that only the multipart body carries (.meta, manifests)
+                try:
+                    f = self.fault("upload", name)
+                except _Handled:
+                    return
             return self.finish_upload(bucket, name, data, crc32c(data),
                                       md5_of(data), meta,
                                       meta.get("contentType") or dctype, f)

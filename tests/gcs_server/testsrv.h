@@ -123,7 +123,7 @@ static inline size_t tsrv_wr(char *p, size_t sz, size_t nm, void *arg)
 /* One control request; the JSON answer (NULL on failure), owned by the caller. */
 static inline json_t *tsrv_call(struct tsrv *s, const char *method, const char *path, const char *body)
 {
-	char url[256];
+	char url[1024];
 	struct tsrv_buf b = { 0 };
 	CURL *h = curl_easy_init();
 	struct curl_slist *hl = curl_slist_append(NULL, "Content-Type: application/json");

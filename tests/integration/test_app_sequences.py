@@ -369,6 +369,226 @@ class CommitSuccessInPlace(AppCase):
                           os.O_WRONLY | os.O_CREAT, 0o644)
 
 
+class CommitSuccessRenamed(AppCase):
+    """commit_success.txt written as a tmp and renamed into a digits
+    directory created in place commits it (DESIGN §3.3)."""
+
+    def test_commit_success_renamed_into_place(self):
+        os.mkdir(self.m("9"))
+        files = {"a.bin": pattern(80, 70000), "meta/x.json": b'{"k": 1}'}
+        for rel, data in files.items():
+            os.makedirs(os.path.dirname(self.m("9", rel)), exist_ok=True)
+            write_file(self.m("9", rel), data)
+        ok = b"Checkpoint commit was successful"
+        write_file(self.m("9", "commit_success.txt.tmp"), ok)
+        self.barrier(100)
+        self.assert_steps([100])        # the tmp name commits nothing
+        os.rename(self.m("9", "commit_success.txt.tmp"),
+                  self.m("9", "commit_success.txt"))
+        files["commit_success.txt"] = ok
+        self.check_committed(9, files)
+        self.assert_erofs(os.open, self.m("9", "more"),
+                          os.O_WRONLY | os.O_CREAT, 0o644)
+
+    def test_renamed_while_still_open_commits_on_close(self):
+        os.mkdir(self.m("10"))
+        write_file(self.m("10", "a"), b"ten")
+        fd = os.open(self.m("10", "c.tmp"),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, b"o")
+            os.rename(self.m("10", "c.tmp"), self.m("10", "commit_success.txt"))
+            write_all(fd, b"k")
+            self.barrier(100)
+            self.assert_steps([100])    # still open: not complete yet
+        finally:
+            os.close(fd)
+        self.check_committed(10, {"a": b"ten", "commit_success.txt": b"ok"})
+
+
+class StepNames(AppCase):
+    """Step directory names are the digits as written (Orbax's
+    step_format_fixed_length): "05" is step 5 under its own name; numbers
+    above 2^63-1 are not steps."""
+
+    YAML = ("job-name: default\nframework: orbax\nnode-rank: 0\nnodes: 1\n"
+            "peers-per-node: 1\nbackup-interval-minutes: 30\n")
+
+    def save(self, name, files):
+        tmp = self.m(name + ".orbax-checkpoint-tmp-7")
+        for rel, data in files.items():
+            os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
+            write_file(os.path.join(tmp, rel), data)
+        os.rename(tmp, self.m(name))
+
+    def restart_job(self):
+        """A new replicator.yaml; returns the sorted .restore markers."""
+        y = self.m("replicator.yaml")
+        harness.wait_until(lambda: not os.path.exists(y), 30, "yaml absent")
+        for n in os.listdir(self.mnt):  # the previous run's markers, consumed
+            if n.endswith(".restore"):
+                os.unlink(self.m(n))
+        write_file(y + ".tmp", self.YAML.encode())
+        os.rename(y + ".tmp", y)
+        harness.wait_until(lambda: not os.path.exists(y), 30, "yaml consumed",
+                           check=self.fs.check_alive)
+
+        def markers():
+            if os.path.exists(self.m("replicator.failed")):
+                self.fail(read_file(self.m("replicator.failed")))
+            return sorted(n for n in os.listdir(self.mnt)
+                          if n.endswith(".restore")) or None
+        return harness.wait_until(markers, 30, ".restore markers",
+                                  check=self.fs.check_alive)
+
+    def assert_restored(self, name, files):
+        """Exactly one marker, spelled with the step's name, whose relative
+        symlink holds exactly the files; renamed to the name, it reads."""
+        want = "default-s%s-n0-w0.restore" % name
+        self.assertEqual(self.restart_job(), [want])
+        self.assertEqual(read_file(self.m("replicator.prerestore")),
+                         b"restore-step: %d\n" % int(name))
+        self.assertFalse(os.readlink(self.m(want)).startswith("/"))
+        os.replace(self.m(want), self.m(name))     # what the app does
+        self.assertEqual(read_tree(self.m(name)),
+                         {p: bytes(v) for p, v in files.items()})
+
+    def check_named(self, name, files):
+        s = self.wait_committed(int(name))
+        assert_manifest(self, s, files)
+        self.assertEqual(read_tree(self.m(name)),
+                         {p: bytes(v) for p, v in files.items()})
+        self.assert_erofs(os.open, self.m(name, "new"),
+                          os.O_WRONLY | os.O_CREAT, 0o644)
+
+    def test_zero_padded_05_commits_and_restores_as_05(self):
+        files = {"state/a": pattern(90, 5000), "commit_success.txt": b"ok"}
+        self.save("05", files)
+        self.check_named("05", files)
+        self.fs.restart()               # the name survives a restart
+        self.assert_restored("05", files)
+
+    def test_zero_padded_00000100_commits_and_restores(self):
+        old = {"f": b"three"}
+        self.save("00000003", old)
+        self.check_named("00000003", old)
+        files = {"f": pattern(91, 12345), "d/g": b"g"}
+        self.save("00000100", files)
+        self.check_named("00000100", files)
+        self.assert_steps([3, 100])
+        self.assert_restored("00000100", files)
+
+    def test_padded_in_place_with_commit_success(self):
+        os.mkdir(self.m("007"))
+        write_file(self.m("007", "w"), b"seven")
+        write_file(self.m("007", "commit_success.txt"), b"ok")
+        self.check_named("007", {"w": b"seven", "commit_success.txt": b"ok"})
+
+    def test_5_and_05_do_not_clobber(self):
+        five = {"f": b"plain five"}
+        self.save("5", five)
+        self.check_named("5", five)
+        # another spelling of a committed step that is still in view fails
+        tmp = self.m("05.orbax-checkpoint-tmp-1")
+        os.mkdir(tmp)
+        write_file(os.path.join(tmp, "f"), b"padded five")
+        self.assertErrno(errno.EEXIST, os.rename, tmp, self.m("05"))
+        self.barrier(4)                 # lower: step 5 stays the newest
+        s = harness.find_shard(harness.admin_ls(self.ramdir), 5)
+        assert_manifest(self, s, five)
+        self.assertEqual(read_file(self.m("5", "f")), b"plain five")
+        # once the app deleted "5", "05" commits step 5 anew
+        os.unlink(self.m("5", "f"))
+        os.rmdir(self.m("5"))
+        os.rename(tmp, self.m("05"))
+        padded = {"f": b"padded five"}
+
+        def replaced():
+            sh = harness.find_shard(harness.admin_ls(self.ramdir), 5)
+            return sh if sh and sh["state"] in harness.COMMITTED_STATES and \
+                sh["bytes"] == len(padded["f"]) else None
+        assert_manifest(self, harness.wait_until(replaced, 30, "05 sealed"),
+                        padded)
+        self.assertEqual(read_file(self.m("05", "f")), b"padded five")
+        self.assert_steps([4, 5])
+        self.assert_restored("05", padded)
+
+    def test_above_int64_is_never_a_step(self):
+        good = {"f": b"a real step"}
+        self.save("7", good)
+        self.check_named("7", good)
+        for name in ("99999999999999999999", "9223372036854775808",
+                     "18446744073709551615", "0" * 65 + "1"):
+            self.save(name, {"x": b"not a step"})
+        os.mkdir(self.m("9999999999999999999"))
+        write_file(self.m("9999999999999999999", "commit_success.txt"), b"ok")
+        self.barrier(8)
+        self.assert_steps([7, 8])
+        # still ordinary, writable directories
+        write_file(self.m("99999999999999999999", "x"), b"writable")
+        write_file(self.m("9223372036854775808", "x"), b"writable")
+        # and the restore is unharmed: the newest real step comes back
+        self.assertEqual(self.restart_job(), ["default-s8-n0-w0.restore"])
+        os.replace(self.m("default-s8-n0-w0.restore"), self.m("8"))
+        self.assertEqual(read_tree(self.m("8")), {"x": b"barrier"})
+
+
+class StepNamesCluster(unittest.TestCase):
+    """The same rules on two nodes: a name above 2^63-1 on one node does
+    not reach the job-wide plan; padded names restore under their names."""
+
+    def start(self):
+        from cluster import Cluster
+        c = Cluster(2)
+        for d in c.nodes:
+            d.extra_args.append("-d")      # INFO lines: evidence on failure
+        self.daemons = list(c.nodes)
+        self.addCleanup(c.close)
+        return c.start()
+
+    def test_huge_name_does_not_break_the_cluster_restore(self):
+        c = self.start()
+        job = "huge"
+        c.job_start(job)
+        c.save(job, 3)
+        c.wait_replicated(job, 3)
+        mnt = c.nodes[0].mnt
+        for name in ("9223372036854775808", "99999999999999999999"):
+            os.mkdir(os.path.join(mnt, name + ".tmp"))
+            write_file(os.path.join(mnt, name + ".tmp", "x"), b"not a step")
+            os.rename(os.path.join(mnt, name + ".tmp"), os.path.join(mnt, name))
+        c.save(job, 4, ranks=[0])           # a barrier on node 0
+        c.nodes[0].check_alive()
+        harness.wait_committed(c.nodes[0].ramdir, 4, job=job)
+        self.assertEqual(harness.shard_steps(c.nodes[0].ramdir, job)[-1], 4)
+        self.assertEqual(c.job_start(job), {0: 3, 1: 3})
+        for r in (0, 1):
+            c.restore_and_verify(job, r, 3)
+
+    def test_padded_names_restore_on_every_node(self):
+        c = self.start()
+        job = "pad"
+        c.job_start(job)
+        for r in (0, 1):
+            mnt = c.nodes[r].mnt
+            for n in os.listdir(mnt):
+                if n.endswith(".restore"):
+                    os.unlink(os.path.join(mnt, n))
+            tmp = os.path.join(mnt, "00000100.orbax-checkpoint-tmp-0")
+            os.mkdir(tmp)
+            write_file(os.path.join(tmp, "f"), b"node %d" % r)
+            os.rename(tmp, os.path.join(mnt, "00000100"))
+        c.wait_replicated(job, 100)
+        self.assertEqual(c.job_start(job), {0: 100, 1: 100})
+        for r in (0, 1):
+            mnt = c.nodes[r].mnt
+            ms = sorted(n for n in os.listdir(mnt) if n.endswith(".restore"))
+            self.assertEqual(ms, ["pad-s00000100-n%d-w0.restore" % r])
+            os.replace(os.path.join(mnt, ms[0]), os.path.join(mnt, "00000100"))
+            self.assertEqual(read_file(os.path.join(mnt, "00000100", "f")),
+                             b"node %d" % r)
+
+
 class Negatives(AppCase):
 
     def test_never_steps(self):

@@ -12,6 +12,8 @@ Scenarios, each with both backends unless marked:
  2. every node loses its RAM (kill -9, RAMDIR wiped, restart): the job
     restart restores the newest complete backup's step on every node, byte
     for byte; replicator.prerestore names the backup;
+ 2b. a backup as GKE's replicator writes it (.meta = "D" + BLAKE3, no
+    manifest) restores on every node, byte for byte;
  3. the newest backup lacks one node's .meta (deleted behind mtcfs's back):
     the older complete backup is restored, replicator.errors names the
     skipped one;
@@ -28,7 +30,9 @@ Scenarios, each with both backends unless marked:
     step of the abandoned timeline still in RAM;
  5. restore.version naming a missing, an incomplete or no backup: s0
     markers everywhere, replicator.errors says why, nothing is restored
-    (no fallback), restore.version is left alone;
+    (no fallback); it is used once all the same: deleted with the first
+    checkpoint saved after that empty start, and the restart after that
+    restores in-cluster steps again;
  6. (gs) uploads under injected faults (503s, 429 with Retry-After, a reset
     mid-upload, slow answers): the backups complete and restore byte for
     byte;
@@ -278,7 +282,34 @@ def meta_name(job, step, node, worker=0):
     return "%s-s%d-n%d-w%d.meta" % (job, step, node, worker)
 
 
-NAME_RE = r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}(?:-\d+)?"
+# A backup as GKE's replicator writes it (sync.py: hash_and_wrap_into_meta,
+# atomic_copy_file): per node JOB-s<S>-n<r>-w0.meta holding "D" + the BLAKE3
+# merkle digest of its step directory (merkle.dir_digest), no newline, and
+# the directory itself as <that>.data/, no manifest. The digests below are
+# what GKE's own functions computed for these bytes (job "gk", step 40,
+# SIZE, commit_success.txt "ok\n"), run beside the project; the tree this
+# writes was compared with the one GKE's functions wrote: identical.
+GKE_JOB, GKE_STEP, GKE_BACKUP = "gk", 40, "2025-06-30_14-30"
+GKE_HASHES = {0: "D1e5f2c40eaa7e5cf69093fdc3edb7d703699e34abf9942293c65005dc63c34cb",
+              1: "D05ad6fd235c384e48787ad7b3904470c03679b2e0138d8ec5e73dd725dd6af08"}
+
+
+def write_gke_backup(store, job=GKE_JOB, step=GKE_STEP, backup=GKE_BACKUP, size=SIZE):
+    base = "%s/%s/" % (job, backup)
+    for r, h in GKE_HASHES.items():
+        files = dict(shard_files(job, step, r, size))
+        files["commit_success.txt"] = b"ok\n"
+        for rel, data in sorted(files.items()):
+            store.write(base + h + ".data/" + rel, data)
+        store.write(base + "%s-s%d-n%d-w0.meta" % (job, step, r), h.encode())
+
+
+# exactly GKE's form: its listing regex and Orbax's converter skip any other
+NAME_RE = r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}"
+# one backup per UTC minute: a minute of the daemons' backup clock lasts
+# this many real seconds (MTCFS_TEST_MINUTE_SECS), so successive backups
+# need not wait real minutes
+TEST_MINUTE_SECS = "1"
 
 
 def quiesce(c, timeout=10):
@@ -324,6 +355,7 @@ class BackupBase(unittest.TestCase):
         self.addCleanup(quiesce, c)            # runs before c.close
         for d in c.nodes:
             d.extra_args.append("-d")          # INFO: backup/restore lines
+            d.env["MTCFS_TEST_MINUTE_SECS"] = TEST_MINUTE_SECS
             self.store.setup_env(d.env)
             if env:
                 d.env.update(env)
@@ -446,6 +478,26 @@ class BackupBase(unittest.TestCase):
         tops = {x.split("/")[1] for x in self.store.names(job + "/")}
         self.assertEqual(tops, set(names.values()))
 
+    def test_1b_same_minute_waits_for_the_next(self):
+        """Two backups due in one UTC minute (backup-interval-steps: 1, steps
+        saved back to back): the second waits for the next minute of the
+        backup clock and gets that minute's bare name, never "-2"."""
+        job = "bk1b"
+        c = self.cluster(env={"MTCFS_TEST_MINUTE_SECS": "12"})
+        c.job_start(job)
+        c.save(job, 10, size=SIZE)
+        a = self.wait_backup(job, 10)
+        c.save(job, 20, size=SIZE)
+        b = self.wait_backup(job, 20)
+        for name in (a, b):
+            self.assertRegex(name, "^%s$" % NAME_RE)
+        self.assertGreater(b, a)
+        self.assertRegex(c.nodes[0].log_text(),
+                         r"job %s: backup of step 20 waits \d+ s for the next UTC minute" % job)
+        tops = {x.split("/")[1] for x in self.store.names(job + "/")}
+        self.assertEqual(tops, {a, b})
+        self.assert_backup_layout(job, b, 20, 2)
+
     def check_order(self, job, name, hashes):
         self.assert_no_meta_before_data(job, name, hashes)
 
@@ -479,6 +531,24 @@ class BackupBase(unittest.TestCase):
     def assert_backups_untouched(self, job, names):
         for s, name in names.items():
             self.assert_backup_layout(job, name, s, 2)
+
+    def test_2b_gke_written_backup_restored(self):
+        """A bucket GKE's replicator wrote (D<BLAKE3>.data/ directories, no
+        manifest) restores through mtcfs on every node, byte for byte, and
+        mtcfs writes nothing into that backup."""
+        write_gke_backup(self.store)
+        before = self.store.names(GKE_JOB + "/")
+        c = self.cluster()
+        got = self.job_restart(GKE_JOB)
+        self.assertEqual(got, {0: GKE_STEP, 1: GKE_STEP})
+        for r in range(2):
+            self.assertEqual(self.prerestore(r), "restore-step: %d\nrestore-backup: %s\n"
+                             % (GKE_STEP, GKE_BACKUP))
+            c.restore_and_verify(GKE_JOB, r, GKE_STEP, size=SIZE)
+            with open(os.path.join(c.nodes[r].mnt, str(GKE_STEP), "commit_success.txt"),
+                      "rb") as f:
+                self.assertEqual(f.read(), b"ok\n")
+        self.assertEqual(self.store.names(GKE_JOB + "/"), before)
 
     # -- 3 --
 
@@ -671,10 +741,19 @@ class BackupBase(unittest.TestCase):
                 if must2:
                     self.assertIn(must2, err)
                 self.assertIn("nothing is restored", err)
-            # left alone: not deleted, not rewritten
+            # not yet used up: no checkpoint was saved since (not rewritten)
             self.assertEqual(self.store.read(rv), content.encode())
         # nothing of the bucket was touched
         self.assert_backup_layout(job, names[10], 10, 2)
+        # Used once all the same (GKE's documented rule): the first
+        # checkpoint saved after that empty start deletes it ...
+        c.save(job, 30, size=SIZE)
+        wait_until(lambda: not self.store.exists(rv), 30,
+                   "restore.version deleted after the first checkpoint saved")
+        wait_until(lambda: re.search(r"deleted .*restore\.version after the first commit",
+                                     c.nodes[0].log_text()), 10, "rank 0 logs the delete")
+        # ... and the next restart restores the in-cluster step again
+        self.assertEqual(self.job_restart(job), {0: 30, 1: 30})
 
 
 class FileBackupTest(BackupBase):
@@ -903,6 +982,56 @@ class GsBackupTest(BackupBase):
         faults = self.srv.call("/_faults")
         self.assertEqual([f["count"] for f in faults], [0] * len(faults), faults)
 
+    # -- failed attempts: resumed under the same name, or removed --
+
+    def abandoned(self, job, step):
+        rx = re.compile(r"job %s: backup (%s) of step %d abandoned" % (
+            re.escape(job), NAME_RE, step))
+        d = self.c.nodes[0]
+        return wait_until(lambda: (rx.search(d.log_text()) or [None, None])[1], 60,
+                          "backup of step %d abandoned" % step)
+
+    def test_4c_failed_attempt_resumed_same_name(self):
+        """Node 1's .meta upload keeps failing (500) past its retries: the
+        attempt is abandoned; the retry of the same step resumes it under
+        the same name and completes it; no other directory appears."""
+        job = "bk4c"
+        c = self.cluster()
+        for d in c.nodes:
+            d.expect_log(r"abandoned|backup .* failed|500")
+        c.job_start(job)
+        self.srv.call("/_fault", [{"match": "upload", "kind": "500", "count": 12,
+                                   "name": "%s-s10-n1-w0.meta" % job}])
+        c.save(job, 10, size=SIZE)
+        first = self.abandoned(job, 10)
+        name = self.wait_backup(job, 10)
+        self.assertEqual(name, first)
+        self.assertEqual({x.split("/")[1] for x in self.store.names(job + "/")}, {name})
+        self.assert_backup_layout(job, name, 10, 2)
+
+    def test_4d_failed_attempt_removed_when_step_moved(self):
+        """The attempt for step 10 fails for good (node 1's .meta); step 20
+        becomes the one to back up: the step-10 directory is removed before
+        step 20's backup is named, so only that one is left."""
+        job = "bk4d"
+        c = self.cluster()
+        for d in c.nodes:
+            d.expect_log(r"abandoned|backup .* failed|500")
+        c.job_start(job)
+        self.srv.call("/_fault", [{"match": "upload", "kind": "500", "count": 100000,
+                                   "name": "%s-s10-n1-w0.meta" % job}])
+        c.save(job, 10, size=SIZE)
+        first = self.abandoned(job, 10)
+        wait_until(lambda: any(x.startswith("%s/%s/" % (job, first))
+                               for x in self.store.names(job + "/")), 10,
+                   "node 0's objects of the failed attempt")
+        c.save(job, 20, size=SIZE)
+        name = self.wait_backup(job, 20)
+        self.assertNotEqual(name, first)
+        self.assertEqual({x.split("/")[1] for x in self.store.names(job + "/")}, {name})
+        self.assertRegex(c.nodes[0].log_text(), r"%s/%s/: failed backup attempt removed"
+                         % (re.escape(job), re.escape(first)))
+
     # -- 7 --
 
     def auth_cluster(self, expect):
@@ -921,6 +1050,7 @@ class GsBackupTest(BackupBase):
             d.env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
             d.env["GCE_METADATA_HOST"] = srv.host
             d.env["MTCFS_GCS_RETRY"] = GCS_RETRY
+            d.env["MTCFS_TEST_MINUTE_SECS"] = TEST_MINUTE_SECS
             d.expect_log(expect)
             self.daemons.append(d)
         return c

@@ -20,6 +20,9 @@ job-wide. Then one scenario each:
   (s0 markers), never a corrupt restore; neither waits for
   restore_timeout (no restart with every node present may);
 - a peer that never comes back: the others restore after restore_timeout;
+- a new replicator.yaml on one node while its restore round waits for a
+  node that has not written its yaml: the round starts over at once (not
+  after restore_timeout), then both nodes restore;
 - malformed frames on the peer port: dropped, nothing stored, the daemon
   keeps serving;
 - restore-from-peer time of a 256 MiB shard (printed, not asserted).
@@ -49,10 +52,10 @@ RESTART_MAX_SECS = 10.0
 # --- placement, recomputed from the rule in tiers/placement.h --------------------
 
 def expected_peers(r, n, k, dp=0):
-    """Peers of rank r: K = min(k, n-1) picks from the candidates, skipping
-    r and earlier picks. No D: r XOR 1 (or r-1 when that is >= n), then
-    (r + i*floor(n/K)) mod n for i = 1..K-1; D >= 2 (P = n/D): (r + a*P)
-    mod n for a = -1, +1, -2, +2, ...; then (r + j) mod n for j = 1, 2, ..."""
+    """Peers of rank r: K = min(k, n-1) picks from GKE's candidates, skipping
+    r and earlier picks. D >= 2 with P = n//D >= 1: (r + a*P) mod n for
+    a = -1, +1, -2, +2, ... (k terms); else (r XOR 1) mod n, then
+    (r + i*(n//k)) mod n for i = 1..k-1; then (r + j) mod n for j = 1, 2, ..."""
     K = min(k, n - 1)
     picks = []
     if K <= 0:
@@ -61,15 +64,15 @@ def expected_peers(r, n, k, dp=0):
     def add(c):
         if c != r and c not in picks and len(picks) < K:
             picks.append(c)
-    if dp >= 2:
+    if dp >= 2 and n // dp >= 1:
         P = n // dp
-        for a in range(1, dp // 2 + 1):
-            add((r - a * P) % n)
-            add((r + a * P) % n)
+        for i in range(k):
+            a = i // 2 + 1
+            add((r + (-a if i % 2 == 0 else a) * P) % n)
     else:
-        add(r ^ 1 if (r ^ 1) < n else r - 1)
-        for i in range(1, K):
-            add((r + i * (n // K)) % n)
+        add((r ^ 1) % n)
+        for i in range(1, k):
+            add((r + i * (n // k)) % n)
     j = 1
     while len(picks) < K:
         add((r + j) % n)
@@ -421,6 +424,52 @@ class ClusterCase(unittest.TestCase):
         self.assertLessEqual(secs, timeout + 20)
         self.assertRegex(c.nodes[0].log_text(),
                          r"did not report within restore_timeout")
+
+    def test_n2_new_yaml_during_restore_round_starts_over(self):
+        """Node 1 never writes its yaml, so the round waits for it; node 0's
+        job restarts (a new replicator.yaml): that round ends at once on
+        node 0 and on the coordinator (GKE's replicator restarts at once;
+        NeMo gives up after 300 s), and a new one starts with its timeout
+        anew. Then node 1 writes its yaml and both restore the step."""
+        timeout = 60
+        job = "again"
+        c = self.make_cluster(2, 1, restore_timeout=timeout)
+        self.populate(job, steps=(10,))
+        mnt0 = c.nodes[0].mnt
+        yaml0 = os.path.join(mnt0, "replicator.yaml")
+
+        def write_yaml0():
+            wait_until(lambda: not os.path.exists(yaml0), 10, "yaml absent on node 0")
+            with open(yaml0 + ".tmp", "w") as f:
+                f.write(c.yaml(job, 0))
+            os.rename(yaml0 + ".tmp", yaml0)
+            wait_until(lambda: not os.path.exists(yaml0), 10, "yaml consumed on node 0")
+
+        log0 = c.nodes[0].log_text
+        rounds = re.compile(r"job %s: rank 0 restarted its restore; starting a new round" % job)
+        write_yaml0()
+        time.sleep(0.5)     # the first catalog reaches the coordinator
+        self.assertEqual(markers(mnt0), [], "node 0 waits for node 1")
+        n0 = len(rounds.findall(log0()))
+        t0 = time.monotonic()
+        write_yaml0()
+        wait_until(lambda: len(rounds.findall(log0())) > n0, 10,
+                   "the coordinator starts a new round at once")
+        wait_until(lambda: "restore of job %s interrupted by a new replicator.yaml" % job
+                   in log0(), 10, "node 0's old round ends")
+        started_over = time.monotonic() - t0
+        self.assertLess(started_over, 10)
+        self.assertEqual(markers(mnt0), [], "node 0 still waits for node 1")
+        self.assertFalse(os.path.exists(os.path.join(mnt0, "replicator.failed")))
+        # node 1 comes: both restore step 10, well before restore_timeout
+        got1 = c.node_start(1, job, timeout=30)
+        self.assertEqual(got1, 10)
+        ms = wait_until(lambda: markers(mnt0) or None, 30, "markers on node 0")
+        self.assertEqual(ms, ["%s-s10-n0-w0.restore" % job])
+        self.assertLess(time.monotonic() - t0, timeout / 2)
+        for r in range(2):
+            c.restore_and_verify(job, r, 10)
+        self.assertNotRegex(log0(), r"did not report within restore_timeout")
 
     # -- 6: malformed frames ----------------------------------------------------------
 

@@ -209,8 +209,14 @@ class GcsClientTest(unittest.TestCase):
         self.assertEqual(self.cli(url, "new-name", JOB, "1714885500").stdout,
                          b"2024-05-05_05-05\n")
         self.cli(url, "putbuf", "%s/2024-05-05_05-05/x" % JOB, "x")
-        self.assertEqual(self.cli(url, "new-name", JOB, "1714885500").stdout,
-                         b"2024-05-05_05-05-2\n")
+        # the minute is taken: no "-2" name (GKE lists only the bare
+        # stamp); the next backup waits for the next minute
+        p = self.cli(url, "new-name", JOB, "1714885500", ok=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(b"-11 (Resource temporarily unavailable)", p.stderr)
+        self.assertIn(b"next minute", p.stderr)
+        self.assertEqual(self.cli(url, "new-name", JOB, "1714885560").stdout,
+                         b"2024-05-05_05-06\n")
 
 
 if __name__ == "__main__":

@@ -164,12 +164,6 @@ class RealTorch(unittest.TestCase):
                                     "rank %d: %s of step 4" % (r, name))
         self.assert_committed(5)
 
-    # KNOWN FAILURE against mtcfs at d38f0e3: GKE's `framework: pytorch`
-    # mode (per-worker <job>-s<S>-n<n>-w<w>.save files) is not implemented:
-    # fs/rcfg.c parses the framework name and nothing else looks at it, so
-    # the .save files are never committed. The harness counts an
-    # unexpected success as a failure: remove this line with the feature.
-    @unittest.expectedFailure
     def test_gke_pytorch_mode_restore_after_node_loss(self):
         """framework: pytorch, workers-per-node 2 (4 ranks): torch.save
         per worker per step; node 1 wiped; every worker torch.load()s its

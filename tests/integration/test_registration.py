@@ -32,8 +32,8 @@ class Registration(unittest.TestCase):
         self.assertEqual(c.job_start(job), {0: 0, 1: 0, 2: 0})
         c.save(job, 7)
         c.wait_replicated(job, 7)
-        # rank 2's replica lives on its placement peer (rank 1 for 3 nodes)
-        self.assertIn((2, 7), c.holds(1, job))
+        # rank 2's replica lives on its placement peer ((2 XOR 1) mod 3 = 0, as GKE)
+        self.assertIn((2, 7), c.holds(0, job))
         # node 2 comes back empty: it must find rank 1 through the coordinator
         c.nodes[2].expect_log(r"ERROR")
         c.nodes[2].kill9()

@@ -463,6 +463,135 @@ static void test_corrupt_object(void **state)
 	mf_free(m);
 }
 
+/* A backup as GKE's replicator writes it (sync.py, merkle.py): every
+ * node's .meta holds "D" + the BLAKE3 hex of its shard, the data is in
+ * D<hash>.data/ (one per distinct hash: under data parallelism the .meta of
+ * every node of a column names the same one), no manifest; gcsfuse adds
+ * placeholder objects for directories. */
+#define GKE_H0 "D1f0e3dad99908345f7439f8ffabdffc4a13a6d1f60a2f1c2b7a5d0f7a8f3c2e1"
+#define GKE_H1 "Dae2a7b9c0d1e2f30415263748596a7b8c9d0e1f2a3b4c5d6e7f8091a2b3c4d5e"
+static void put_obj(struct env *e, const char *bn, const char *rel, const void *buf, size_t len)
+{
+	char obj[PATH_MAX + 128];
+
+	snprintf(obj, sizeof(obj), "%s/%s/%s", JOB, bn, rel);
+	assert_int_equal(bkt_put_buf(e->b, obj, buf, len), 0);
+}
+
+/* An object written straight to the test server; relenc is URL-encoded. */
+static void raw_put(const char *bn, const char *relenc, const char *body)
+{
+	char path[200];
+
+	assert_true((size_t)snprintf(path, sizeof(path), "/upload/storage/v1/b/bkt/o?uploadType="
+				     "media&name=root%d%%2F%s%%2F%s%%2F%s", seq, JOB, bn, relenc) <
+		    sizeof(path));
+	assert_true(tsrv_post(&srv, path, body));
+}
+
+static void test_gke_written_backup(void **state)
+{
+	struct env *e = *state;
+	const char *bn = "2025-06-30_14-30";
+	static const char *files[] = { "manifest.ocdbt", "d/array", "d/zero", "_CHECKPOINT_METADATA" };
+	static const size_t sizes[] = { 300, 90 * KIB + 7, 0, 1234 };
+	uint8_t *bufs[4];
+	struct manifest *got = NULL;
+	struct bk_backup one;
+	char dir[64], rel[PATH_MAX];
+	int out;
+
+	for (int n = 0; n < 2; n++) {
+		snprintf(rel, sizeof(rel), "%s-s7-n%d-w0.meta", JOB, n);
+		put_obj(e, bn, rel, GKE_H0, strlen(GKE_H0));
+	}
+	if (e->gs) {
+		/* gcsfuse's directory placeholders (names ending in "/", which
+		 * mtcfs's own client refuses to write: straight to the server) */
+		raw_put(bn, GKE_H0 ".data%2F", "");
+		raw_put(bn, GKE_H0 ".data%2Fd%2F", "");
+		raw_put(bn, GKE_H0 ".data%2Fempty%2F", "");
+	}
+	for (int i = 0; i < 4; i++) {
+		bufs[i] = malloc(sizes[i] + 1);
+		fill(bufs[i], sizes[i], 40u + (uint32_t)i);
+		snprintf(rel, sizeof(rel), GKE_H0 ".data/%s", files[i]);
+		put_obj(e, bn, rel, bufs[i], sizes[i]);
+	}
+	assert_int_equal(bk_check_backup(e->b, JOB, bn, 2, 1, &one), 0);
+	if (!one.complete)
+		print_error("why: %s\n", one.why);
+	assert_true(one.complete);
+	assert_int_equal(one.step, 7);
+	assert_int_equal(one.nshards, 2);
+	assert_true(one.shards[0].gke && one.shards[1].gke);
+	bk_backup_clear(&one);
+	/* node 1 (whose data node 0's .data holds) fetches it byte for byte;
+	 * its manifest is built from the bytes received */
+	snprintf(dir, sizeof(dir), "gke%d-out", seq);
+	assert_int_equal(mkdirat(tmpfd, dir, 0755), 0);
+	out = openat(tmpfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 1, 0, out, &got), 0);
+	assert_int_equal(got->nfiles, 4);
+	assert_int_equal(got->total, sizes[0] + sizes[1] + sizes[2] + sizes[3]);
+	for (int i = 0; i < 4; i++) {
+		uint8_t *b = malloc(sizes[i] + 1);
+		int fd = openat(out, files[i], O_RDONLY | O_CLOEXEC);
+		struct stat st;
+		assert_true(fd >= 0);
+		assert_int_equal(fstat(fd, &st), 0);
+		assert_int_equal(st.st_size, (off_t)sizes[i]);
+		assert_int_equal(read(fd, b, sizes[i] + 1), (ssize_t)sizes[i]);
+		assert_memory_equal(b, bufs[i], sizes[i]);
+		close(fd);
+		free(b);
+	}
+	mf_free(got);
+	got = NULL;
+	assert_int_equal(bk_verify_backup(e->b, JOB, bn, 2, 1, &one), 0);
+	assert_true(one.complete);
+	bk_backup_clear(&one);
+	/* A flipped byte: gs lists each object's CRC32C, so fetch and verify
+	 * fail naming it; file:// has nothing to check against (no manifest,
+	 * no CRC, BLAKE3 not recomputed) and restores the bytes as they are. */
+	snprintf(rel, sizeof(rel), "%s/%s/" GKE_H0 ".data/d/array", JOB, bn);
+	corrupt(e, rel, false);
+	snprintf(dir, sizeof(dir), "gke%d-out2", seq);
+	assert_int_equal(mkdirat(tmpfd, dir, 0755), 0);
+	close(out);
+	out = openat(tmpfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (e->gs) {
+		assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 0, 0, out, &got), -EBADMSG);
+		assert_null(got);
+		assert_contains(bkt_last_error(), "d/array");
+		assert_int_equal(bk_verify_backup(e->b, JOB, bn, 2, 1, &one), -EBADMSG);
+		assert_false(one.complete);
+		bk_backup_clear(&one);
+	} else {
+		assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 0, 0, out, &got), 0);
+		mf_free(got);
+		got = NULL;
+	}
+	close(out);
+	/* no .data for a .meta: incomplete, named */
+	snprintf(rel, sizeof(rel), "%s-s7-n0-w0.meta", JOB);
+	put_obj(e, "2025-06-30_14-31", rel, GKE_H1, strlen(GKE_H1));
+	assert_int_equal(bk_check_backup(e->b, JOB, "2025-06-30_14-31", 1, 1, &one), 0);
+	assert_false(one.complete);
+	assert_contains(one.why, ".data/");
+	bk_backup_clear(&one);
+	/* an object name that would leave the shard makes it incomplete */
+	if (e->gs) {
+		raw_put("2025-06-30_14-31", GKE_H1 ".data%2F..%2F..%2Fescape", "x");
+		assert_int_equal(bk_check_backup(e->b, JOB, "2025-06-30_14-31", 1, 1, &one), 0);
+		assert_false(one.complete);
+		assert_contains(one.why, "unsafe");
+		bk_backup_clear(&one);
+	}
+	for (int i = 0; i < 4; i++)
+		free(bufs[i]);
+}
+
 static void test_new_name(void **state)
 {
 	struct env *e = *state;
@@ -478,39 +607,71 @@ static void test_new_name(void **state)
 	assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
 	assert_int_equal(bk_new_name(e->b, JOB, t + 50, name), 0);
 	assert_string_equal(name, "2024-03-05_07-09");
-	for (int i = 2; i <= 11; i++) {
-		char want[BK_NAME_MAX];
-		snprintf(obj, sizeof(obj), "%s/%s/something", JOB, name);
+	/* The minute is taken: no "-2" (GKE and Orbax list only the bare
+	 * stamp); the caller waits for the next minute. */
+	snprintf(obj, sizeof(obj), "%s/2024-03-05_07-09/something", JOB);
+	assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
+	memset(name, 0, sizeof(name));
+	assert_int_equal(bk_new_name(e->b, JOB, t, name), -EAGAIN);
+	assert_int_equal(bk_new_name(e->b, JOB, t + 59 - (t % 60), name), -EAGAIN);
+	assert_non_null(strstr(bkt_last_error(), "next minute"));
+	assert_int_equal(bk_new_name(e->b, JOB, t + 60 - (t % 60), name), 0);
+	assert_string_equal(name, "2024-03-05_07-10");
+	/* Names older mtcfs wrote ("-N") are still listed, in order: -10 after
+	 * -9 numerically, newest first, a minute earlier last. */
+	for (int i = 2; i <= 10; i++) {
+		snprintf(obj, sizeof(obj), "%s/2024-03-05_07-09-%d/something", JOB, i);
 		assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
-		assert_int_equal(bk_new_name(e->b, JOB, t, name), 0);
-		snprintf(want, sizeof(want), "2024-03-05_07-09-%d", i);
-		assert_string_equal(name, want);
 	}
-	/* a hole is reused: the rule is "the smallest free N" */
-	snprintf(obj, sizeof(obj), "%s/2024-03-05_07-09-3/something", JOB);
-	assert_int_equal(bkt_delete(e->b, obj), 0);
-	assert_int_equal(bk_new_name(e->b, JOB, t, name), 0);
-	assert_string_equal(name, "2024-03-05_07-09-3");
-	/* order: -10 after -9 numerically, newest first, a minute earlier last */
 	snprintf(obj, sizeof(obj), "%s/2024-03-05_07-08/something", JOB);
 	assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
 	snprintf(obj, sizeof(obj), "%s/manual-copy/something", JOB);
 	assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
 	assert_int_equal(bk_list_backups(e->b, JOB, 1, 1, &v, &n), 0);
-	assert_int_equal(n, 11);     /* STAMP, -2, -4 .. -10, the minute before, manual-copy */
+	assert_int_equal(n, 12);     /* STAMP, -2 .. -10, the minute before, manual-copy */
 	assert_string_equal(v[0].name, "2024-03-05_07-09-10");
 	assert_string_equal(v[1].name, "2024-03-05_07-09-9");
-	assert_string_equal(v[6].name, "2024-03-05_07-09-4");
-	assert_string_equal(v[7].name, "2024-03-05_07-09-2");
-	assert_string_equal(v[8].name, "2024-03-05_07-09");
-	assert_string_equal(v[9].name, "2024-03-05_07-08");
-	assert_string_equal(v[10].name, "manual-copy");
+	assert_string_equal(v[8].name, "2024-03-05_07-09-2");
+	assert_string_equal(v[9].name, "2024-03-05_07-09");
+	assert_string_equal(v[10].name, "2024-03-05_07-08");
+	assert_string_equal(v[11].name, "manual-copy");
 	for (size_t i = 0; i < n; i++) {
 		assert_false(v[i].complete);
 		assert_string_equal(v[i].why, "no .meta");
 	}
 	bk_backups_free(v, n);
 	assert_int_equal(bk_new_name(e->b, "bad/job", t, name), -EINVAL);
+}
+
+/* A failed attempt that will not be resumed goes away whole, so the next
+ * attempt never leaves a second partial directory. */
+static void test_discard_attempt(void **state)
+{
+	struct env *e = *state;
+	char obj[PATH_MAX], name[BK_NAME_MAX];
+	const char *bk = "2024-03-05_07-09";
+	const char *objs[] = { "j-s1-n0-w0.meta", "aa.manifest", "aa.data/x", "aa.data/d/y" };
+	uint64_t size;
+	uint32_t crc;
+
+	for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
+		snprintf(obj, sizeof(obj), "%s/%s/%s", JOB, bk, objs[i]);
+		assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
+	}
+	snprintf(obj, sizeof(obj), "%s/2024-03-05_07-08/keep", JOB);
+	assert_int_equal(bkt_put_buf(e->b, obj, "k", 1), 0);
+	assert_int_equal(bk_discard_attempt(e->b, JOB, bk), 0);
+	for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
+		snprintf(obj, sizeof(obj), "%s/%s/%s", JOB, bk, objs[i]);
+		assert_int_equal(bkt_stat(e->b, obj, &size, &crc), -ENOENT);
+	}
+	snprintf(obj, sizeof(obj), "%s/2024-03-05_07-08/keep", JOB);
+	assert_int_equal(bkt_stat(e->b, obj, &size, &crc), 0);
+	/* the minute is free again; nothing there is fine too */
+	assert_int_equal(bk_new_name(e->b, JOB, 1709622540, name), 0);
+	assert_string_equal(name, bk);
+	assert_int_equal(bk_discard_attempt(e->b, JOB, bk), 0);
+	assert_int_equal(bk_discard_attempt(e->b, JOB, "../x"), -EINVAL);
 }
 
 static void test_restore_version(void **state)
@@ -698,6 +859,8 @@ int main(void)
 		BOTH(test_incomplete),
 		BOTH(test_corrupt_object),
 		BOTH(test_new_name),
+		BOTH(test_discard_attempt),
+		BOTH(test_gke_written_backup),
 		BOTH(test_restore_version),
 		BOTH(test_idempotent_reupload),
 		cmocka_unit_test_prestate_setup_teardown(test_fetch_refuses_unsafe_trees, setup,

@@ -80,16 +80,17 @@ static const struct want sample[] = {
 	{ "a/x.bin", MF_FILE, 0644, "\0\1\2", 3 },
 	{ "b.txt", MF_FILE, 0640, "hello", 5 },
 	{ "empty_dir", MF_DIR, 0750, NULL, 0 },
+	{ "fifo", MF_FIFO, 0640, NULL, 0 },
 	{ "link", MF_SYMLINK, 0777, "a/x.bin", 7 },
 	{ "zero", MF_FILE, 0444, "", 0 },
 };
 #define NSAMPLE (sizeof(sample) / sizeof(sample[0]))
 
-/* Creates the sample tree in dirfd/name, plus a fifo that the manifest
+/* Creates the sample tree in dirfd/name, plus a socket that the manifest
  * must skip. Parents first; otherwise in an order unlike the sorted one. */
 static void make_sample(int dirfd, const char *name)
 {
-	static const int order[] = { 8, 7, 6, 5, 0, 4, 2, 3, 1 };
+	static const int order[] = { 9, 8, 7, 6, 5, 0, 4, 2, 3, 1 };
 	int fd;
 
 	put_dir(dirfd, name, 0755);
@@ -100,10 +101,12 @@ static void make_sample(int dirfd, const char *name)
 			put_dir(fd, w->path, w->mode);
 		else if (w->type == MF_FILE)
 			put_file(fd, w->path, w->data, w->len, w->mode);
+		else if (w->type == MF_FIFO)
+			assert_int_equal(mkfifoat(fd, w->path, 0600) || fchmodat(fd, w->path, w->mode, 0), 0);
 		else
 			assert_int_equal(symlinkat(w->data, fd, w->path), 0);
 	}
-	assert_int_equal(mkfifoat(fd, "fifo", 0600), 0);
+	assert_int_equal(mknodat(fd, "sock", S_IFSOCK | 0600, 0), 0);
 	close(fd);
 }
 
@@ -708,6 +711,13 @@ static void test_verify_detects(void **state)
 	assert_int_equal(symlinkat("../c9copy/a", t->fd, "c9/a"), 0);
 	verify_bad(t->fd, "c9", m, "a", "not a directory");
 	mf_free(m);
+
+	/* a FIFO replaced by an empty file */
+	m = fresh(t->fd, "c10");
+	assert_int_equal(unlinkat(t->fd, "c10/fifo", 0), 0);
+	put_file(t->fd, "c10/fifo", "", 0, 0640);
+	verify_bad(t->fd, "c10", m, "fifo", "not a FIFO");
+	mf_free(m);
 }
 
 static void test_verify_small_err_buffer(void **state)
@@ -1073,7 +1083,9 @@ static void test_decode_fields(void **state)
 
 	/* type */
 	MUTATE(0, type, 0, false);
-	MUTATE(0, type, 4, false);
+	MUTATE(0, type, 5, false);
+	MUTATE(3, type, MF_FIFO, true);       /* an empty file may be a FIFO */
+	MUTATE(1, type, MF_FIFO, false);      /* a FIFO has no bytes */
 	MUTATE(0, type, 255, false);
 	MUTATE(3, type, MF_DIR, true);        /* an empty file may as well be a dir */
 	/* mode: permission bits only */

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -438,6 +440,169 @@ static void test_drop_crash_finished_at_open(void **state)
 	ram_close(t);
 }
 
+/* A replica published under a key while that key is being dropped (a peer
+ * re-sends rank 1 of step 3 just as GC drops the old copy). The hook stops
+ * the drop after it marked the record and before it deleted a file, starts
+ * the publish on another thread and lets the drop go on only once the
+ * publish has either finished or is waiting for the drop. Either order is
+ * fine; what must not happen is the drop deleting the published files
+ * (the record of the new copy would then name files that are gone). */
+struct race {
+	struct ram_tier *t;
+	struct manifest *mf;
+	struct shard_key own, rep;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool started, waiting, done;
+	int publish_rc;
+	pthread_t th;
+};
+static struct race *the_race;
+
+static void *publish_thread(void *arg)
+{
+	struct race *r = arg;
+	struct ram_stage st;
+	int rc = ram_stage_begin(r->t, &r->rep, &st);
+
+	if (rc == 0)
+		rc = ram_stage_link(r->t, &st, &r->own);
+	if (rc == 0)
+		rc = ram_stage_publish(r->t, &st, r->mf, 0);
+	if (rc < 0)
+		ram_stage_abort(r->t, &st);
+	pthread_mutex_lock(&r->mu);
+	r->publish_rc = rc;
+	r->done = true;
+	pthread_cond_broadcast(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+	return NULL;
+}
+
+static void race_hook(const char *point, const struct shard_key *k)
+{
+	struct race *r = the_race;
+	struct timespec dl;
+
+	if (!r || k->rank != r->rep.rank)
+		return;
+	if (!strcmp(point, "key-wait")) {
+		pthread_mutex_lock(&r->mu);
+		r->waiting = true;
+		pthread_cond_broadcast(&r->cv);
+		pthread_mutex_unlock(&r->mu);
+		return;
+	}
+	if (strcmp(point, "drop-marked") || r->started)
+		return;
+	r->started = true;
+	assert_int_equal(pthread_create(&r->th, NULL, publish_thread, r), 0);
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += 10;
+	pthread_mutex_lock(&r->mu);
+	while (!r->waiting && !r->done)
+		if (pthread_cond_timedwait(&r->cv, &r->mu, &dl) != 0)
+			break;
+	pthread_mutex_unlock(&r->mu);
+}
+
+static void test_publish_during_drop_keeps_files(void **state)
+{
+	struct tmp *tmp = *state;
+	struct race r = { 0 };
+	struct shard_rec rec = { 0 };
+	struct ram_stage st;
+	char err[256] = "";
+	int src;
+
+	pthread_mutex_init(&r.mu, NULL);
+	pthread_cond_init(&r.cv, NULL);
+	assert_int_equal(ram_open(tmp->path, 64 << 20, &r.t), 0);
+	src = make_step_dir(r.t, "3");
+	key_of(&r.own, "job", 3, 0);
+	key_of(&r.rep, "job", 3, 1);
+	assert_int_equal(ram_seal(r.t, &r.own, src, 1, SHF_OWN, &r.mf, NULL, 0), 0);
+	close(src);
+	/* the old copy of the replica, which the drop is for */
+	assert_int_equal(ram_stage_begin(r.t, &r.rep, &st), 0);
+	assert_int_equal(ram_stage_link(r.t, &st, &r.own), 0);
+	assert_int_equal(ram_stage_publish(r.t, &st, r.mf, 0), 0);
+
+	the_race = &r;
+	ram_test_hook = race_hook;
+	assert_int_equal(ram_drop(r.t, &r.rep, NULL), 0);
+	assert_true(r.started);
+	assert_int_equal(pthread_join(r.th, NULL), 0);
+	ram_test_hook = NULL;
+	the_race = NULL;
+
+	/* the publish ended last (or waited for the drop): its copy is whole */
+	assert_int_equal(r.publish_rc, 0);
+	assert_int_equal(idx_get_shard(ram_idx(r.t), &r.rep, &rec), 0);
+	assert_int_equal(rec.state, SH_COMMITTED);
+	idx_rec_clear(&rec);
+	assert_true(shard_path_exists(r.t, "job/3/n1-w0/a"));
+	assert_true(shard_path_exists(r.t, "job/3/n1-w0/sub/b"));
+	assert_int_equal(ram_verify(r.t, &r.rep, err, sizeof(err)), 0);
+
+	mf_free(r.mf);
+	ram_close(r.t);
+	pthread_cond_destroy(&r.cv);
+	pthread_mutex_destroy(&r.mu);
+}
+
+/* A FIFO in a step is part of its shard (mode only, exactly, whatever the
+ * umask), and a stage linked from that shard carries it too. */
+static void test_seal_keeps_fifo(void **state)
+{
+	struct tmp *tmp = *state;
+	struct ram_tier *t = NULL;
+	struct manifest *mf = NULL;
+	struct ram_stage st;
+	struct shard_key own, rep;
+	char p[PATH_MAX + 64], err[256] = "";
+	struct stat sb;
+	int src;
+	mode_t old = umask(022);
+
+	assert_int_equal(ram_open(tmp->path, 64 << 20, &t), 0);
+	src = make_step_dir(t, "4");
+	assert_int_equal(mkfifoat(src, "sub/pipe", 0600), 0);
+	assert_int_equal(fchmodat(src, "sub/pipe", 0666, 0), 0);
+	key_of(&own, "job", 4, 0);
+	assert_int_equal(ram_seal(t, &own, src, 1, SHF_OWN, &mf, NULL, 0), 0);
+	close(src);
+	{
+		bool seen = false;
+		for (size_t i = 0; i < mf->n; i++)
+			if (!strcmp(mf->e[i].path, "sub/pipe")) {
+				assert_int_equal(mf->e[i].type, MF_FIFO);
+				assert_int_equal(mf->e[i].mode, 0666);
+				seen = true;
+			}
+		assert_true(seen);
+	}
+	snprintf(p, sizeof(p), "%s/shards/job/4/n0-w0/sub/pipe", tmp->path);
+	assert_int_equal(lstat(p, &sb), 0);
+	assert_true(S_ISFIFO(sb.st_mode));
+	assert_int_equal(sb.st_mode & 07777, 0666);
+	assert_int_equal(ram_verify(t, &own, err, sizeof(err)), 0);
+
+	key_of(&rep, "job", 4, 1);
+	assert_int_equal(ram_stage_begin(t, &rep, &st), 0);
+	assert_int_equal(ram_stage_link(t, &st, &own), 0);
+	assert_int_equal(ram_stage_publish(t, &st, mf, 0), 0);
+	snprintf(p, sizeof(p), "%s/shards/job/4/n1-w0/sub/pipe", tmp->path);
+	assert_int_equal(lstat(p, &sb), 0);
+	assert_true(S_ISFIFO(sb.st_mode));
+	assert_int_equal(sb.st_mode & 07777, 0666);
+	assert_int_equal(ram_verify(t, &rep, err, sizeof(err)), 0);
+
+	mf_free(mf);
+	ram_close(t);
+	umask(old);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -447,6 +612,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_seal_deep_tree_marked_bad, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_seal_refuses_escaping_symlink, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_drop_crash_finished_at_open, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_publish_during_drop_keeps_files, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_seal_keeps_fifo, tmp_setup, tmp_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

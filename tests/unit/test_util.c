@@ -279,14 +279,20 @@ static void test_is_step_name(void **state)
 	step_ok("0", 0);
 	step_ok("1000", 1000);
 	step_ok("4294967296", 4294967296ULL);
-	step_ok("9999999999999999999", 9999999999999999999ULL);   /* 19 digits */
-	/* current behaviour: leading zeros are accepted and name the same step */
+	step_ok("9223372036854775807", 9223372036854775807ULL);   /* INT64_MAX */
+	/* leading zeros (Orbax's step_format_fixed_length) name the value */
 	step_ok("05", 5);
+	step_ok("00000100", 100);
 	step_ok("0000000000000000001", 1);
+	step_ok("00000000000000000000", 0);   /* 20 digits, small value */
+	step_ok("0000000000000000000000000000000000000000000000000000000000000007", 7);   /* 64 */
 
 	step_bad("");
+	step_bad("9223372036854775808");    /* INT64_MAX + 1 */
+	step_bad("9999999999999999999");    /* 19 digits, above INT64_MAX */
 	step_bad("12345678901234567890");   /* 20 digits */
-	step_bad("00000000000000000000");   /* 20 digits, small value */
+	step_bad("99999999999999999999");
+	step_bad("00000000000000000000000000000000000000000000000000000000000000007");   /* 65 */
 	step_bad("5.orbax-checkpoint-tmp-1");
 	step_bad("step=5");
 	step_bad("step_5");
