@@ -19,7 +19,8 @@ ReplicatorCheckpointManager, as MaxText does (tests/clients/orbax_mtc.py).
   Storage test server (tests/gcs_server, STORAGE_EMULATOR_HOST).
 - restore.version (mtcfs-admin restore-version set) naming an older backup
   while RAM holds newer steps: every process restores exactly that
-  backup's step; the first commit after it deletes restore.version.
+  backup's step; the first commit after it deletes restore.version. One
+  naming a missing backup: nothing restored, and it is deleted too.
 
 The clients run under the venv python (tests/clients/launch.py: skipped
 without it, failed in CI; run in the release build only).
@@ -332,6 +333,35 @@ class RealOrbax(unittest.TestCase):
                    "restore.version deleted after the commit of step 4")
         self.wait_backups_idle()
 
+
+    def test_restore_version_missing_backup_starts_empty(self):
+        """restore.version naming a backup that is not in the bucket (no
+        fallback to RAM or to another backup): the restarted job finds
+        nothing to restore, though step 2 is in every node's RAM, and its
+        first commit deletes restore.version (used once)."""
+        self.gcs()
+        url = "gs://%s" % GS_BUCKET
+        self.make_cluster("bucket=" + url, self.gs_env)
+        reports, _ = self.run_job("first", [1, 2], ["--backup-interval-steps", "100"])
+        self.assert_committed(2)
+        wait_until(lambda: self.backups_complete(), 60, "a backup complete")
+        self.wait_backups_idle()
+        rv = "%s/restore.version" % JOB
+        # written directly: mtcfs-admin refuses a name that is not a backup
+        self.srv.request("POST", "/upload/storage/v1/b/%s/o?uploadType=media&name=%s" % (
+            GS_BUCKET, qname(rv)), b"2001-01-01_00-00",
+            {"Content-Type": "application/octet-stream"})
+        self.assertTrue(self.gs_exists(rv))
+
+        reports, _ = self.run_job("second", [3])
+        for r in range(N):
+            self.assertIsNone(reports[r]["latest_step"], "node %d: restored a step "
+                              "though restore.version names no backup" % r)
+            self.assertTrue(reports[r]["equal"])
+        self.assert_committed(3)
+        wait_until(lambda: not self.gs_exists(rv), 30,
+                   "restore.version deleted after the commit of step 3")
+        self.wait_backups_idle()
 
 if __name__ == "__main__":
     harness.main()
