@@ -15,7 +15,15 @@ ReplicatorCheckpointManager, as MaxText does (tests/clients/orbax_mtc.py).
   (the test regenerates them itself); then it saves step 4. A plain
   restart after that restores step 4.
 - Every node's mtcfs killed -9 and its RAMDIR wiped: the processes restore
-  the backup in the file:// bucket.
+  the backup in the bucket: a file:// one, and one on the project's Cloud
+  Storage test server (tests/gcs_server, STORAGE_EMULATOR_HOST).
+- restore.version (mtcfs-admin restore-version set) naming an older backup
+  while RAM holds newer steps: every process restores exactly that
+  backup's step; the first commit after it deletes restore.version. One
+  naming a missing backup: nothing restored, and it is deleted too.
+- Orbax's own mtc_checkpoint_converter, when the installed Orbax has it
+  (no release does yet: skipped), turns a file:// backup into a standard
+  checkpoint whose arrays equal those saved.
 
 The clients run under the venv python (tests/clients/launch.py: skipped
 without it, failed in CI; run in the release build only).
@@ -28,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -40,23 +49,29 @@ from harness import admin_ls, wait_until  # noqa: E402
 from cluster import Cluster, free_ports  # noqa: E402
 import ckpt_data  # noqa: E402
 import launch  # noqa: E402
+# the project's Cloud Storage test server (tests/gcs_server/gcs_server.py)
+from test_backup_restore import GcsServer, NAME_RE, qname  # noqa: E402
 
 N = 2
 JOB = "orbax-mtc"
 CLIENT_TIMEOUT = 170
+GS_BUCKET = "mtcfs-orbax"
 
 
 class RealOrbax(unittest.TestCase):
 
-    def make_cluster(self, extra=""):
-        # jax-init-info.txt: the JAX coordinator beside rank 0, on a port
-        # of its own (parallel test runs must not share 8476)
-        opts = "jax_init_info,jax_port=%d" % free_ports(1)[0]
+    def make_cluster(self, extra="", env=None):
+        # jax-init-info.txt is written by default; its JAX coordinator
+        # port is one of the test's own (parallel test runs must not all
+        # use the default 8476)
+        opts = "jax_port=%d" % free_ports(1)[0]
         if extra:
             opts += "," + extra
         self.c = Cluster(N, ram_size="512M", restore_timeout=20, extra=opts)
         for d in self.c.nodes:
             d.extra_args.append("-d")
+            if env:
+                d.env.update(env)
         self.daemons = list(self.c.nodes)
         self.addCleanup(self.c.close)
         self.c.start()
@@ -192,28 +207,64 @@ class RealOrbax(unittest.TestCase):
         self.assert_restored(reports, dump, 3, replicated=True)
         self.assert_committed(4)
 
-    def test_every_node_wiped_restores_from_bucket(self):
-        """Every node's RAM lost: the job restores the backup in the
-        file:// bucket (backup-interval-steps 100: the first complete
-        step is backed up, no later one), byte for byte."""
-        bucket = tempfile.mkdtemp(prefix="mtcfs-bucket-", dir="/tmp")
-        self.addCleanup(shutil.rmtree, bucket, True)
-        self.make_cluster("bucket=file://" + bucket)
+    # -- backups --
+
+    def gcs(self):
+        """The Cloud Storage test server, reached as Google's libraries
+        reach an emulator (STORAGE_EMULATOR_HOST, no credentials). Started
+        before the cluster, so it is stopped after it."""
+        srv = GcsServer()
+        self.addCleanup(srv.stop)
+        self.srv = srv
+        self.gs_env = {"STORAGE_EMULATOR_HOST": srv.host,
+                       "MTCFS_GCS_RETRY": "20,400,8"}
+        return srv
+
+    def gs_exists(self, name):
+        st, _ = self.srv.request("GET", "/storage/v1/b/%s/o/%s" % (
+            GS_BUCKET, qname(name)), ok=None)
+        return st == 200
+
+    def backups_complete(self):
+        """[(name, step)] of the backups rank 0 logged complete, in order."""
+        rx = re.compile(r"coord: backup job=%s name=(%s) step=(\d+) complete"
+                        % (JOB, NAME_RE))
+        return [(m.group(1), int(m.group(2)))
+                for m in rx.finditer(self.c.nodes[0].log_text())]
+
+    def wait_backups_idle(self):
+        """Every backup rank 0 started has ended: no restart or kill in
+        the middle of one."""
+        started = re.compile(r"coord: backup job=%s name=(\S+) step=\d+ started" % JOB)
+        ended = re.compile(r"coord: (?:backup job=%s name=(\S+) step=\d+ complete|"
+                           r"job %s: backup (\S+) of step \d+ abandoned)" % (JOB, JOB))
+
+        def idle():
+            self.check_alive()
+            text = self.c.nodes[0].log_text()
+            e = {m.group(1) or m.group(2) for m in ended.finditer(text)}
+            return all(m.group(1) in e for m in started.finditer(text))
+        wait_until(idle, 60, "rank 0's backups ended")
+
+    def every_node_wiped(self, bucket_opt, env, meta_exists):
+        """Every node's RAM lost: the job restores the backup in the bucket
+        (backup-interval-steps 100: the first complete step is backed up,
+        no later one), byte for byte."""
+        self.make_cluster(bucket_opt, env)
         c = self.c
         reports, _ = self.run_job("first", [1, 2, 3],
                                   ["--backup-interval-steps", "100"])
         for r in range(N):
             self.assertIsNone(reports[r]["latest_step"])
         self.assert_committed(3)
-        done = re.compile(r"coord: backup job=%s name=(\S+) step=(\d+) complete" % JOB)
-        m = wait_until(lambda: done.search(c.nodes[0].log_text()), 60,
-                       "the first backup complete")
-        name, step = m.group(1), int(m.group(2))
+        m = wait_until(lambda: self.backups_complete(), 60, "the first backup complete")
+        name, step = m[0]
         self.assertIn(step, (1, 2, 3))
         for r in range(N):
-            self.assertTrue(os.path.isfile(os.path.join(
-                bucket, JOB, name, "%s-s%d-n%d-w0.meta" % (JOB, step, r))),
-                "node %d's .meta of step %d in backup %s" % (r, step, name))
+            meta = "%s/%s/%s-s%d-n%d-w0.meta" % (JOB, name, JOB, step, r)
+            self.assertTrue(meta_exists(meta), "node %d's .meta of step %d in "
+                            "backup %s" % (r, step, name))
+        self.wait_backups_idle()
 
         for d in c.nodes:
             d.kill9()
@@ -227,6 +278,129 @@ class RealOrbax(unittest.TestCase):
                           c.nodes[r].log_text(), "node %d" % r)
         self.assert_committed(4)
 
+    def test_every_node_wiped_restores_from_bucket(self):
+        """bucket=file:///DIR"""
+        bucket = tempfile.mkdtemp(prefix="mtcfs-bucket-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, bucket, True)
+        self.every_node_wiped("bucket=file://" + bucket, None,
+                              lambda n: os.path.isfile(os.path.join(bucket, n)))
+
+    def test_every_node_wiped_restores_from_gcs(self):
+        """bucket=gs://BUCKET on the Cloud Storage test server"""
+        self.gcs()
+        self.every_node_wiped("bucket=gs://%s" % GS_BUCKET, self.gs_env, self.gs_exists)
+
+    def test_restore_version_older_backup(self):
+        """restore.version names an older backup while every node's RAM
+        holds newer steps: a restart restores exactly that backup's step
+        in every process (arrays equal to what was saved at that step),
+        and the first commit after the restore deletes restore.version
+        (used once). Set with mtcfs-admin restore-version set, on the
+        Cloud Storage test server."""
+        self.gcs()
+        url = "gs://%s" % GS_BUCKET
+        self.make_cluster("bucket=" + url, self.gs_env)
+        c = self.c
+        reports, _ = self.run_job("first", [1, 2, 3], ["--backup-interval-steps", "1"])
+        for r in range(N):
+            self.assertIsNone(reports[r]["latest_step"])
+        self.assert_committed(3)
+        # steps after the oldest backup: in RAM on every node, newer
+        wait_until(lambda: self.backups_complete(), 60, "a backup complete")
+        self.wait_backups_idle()
+        done = self.backups_complete()
+        name, step = min(done, key=lambda b: b[1])
+        self.assertLess(step, 3, "backups: %r" % done)
+        for r in range(N):
+            self.assertIsNotNone(harness.find_shard(admin_ls(c.nodes[r].ramdir), 3,
+                                                    job=JOB, rank=r),
+                                 "node %d: step 3 in RAM" % r)
+
+        env = dict(os.environ, **self.gs_env)
+        p = subprocess.run([harness.MTCFS_ADMIN, "restore-version", "set", name,
+                            "--bucket", url, "--job", JOB],
+                           env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, "restore-version set: %s%s" % (p.stdout, p.stderr))
+        rv = "%s/restore.version" % JOB
+        self.assertTrue(self.gs_exists(rv), "restore.version written")
+
+        reports, dump = self.run_job("second", [4])
+        self.assert_restored(reports, dump, step)
+        for r in range(N):
+            self.assertIn("restored job=%s step=%d from backup %s" % (JOB, step, name),
+                          c.nodes[r].log_text(), "node %d" % r)
+        # step 4, the first save after the restore, committed on every node:
+        # restore.version is used up
+        self.assert_committed(4)
+        wait_until(lambda: not self.gs_exists(rv), 30,
+                   "restore.version deleted after the commit of step 4")
+        self.wait_backups_idle()
+
+
+    def test_restore_version_missing_backup_starts_empty(self):
+        """restore.version naming a backup that is not in the bucket (no
+        fallback to RAM or to another backup): the restarted job finds
+        nothing to restore, though step 2 is in every node's RAM, and its
+        first commit deletes restore.version (used once)."""
+        self.gcs()
+        url = "gs://%s" % GS_BUCKET
+        self.make_cluster("bucket=" + url, self.gs_env)
+        reports, _ = self.run_job("first", [1, 2], ["--backup-interval-steps", "100"])
+        self.assert_committed(2)
+        wait_until(lambda: self.backups_complete(), 60, "a backup complete")
+        self.wait_backups_idle()
+        rv = "%s/restore.version" % JOB
+        # written directly: mtcfs-admin refuses a name that is not a backup
+        self.srv.request("POST", "/upload/storage/v1/b/%s/o?uploadType=media&name=%s" % (
+            GS_BUCKET, qname(rv)), b"2001-01-01_00-00",
+            {"Content-Type": "application/octet-stream"})
+        self.assertTrue(self.gs_exists(rv))
+
+        reports, _ = self.run_job("second", [3])
+        for r in range(N):
+            self.assertIsNone(reports[r]["latest_step"], "node %d: restored a step "
+                              "though restore.version names no backup" % r)
+            self.assertTrue(reports[r]["equal"])
+        self.assert_committed(3)
+        wait_until(lambda: not self.gs_exists(rv), 30,
+                   "restore.version deleted after the commit of step 3")
+        self.wait_backups_idle()
+
+    def test_orbax_converter_reads_backup(self):
+        """Orbax's own mtc_checkpoint_converter (tests/clients/
+        orbax_convert.py; skipped while the installed orbax-checkpoint has
+        none: no release up to 0.12.8 ships it) turns mtcfs's file:// backup
+        into a standard checkpoint: a CheckpointManager lists its step, and
+        every leaf restores equal to the global array saved at that step."""
+        conv = [self.py, os.path.join(launch.HERE, "orbax_convert.py")]
+        p = subprocess.run(conv + ["--check"], capture_output=True, text=True,
+                           timeout=120)
+        if p.returncode == 77:
+            self.skipTest("orbax-checkpoint has no mtc_checkpoint_converter: "
+                          + p.stderr.strip()[-200:])
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        bucket = tempfile.mkdtemp(prefix="mtcfs-bucket-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, bucket, True)
+        self.make_cluster("bucket=file://" + bucket)
+        self.run_job("first", [1, 2, 3], ["--backup-interval-steps", "100"])
+        self.assert_committed(3)
+        wait_until(lambda: self.backups_complete(), 60, "a backup complete")
+        self.wait_backups_idle()
+        name, step = self.backups_complete()[0]
+        out = os.path.join(self.tmp, "converted")
+        rep = os.path.join(self.tmp, "convert.json")
+        p = subprocess.run(conv + ["--input-dir", os.path.join(bucket, JOB),
+                                   "--output-dir", out, "--out", rep],
+                           capture_output=True, text=True, timeout=150,
+                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        self.assertEqual(p.returncode, 0, "converter: %s" % p.stderr[-3000:])
+        with open(rep) as f:
+            report = json.load(f)
+        self.assertEqual(report["converted"], [str(step)], "backup %s" % name)
+        self.assertEqual(report["manager_steps"], [step])
+        self.assertEqual(report["leaves"][str(step)],
+                         {n: "equal" for n in ckpt_data.ORBAX_TREE})
+        self.assertTrue(report["equal"])
 
 if __name__ == "__main__":
     harness.main()
