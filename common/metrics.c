@@ -7,11 +7,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#ifndef MTCFS_VERSION
+#error "MTCFS_VERSION comes from CMakeLists.txt (the project version)"
+#endif
 
 static _Atomic uint64_t counters[MC__COUNT];
+/* unix seconds of the last shard backed up (MC_BACKUPS), 0 before the first */
+static _Atomic int64_t last_backup_s;
 
-/* seconds; +Inf is implicit */
-static const double bounds[] = { 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300 };
+/* seconds; +Inf is implicit. Past 300 s because a backup of a large shard
+ * or a restore from the bucket takes minutes: without 600..3600 every one of
+ * them landed in +Inf and the histogram could not tell 6 min from an hour. */
+static const double bounds[] = { 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300,
+				 600, 1200, 1800, 3600 };
 #define NB (sizeof(bounds) / sizeof(bounds[0]))
 
 struct hist {
@@ -29,10 +39,6 @@ static const struct { const char *name, *help; } cnames[MC__COUNT] = {
 	[MC_REPL_SHARDS] = { "mtcfs_replication_shards_total", "Shards replicated to a peer" },
 	[MC_REPL_FAILURES] = { "mtcfs_replication_failures_total", "Failed pushes to a peer" },
 	[MC_REPLICAS_RECEIVED] = { "mtcfs_replicas_received_total", "Replicas of other nodes stored here" },
-	[MC_RESTORES_LOCAL] = { "mtcfs_restores_local_total", "Restores served from this node's RAM" },
-	[MC_RESTORES_PEER] = { "mtcfs_restores_peer_total", "Restores fetched from a peer" },
-	[MC_RESTORES_BUCKET] = { "mtcfs_restores_bucket_total", "Restores fetched from the bucket" },
-	[MC_RESTORES_NONE] = { "mtcfs_restores_nothing_total", "Restores that found nothing to restore" },
 	[MC_RESTORE_FAILURES] = { "mtcfs_restore_failures_total", "Restores that failed" },
 	[MC_RESTORE_BYTES] = { "mtcfs_restore_fetched_bytes_total", "Bytes fetched for restores" },
 	[MC_BACKUP_BYTES] = { "mtcfs_backup_uploaded_bytes_total", "Bytes uploaded to the bucket" },
@@ -48,9 +54,25 @@ static const struct { const char *name, *help; } hnames[MH__COUNT] = {
 	[MH_BACKUP_SECONDS] = { "mtcfs_backup_seconds", "Time to upload one shard" },
 };
 
+/* The restores by source are one family with a source label, so a
+ * dashboard sums or splits them with one query. */
+static const struct { enum metric_counter c; const char *source; } restore_sources[] = {
+	{ MC_RESTORES_LOCAL, "local" },
+	{ MC_RESTORES_PEER, "peer" },
+	{ MC_RESTORES_BUCKET, "bucket" },
+	{ MC_RESTORES_NONE, "none" },
+};
+
+static bool is_restore_source(int c)
+{
+	return c >= MC_RESTORES_LOCAL && c <= MC_RESTORES_NONE;
+}
+
 void metrics_add(enum metric_counter c, uint64_t v)
 {
 	atomic_fetch_add_explicit(&counters[c], v, memory_order_relaxed);
+	if (c == MC_BACKUPS && v)
+		atomic_store_explicit(&last_backup_s, (int64_t)time(NULL), memory_order_relaxed);
 }
 
 void metrics_observe(enum metric_hist h, double seconds)
@@ -99,10 +121,25 @@ int metrics_render(const struct metrics_gauges *g, char **buf, size_t *len)
 	if (!o.p)
 		return -ENOMEM;
 	o.p[0] = '\0';
-	for (int c = 0; c < MC__COUNT; c++)
+	put(&o, "# HELP mtcfs_build_info The mtcfs version running (always 1)\n# TYPE mtcfs_build_info gauge\n"
+	    "mtcfs_build_info{version=\"%s\"} 1\n", MTCFS_VERSION);
+	for (int c = 0; c < MC__COUNT; c++) {
+		if (is_restore_source(c))
+			continue;
 		put(&o, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", cnames[c].name, cnames[c].help,
 		    cnames[c].name, cnames[c].name,
 		    (unsigned long long)atomic_load_explicit(&counters[c], memory_order_relaxed));
+	}
+	put(&o, "# HELP mtcfs_restores_total Restores by where the step came from (none: nothing to restore)\n"
+	    "# TYPE mtcfs_restores_total counter\n");
+	for (size_t i = 0; i < sizeof(restore_sources) / sizeof(restore_sources[0]); i++)
+		put(&o, "mtcfs_restores_total{source=\"%s\"} %llu\n", restore_sources[i].source,
+		    (unsigned long long)atomic_load_explicit(&counters[restore_sources[i].c],
+							     memory_order_relaxed));
+	put(&o, "# HELP mtcfs_last_backup_success_timestamp_seconds Unix time of the last shard this node backed up (0: none yet)\n"
+	    "# TYPE mtcfs_last_backup_success_timestamp_seconds gauge\n"
+	    "mtcfs_last_backup_success_timestamp_seconds %lld\n",
+	    (long long)atomic_load_explicit(&last_backup_s, memory_order_relaxed));
 	for (int h = 0; h < MH__COUNT; h++) {
 		uint64_t cum = 0;
 		put(&o, "# HELP %s %s\n# TYPE %s histogram\n", hnames[h].name, hnames[h].help, hnames[h].name);

@@ -16,14 +16,14 @@ enum metric_counter {
 	MC_REPL_SHARDS,         /* replicas pushed (or linked) */
 	MC_REPL_FAILURES,
 	MC_REPLICAS_RECEIVED,
-	MC_RESTORES_LOCAL,      /* restores by source */
+	MC_RESTORES_LOCAL,      /* restores by source: mtcfs_restores_total{source=...} */
 	MC_RESTORES_PEER,
 	MC_RESTORES_BUCKET,
 	MC_RESTORES_NONE,
 	MC_RESTORE_FAILURES,
 	MC_RESTORE_BYTES,       /* bytes fetched for restores */
 	MC_BACKUP_BYTES,
-	MC_BACKUPS,
+	MC_BACKUPS,             /* also stamps mtcfs_last_backup_success_timestamp_seconds */
 	MC_BACKUP_FAILURES,
 	MC_GC_DROPPED,          /* shards dropped by policy */
 	MC__COUNT

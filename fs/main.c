@@ -38,6 +38,7 @@ struct cmdline {
 	int verbose;
 	int show_help;
 	int show_version;
+	char *log_format;
 };
 
 #define OPT(t, p) { t, offsetof(struct cmdline, p), 1 }
@@ -52,6 +53,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("tls_key=%s", o.tls_key),
 	OPT("tls_ca=%s", o.tls_ca),
 	OPT("metrics=%s", o.metrics),
+	OPT("log_format=%s", log_format),
 	OPT("gcs_endpoint=%s", o.gcs_endpoint),
 	OPT("gcs_key_file=%s", o.gcs_key_file),
 	OPT("jax_init_info", o.jax_init_info),
@@ -88,7 +90,8 @@ static void usage(const char *prog)
 	printf("usage: %s [-f] [-d] [-o OPT[,OPT...]] RAMDIR MOUNTPOINT\n\n"
 	       "mtcfs options:\n"
 	       "    -f                     stay in the foreground\n"
-	       "    -d                     verbose log (one line per event)\n"
+	       "    -d                     debug log (default: INFO, one line per lifecycle event)\n"
+	       "    -o log_format=json     one JSON object per line (Cloud Logging); default text\n"
 	       "    -o ram_size=SIZE       RAM tier capacity (512M, 4G, 200Gi); default: free space of RAMDIR\n"
 	       "    -o no_jax_init_info    do not write jax-init-info.txt (written by default)\n"
 	       "    -o jax_port=PORT       JAX coordinator port written there (default 8476)\n"
@@ -101,7 +104,7 @@ static void usage(const char *prog)
 	       "    -o tls_cert=PEM,tls_key=PEM,tls_ca=PEM\n"
 	       "                           mutual TLS for peer traffic: this node's certificate\n"
 	       "                           chain and key; peers must present one signed by tls_ca\n"
-	       "    -o metrics=HOST:PORT   Prometheus text endpoint at /metrics\n"
+	       "    -o metrics=HOST:PORT   Prometheus text endpoint at /metrics ([ADDR]:PORT: IPv6)\n"
 	       "    -o bucket=URL          backup tier: gs://BUCKET[/PREFIX] or file:///PATH\n"
 	       "    -o gcs_endpoint=URL    Cloud Storage endpoint (STORAGE_EMULATOR_HOST is honoured)\n"
 	       "    -o gcs_key_file=PATH   service-account key (else the metadata server)\n\n"
@@ -429,15 +432,19 @@ int fs_main(int argc, char **argv)
 		return 0;
 	}
 	if (c.show_version) {
-		printf("mtcfs 0.1.0 (libfuse %d)\n", fuse_version());
+		printf("mtcfs %s (libfuse %d)\n", MTCFS_VERSION, fuse_version());
 		fuse_opt_free_args(&args);
 		return 0;
+	}
+	if (log_set_format_name(c.log_format) < 0) {
+		fprintf(stderr, "mtcfs: log_format=%s: give text or json\n", c.log_format);
+		goto out;
 	}
 	if (c.verbose) {
 		log_set_level(LOG_DEBUG);
 		c.foreground = 1;
 	} else {
-		log_set_level(LOG_WARN);
+		log_set_level(LOG_INFO);
 	}
 	if (c.foreground)
 		fuse_opt_add_arg(&args, "-f");
@@ -604,6 +611,7 @@ out:
 	}
 	free(fo.mountpoint);
 	free(c.ramdir);
+	free(c.log_format);
 	opts_free(&c.o);
 	fuse_opt_free_args(&args);
 	return rc;

@@ -44,7 +44,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
 		if (metrics_render(&g, &buf, &len) < 0)
 			return MHD_NO;
 		r = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
-		MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
+		MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
 	}
 	if (!r)
 		return MHD_NO;
@@ -57,28 +57,42 @@ int mhttp_start(const char *hostport, mhttp_gauges_fn fn, void *arg, struct mhtt
 {
 	struct mhttp *m = calloc(1, sizeof(*m));
 	struct sockaddr_in sa = { .sin_family = AF_INET };
+	struct sockaddr_in6 sa6 = { .sin6_family = AF_INET6 };
+	struct sockaddr *addr = (struct sockaddr *)&sa;
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD;
 	char host[256];
 	uint16_t port;
 
 	if (!m)
 		return -ENOMEM;
 	if (net_split_hostport(hostport, host, sizeof(host), &port, false) < 0) {
-		log_err("metrics", "metrics=%s is not HOST:PORT", hostport);
+		log_err("metrics", "metrics=%s is not HOST:PORT ([ADDR]:PORT for IPv6)", hostport);
 		free(m);
 		return -EINVAL;
 	}
-	if (!host[0] || !strcmp(host, "0.0.0.0")) {
+	/* IPv6 in the bracket form ([::1]:9311, [::]:9311): net_split_hostport
+	 * has stripped the brackets, so a ':' in host says which family. */
+	if (strchr(host, ':')) {
+		if (inet_pton(AF_INET6, host, &sa6.sin6_addr) != 1) {
+			log_err("metrics", "metrics=%s: not an IPv6 address", hostport);
+			free(m);
+			return -EINVAL;
+		}
+		sa6.sin6_port = htons(port);
+		addr = (struct sockaddr *)&sa6;
+		flags |= MHD_USE_IPv6;
+	} else if (!host[0] || !strcmp(host, "0.0.0.0")) {
 		sa.sin_addr.s_addr = htonl(INADDR_ANY);
 	} else if (inet_pton(AF_INET, !strcmp(host, "localhost") ? "127.0.0.1" : host, &sa.sin_addr) != 1) {
-		log_err("metrics", "metrics=%s: give an IPv4 address", hostport);
+		log_err("metrics", "metrics=%s: give an IPv4 address or [IPv6]:PORT", hostport);
 		free(m);
 		return -EINVAL;
 	}
 	sa.sin_port = htons(port);
 	m->fn = fn;
 	m->arg = arg;
-	m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, port, NULL, NULL, answer, m,
-				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+	m->d = MHD_start_daemon(flags, port, NULL, NULL, answer, m,
+				MHD_OPTION_SOCK_ADDR, addr,
 				MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
 				MHD_OPTION_END);
 	if (!m->d) {

@@ -1750,7 +1750,8 @@ static const struct command *find_command(const char *name)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: mtcfs-admin COMMAND [ARGS] [--json]     (mtcfs-admin COMMAND --help: details)\n\n"
+		"usage: mtcfs-admin COMMAND [ARGS] [--json]     (mtcfs-admin COMMAND --help: details;\n"
+		"       mtcfs-admin --version)\n\n"
 		"node commands (RAMDIR: the node's RAM tier directory; its catalog is read read-only):\n"
 		"  ls RAMDIR [--job NAME]   shards in the node's catalog with their files, sizes, CRC32C\n"
 		"  steps RAMDIR [--job NAME] step x node matrix: which nodes hold each node's shard, the LKG\n"
@@ -1823,6 +1824,9 @@ int main(int argc, char **argv)
 		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			help = true;
 			continue;
+		} else if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
+			printf("mtcfs-admin %s\n", MTCFS_VERSION);
+			return 0;
 		} else if (!strcmp(a, "--json")) {
 			want_json = true;
 			bit = O_JSON;

@@ -1,12 +1,18 @@
 """Observability on a real cluster: /metrics counters move through a
-save -> replicate -> backup -> restore cycle, and mtcfs-admin status,
-steps, ls and verify report it, human and --json."""
+save -> replicate -> backup -> restore cycle (and the scrape passes
+promtool check metrics), the INFO lifecycle lines are there by default, in
+text and in -o log_format=json, and mtcfs-admin status, steps, ls and
+verify report it, human and --json. On one node: metrics=[::1]:PORT,
+--version of both binaries, a bad log_format refused."""
 import json
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import urllib.request
 
@@ -18,9 +24,18 @@ from cluster import Cluster, free_ports  # noqa: E402
 JOB = "obs"
 
 
-def scrape(port):
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
-        assert r.headers.get("Content-Type", "").startswith("text/plain")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def project_version():
+    with open(os.path.join(harness.REPO, "CMakeLists.txt")) as f:
+        return re.search(r"project\(mtcfs VERSION (\S+)", f.read()).group(1)
+
+
+def scrape(port, host="127.0.0.1"):
+    with urllib.request.urlopen("http://%s:%d/metrics" % (host, port), timeout=5) as r:
+        ctype = r.headers.get("Content-Type", "")
+        assert ctype == CONTENT_TYPE, ctype
         text = r.read().decode()
     vals = {}
     for line in text.splitlines():
@@ -30,6 +45,75 @@ def scrape(port):
         assert m, "not Prometheus text: %r" % line
         vals[m.group(1) + (m.group(2) or "")] = float(m.group(3))
     return text, vals
+
+
+def check_exposition(test, text):
+    """promtool check metrics when it is installed (Debian: prometheus), and
+    always a strict check of the text format: every sample belongs to a
+    family declared once with HELP and TYPE before its samples, histogram
+    buckets are cumulative and end in +Inf equal to _count."""
+    if shutil.which("promtool"):
+        r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+        test.assertEqual(r.returncode, 0, r.stdout.decode())
+        test.assertEqual(r.stdout.decode().strip(), "", "promtool lint findings")
+    test.assertTrue(text.endswith("\n"))
+    types, helps, hist = {}, set(), {}
+    for line in text.split("\n")[:-1]:
+        m = re.fullmatch(r"# (HELP|TYPE) ([a-zA-Z_:][a-zA-Z0-9_:]*) (.+)", line)
+        if m:
+            kind, fam, rest = m.groups()
+            if kind == "HELP":
+                test.assertNotIn(fam, helps, "HELP twice: " + fam)
+                helps.add(fam)
+            else:
+                test.assertNotIn(fam, types, "TYPE twice: " + fam)
+                test.assertIn(rest, ("counter", "gauge", "histogram"), line)
+                types[fam] = rest
+            continue
+        m = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_]\w*="[^"\\\n]*"'
+                         r'(?:,[a-zA-Z_]\w*="[^"\\\n]*")*)?\})? (-?[0-9.e+]+|\+Inf)', line)
+        test.assertTrue(m, "not a sample line: %r" % line)
+        name, labels, val = m.group(1), m.group(2) or "", m.group(3)
+        fam = re.sub(r"_(bucket|sum|count)$", "", name) if name not in types else name
+        test.assertIn(fam, types, "sample before its TYPE: " + line)
+        test.assertIn(fam, helps, "sample without HELP: " + line)
+        if types[fam] == "counter":
+            test.assertTrue(name.endswith("_total"), name)
+        if types[fam] == "histogram":
+            h = hist.setdefault(fam, {"b": [], "count": None})
+            if name.endswith("_bucket"):
+                le = re.fullmatch(r'\{le="([^"]+)"\}', labels).group(1)
+                h["b"].append((float(le), float(val)))
+            elif name.endswith("_count"):
+                h["count"] = float(val)
+    for fam, h in hist.items():
+        les = [b[0] for b in h["b"]]
+        test.assertEqual(les, sorted(les), fam)
+        test.assertEqual(les[-1], float("inf"), fam)
+        test.assertEqual([b[1] for b in h["b"]], sorted(b[1] for b in h["b"]), fam + ": cumulative")
+        test.assertEqual(h["b"][-1][1], h["count"], fam)
+        test.assertIn(3600.0, les, fam + ": buckets past 300 s")
+
+
+def log_lines(d):
+    """The daemon's own lines (the harness adds '=== ... start' headers)."""
+    return [ln for ln in d.log_text().splitlines() if ln and not ln.startswith("===")]
+
+
+def json_log(test, d):
+    out = []
+    for ln in log_lines(d):
+        try:
+            j = json.loads(ln)
+        except ValueError:
+            test.fail("not a JSON line: %r" % ln)
+        test.assertIsInstance(j, dict)
+        test.assertRegex(j["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+        test.assertIn(j["severity"], ("DEBUG", "INFO", "WARNING", "ERROR"))
+        test.assertTrue(j["component"] and isinstance(j["message"], str))
+        out.append(j)
+    return out
 
 
 def admin(*args):
@@ -45,6 +129,7 @@ class Observability(unittest.TestCase):
         self.c.interval = "backup-interval-steps: 1"
         for i, d in enumerate(self.c.nodes):
             d.opts += ",metrics=127.0.0.1:%d" % self.mports[i]
+        self.c.nodes[1].opts += ",log_format=json"     # node 0 keeps the text default
         self.addCleanup(self.c.close)
         self.addCleanup(lambda: subprocess.run(["rm", "-rf", self.bucket]))
         self.c.start()
@@ -57,9 +142,12 @@ class Observability(unittest.TestCase):
                     "mtcfs_restore_seconds", "mtcfs_ram_used_bytes"):
             self.assertIn("# TYPE %s " % fam, text)
         self.assertEqual(before["mtcfs_commits_total"], 0)
+        self.assertEqual(before['mtcfs_build_info{version="%s"}' % project_version()], 1)
+        self.assertEqual(before["mtcfs_last_backup_success_timestamp_seconds"], 0)
+        check_exposition(self, text)
         self.assertEqual(c.job_start(JOB), {0: 0, 1: 0})
         _, v = scrape(self.mports[0])
-        self.assertEqual(v["mtcfs_restores_nothing_total"], 1)
+        self.assertEqual(v['mtcfs_restores_total{source="none"}'], 1)
         self.assertEqual(v['mtcfs_restore_seconds_bucket{le="+Inf"}'], 1)
         c.save(JOB, 10, size=1 << 20)
         c.wait_replicated(JOB, 10)
@@ -87,20 +175,52 @@ class Observability(unittest.TestCase):
         wait_until(lambda: scrape(self.mports[0])[1]["mtcfs_lkg_step"] == 10, 30, "LKG gauge")
         self.assertEqual(v["mtcfs_peers"], 2)
         self.assertEqual(v["mtcfs_coordinator_reachable"], 1)
+        self.assertLessEqual(abs(v["mtcfs_last_backup_success_timestamp_seconds"] - time.time()), 120)
         # node 1 loses its RAM: its restore comes from the peer
         c.nodes[1].kill9()
         c.nodes[1].wipe_ramdir()
         c.nodes[1].start()
         self.assertEqual(c.job_start(JOB), {0: 10, 1: 10})
         _, v1 = scrape(self.mports[1])
-        self.assertEqual(v1["mtcfs_restores_peer_total"], 1)
+        self.assertEqual(v1['mtcfs_restores_total{source="peer"}'], 1)
+        self.assertEqual(v1['mtcfs_restores_total{source="bucket"}'], 0)
         self.assertGreaterEqual(v1["mtcfs_restore_fetched_bytes_total"], 1 << 20)
-        _, v0 = scrape(self.mports[0])
-        self.assertEqual(v0["mtcfs_restores_local_total"], 1)
+        t0, v0 = scrape(self.mports[0])
+        self.assertEqual(v0['mtcfs_restores_total{source="local"}'], 1)
+        self.assertEqual(v0['mtcfs_restores_total{source="none"}'], 1)
+        check_exposition(self, t0)
+        self.check_lifecycle_logs()
         # not found and wrong methods
         with self.assertRaises(urllib.error.HTTPError) as cm:
             urllib.request.urlopen("http://127.0.0.1:%d/nope" % self.mports[0], timeout=5)
         self.assertEqual(cm.exception.code, 404)
+
+    def check_lifecycle_logs(self):
+        """Without -d: one INFO line per lifecycle event, node 0 in text,
+        node 1 in JSON with the key=value words as fields."""
+        text = log_lines(self.c.nodes[0])
+        want = [r" INFO main: serving ramdir=", r" INFO ctl: configured job=obs ",
+                r" INFO coord: plan job=obs ", r" INFO ctl: restore job=obs step=0 source=",
+                r" INFO commit: committed job=obs step=10 ",
+                r" INFO engine: replicated job=obs step=10 ",
+                r" INFO coord: backup job=obs name=\S+ step=10 started",
+                r" INFO coord: backup job=obs name=\S+ step=10 complete",
+                r" INFO ctl: restore job=obs step=10 source=local"]
+        for w in want:
+            self.assertTrue(any(re.search(w, ln) for ln in text), "no line %r in\n%s"
+                            % (w, "\n".join(text)))
+        # one line per event, never per file: the shard's files are not named
+        self.assertFalse([ln for ln in text if "params/" in ln or "commit_success" in ln])
+        self.assertFalse([ln for ln in text if " DEBUG " in ln])
+        js = json_log(self, self.c.nodes[1])
+        self.assertFalse([j for j in js if j["severity"] == "DEBUG"])
+        commit = [j for j in js if j["component"] == "commit"
+                  and j["message"].startswith("committed job=obs step=10 ")]
+        self.assertEqual(len(commit), 1, js)
+        self.assertEqual((commit[0]["severity"], commit[0]["job"], commit[0]["step"],
+                          commit[0]["rank"]), ("INFO", "obs", "10", "1"))
+        restore = [j for j in js if j["component"] == "ctl" and j["message"].startswith("restore ")]
+        self.assertEqual([(j["step"], j["source"]) for j in restore][-1], ("10", "peer"))
 
     def test_admin_commands_on_a_cluster(self):
         c = self.c
@@ -155,6 +275,48 @@ class Observability(unittest.TestCase):
         self.assertEqual(st.returncode, 1)
         self.assertFalse(json.loads(st.stdout)["daemon_running"])
         self.assertEqual(admin("status", "/nonexistent").returncode, 3)
+
+
+class OneNode(unittest.TestCase):
+    def test_versions(self):
+        want = project_version()
+        for binary, name in ((harness.MTCFS_BIN, "mtcfs"), (harness.MTCFS_ADMIN, "mtcfs-admin")):
+            for flag in ("--version", "-V"):
+                r = subprocess.run([binary, flag], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, timeout=30)
+                self.assertEqual(r.returncode, 0, (binary, flag, r.stderr))
+                self.assertRegex(r.stdout.decode(), r"^%s %s( |\n)" % (name, re.escape(want)))
+
+    def test_bad_log_format_is_refused(self):
+        d = harness.Daemon(opts="ram_size=64M,log_format=xml")
+        self.addCleanup(d.close)
+        r = subprocess.run(d.argv(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(b"log_format=xml: give text or json", r.stderr)
+        self.assertIsNone(harness.mount_fstype(d.mnt))
+
+    def test_metrics_on_ipv6_loopback(self):
+        s = socket.socket(socket.AF_INET6)
+        try:
+            s.bind(("::1", 0))
+        except OSError:
+            self.skipTest("no IPv6 loopback")
+        port = s.getsockname()[1]
+        s.close()
+        d = harness.Daemon(opts="ram_size=64M,metrics=[::1]:%d,log_format=json" % port)
+        self.addCleanup(d.close)
+        d.start()
+        text, v = scrape(port, host="[::1]")
+        self.assertEqual(v['mtcfs_build_info{version="%s"}' % project_version()], 1)
+        check_exposition(self, text)
+        # served on ::1 only, not on the IPv4 loopback
+        with self.assertRaises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        js = json_log(self, d)
+        self.assertTrue([j for j in js if j["severity"] == "INFO" and j["component"] == "main"
+                         and j["message"].startswith("serving ramdir=")], js)
+        self.assertTrue([j for j in js if j["component"] == "metrics"
+                         and "http://[::1]:%d/metrics" % port in j["message"]], js)
 
 
 if __name__ == "__main__":

@@ -1059,6 +1059,15 @@ class Dockerfile(unittest.TestCase):
         self.assertIn("COPY --from=%s /deb/" % st[0][0], final)
         self.assertRegex(final, r"apt-get install .*/tmp/deb/mtcfs_\*\.deb")
 
+    def test_final_stage_has_a_ca_bundle(self):
+        """gs:// goes over HTTPS: libcurl verifies the server against the CA
+        bundle, which only ca-certificates brings (libcurl merely Recommends
+        it and the image installs with --no-install-recommends)."""
+        final = " ".join(a for _, ins, a in self.stages()[-1][2] if ins == "RUN")
+        m = re.search(r"apt-get install ((?:-\S+\s+)*)([^&|;]+)", final)
+        self.assertTrue(m, "the final stage installs nothing with apt-get")
+        self.assertIn("ca-certificates", m.group(2).split())
+
 
 if __name__ == "__main__":
     harness.main()

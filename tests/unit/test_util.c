@@ -16,6 +16,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -788,6 +789,164 @@ static void test_walk_deep(void **state)
 	assert_int_equal(util_rmtree_at(t->fd, "deep", NULL), 0);
 }
 
+/* ---- common/log: the text line and the JSON line (-o log_format=json) ---- */
+
+#include <jansson.h>
+#include "common/log.h"
+#include "common/metrics.h"
+
+/* 2026-01-02T03:04:05.678Z */
+#define T_SEC 1767323045LL
+#define T_NSEC 678901234L
+
+static json_t *json_line(const char *msg, enum log_level lvl, size_t cap, char *buf)
+{
+	json_error_t err;
+	size_t n = log_format_line(buf, cap, LOG_FMT_JSON, lvl, "engine", msg, T_SEC, T_NSEC);
+	json_t *j;
+
+	assert_true(n > 2 && n <= cap);
+	assert_int_equal(buf[n - 1], '\n');
+	assert_null(memchr(buf, '\n', n - 1));            /* one object, one line */
+	j = json_loadb(buf, n, 0, &err);
+	if (!j)
+		fail_msg("not JSON (%s): %.*s", err.text, (int)n, buf);
+	assert_true(json_is_object(j));
+	return j;
+}
+
+static void test_log_text_line_unchanged(void **s)
+{
+	char buf[2048];
+	size_t n = log_format_line(buf, sizeof(buf), LOG_FMT_TEXT, LOG_WARN, "ctl", "a b=1",
+				   T_SEC, T_NSEC);
+	assert_int_equal(n, strlen("2026-01-02T03:04:05.678Z WARN ctl: a b=1\n"));
+	assert_memory_equal(buf, "2026-01-02T03:04:05.678Z WARN ctl: a b=1\n", n);
+}
+
+static void test_log_json_line(void **s)
+{
+	char buf[8192];
+	json_t *j = json_line("restore job=j1 step=20 source=peer ready_ms=1.5 message=x job=dup",
+			      LOG_INFO, sizeof(buf), buf);
+
+	assert_string_equal(json_string_value(json_object_get(j, "time")), "2026-01-02T03:04:05.678Z");
+	assert_string_equal(json_string_value(json_object_get(j, "severity")), "INFO");
+	assert_string_equal(json_string_value(json_object_get(j, "component")), "engine");
+	assert_string_equal(json_string_value(json_object_get(j, "message")),
+			    "restore job=j1 step=20 source=peer ready_ms=1.5 message=x job=dup");
+	/* key=value words as fields; the first of a key wins, reserved keys stay */
+	assert_string_equal(json_string_value(json_object_get(j, "job")), "j1");
+	assert_string_equal(json_string_value(json_object_get(j, "step")), "20");
+	assert_string_equal(json_string_value(json_object_get(j, "source")), "peer");
+	assert_string_equal(json_string_value(json_object_get(j, "ready_ms")), "1.5");
+	assert_int_equal(json_object_size(j), 8);
+	json_decref(j);
+	/* Cloud Logging's severity names */
+	j = json_line("x", LOG_WARN, sizeof(buf), buf);
+	assert_string_equal(json_string_value(json_object_get(j, "severity")), "WARNING");
+	json_decref(j);
+	j = json_line("x", LOG_ERROR, sizeof(buf), buf);
+	assert_string_equal(json_string_value(json_object_get(j, "severity")), "ERROR");
+	json_decref(j);
+	j = json_line("x", LOG_DEBUG, sizeof(buf), buf);
+	assert_string_equal(json_string_value(json_object_get(j, "severity")), "DEBUG");
+	json_decref(j);
+}
+
+static void test_log_json_escapes(void **s)
+{
+	char buf[8192];
+	/* quotes, backslash, control bytes, valid UTF-8, and bytes that are not
+	 * UTF-8 (a file name may be anything): still one valid JSON line */
+	json_t *j = json_line("name=\"a\\b\"\n\t\x01 caf\xc3\xa9 bad=\xff\xc3(", LOG_INFO,
+			      sizeof(buf), buf);
+
+	assert_string_equal(json_string_value(json_object_get(j, "message")),
+			    "name=\"a\\b\"\n\t\x01 caf\xc3\xa9 bad=\xef\xbf\xbd\xef\xbf\xbd(");
+	assert_string_equal(json_string_value(json_object_get(j, "bad")), "\xef\xbf\xbd\xef\xbf\xbd(");
+	json_decref(j);
+}
+
+static void test_log_json_truncated_stays_valid(void **s)
+{
+	char msg[2048], buf[512];
+	json_t *j;
+
+	/* every character escapes to 2 or 6 bytes: the line fills up mid-message */
+	for (size_t i = 0; i < sizeof(msg) - 1; i++)
+		msg[i] = i % 2 ? '"' : '\x02';
+	msg[sizeof(msg) - 1] = '\0';
+	j = json_line(msg, LOG_ERROR, sizeof(buf), buf);
+	assert_true(strlen(json_string_value(json_object_get(j, "message"))) > 50);
+	json_decref(j);
+	/* fields that do not fit are left out whole */
+	memset(msg, 'x', 400);
+	memcpy(msg + 400, " k=", 3);
+	memset(msg + 403, 'v', 200);
+	msg[603] = '\0';
+	j = json_line(msg, LOG_INFO, sizeof(buf), buf);
+	assert_null(json_object_get(j, "k"));
+	json_decref(j);
+}
+
+static void test_log_format_names(void **s)
+{
+	assert_int_equal(log_set_format_name("json"), 0);
+	assert_int_equal(log_set_format_name("text"), 0);
+	assert_int_equal(log_set_format_name(NULL), 0);
+	assert_int_equal(log_set_format_name("xml"), -EINVAL);
+	assert_int_equal(log_set_format_name("JSON"), -EINVAL);
+}
+
+/* ---- common/metrics: the exposition text ---- */
+
+static char *render(void)
+{
+	struct metrics_gauges g = { .peers_total = -1, .lkg_step = -1, .last_commit_step = -1 };
+	char *buf = NULL;
+	size_t len = 0;
+
+	assert_int_equal(metrics_render(&g, &buf, &len), 0);
+	assert_int_equal(strlen(buf), len);
+	return buf;
+}
+
+static void test_metrics_families(void **s)
+{
+	char *t = render();
+	char want[128];
+
+	snprintf(want, sizeof(want), "\nmtcfs_build_info{version=\"%s\"} 1\n", MTCFS_VERSION);
+	assert_non_null(strstr(t, want));
+	assert_non_null(strstr(t, "# TYPE mtcfs_restores_total counter\n"));
+	assert_non_null(strstr(t, "\nmtcfs_last_backup_success_timestamp_seconds 0\n"));
+	assert_non_null(strstr(t, "\nmtcfs_backup_seconds_bucket{le=\"3600\"} 0\n"));
+	assert_non_null(strstr(t, "\nmtcfs_restore_seconds_bucket{le=\"600\"} 0\n"));
+	assert_null(strstr(t, "mtcfs_restores_peer_total"));
+	free(t);
+
+	metrics_add(MC_RESTORES_PEER, 1);
+	metrics_add(MC_RESTORES_NONE, 2);
+	metrics_observe(MH_BACKUP_SECONDS, 900);           /* 15 min: in le=1200, not +Inf only */
+	metrics_add(MC_BACKUPS, 1);
+	t = render();
+	assert_non_null(strstr(t, "\nmtcfs_restores_total{source=\"peer\"} 1\n"));
+	assert_non_null(strstr(t, "\nmtcfs_restores_total{source=\"none\"} 2\n"));
+	assert_non_null(strstr(t, "\nmtcfs_restores_total{source=\"local\"} 0\n"));
+	assert_non_null(strstr(t, "\nmtcfs_restores_total{source=\"bucket\"} 0\n"));
+	assert_non_null(strstr(t, "\nmtcfs_backup_seconds_bucket{le=\"600\"} 0\n"));
+	assert_non_null(strstr(t, "\nmtcfs_backup_seconds_bucket{le=\"1200\"} 1\n"));
+	{
+		const char *p = strstr(t, "\nmtcfs_last_backup_success_timestamp_seconds ");
+		long long v;
+		assert_non_null(p);
+		v = strtoll(p + strlen("\nmtcfs_last_backup_success_timestamp_seconds "), NULL, 10);
+		assert_true(v >= (long long)time(NULL) - 60 && v <= (long long)time(NULL));
+	}
+	free(t);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -808,6 +967,12 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_read_file_limits, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_write_file_errors, tmp_setup, tmp_teardown),
 		cmocka_unit_test(test_now_ns),
+		cmocka_unit_test(test_log_text_line_unchanged),
+		cmocka_unit_test(test_log_json_line),
+		cmocka_unit_test(test_log_json_escapes),
+		cmocka_unit_test(test_log_json_truncated_stays_valid),
+		cmocka_unit_test(test_log_format_names),
+		cmocka_unit_test(test_metrics_families),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
