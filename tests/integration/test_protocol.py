@@ -1420,6 +1420,28 @@ class GkeSideBySide(ProtoCase):
         self.assertEqual(self.top(), before)
 
 
+    def test_g_workers_leftover_tmp_and_other_job(self):
+        # GKE (run, 2026-12-01), workers-per-node 2, nothing saved:
+        # ja-s0-n0-w0.restore and ja-s0-n0-w1.restore, both empty files
+        self.configure(gke_yaml("ja") + "workers-per-node: 2\n", via_tmp=True,
+                       workers=2)
+        self.assert_nothing_restored("ja", workers=2)
+        self.configure(gke_yaml("ja"), via_tmp=True)
+        files = self.orbax_save(1, seed=1)
+        self.wait_steps("ja", [1])
+        os.makedirs(self.m("2.orbax-checkpoint-tmp-9", "state"))
+        # GKE (run, 2026-12-01): another job's yaml deletes the leftover
+        # Orbax tmp dir and the old markers: only jb-s0-n0-w0.restore
+        self.configure(gke_yaml("jb"), via_tmp=True)
+        self.assertEqual(self.top(), sorted([JAXINFO, PRERESTORE,
+                                             "jb-s0-n0-w0.restore"]))
+        # GKE (run, 2026-12-01): jb's clean-up and GC also delete ja's step
+        # 1 (.meta and .data), so ja's next incarnation restores nothing
+        # ("{}\n", ja-s0 marker). mtcfs keeps committed data of other jobs
+        # (DESIGN 3.2): ja restores step 1
+        self.new_incarnation("ja", 1)
+        self.assert_restore_markers("ja", 1, files)
+
 class GkeSideBySideTwoNodes(unittest.TestCase):
     """GKE (run, 2026-12-01) on two nodes on loopback (peer-ranks [], so
     its VM_TEST platform mounts no NFS peers)."""
