@@ -1495,6 +1495,41 @@ class GkeSideBySideTwoNodes(unittest.TestCase):
             c.restore_and_verify(job, r, 2)
 
 
+    def test_two_nodes_step_on_one_node_only(self):
+        from cluster import Cluster
+        c = Cluster(2, ram_size="256M")
+        self.addCleanup(c.close)
+        c.start()
+        job = "jobk"
+
+        def text(j, r, n):
+            return gke_yaml(j, rank=r, nodes=n)
+        start_ranks(c, job, [0, 1], text=text)
+        c.save(job, 1)
+        wait_until(lambda: all(c.holds(r, job).get((r, 1)) in
+                               harness.COMMITTED_STATES for r in (0, 1)),
+                   60, "step 1 committed on both nodes")
+        c.save(job, 2, ranks=[0])
+        wait_until(lambda: c.holds(0, job).get((0, 2)) in
+                   harness.COMMITTED_STATES, 60, "step 2 committed on rank 0")
+        for r in (0, 1):
+            y = os.path.join(c.nodes[r].mnt, YAML)
+            with open(y + ".tmp", "w") as f:
+                f.write(text(job, r, 2))
+            os.rename(y + ".tmp", y)
+        # GKE (run, 2026-12-01): step 2 only on rank 0 (peer-ranks [], no
+        # replicas): both nodes restore step 1, "restore-step: 1\n",
+        # jobk-s1-n<rank>-w0.restore
+        for r in (0, 1):
+            mnt = c.nodes[r].mnt
+            want = ["jobk-s1-n%d-w0.restore" % r]
+            wait_until(lambda: sorted(x for x in os.listdir(mnt)
+                                      if x.endswith(".restore")) == want,
+                       60, "node %d markers %s" % (r, want))
+            self.assertEqual(read_file(os.path.join(mnt, PRERESTORE)),
+                             b"restore-step: 1\n")
+            c.restore_and_verify(job, r, 1)
+
 # =============================================================================
 # (i) time to markers with a 1 GiB committed step
 # =============================================================================
