@@ -113,8 +113,10 @@ static int write_prerestore(struct fs *fs, const struct restore_plan *p)
 	if (!p->found)
 		n = snprintf(buf, sizeof(buf), "{}\n");
 	else if (p->source == RS_BUCKET)
-		n = snprintf(buf, sizeof(buf), "restore-step: %llu\nrestore-backup: %s\n",
-			     (unsigned long long)p->step, p->backup);
+		/* GKE's text byte for byte: it yaml.dump()s a dict, and PyYAML
+		 * sorts the keys, so restore-backup comes first. */
+		n = snprintf(buf, sizeof(buf), "restore-backup: %s\nrestore-step: %llu\n",
+			     p->backup, (unsigned long long)p->step);
 	else
 		n = snprintf(buf, sizeof(buf), "restore-step: %llu\n", (unsigned long long)p->step);
 	return util_write_file_atomic(ram_ns_fd(fs->ram), PRERESTORE, buf, (size_t)n);

@@ -512,7 +512,7 @@ class BackupBase(unittest.TestCase):
         got = self.job_restart(job)
         self.assertEqual(got, {0: 20, 1: 20}, "restored steps")
         for r in range(2):
-            self.assertEqual(self.prerestore(r), "restore-step: 20\nrestore-backup: %s\n"
+            self.assertEqual(self.prerestore(r), "restore-backup: %s\nrestore-step: 20\n"
                              % names[20], "node %d prerestore" % r)
             c.restore_and_verify(job, r, 20, size=SIZE)
         # restored shards are the backup's: same hashes as the .meta
@@ -562,7 +562,7 @@ class BackupBase(unittest.TestCase):
         got = self.job_restart(job)
         self.assertEqual(got, {0: 10, 1: 10}, "restored steps")
         for r in range(2):
-            self.assertEqual(self.prerestore(r), "restore-step: 10\nrestore-backup: %s\n"
+            self.assertEqual(self.prerestore(r), "restore-backup: %s\nrestore-step: 10\n"
                              % names[10], "node %d prerestore" % r)
             err = self.errors(r)
             self.assertIn(names[20], err, "node %d replicator.errors" % r)
@@ -581,7 +581,7 @@ class BackupBase(unittest.TestCase):
         names = self.corrupt_newest(job)
         c = self.c
         for r in range(2):
-            self.assertEqual(self.prerestore(r), "restore-step: 10\nrestore-backup: %s\n"
+            self.assertEqual(self.prerestore(r), "restore-backup: %s\nrestore-step: 10\n"
                              % names[10], "node %d prerestore" % r)
             c.restore_and_verify(job, r, 10, size=SIZE)
         err = self.errors(1)
@@ -659,7 +659,7 @@ class BackupBase(unittest.TestCase):
         got = self.job_restart(job)
         self.assertEqual(got, {0: 10, 1: 10}, "restored steps (RAM holds step 30)")
         for r in range(2):
-            self.assertEqual(self.prerestore(r), "restore-step: 10\nrestore-backup: %s\n"
+            self.assertEqual(self.prerestore(r), "restore-backup: %s\nrestore-step: 10\n"
                              % names[10], "node %d prerestore" % r)
             c.restore_and_verify(job, r, 10, size=SIZE)
         # no commit yet: restore.version stays
@@ -780,7 +780,7 @@ class FileBackupTest(BackupBase):
         d.start()
         self.assertEqual(start_job(d.mnt, yaml), 5)
         self.assertEqual(read_text(os.path.join(d.mnt, "replicator.prerestore")),
-                         "restore-step: 5\nrestore-backup: %s\n" % name)
+                         "restore-backup: %s\nrestore-step: 5\n" % name)
         verify_restore(d.mnt, job, 5, 0)
 
 

@@ -1251,6 +1251,286 @@ class StartWithYaml(ProtoCase):
 
 
 # =============================================================================
+# (h) side by side with GKE's running replicator (issue 12)
+# =============================================================================
+
+def gke_yaml(job, rank=0, nodes=1, framework="orbax"):
+    """The exact text fed to GKE's replicator in the side-by-side runs."""
+    return ("job-name: %s\nframework: %s\nnode-rank: %d\nnodes: %d\n"
+            "peer-ranks: []\nbackup-interval-minutes: 30\n"
+            "master: tcp://127.0.0.1:4242\nmaster-port: 4242\n"
+            % (job, framework, rank, nodes))
+
+
+class GkeSideBySide(ProtoCase):
+    """The sequences of issue 12 on mtcfs. GKE's replicator (repl.py, its
+    VM_TEST platform, one node, scratch dirs, loopback) was run on the same
+    sequences; "GKE (run, 2026-12-01)" lines are what it did. Where mtcfs
+    differs on purpose the test asserts mtcfs and the comment says what GKE
+    did (notes/rcfg.md, "GKE replicator vs mtcfs")."""
+
+    def new_incarnation(self, job, step, framework="orbax"):
+        """A new replicator.yaml after saves: wait for exactly this step's
+        marker (the last incarnation's s0 marker goes with the yaml)."""
+        self.put_yaml(gke_yaml(job, framework=framework), via_tmp=True)
+        self.wait_yaml_gone()
+        want = ["%s-s%d-n0-w0.restore" % (job, step)]
+        self.wait(lambda: self.markers() == want, "markers %s" % want)
+        self.assertNoProblemFiles()
+
+    def test_a_fresh_start(self):
+        self.put_yaml(gke_yaml("joba"), via_tmp=True)
+        # GKE (run, 2026-12-01): the yaml is gone 0.2-0.7 s after the
+        # rename (mtcfs: within one 50 ms poll); prerestore and markers
+        # come after it
+        self.wait_yaml_gone()
+        self.wait_markers()
+        # GKE (run, 2026-12-01): replicator.prerestore is "{}\n" and
+        # joba-s0-n0-w0.restore is an empty regular file, not a symlink
+        self.assert_nothing_restored("joba")
+        # GKE (run, 2026-12-01): it also writes replicator.errors, two
+        # ERROR log lines ("No valid checkpoints found anywhere", "Cannot
+        # restore, no checkpoint to restore from: ..."); mtcfs: a fresh
+        # start is no error, no replicator.errors
+        self.assertNoProblemFiles()
+        # GKE (run, 2026-12-01): nothing else (its VM_TEST platform writes
+        # no jax-init-info.txt; GKE's node driver does)
+        self.assertEqual(self.top(), sorted([JAXINFO, PRERESTORE,
+                                             "joba-s0-n0-w0.restore"]))
+
+    def test_b_orbax_steps_then_new_yaml(self):
+        job = "jobb"
+        self.put_yaml(gke_yaml(job), via_tmp=True)
+        self.wait_yaml_gone()
+        self.wait_markers()
+        self.orbax_save(1, seed=1)
+        self.wait_steps(job, [1])
+        files = self.orbax_save(2, seed=2)
+        # GKE (run, 2026-12-01): once step 2 is replicated only step 2 is
+        # kept; step 1 is gone. GKE also renames <step> away at once (to
+        # jobb-s2-n0-w0.save, then D<blake3>.data + jobb-s2-n0-w0.meta, both
+        # visible); mtcfs keeps <step> under its name and hides its store
+        self.wait(lambda: "1" not in self.top() and "2" in self.top(),
+                  "only step 2 listed")
+        self.assertEqual(read_tree(self.m("2")), files)
+        # GKE (run, 2026-12-01): the s0 marker and prerestore "{}\n" stay
+        # while the incarnation runs
+        self.assertIn("jobb-s0-n0-w0.restore", self.top())
+        self.assertEqual(read_file(self.m(PRERESTORE)), b"{}\n")
+        self.wait_steps(job, [2])
+        self.new_incarnation(job, 2)
+        # GKE (run, 2026-12-01): step 2 is picked; prerestore is exactly
+        # "restore-step: 2\n"; one marker jobb-s2-n0-w0.restore, a symlink
+        # with a relative target, "D<blake3>.data" in the same directory
+        # (mtcfs: relative, into .mtcfs/, read-only); the old s0 marker,
+        # the old prerestore and replicator.errors are gone
+        self.assert_restore_markers(job, 2, files)
+        self.assertEqual(os.readlink(self.m("jobb-s2-n0-w0.restore")),
+                         ".mtcfs/jobb/2/n0-w0")
+        self.assertEqual(self.top(), sorted([JAXINFO, PRERESTORE,
+                                             "jobb-s2-n0-w0.restore"]))
+        # Orbax renames the marker to <step>. GKE (run, 2026-12-01): the
+        # symlink keeps its target under the new name and reads the step;
+        # it is not taken for a new save
+        os.rename(self.m("jobb-s2-n0-w0.restore"), self.m("2"))
+        self.assertTrue(os.path.islink(self.m("2")))
+        self.assertEqual(read_tree(self.m("2")), files)
+        files3 = self.orbax_save(3, seed=3)
+        # GKE (run, 2026-12-01): after step 3 the link "2" stays, dangling
+        # (step 2's data is collected); mtcfs removes the link with the step
+        self.wait(lambda: "2" not in self.top(), "the link 2 removed with step 2")
+        self.assertEqual(read_tree(self.m("3")), files3)
+
+    def test_c_nemo_steps_then_new_yaml(self):
+        job = "jobc"
+        fw = "pytorch.distributed"
+        self.put_yaml(gke_yaml(job, framework=fw), via_tmp=True)
+        self.wait_yaml_gone()
+        self.wait_markers()
+        self.assert_nothing_restored(job)
+        self.pytorch_save(1, seed=1)
+        self.wait_steps(job, [1])
+        files = self.pytorch_save(2, seed=2)
+        # GKE (run, 2026-12-01): step=N-unfinished and step=N are not steps;
+        # the rename to N is the save; step 1 is collected after step 2
+        self.wait(lambda: "1" not in self.top() and "2" in self.top(),
+                  "only step 2 listed")
+        for n in ("step=1", "step=2", "step=1-unfinished", "step=2-unfinished"):
+            self.assertNotIn(n, self.top())
+        self.wait_steps(job, [2])
+        self.new_incarnation(job, 2, framework=fw)
+        # GKE (run, 2026-12-01): "restore-step: 2\n", jobc-s2-n0-w0.restore
+        self.assert_restore_markers(job, 2, files)
+        # the PyTorch reference renames the marker to step=N and reads it
+        os.rename(self.m("jobc-s2-n0-w0.restore"), self.m("step=2"))
+        self.assertTrue(os.path.islink(self.m("step=2")))
+        self.assertEqual(read_tree(self.m("step=2")), files)
+
+    def test_d_invalid_yaml(self):
+        # GKE (run, 2026-12-01), job-name missing: the yaml is NOT deleted;
+        # replicator.failed and replicator.errors both get the Python
+        # traceback ending "KeyError: 'job-name'", once more on every
+        # container restart. mtcfs: yaml deleted, one line, no .errors
+        self.fs.expect_log(REJECTED_LOG)
+        text = gke_yaml("x").replace("job-name: x\n", "")
+        self.put_yaml(text, via_tmp=True)
+        self.wait_yaml_gone()
+        self.assertEqual(read_file(self.m(FAILED)),
+                         b"missing required key: job-name\n")
+        self.assertFalse(os.path.lexists(self.m(ERRORS)))
+        self.assertEqual(self.markers(), [])
+        # GKE (run, 2026-12-01), node-rank 1 of nodes 1: the yaml is
+        # deleted, then nothing, ever: no markers, no prerestore, no
+        # .failed (the node waits for a coordinator that only rank 0 runs).
+        # mtcfs: replicator.failed, so the app does not wait forever
+        self.put_yaml(gke_yaml("x", rank=1, nodes=1), via_tmp=True)
+        self.wait_yaml_gone()
+        self.wait(lambda: read_file(self.m(FAILED)).startswith(b"line 3:"),
+                  "the new replicator.failed")
+        self.assertEqual(read_file(self.m(FAILED)),
+                         b"line 3: 'node-rank' 1 must be less than 'nodes' 1 "
+                         b"(ranks are 0..0)\n")
+        self.assertEqual(self.markers(), [])
+        self.assertFalse(os.path.lexists(self.m(PRERESTORE)))
+
+    def test_e_unknown_key(self):
+        # GKE (run, 2026-12-01): the key is ignored, no line about it (its
+        # replicator.errors holds only the fresh-start ERROR lines); mtcfs:
+        # one WARNING line
+        self.configure_warned(gke_yaml("jobe") + "colour: blue\n", [
+            'WARNING: replicator.yaml: line 9: unknown key "colour" ignored'])
+        self.assert_nothing_restored("jobe")
+        # GKE (run, 2026-12-01): the next yaml's clean-up deletes
+        # replicator.errors and any other file but jax-init-info.txt and
+        # its own store files; mtcfs too
+        write_file(self.m(ERRORS), b"stale\n")
+        write_file(self.m("userfile"), b"x")
+        self.configure(gke_yaml("jobe"), via_tmp=True)
+        self.assertEqual(self.top(), sorted([JAXINFO, PRERESTORE,
+                                             "jobe-s0-n0-w0.restore"]))
+
+    def test_f_empty_yaml(self):
+        # GKE (run, 2026-12-01): an empty replicator.yaml is deleted and the
+        # replicator exits (restarted by its entrypoint) after one ERROR line
+        # in replicator.errors ("Config file '...' is empty, deleting it and
+        # terminating."); mtcfs deletes it and writes nothing
+        before = self.top()
+        self.put_yaml(b"")
+        self.wait_yaml_gone()
+        self.assertEqual(self.top(), before)
+
+
+    def test_g_workers_leftover_tmp_and_other_job(self):
+        # GKE (run, 2026-12-01), workers-per-node 2, nothing saved:
+        # ja-s0-n0-w0.restore and ja-s0-n0-w1.restore, both empty files
+        self.configure(gke_yaml("ja") + "workers-per-node: 2\n", via_tmp=True,
+                       workers=2)
+        self.assert_nothing_restored("ja", workers=2)
+        self.configure(gke_yaml("ja"), via_tmp=True)
+        files = self.orbax_save(1, seed=1)
+        self.wait_steps("ja", [1])
+        os.makedirs(self.m("2.orbax-checkpoint-tmp-9", "state"))
+        # GKE (run, 2026-12-01): another job's yaml deletes the leftover
+        # Orbax tmp dir and the old markers: only jb-s0-n0-w0.restore
+        self.configure(gke_yaml("jb"), via_tmp=True)
+        self.assertEqual(self.top(), sorted([JAXINFO, PRERESTORE,
+                                             "jb-s0-n0-w0.restore"]))
+        # GKE (run, 2026-12-01): jb's clean-up and GC also delete ja's step
+        # 1 (.meta and .data), so ja's next incarnation restores nothing
+        # ("{}\n", ja-s0 marker). mtcfs keeps committed data of other jobs
+        # (DESIGN 3.2): ja restores step 1
+        self.new_incarnation("ja", 1)
+        self.assert_restore_markers("ja", 1, files)
+
+class GkeSideBySideTwoNodes(unittest.TestCase):
+    """GKE (run, 2026-12-01) on two nodes on loopback (peer-ranks [], so
+    its VM_TEST platform mounts no NFS peers)."""
+
+    def test_two_nodes_names_and_prerestore(self):
+        from cluster import Cluster
+        c = Cluster(2, ram_size="256M")
+        self.addCleanup(c.close)
+        c.start()
+        job = "jobt"
+
+        def text(j, r, n):
+            return gke_yaml(j, rank=r, nodes=n)
+        start_ranks(c, job, [0, 1], text=text)
+        # GKE (run, 2026-12-01): per node "{}\n" and jobt-s0-n<rank>-w0.restore
+        # (empty regular file); rank 1's replicator.errors has one ERROR
+        # line, rank 0's two (mtcfs: none)
+        for r in (0, 1):
+            mnt = c.nodes[r].mnt
+            self.assertEqual(read_file(os.path.join(mnt, PRERESTORE)), b"{}\n")
+            m = os.path.join(mnt, "jobt-s0-n%d-w0.restore" % r)
+            self.assertFalse(os.path.islink(m))
+            self.assertEqual(os.path.getsize(m), 0)
+        c.save(job, 1)
+        c.save(job, 2)
+        # peer-ranks []: no replicas, on GKE as on mtcfs; each node's own
+        # copy is committed
+        wait_until(lambda: all(c.holds(r, job).get((r, 2)) in
+                               harness.COMMITTED_STATES for r in (0, 1)),
+                   60, "step 2 committed on both nodes")
+        for r in (0, 1):
+            y = os.path.join(c.nodes[r].mnt, YAML)
+            with open(y + ".tmp", "w") as f:
+                f.write(text(job, r, 2))
+            os.rename(y + ".tmp", y)
+        for r in (0, 1):
+            mnt = c.nodes[r].mnt
+            want = ["jobt-s2-n%d-w0.restore" % r]
+            wait_until(lambda: sorted(x for x in os.listdir(mnt)
+                                      if x.endswith(".restore")) == want,
+                       60, "node %d markers %s" % (r, want))
+            # GKE (run, 2026-12-01): "restore-step: 2\n" on both nodes,
+            # jobt-s2-n<rank>-w0.restore -> D<blake3>.data (mtcfs: into
+            # .mtcfs/jobt/2/n<rank>-w0)
+            self.assertEqual(read_file(os.path.join(mnt, PRERESTORE)),
+                             b"restore-step: 2\n")
+            self.assertEqual(os.readlink(os.path.join(mnt, want[0])),
+                             ".mtcfs/jobt/2/n%d-w0" % r)
+            for n in (FAILED, ERRORS):
+                self.assertFalse(os.path.lexists(os.path.join(mnt, n)), n)
+            c.restore_and_verify(job, r, 2)
+
+
+    def test_two_nodes_step_on_one_node_only(self):
+        from cluster import Cluster
+        c = Cluster(2, ram_size="256M")
+        self.addCleanup(c.close)
+        c.start()
+        job = "jobk"
+
+        def text(j, r, n):
+            return gke_yaml(j, rank=r, nodes=n)
+        start_ranks(c, job, [0, 1], text=text)
+        c.save(job, 1)
+        wait_until(lambda: all(c.holds(r, job).get((r, 1)) in
+                               harness.COMMITTED_STATES for r in (0, 1)),
+                   60, "step 1 committed on both nodes")
+        c.save(job, 2, ranks=[0])
+        wait_until(lambda: c.holds(0, job).get((0, 2)) in
+                   harness.COMMITTED_STATES, 60, "step 2 committed on rank 0")
+        for r in (0, 1):
+            y = os.path.join(c.nodes[r].mnt, YAML)
+            with open(y + ".tmp", "w") as f:
+                f.write(text(job, r, 2))
+            os.rename(y + ".tmp", y)
+        # GKE (run, 2026-12-01): step 2 only on rank 0 (peer-ranks [], no
+        # replicas): both nodes restore step 1, "restore-step: 1\n",
+        # jobk-s1-n<rank>-w0.restore
+        for r in (0, 1):
+            mnt = c.nodes[r].mnt
+            want = ["jobk-s1-n%d-w0.restore" % r]
+            wait_until(lambda: sorted(x for x in os.listdir(mnt)
+                                      if x.endswith(".restore")) == want,
+                       60, "node %d markers %s" % (r, want))
+            self.assertEqual(read_file(os.path.join(mnt, PRERESTORE)),
+                             b"restore-step: 1\n")
+            c.restore_and_verify(job, r, 1)
+
+# =============================================================================
 # (i) time to markers with a 1 GiB committed step
 # =============================================================================
 
