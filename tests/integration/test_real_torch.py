@@ -15,8 +15,7 @@ is that protocol around the real torch.distributed.checkpoint).
   restart after that restores step 4.
 - GKE's `framework: pytorch` mode with two workers per node: one
   torch.save file per worker and step, restored through each worker's own
-  marker after node 1 is wiped (an expected failure until mtcfs has that
-  mode).
+  marker after node 1 is wiped.
 
 The clients run under the venv python (tests/clients/launch.py: skipped
 without it, failed in CI; run in the release build only).
