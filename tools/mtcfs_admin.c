@@ -4,6 +4,7 @@
  * go through tiers/backup over the bucket URL. Single-threaded except for
  * prune --delete's delete workers. Exit codes: 0 ok, 1 a check failed or the
  * request was refused, 2 usage, 3 cannot read the node's state or the bucket. */
+#include "common/log.h"
 #include "common/util.h"
 #include "tiers/catalog.h"
 #include "tiers/manifest.h"
@@ -1795,6 +1796,9 @@ int main(int argc, char **argv)
 	unsigned used = 0;
 	bool help = false;
 
+	/* a command's output is its answer: the library's INFO lines (the
+	 * daemon's default) stay out of it; warnings and errors still show */
+	log_set_level(LOG_WARN);
 	for (int i = 1; i < argc; i++) {
 		char optbuf[64];
 		const char *a = argv[i], *val = NULL, *eq;
