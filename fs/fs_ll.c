@@ -722,7 +722,12 @@ static void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int va
 			goto out;
 		}
 	}
-	if (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+	/* chown(f, -1, -1) reaches us as a SETATTR with no attribute bit
+	 * (the kernel sends ctime only with a write-back cache); a local
+	 * filesystem still stamps ctime for it, so let tmpfs do that. */
+	if ((valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) ||
+	    !(valid & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_ATIME |
+		       FUSE_SET_ATTR_MTIME))) {
 		uid_t u = (valid & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
 		gid_t g = (valid & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
 		if (fchownat(n->fd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {

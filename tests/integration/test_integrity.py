@@ -26,6 +26,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -34,6 +35,7 @@ from harness import read_file, write_file  # noqa: E402
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv")
 MiB = 1 << 20
+CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)  # Linux value
 
 
 def pattern(seed, n):
@@ -107,6 +109,31 @@ class Ownership(harness.MountTestCase):
         as_nobody("echo hi > d/x; mkdir d/e", self.d)
         self.assertOwned(self.p("d", "x"), NOBODY, NOBODY, 0o644)
         self.assertEqual(read_file(self.p("d", "x")), b"hi\n")
+
+    def test_chown_to_same_owner_updates_ctime(self):
+        # chown(f, -1, -1) changes nothing but ctime, as on tmpfs (pjdfstest
+        # chown/00.t 1054..1144); the kernel then sends a SETATTR with no
+        # attribute bit set, which mtcfs answered without touching the file
+        write_file(self.p("f"), b"x")
+        os.mkdir(self.p("d"))
+        os.symlink("f", self.p("l"))
+        cases = [("chown", self.p("f"), lambda: os.chown(self.p("f"), -1, -1)),
+                 ("chown dir", self.p("d"), lambda: os.chown(self.p("d"), -1, -1)),
+                 ("lchown", self.p("l"), lambda: os.lchown(self.p("l"), -1, -1))]
+        fd = os.open(self.p("f"), os.O_RDONLY)
+        self.addCleanup(os.close, fd)
+        cases.append(("fchown", self.p("f"), lambda: os.fchown(fd, -1, -1)))
+        for what, path, op in cases:
+            before = os.lstat(path).st_ctime_ns
+            # the coarse clock tmpfs stamps with must move past `before`
+            deadline = time.monotonic() + 5
+            while (time.clock_gettime_ns(CLOCK_REALTIME_COARSE) <= before
+                   and time.monotonic() < deadline):
+                time.sleep(0.005)
+            op()
+            after = os.lstat(path).st_ctime_ns
+            self.assertGreater(after, before, "%s -1 -1 left ctime of %s" % (what, path))
+            self.assertOwned(path, 0, 0)
 
     def test_open_of_existing_file_keeps_its_owner(self):
         # O_CREAT without O_EXCL on a file root made: opened, not taken over
