@@ -542,8 +542,8 @@ class BackupBase(unittest.TestCase):
         got = self.job_restart(GKE_JOB)
         self.assertEqual(got, {0: GKE_STEP, 1: GKE_STEP})
         for r in range(2):
-            self.assertEqual(self.prerestore(r), "restore-step: %d\nrestore-backup: %s\n"
-                             % (GKE_STEP, GKE_BACKUP))
+            self.assertEqual(self.prerestore(r), "restore-backup: %s\nrestore-step: %d\n"
+                             % (GKE_BACKUP, GKE_STEP))
             c.restore_and_verify(GKE_JOB, r, GKE_STEP, size=SIZE)
             with open(os.path.join(c.nodes[r].mnt, str(GKE_STEP), "commit_success.txt"),
                       "rb") as f:
