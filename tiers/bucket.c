@@ -287,6 +287,44 @@ void bkt_close(struct bkt *b)
 	free(b);
 }
 
+static bool all_zero(const char *p, size_t n)
+{
+	/* p[0] == 0 and every byte equals the next: memcmp runs at memory speed */
+	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+int bkt_pwrite_sparse(int fd, const void *buf, size_t len, uint64_t off)
+{
+	const char *p = buf;
+
+	while (len > 0) {
+		size_t n = BKT_HOLE_BLOCK - (size_t)(off % BKT_HOLE_BLOCK);
+		if (n > len)
+			n = len;
+		/* extend n over the following non-zero blocks: one pwrite per data run */
+		if (!all_zero(p, n)) {
+			while (n < len) {
+				size_t m = len - n > BKT_HOLE_BLOCK ? BKT_HOLE_BLOCK : len - n;
+				if (all_zero(p + n, m))
+					break;
+				n += m;
+			}
+			for (size_t done = 0; done < n;) {
+				ssize_t w = pwrite(fd, p + done, n - done, (off_t)(off + done));
+				if (w < 0 && errno == EINTR)
+					continue;
+				if (w < 0)
+					return -errno;
+				done += (size_t)w;
+			}
+		}
+		p += n;
+		off += n;
+		len -= n;
+	}
+	return 0;
+}
+
 /* ---- operations: the inline wrappers over the table ---- */
 
 static inline int ops_put(struct bkt *b, const char *name, const struct bkt_src *s)

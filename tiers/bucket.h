@@ -166,5 +166,12 @@ const struct bkt_opts *bkt_opts_of(const struct bkt *b);   /* defaults filled in
 /* Set the calling thread's last error (printf format). */
 void bkt_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 bool bkt_has_error(void);
+/* Downloads keep holes: write len bytes at off into a regular file that read
+ * as zeros there before (a new or truncated file), skipping every piece that
+ * is all zeros; pieces are cut at BKT_HOLE_BLOCK boundaries of the file
+ * offset so that data and holes fall on page-sized blocks. The caller sets
+ * the final length with ftruncate (trailing zeros are never written). */
+#define BKT_HOLE_BLOCK 4096u
+int  bkt_pwrite_sparse(int fd, const void *p, size_t len, uint64_t off);
 
 #endif

@@ -146,24 +146,6 @@ static int write_all(int fd, const void *p, size_t len)
 	return 0;
 }
 
-static int pwrite_all(int fd, const void *p, size_t len, uint64_t off)
-{
-	const char *c = p;
-
-	while (len > 0) {
-		ssize_t w = pwrite(fd, c, len, (off_t)off);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		c += w;
-		len -= (size_t)w;
-		off += (uint64_t)w;
-	}
-	return 0;
-}
-
 /* Copy the source into tfd, computing its CRC32C as it goes. */
 static int copy_src(struct bkt *b, const char *name, const struct bkt_src *src, int tfd)
 {
@@ -192,11 +174,14 @@ static int copy_src(struct bkt *b, const char *name, const struct bkt_src *src, 
 			goto out;
 		}
 		crc = mf_crc32c(crc, buf, (size_t)r);
-		rc = write_all(tfd, buf, (size_t)r);
+		/* tfd is new and empty: zero blocks stay holes in the object */
+		rc = bkt_pwrite_sparse(tfd, buf, (size_t)r, off);
 		if (rc < 0)
 			goto out;
 		off += (uint64_t)r;
 	}
+	if (ftruncate(tfd, (off_t)off) < 0)
+		rc = -errno;
 out:
 	free(buf);
 	if (rc == 0 && crc != src->crc32c) {
@@ -342,6 +327,12 @@ static int fbk_get_file(struct bkt *b, const char *name, int fd, unsigned ranges
 	if (sfd < 0)
 		return sfd;
 	seekable = fstat(fd, &dst) == 0 && S_ISREG(dst.st_mode);
+	/* zeros are skipped, not written (holes stay holes): what was there must go */
+	if (seekable && ftruncate(fd, 0) < 0) {
+		rc = -errno;
+		bkt_set_error("%s/%s: truncating the local file: %s", bkt_url(b), name, strerror(-rc));
+		goto out;
+	}
 	buf = malloc(COPY_BUF);
 	if (!buf) {
 		rc = -ENOMEM;
@@ -359,7 +350,8 @@ static int fbk_get_file(struct bkt *b, const char *name, int fd, unsigned ranges
 		if (r == 0)
 			break;
 		crc = mf_crc32c(crc, buf, (size_t)r);
-		rc = seekable ? pwrite_all(fd, buf, (size_t)r, off) : write_all(fd, buf, (size_t)r);
+		rc = seekable ? bkt_pwrite_sparse(fd, buf, (size_t)r, off)
+			      : write_all(fd, buf, (size_t)r);
 		if (rc < 0) {
 			bkt_set_error("%s/%s: writing the local file: %s", bkt_url(b), name, strerror(-rc));
 			goto out;

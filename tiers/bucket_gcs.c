@@ -453,9 +453,15 @@ static int seek_cb(void *arg, curl_off_t off, int origin)
 
 static int sink_write(struct req *r, const char *p, size_t len)
 {
+	if (r->sink_seek) {
+		/* the file was truncated before the download: zeros stay holes */
+		int rc = bkt_pwrite_sparse(r->sink_fd, p, len, r->wpos);
+		if (rc == 0)
+			r->wpos += len;
+		return rc;
+	}
 	while (len > 0) {
-		ssize_t w = r->sink_seek ? pwrite(r->sink_fd, p, len, (off_t)r->wpos)
-					 : write(r->sink_fd, p, len);
+		ssize_t w = write(r->sink_fd, p, len);
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w < 0)
@@ -1568,7 +1574,15 @@ static int gcs_get_file(struct bkt *b, const char *name, int fd, unsigned ranges
 			uint64_t *size, uint32_t *crcp)
 {
 	struct stat st;
-	int rc = gcs_get_file_once(b, name, fd, ranges, size, crcp);
+	int rc;
+
+	/* zeros are skipped, not written (holes stay holes): what was there must go */
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) < 0) {
+		rc = -errno;
+		bkt_set_error("%s: truncating the local file: %s", name, strerror(-rc));
+		return rc;
+	}
+	rc = gcs_get_file_once(b, name, fd, ranges, size, crcp);
 
 	if (rc == -EBADMSG && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) == 0) {
 		log_warn(MOD, "%s: %s; fetching it once more", name, bkt_last_error());

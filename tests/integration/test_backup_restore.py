@@ -348,8 +348,8 @@ class BackupBase(unittest.TestCase):
 
     # -- plumbing --
 
-    def cluster(self, n=2, interval_steps=1, start=True, env=None):
-        c = BackupCluster(n, interval_steps=interval_steps, ram_size="256M",
+    def cluster(self, n=2, interval_steps=1, start=True, env=None, ram_size="256M"):
+        c = BackupCluster(n, interval_steps=interval_steps, ram_size=ram_size,
                           restore_timeout=15, extra=self.store.opts())
         self.addCleanup(c.close)
         self.addCleanup(quiesce, c)            # runs before c.close
@@ -528,6 +528,69 @@ class BackupBase(unittest.TestCase):
         self.assert_backup_layout(job, n3[30], 30, 2)
         self.assert_backups_untouched(job, names)
 
+    def test_2c_sparse_file_restored_sparse(self):
+        """A 256 MiB file with 8 KiB of data, backed up, every node wiped,
+        restored from the bucket: same bytes, and the restored file (and a
+        file:// object) allocates about its data, not its size. ram_size
+        (64M) is below the logical size: the restore still fits."""
+        job = "bk2c"
+        big, step = 256 * 1024 * KiB, 10
+        data = {r: bytes((r * 31 + i * 7) & 0xff or 1 for i in range(8 * KiB))
+                for r in range(2)}
+        at = 100 * 1024 * KiB + 123           # not block-aligned
+        c = self.cluster(ram_size="64M")
+        c.job_start(job)
+        for r in range(2):
+            tmp = os.path.join(c.nodes[r].mnt, "%d.orbax-checkpoint-tmp-%d" % (step, r))
+            os.makedirs(tmp)
+            with open(os.path.join(tmp, "sparse.bin"), "wb") as f:
+                f.truncate(big)
+                f.seek(at)
+                f.write(data[r])
+            harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
+            os.rename(tmp, os.path.join(c.nodes[r].mnt, str(step)))
+        name = self.wait_backup(job, step)
+        if self.store.kind == "file":
+            objs = [x for x in self.store.names("%s/%s/" % (job, name))
+                    if x.endswith(".data/sparse.bin")]
+            self.assertEqual(len(objs), 2, objs)
+            for o in objs:
+                st = os.stat(os.path.join(self.store.root, o))
+                self.assertEqual(st.st_size, big)
+                self.assertLessEqual(st.st_blocks * 512, 1024 * KiB,
+                                     "file:// object %s allocates %d bytes"
+                                     % (o, st.st_blocks * 512))
+        self.lose_all_ram()
+        self.assertEqual(self.job_restart(job), {0: step, 1: step})
+        for r in range(2):
+            mnt = c.nodes[r].mnt
+            ms = [x for x in os.listdir(mnt) if x.endswith(".restore")]
+            self.assertEqual(len(ms), 1, os.listdir(mnt))
+            os.replace(os.path.join(mnt, ms[0]), os.path.join(mnt, str(step)))
+            p = os.path.join(mnt, str(step), "sparse.bin")
+            st = os.stat(p)
+            self.assertEqual(st.st_size, big)
+            self.assertLessEqual(st.st_blocks * 512, 1024 * KiB,
+                                 "node %d: restored file allocates %d bytes"
+                                 % (r, st.st_blocks * 512))
+            zero = bytes(1024 * KiB)
+            with open(p, "rb") as f:
+                off = 0
+                while off < big:
+                    chunk = f.read(1024 * KiB)
+                    lo, hi = max(at, off), min(at + len(data[r]), off + len(chunk))
+                    if lo < hi:
+                        want = bytearray(len(chunk))
+                        want[lo - off:hi - off] = data[r][lo - at:hi - at]
+                        self.assertEqual(chunk, bytes(want), "node %d at %d" % (r, off))
+                    else:
+                        self.assertEqual(chunk, zero[:len(chunk)], "node %d at %d" % (r, off))
+                    off += len(chunk)
+            self.assertIn("restored job=%s step=%d from backup %s" % (job, step, name),
+                          c.nodes[r].log_text())
+        # the restored shard costs its blocks, not 256 MiB of the 64M: the job goes on
+        self.save_backed_up(job, (step + 10,))
+
     def assert_backups_untouched(self, job, names):
         for s, name in names.items():
             self.assert_backup_layout(job, name, s, 2)
@@ -542,8 +605,8 @@ class BackupBase(unittest.TestCase):
         got = self.job_restart(GKE_JOB)
         self.assertEqual(got, {0: GKE_STEP, 1: GKE_STEP})
         for r in range(2):
-            self.assertEqual(self.prerestore(r), "restore-step: %d\nrestore-backup: %s\n"
-                             % (GKE_STEP, GKE_BACKUP))
+            self.assertEqual(self.prerestore(r), "restore-backup: %s\nrestore-step: %d\n"
+                             % (GKE_BACKUP, GKE_STEP))
             c.restore_and_verify(GKE_JOB, r, GKE_STEP, size=SIZE)
             with open(os.path.join(c.nodes[r].mnt, str(GKE_STEP), "commit_success.txt"),
                       "rb") as f:

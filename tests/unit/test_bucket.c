@@ -534,6 +534,99 @@ static void test_file_xfers(void **state)
 
 /* ---- gs:// ---- */
 
+/* ---- sparse files: zeros stay holes in restores and file:// objects ---- */
+
+/* A sparse file of size bytes: three short runs of data (one not block-aligned,
+ * one at the very end), holes elsewhere. */
+static int make_sparse(const char *name, uint64_t size, uint32_t *crc)
+{
+	static const struct { uint64_t off; size_t len; } runs[] = {
+		{ MIB + 100, 5000 }, { 20 * MIB, 4096 }, { 0, 10 } };
+	uint8_t buf[5000], *z = calloc(1, MIB);
+	uint64_t at = 0;
+	uint32_t c = 0;
+	int fd = openat(tmpfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+	assert_true(fd >= 0);
+	assert_non_null(z);
+	assert_int_equal(ftruncate(fd, (off_t)size), 0);
+	for (size_t i = 0; i < 3; i++) {
+		uint64_t off = runs[i].off ? runs[i].off : size - runs[i].len;
+		fill(buf, runs[i].len, (uint32_t)i + 40);
+		assert_int_equal(pwrite(fd, buf, runs[i].len, (off_t)off), (ssize_t)runs[i].len);
+		while (at < off) {
+			size_t n = off - at > MIB ? MIB : (size_t)(off - at);
+			c = mf_crc32c(c, z, n);
+			at += n;
+		}
+		c = mf_crc32c(c, buf, runs[i].len);
+		at += runs[i].len;
+	}
+	free(z);
+	*crc = c;
+	return fd;
+}
+
+static void assert_same_file(const char *a, const char *b, uint64_t size)
+{
+	int fa = openat(tmpfd, a, O_RDONLY | O_CLOEXEC), fb = openat(tmpfd, b, O_RDONLY | O_CLOEXEC);
+	uint8_t *x = malloc(MIB), *y = malloc(MIB);
+	struct stat st;
+
+	assert_true(fa >= 0 && fb >= 0 && x && y);
+	assert_int_equal(fstat(fb, &st), 0);
+	assert_int_equal((uint64_t)st.st_size, size);
+	for (uint64_t off = 0; off < size; off += MIB) {
+		size_t n = size - off > MIB ? MIB : (size_t)(size - off);
+		assert_int_equal(pread(fa, x, n, (off_t)off), (ssize_t)n);
+		assert_int_equal(pread(fb, y, n, (off_t)off), (ssize_t)n);
+		assert_memory_equal(x, y, n);
+	}
+	free(x);
+	free(y);
+	close(fa);
+	close(fb);
+}
+
+static uint64_t allocated(int dirfd, const char *name)
+{
+	struct stat st;
+
+	assert_int_equal(fstatat(dirfd, name, &st, 0), 0);
+	return (uint64_t)st.st_blocks * 512;
+}
+
+static void test_file_sparse(void **state)
+{
+	struct bkt *b = open_file_bkt("sparse");
+	const uint64_t size = 256ull * MIB;
+	char objpath[PATH_MAX];
+	uint64_t got = 0;
+	uint32_t crc;
+	int fd, out;
+
+	(void)state;
+	fd = make_sparse("sp.src", size, &crc);
+	assert_int_equal(bkt_put_file(b, "s/sparse.bin", fd, size, crc), 0);
+	close(fd);
+	/* the object keeps the holes: 3 runs touch at most 5 blocks */
+	snprintf(objpath, sizeof(objpath), "sparse/s/sparse.bin");
+	assert_true(allocated(tmpfd, objpath) <= 64 * KIB);
+	out = new_fd("sp.dst");
+	/* stale data where the object has a hole must not survive */
+	assert_int_equal(pwrite(out, "stale", 5, 30 * MIB), 5);
+	assert_int_equal(bkt_get_file(b, "s/sparse.bin", out, &got, true, crc), 0);
+	close(out);
+	assert_int_equal(got, size);
+	assert_true(allocated(tmpfd, "sp.dst") <= 64 * KIB);
+	assert_same_file("sp.src", "sp.dst", size);
+	/* a wrong CRC is still caught: the check covers the logical bytes */
+	out = new_fd("sp.dst2");
+	assert_int_equal(bkt_get_file(b, "s/sparse.bin", out, &got, true, crc ^ 1), -EBADMSG);
+	close(out);
+	bkt_close(b);
+}
+
 static struct bkt *gb;           /* opened by gs_setup */
 static struct bkt_opts gopts;
 
@@ -659,6 +752,28 @@ static void test_gs_media(void **state)
 	assert_contains(bkt_last_error(), "CRC32C");
 	close(fd);
 	assert_int_equal(bkt_stat(gb, "dir/bad.bin", NULL, NULL), -ENOENT);
+}
+
+/* A gs:// restore of a sparse object leaves holes for zeros (ranged parts,
+ * curl's unaligned pieces) and still checks the CRC32C of the logical bytes. */
+static void test_gs_sparse_download(void **state)
+{
+	const uint64_t size = 32ull * MIB;
+	uint64_t got = 0;
+	uint32_t crc;
+	int fd, out;
+
+	(void)state;
+	fd = make_sparse("gsp.src", size, &crc);
+	assert_int_equal(bkt_put_file(gb, "sp/obj", fd, size, crc), 0);
+	close(fd);
+	out = new_fd("gsp.dst");
+	assert_int_equal(pwrite(out, "stale", 5, 30 * MIB), 5);
+	assert_int_equal(bkt_get_file(gb, "sp/obj", out, &got, true, crc), 0);
+	close(out);
+	assert_int_equal(got, size);
+	assert_true(allocated(tmpfd, "gsp.dst") <= 64 * KIB);
+	assert_same_file("gsp.src", "gsp.dst", size);
 }
 
 static void check_download(const char *obj, const char *src, uint32_t crc)
@@ -1691,11 +1806,13 @@ int main(void)
 		cmocka_unit_test(test_file_list),
 		cmocka_unit_test(test_file_corrupt_missing_delete),
 		cmocka_unit_test(test_file_xfers),
+		cmocka_unit_test(test_file_sparse),
 		cmocka_unit_test(test_jwt_signature),
 	};
 	const struct CMUnitTest gs_tests[] = {
 		cmocka_unit_test_setup_teardown(test_gs_multipart, gs_setup, gs_teardown),
 		cmocka_unit_test_setup_teardown(test_gs_media, gs_setup, gs_teardown),
+		cmocka_unit_test_setup_teardown(test_gs_sparse_download, gs_setup, gs_teardown),
 		cmocka_unit_test_setup_teardown(test_gs_resumable, gs_setup, gs_teardown),
 		cmocka_unit_test_setup_teardown(test_gs_resume_after_reset, gs_setup, gs_teardown),
 		cmocka_unit_test_setup_teardown(test_gs_retries, gs_setup, gs_teardown),
