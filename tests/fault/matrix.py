@@ -2329,13 +2329,14 @@ def soak_restore_kill(c, rnd, step, size, cyc, summary, out):
     if slowed:
         c.net.heal(f)
     inflight_check(c, res, pre, label="cycle %d in-flight restore" % (cyc + 1))
+    inflight = {r: v[0] if v[0] != "ok" else sorted(v[2]) for r, v in sorted(res.items())}
     why = tier_restart(c, victim)
     if why:
         summary["tier_problems"].append("cycle %d: %s" % (cyc + 1, why))
         out.write("  soak cycle %3d: RAM TIER: %s\n" % (cyc + 1, why))
-    return "%s fetch of node %d, killed the %s (node %d, %s%s)" % (
+    return "%s fetch of node %d, killed the %s (node %d, %s%s); in flight: %s" % (
         src, f, target, victim, "wiped" if wipe else "kept",
-        "" if seen else ", stage not seen")
+        "" if seen else ", stage not seen", inflight)
 
 
 def soak(drv, cycles, seed, backend, out=sys.stdout, big=2 * MiB):
@@ -2437,6 +2438,9 @@ def soak(drv, cycles, seed, backend, out=sys.stdout, big=2 * MiB):
                     cyc + 1, step, when, {v: "wiped" if wipes[v] else "kept" for v in victims},
                     detail, ", all RAM lost" if all_ram else "", got[0],
                     ",".join(chk["sources"][str(r)] for r in range(c.n))))
+                if when == "restore" or os.environ.get("MTCFS_SOAK_VERBOSE"):
+                    out.write("                  expected %s; backups (name, step, exact): %s\n" % (
+                        chk.get("expected"), chk.get("backups")))
             except (CellFail, AssertionError, OSError) as e:
                 summary["bad"].append({"cycle": cyc + 1, "step": step, "victims": victims,
                                        "when": when,
