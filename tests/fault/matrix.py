@@ -2179,6 +2179,7 @@ def tier_restart(c, r):
     d = c.nodes[r]
     named = catalog_dirs(d.ramdir)
     orphans = shard_dirs(d.ramdir) - named
+    stale = c.stage_dirs(r, live_only=False)
     want = tier_bytes(d.ramdir, named)
     pos = d.log_size()
     c.restart(r)
@@ -2191,6 +2192,10 @@ def tier_restart(c, r):
     if used != want:
         return ("node %d: ram_used=%d after the restart, but the namespace and the %d "
                 "shards in its catalog hold %d bytes" % (r, used, len(named), want))
+    gone = [p for p in stale if os.path.isdir(p)]
+    if gone:
+        return "node %d: staging directories of a shard cut short survived the restart: %s" % (
+            r, gone)
     left = {o for o in orphans if os.path.isdir(os.path.join(d.ramdir, "shards", o))}
     if left - catalog_dirs(d.ramdir):
         return "node %d: shard directories no catalog record names survived the restart: %s" % (
@@ -2323,8 +2328,12 @@ def soak_restore_kill(c, rnd, step, size, cyc, summary, out):
     c.kill(victim, wipe=wipe)
     summary["kills"] += 1
     summary["wipes"] += int(wipe)
-    summary.setdefault("restore_kills", {"staged": 0, "blind": 0})
+    summary.setdefault("restore_kills", {"staged": 0, "blind": 0, "cut_mid_shard": 0})
     summary["restore_kills"]["staged" if seen else "blind"] += 1
+    # a staging directory the killed fetcher left: the kill cut a shard
+    # in half (tier_restart checks that the restart removes it)
+    if victim == f and not wipe and c.stage_dirs(f, live_only=False):
+        summary["restore_kills"]["cut_mid_shard"] += 1
     planning_finish(c, ts)
     if slowed:
         c.net.heal(f)
@@ -2339,13 +2348,18 @@ def soak_restore_kill(c, rnd, step, size, cyc, summary, out):
         "" if seen else ", stage not seen", inflight)
 
 
-def soak(drv, cycles, seed, backend, out=sys.stdout, big=2 * MiB):
+SOAK_MOMENTS = ("writing", "commit", "after", "gc", "restore")
+
+
+def soak(drv, cycles, seed, backend, out=sys.stdout, big=2 * MiB, moments=None):
     """N cycles of: save a step on every node while random kills hit (kill -9
     with the RAMDIR kept or wiped; sometimes every node's RAM) -> restart the
     dead -> job restart (restore) -> verify against the disk truth and the
     ledger. The kills hit while writing, right after the commit rename,
     0-400 ms after every commit, during GC's drops, or during a restore's
-    fetch. Returns the summary."""
+    fetch. With `moments` (a list), cycle i kills at moments[i % len]
+    instead of a random moment (CI: every new moment in 3 cycles). Returns
+    the summary."""
     rnd = random.Random(seed)
     summary = {"cycles": 0, "seed": seed, "backend": backend,
                "restores": {"local": 0, "peer": 0, "bucket": 0, "nothing": 0, "?": 0},
@@ -2367,13 +2381,16 @@ def soak(drv, cycles, seed, backend, out=sys.stdout, big=2 * MiB):
             victims = rnd.sample(range(c.n), rnd.choice([1, 1, 1, 2]))
             wipes = {v: rnd.random() < 0.5 for v in victims}
             when = rnd.choice(["writing", "commit", "after", "after", "gc", "restore"])
+            if moments:
+                when = moments[cyc % len(moments)]
             all_ram = rnd.random() < 0.12
             size = rnd.choice([48 * KiB, 48 * KiB, big])
             detail = ""
             if when == "restore":
                 # the kills of this cycle hit the restore (see soak_restore_kill)
                 victims, wipes, all_ram = [], {}, False
-                size = rnd.choice([2 * MiB, big])
+                # at least 24 MiB: a smaller shard arrives whole between two polls
+                size = rnd.choice([BIG, max(BIG, big)])
                 try:
                     detail = " (%s)" % soak_restore_kill(c, rnd, step, size, cyc, summary, out)
                 except (CellFail, AssertionError, OSError) as e:
@@ -2488,6 +2505,9 @@ def main():
     ap.add_argument("--cycles", type=int, default=5)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--soak-backend", default="file")
+    ap.add_argument("--soak-moments",
+                    help="comma list of kill moments the soak's cycles take in turn "
+                         "(%s; default: random)" % ",".join(SOAK_MOMENTS))
     ap.add_argument("--soak-big", default="2M",
                     help="per-node size of the soak's big steps (K/M/G suffix; above 32M a "
                          "step is many 1 MiB files)")
@@ -2556,7 +2576,11 @@ def main():
             seed = args.seed if args.seed is not None else random.randrange(1 << 30)
             sys.stdout.write("\nsoak: %d cycles, seed %d, %s bucket\n" % (
                 args.cycles, seed, args.soak_backend))
-            s = soak(drv, args.cycles, seed, args.soak_backend, big=parse_size(args.soak_big))
+            moments = [m for m in (args.soak_moments or "").split(",") if m]
+            if any(m not in SOAK_MOMENTS for m in moments):
+                raise SystemExit("--soak-moments: one of %s" % ",".join(SOAK_MOMENTS))
+            s = soak(drv, args.cycles, seed, args.soak_backend, big=parse_size(args.soak_big),
+                     moments=moments)
             out["soak"] = s
             sys.stdout.write("soak summary: %d cycles in %.0f s; restores by source "
                              "(node-restores): %s; %d kills (%d wiped), %d with all RAM lost, "
