@@ -71,6 +71,7 @@ GCS_SERVER = os.path.join(REPO, "tests", "gcs_server", "gcs_server.py")
 
 KiB = 1024
 MiB = 1024 * KiB
+MANY_FILES_FROM = 32 * MiB   # content(): bigger steps are many files
 
 # filled by main() once MTCFS_BIN & co are in the environment
 harness = None
@@ -433,9 +434,20 @@ def content(job, step, rank, size):
     """The files node `rank` writes for `step`: deterministic, distinct per
     (job, step, rank); a 'params' file of `size` bytes and a few small ones."""
     seed = hashlib.sha256(("%s/%d/%d" % (job, step, rank)).encode()).digest()
-    big = (seed * (size // 32 + 1))[:size]
     # a non-periodic tail so a misplaced block cannot pass as the right one
     tail = hashlib.sha256(seed + b"tail").digest() * 8
+    if size > MANY_FILES_FROM:
+        # the soak's big steps (--soak-big): many 1 MiB files, each with
+        # its own tail, plus the small ones
+        out = {}
+        for i in range((size + MiB - 1) // MiB):
+            n = min(MiB, size - i * MiB)
+            sd = hashlib.sha256(seed + b"%d" % i).digest()
+            out["state/params/%03d/%d.0" % (i // 64, i)] = (sd * (n // 32 + 1))[:n] + sd
+        out["_CHECKPOINT_METADATA"] = b'{"step": %d, "rank": %d}' % (step, rank)
+        out["commit_success.txt"] = b"ok\n"
+        return out
+    big = (seed * (size // 32 + 1))[:size]
     return {
         "state/params/0.0": big + tail,
         "state/opt/0.0": (seed[::-1] * (size // 128 + 40))[:size // 4 + 13],
@@ -2167,6 +2179,7 @@ def tier_restart(c, r):
     d = c.nodes[r]
     named = catalog_dirs(d.ramdir)
     orphans = shard_dirs(d.ramdir) - named
+    stale = c.stage_dirs(r, live_only=False)
     want = tier_bytes(d.ramdir, named)
     pos = d.log_size()
     c.restart(r)
@@ -2179,6 +2192,10 @@ def tier_restart(c, r):
     if used != want:
         return ("node %d: ram_used=%d after the restart, but the namespace and the %d "
                 "shards in its catalog hold %d bytes" % (r, used, len(named), want))
+    gone = [p for p in stale if os.path.isdir(p)]
+    if gone:
+        return "node %d: staging directories of a shard cut short survived the restart: %s" % (
+            r, gone)
     left = {o for o in orphans if os.path.isdir(os.path.join(d.ramdir, "shards", o))}
     if left - catalog_dirs(d.ramdir):
         return "node %d: shard directories no catalog record names survived the restart: %s" % (
@@ -2207,18 +2224,154 @@ def verify_clean(c, timeout=30):
 
 # --- soak ------------------------------------------------------------------------------
 
-def soak(drv, cycles, seed, backend, out=sys.stdout):
+GC_LINE = re.compile(r"\bdropped (?:replica )?job=")
+
+
+def soak_gc_kill(c, rnd, victims, wipes, step, size, cyc):
+    """The victims die while GC drops the shards the new step makes
+    obsolete: either the daemon kills itself right after a drop marked its
+    record (MTCFS_TEST_CRASH=drop-marked, set by a clean restart before the
+    save), or the driver kills it 0-30 ms after its first `dropped` line.
+    Returns the mode used."""
+    mode = rnd.choice(["hook", "log"])
+    pos = {}
+    for v in victims:
+        d = c.nodes[v]
+        if mode == "hook":
+            d.stop()
+            d.env["MTCFS_TEST_CRASH"] = "drop-marked"
+            d.start()
+        pos[v] = d.log_size()
+    for r in range(c.n):
+        try:
+            c.write(r, step, size)
+            c.commit(r, step)
+        except OSError as e:
+            c.notes.append("cycle %d node %d: %s" % (cyc + 1, r, e))
+    delay = rnd.uniform(0, 0.03)
+    for v in victims:
+        d = c.nodes[v]
+        try:
+            if mode == "hook":
+                deadline_wait(lambda: d.proc.poll() is not None, 30,
+                              "node %d killing itself at a drop" % v, interval=0.01)
+            else:
+                deadline_wait(lambda: GC_LINE.search(d.log_from(pos[v])), 30,
+                              "node %d's first GC drop" % v, interval=0.002)
+                time.sleep(delay)
+        except AssertionError as e:
+            c.notes.append("cycle %d: %s: not reached, killed anyway" % (cyc + 1, e))
+        d.env.pop("MTCFS_TEST_CRASH", None)
+        c.kill(v, wipe=wipes[v])
+    return mode
+
+
+def holder_of(r):
+    """The node holding r's replica under Ctx.yaml's peer-ranks (3 nodes)."""
+    return 1 if r == 2 else r ^ 1
+
+
+def soak_restore_kill(c, rnd, step, size, cyc, summary, out):
+    """A restore is killed while it fetches: the step is saved and
+    confirmed (replicated, backed up); then either one node comes back
+    empty (it fetches its shard from its replica holder, over a slowed
+    link when namespaces exist) or every node's RAM is lost (each fetches
+    from the bucket); the job restarts and, once a fetcher's staging
+    directory holds data (or after a random moment when none is seen), the
+    fetcher itself or its source node is killed -9 (RAMDIR kept or wiped).
+    The in-flight restore is checked (it may fail; what is published must
+    be right), the dead come back (ram_used and orphans checked), and the
+    caller's job restart checks the next restore. Returns a description."""
+    for r in range(c.n):
+        c.write(r, step, size)
+        c.commit(r, step)
+    c.confirm(step)
+    src = rnd.choice(["peer", "peer", "bucket"]) if c.backups else "peer"
+    if src == "peer":
+        f = rnd.randrange(c.n)
+        c.kill(f, wipe=True)
+        why = tier_restart(c, f)
+        if why:
+            summary["tier_problems"].append("cycle %d: %s" % (cyc + 1, why))
+        target = rnd.choice(["fetcher", "source"])
+        victim = f if target == "fetcher" else holder_of(f)
+        summary["kills"] += 1
+        summary["wipes"] += 1
+    else:
+        summary["all_ram_lost"] += 1
+        c.lose_all_ram()
+        f = rnd.randrange(c.n)
+        target = rnd.choice(["fetcher", "other fetcher"])
+        victim = f if target == "fetcher" else rnd.choice([r for r in range(c.n) if r != f])
+    wipe = rnd.random() < 0.5
+    min_bytes = rnd.choice([1, 16 * KiB, 256 * KiB])
+    slowed = src == "peer" and c.net.mode == "netns"
+    if slowed:
+        c.net.slow(f, rnd.choice([8, 24]))
+    live = sorted(c.running)
+    pre = {"copies": c.settle(live), "backups": c.scan_bucket(), "live": live,
+           "gen": dict(c.gen)}
+    res = {}
+    deadline = time.monotonic() + 2 * c.restore_timeout + 30
+    ts = [threading.Thread(target=c._node_attempt, args=(r, res, deadline), daemon=True)
+          for r in live]
+    for t in ts:
+        t.start()
+    seen = True
+    try:
+        c.wait_stage(f, timeout=15, min_bytes=min_bytes)
+    except AssertionError:
+        seen = False
+        c.notes.append("cycle %d: node %d's fetch staging never seen (>= %d bytes)" % (
+            cyc + 1, f, min_bytes))
+        time.sleep(rnd.uniform(0, 0.2))
+    c.kill(victim, wipe=wipe)
+    summary["kills"] += 1
+    summary["wipes"] += int(wipe)
+    summary.setdefault("restore_kills", {"staged": 0, "blind": 0, "cut_mid_shard": 0})
+    summary["restore_kills"]["staged" if seen else "blind"] += 1
+    # a staging directory the killed fetcher left: the kill cut a shard
+    # in half (tier_restart checks that the restart removes it)
+    if victim == f and not wipe and c.stage_dirs(f, live_only=False):
+        summary["restore_kills"]["cut_mid_shard"] += 1
+    planning_finish(c, ts)
+    if slowed:
+        c.net.heal(f)
+    inflight_check(c, res, pre, label="cycle %d in-flight restore" % (cyc + 1))
+    inflight = {r: v[0] if v[0] != "ok" else sorted(v[2]) for r, v in sorted(res.items())}
+    why = tier_restart(c, victim)
+    if why:
+        summary["tier_problems"].append("cycle %d: %s" % (cyc + 1, why))
+        out.write("  soak cycle %3d: RAM TIER: %s\n" % (cyc + 1, why))
+    return "%s fetch of node %d, killed the %s (node %d, %s%s); in flight: %s" % (
+        src, f, target, victim, "wiped" if wipe else "kept",
+        "" if seen else ", stage not seen", inflight)
+
+
+SOAK_MOMENTS = ("writing", "commit", "after", "gc", "restore")
+
+
+def soak(drv, cycles, seed, backend, out=sys.stdout, big=2 * MiB, moments=None):
     """N cycles of: save a step on every node while random kills hit (kill -9
     with the RAMDIR kept or wiped; sometimes every node's RAM) -> restart the
     dead -> job restart (restore) -> verify against the disk truth and the
-    ledger. Returns the summary."""
+    ledger. The kills hit while writing, right after the commit rename,
+    0-400 ms after every commit, during GC's drops, or during a restore's
+    fetch. With `moments` (a list), cycle i kills at moments[i % len]
+    instead of a random moment (CI: every new moment in 3 cycles). Returns
+    the summary."""
     rnd = random.Random(seed)
     summary = {"cycles": 0, "seed": seed, "backend": backend,
                "restores": {"local": 0, "peer": 0, "bucket": 0, "nothing": 0, "?": 0},
                "restored_steps": [], "bad": [], "kills": 0, "wipes": 0, "all_ram_lost": 0,
-               "failed_attempts": 0, "secs": 0, "tier_problems": []}
+               "failed_attempts": 0, "secs": 0, "tier_problems": [], "big": big}
     t0 = time.monotonic()
-    c = Ctx(drv, "soak", backend, n=3, k=1, size=48 * KiB, restore_timeout=6)
+    ram = "%dM" % max(256, (big * 8) // MiB)
+
+    def new_ctx():
+        return Ctx(drv, "soak", backend, n=3, k=1, size=48 * KiB, restore_timeout=6,
+                   ram_size=ram)
+    c = new_ctx()
     try:
         c.start()
         c.fresh(steps=(10,))
@@ -2227,14 +2380,32 @@ def soak(drv, cycles, seed, backend, out=sys.stdout):
             step += 10
             victims = rnd.sample(range(c.n), rnd.choice([1, 1, 1, 2]))
             wipes = {v: rnd.random() < 0.5 for v in victims}
-            when = rnd.choice(["writing", "commit", "after", "after"])
+            when = rnd.choice(["writing", "commit", "after", "after", "gc", "restore"])
+            if moments:
+                when = moments[cyc % len(moments)]
             all_ram = rnd.random() < 0.12
-            size = rnd.choice([48 * KiB, 48 * KiB, 2 * MiB])
+            size = rnd.choice([48 * KiB, 48 * KiB, big])
+            detail = ""
+            if when == "restore":
+                # the kills of this cycle hit the restore (see soak_restore_kill)
+                victims, wipes, all_ram = [], {}, False
+                # at least 24 MiB: a smaller shard arrives whole between two polls
+                size = rnd.choice([BIG, max(BIG, big)])
+                try:
+                    detail = " (%s)" % soak_restore_kill(c, rnd, step, size, cyc, summary, out)
+                except (CellFail, AssertionError, OSError) as e:
+                    victims = [-1]
+                    detail = " (in-flight restore: %s)" % e
+                    summary["bad"].append({"cycle": cyc + 1, "step": step, "when": when,
+                                           "why": str(e), "evidence": c.evidence(15)})
+                    out.write("  soak cycle %3d: BAD RESTORE: %s\n" % (cyc + 1, e))
+            elif when == "gc":
+                detail = " (%s)" % soak_gc_kill(c, rnd, victims, wipes, step, size, cyc)
             # the job saves the step on every node; the victims die while
             # writing it (files written, no commit), right after their
             # commit rename, or 0-400 ms after every commit (sealing,
             # commit reports, replication and backups in flight)
-            for r in range(c.n):
+            for r in range(c.n) if when not in ("gc", "restore") else ():
                 try:
                     c.write(r, step, size)
                     if when == "writing" and r in victims:
@@ -2249,6 +2420,13 @@ def soak(drv, cycles, seed, backend, out=sys.stdout):
                 time.sleep(rnd.uniform(0, 0.4))
                 for v in victims:
                     c.kill(v, wipe=wipes[v])
+            if victims == [-1]:
+                victims = []
+                c.close()
+                c = new_ctx()
+                c.start()
+                c.fresh(steps=(10,))
+                step = 10
             summary["kills"] += len(victims)
             summary["wipes"] += sum(wipes.values())
             summary.setdefault("kill_phases", {}).setdefault(when, 0)
@@ -2273,10 +2451,13 @@ def soak(drv, cycles, seed, backend, out=sys.stdout):
                 if why:
                     summary["tier_problems"].append("cycle %d: %s" % (cyc + 1, why))
                     out.write("  soak cycle %3d: VERIFY: %s\n" % (cyc + 1, why))
-                out.write("  soak cycle %3d: step %d, killed at %s %s%s -> restored %d (%s)\n" % (
+                out.write("  soak cycle %3d: step %d, killed at %s %s%s%s -> restored %d (%s)\n" % (
                     cyc + 1, step, when, {v: "wiped" if wipes[v] else "kept" for v in victims},
-                    ", all RAM lost" if all_ram else "", got[0],
+                    detail, ", all RAM lost" if all_ram else "", got[0],
                     ",".join(chk["sources"][str(r)] for r in range(c.n))))
+                if when == "restore" or os.environ.get("MTCFS_SOAK_VERBOSE"):
+                    out.write("                  expected %s; backups (name, step, exact): %s\n" % (
+                        chk.get("expected"), chk.get("backups")))
             except (CellFail, AssertionError, OSError) as e:
                 summary["bad"].append({"cycle": cyc + 1, "step": step, "victims": victims,
                                        "when": when,
@@ -2285,7 +2466,7 @@ def soak(drv, cycles, seed, backend, out=sys.stdout):
                 out.write("  soak cycle %3d: BAD RESTORE: %s\n" % (cyc + 1, e))
                 # start over from a clean cluster
                 c.close()
-                c = Ctx(drv, "soak", backend, n=3, k=1, size=48 * KiB, restore_timeout=6)
+                c = new_ctx()
                 c.start()
                 c.fresh(steps=(10,))
                 step = 10
@@ -2306,6 +2487,13 @@ def soak(drv, cycles, seed, backend, out=sys.stdout):
 
 # --- main ----------------------------------------------------------------------------------
 
+def parse_size(txt):
+    m = re.fullmatch(r"(\d+)([KMG]?)", txt.strip().upper())
+    if not m:
+        raise SystemExit("bad size %r (e.g. 2M, 700M, 1G)" % txt)
+    return int(m.group(1)) * {"": 1, "K": KiB, "M": MiB, "G": 1024 * MiB}[m.group(2)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", help="regex on 'phase/fault' of the cells to run")
@@ -2317,6 +2505,12 @@ def main():
     ap.add_argument("--cycles", type=int, default=5)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--soak-backend", default="file")
+    ap.add_argument("--soak-moments",
+                    help="comma list of kill moments the soak's cycles take in turn "
+                         "(%s; default: random)" % ",".join(SOAK_MOMENTS))
+    ap.add_argument("--soak-big", default="2M",
+                    help="per-node size of the soak's big steps (K/M/G suffix; above 32M a "
+                         "step is many 1 MiB files)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--build", help="build directory with mtcfs and mtcfs-admin")
     ap.add_argument("--no-netns", action="store_true")
@@ -2382,13 +2576,19 @@ def main():
             seed = args.seed if args.seed is not None else random.randrange(1 << 30)
             sys.stdout.write("\nsoak: %d cycles, seed %d, %s bucket\n" % (
                 args.cycles, seed, args.soak_backend))
-            s = soak(drv, args.cycles, seed, args.soak_backend)
+            moments = [m for m in (args.soak_moments or "").split(",") if m]
+            if any(m not in SOAK_MOMENTS for m in moments):
+                raise SystemExit("--soak-moments: one of %s" % ",".join(SOAK_MOMENTS))
+            s = soak(drv, args.cycles, seed, args.soak_backend, big=parse_size(args.soak_big),
+                     moments=moments)
             out["soak"] = s
             sys.stdout.write("soak summary: %d cycles in %.0f s; restores by source "
                              "(node-restores): %s; %d kills (%d wiped), %d with all RAM lost, "
                              "%d failed restore attempts retried; bad restores: %d\n" % (
                                  s["cycles"], s["secs"], s["restores"], s["kills"], s["wipes"],
                                  s["all_ram_lost"], s["failed_attempts"], len(s["bad"])))
+            sys.stdout.write("  kill moments (cycles): %s; restore kills: %s\n" % (
+                s.get("kill_phases", {}), s.get("restore_kills", {})))
             for b in s["bad"]:
                 sys.stdout.write("  BAD cycle %s: %s\n" % (b.get("cycle"), b["why"]))
             for t in s["tier_problems"]:

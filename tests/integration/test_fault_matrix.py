@@ -1,8 +1,9 @@
 """Fault matrix, CI subset (issue 8): tests/fault/matrix.py --ci runs the
 cells marked for CI (one fault at one phase each, on the file:// bucket
 and/or the Cloud Storage test server; every cell asserts the restore
-invariants, see tests/fault/README.md) and a 3-cycle soak (save -> random
-kill -9 -> restart -> restore -> verify) with a fixed seed.
+invariants, see tests/fault/README.md) and a 3-cycle soak (save -> kill -9
+-> restart -> restore -> verify) with a fixed seed, one cycle each killing
+during GC's drops, during a restore's fetch and just after the commits.
 
 The driver runs as a child process (it sets up network namespaces and
 cleans them up itself); its matrix and soak summary are printed, its JSON
@@ -28,6 +29,9 @@ MATRIX = os.path.join(harness.REPO, "tests", "fault", "matrix.py")
 RUN_LIMIT = 480          # hard stop for the child (the ASan build is slower)
 SOAK_CYCLES = 3
 SOAK_SEED = 1
+# one cycle per kill moment the soak gained for issue 13: during GC's drops,
+# during a restore's fetch; then one 0-400 ms after the commits
+SOAK_MOMENTS = "gc,restore,after"
 
 
 class FaultMatrixCI(unittest.TestCase):
@@ -42,7 +46,7 @@ class FaultMatrixCI(unittest.TestCase):
         env["MTCFS_BIN"] = harness.MTCFS_BIN
         env["MTCFS_ADMIN"] = harness.MTCFS_ADMIN
         argv = ["/usr/bin/python3", MATRIX, "--ci", "--soak", "--cycles", str(SOAK_CYCLES),
-                "--seed", str(SOAK_SEED), "--json", js]
+                "--seed", str(SOAK_SEED), "--soak-moments", SOAK_MOMENTS, "--json", js]
         t0 = time.monotonic()
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -81,6 +85,8 @@ class FaultMatrixCI(unittest.TestCase):
                   for c in cells if c["result"] == "FAIL"]
         soak = res.get("soak") or {}
         self.assertEqual(soak.get("cycles"), SOAK_CYCLES, "soak cycles run")
+        self.assertEqual(soak.get("kill_phases"), {m: 1 for m in SOAK_MOMENTS.split(",")},
+                         "one soak cycle per kill moment")
         bad = ["cycle %s: %s" % (b.get("cycle"), b.get("why", "")[:600])
                for b in soak.get("bad", [])]
         if failed or bad:
