@@ -317,14 +317,16 @@ void idx_recs_free(struct shard_rec *recs, size_t n)
 	free(recs);
 }
 
-int idx_list_shards(struct idx *x, const char *job, struct shard_rec **recsp, size_t *np)
+/* One read transaction over every shard record: fn(arg, key, value) for
+ * each, in key order; fn returns 0 to go on or -errno to stop with it.
+ * 0, fn's error, or the LMDB error as -errno. */
+static int shards_scan(struct idx *x, int (*fn)(void *arg, const MDB_val *k, const MDB_val *v),
+		       void *arg)
 {
 	MDB_txn *txn;
 	MDB_cursor *cur;
 	MDB_val k, v;
-	struct shard_rec *recs = NULL;
-	size_t n = 0, cap = 0;
-	int rc, op = MDB_FIRST;
+	int rc, err = 0, op = MDB_FIRST;
 
 	rc = mdb_txn_begin(x->env, NULL, MDB_RDONLY, &txn);
 	if (rc)
@@ -335,38 +337,61 @@ int idx_list_shards(struct idx *x, const char *job, struct shard_rec **recsp, si
 		return idx_errno(rc);
 	}
 	while ((rc = mdb_cursor_get(cur, &k, &v, (MDB_cursor_op)op)) == 0) {
-		struct shard_rec r = { 0 };
 		op = MDB_NEXT;
-		if (parse_key(&k, &r.key) < 0)
-			continue;
-		if (job && strcmp(job, r.key.job))
-			continue;
-		if (n == cap) {
-			size_t ncap = cap ? cap * 2 : 16;
-			struct shard_rec *nr = realloc(recs, ncap * sizeof(*nr));
-			if (!nr) {
-				rc = ENOMEM;
-				break;
-			}
-			recs = nr;
-			cap = ncap;
-		}
-		if (decode_val(&v, &r) < 0)
-			continue;
-		if (r.state == SH_DROPPING) {
-			idx_rec_clear(&r);
-			continue;
-		}
-		recs[n++] = r;
+		if ((err = fn(arg, &k, &v)) < 0)
+			break;
 	}
 	mdb_cursor_close(cur);
 	mdb_txn_abort(txn);
-	if (rc != MDB_NOTFOUND) {
-		idx_recs_free(recs, n);
-		return rc == ENOMEM ? -ENOMEM : idx_errno(rc);
+	if (err < 0)
+		return err;
+	return rc == MDB_NOTFOUND ? 0 : idx_errno(rc);
+}
+
+struct list_acc {
+	const char *job;
+	struct shard_rec *recs;
+	size_t n, cap;
+};
+
+static int list_one(void *arg, const MDB_val *k, const MDB_val *v)
+{
+	struct list_acc *a = arg;
+	struct shard_rec r = { 0 };
+
+	if (parse_key(k, &r.key) < 0)
+		return 0;
+	if (a->job && strcmp(a->job, r.key.job))
+		return 0;
+	if (a->n == a->cap) {
+		size_t ncap = a->cap ? a->cap * 2 : 16;
+		struct shard_rec *nr = realloc(a->recs, ncap * sizeof(*nr));
+		if (!nr)
+			return -ENOMEM;
+		a->recs = nr;
+		a->cap = ncap;
 	}
-	*recsp = recs;
-	*np = n;
+	if (decode_val(v, &r) < 0)
+		return 0;
+	if (r.state == SH_DROPPING) {
+		idx_rec_clear(&r);
+		return 0;
+	}
+	a->recs[a->n++] = r;
+	return 0;
+}
+
+int idx_list_shards(struct idx *x, const char *job, struct shard_rec **recsp, size_t *np)
+{
+	struct list_acc a = { .job = job };
+	int rc = shards_scan(x, list_one, &a);
+
+	if (rc < 0) {
+		idx_recs_free(a.recs, a.n);
+		return rc;
+	}
+	*recsp = a.recs;
+	*np = a.n;
 	return 0;
 }
 
@@ -403,52 +428,45 @@ int idx_forget_dropping(struct idx *x, const struct shard_key *key)
 	return idx_errno(mdb_txn_commit(txn));
 }
 
+struct dropping_acc {
+	struct shard_key *keys;
+	size_t n, cap;
+};
+
+static int dropping_one(void *arg, const MDB_val *k, const MDB_val *v)
+{
+	struct dropping_acc *a = arg;
+	struct shard_key key;
+	struct rec_v1 h;
+
+	if (v->mv_size < sizeof(h) || parse_key(k, &key) < 0)
+		return 0;
+	memcpy(&h, v->mv_data, sizeof(h));
+	if (h.version != 1 || h.state != SH_DROPPING)
+		return 0;
+	if (a->n == a->cap) {
+		size_t ncap = a->cap ? a->cap * 2 : 8;
+		struct shard_key *nk = realloc(a->keys, ncap * sizeof(*nk));
+		if (!nk)
+			return -ENOMEM;
+		a->keys = nk;
+		a->cap = ncap;
+	}
+	a->keys[a->n++] = key;
+	return 0;
+}
+
 int idx_list_dropping(struct idx *x, struct shard_key **keysp, size_t *np)
 {
-	MDB_txn *txn;
-	MDB_cursor *cur;
-	MDB_val k, v;
-	struct shard_key *keys = NULL;
-	size_t n = 0, cap = 0;
-	int rc, op = MDB_FIRST;
+	struct dropping_acc a = { 0 };
+	int rc = shards_scan(x, dropping_one, &a);
 
-	rc = mdb_txn_begin(x->env, NULL, MDB_RDONLY, &txn);
-	if (rc)
-		return idx_errno(rc);
-	rc = mdb_cursor_open(txn, x->shards, &cur);
-	if (rc) {
-		mdb_txn_abort(txn);
-		return idx_errno(rc);
+	if (rc < 0) {
+		free(a.keys);
+		return rc;
 	}
-	while ((rc = mdb_cursor_get(cur, &k, &v, (MDB_cursor_op)op)) == 0) {
-		struct shard_key key;
-		struct rec_v1 h;
-		op = MDB_NEXT;
-		if (v.mv_size < sizeof(h) || parse_key(&k, &key) < 0)
-			continue;
-		memcpy(&h, v.mv_data, sizeof(h));
-		if (h.version != 1 || h.state != SH_DROPPING)
-			continue;
-		if (n == cap) {
-			size_t ncap = cap ? cap * 2 : 8;
-			struct shard_key *nk = realloc(keys, ncap * sizeof(*nk));
-			if (!nk) {
-				rc = ENOMEM;
-				break;
-			}
-			keys = nk;
-			cap = ncap;
-		}
-		keys[n++] = key;
-	}
-	mdb_cursor_close(cur);
-	mdb_txn_abort(txn);
-	if (rc != MDB_NOTFOUND) {
-		free(keys);
-		return rc == ENOMEM ? -ENOMEM : idx_errno(rc);
-	}
-	*keysp = keys;
-	*np = n;
+	*keysp = a.keys;
+	*np = a.n;
 	return 0;
 }
 
