@@ -48,7 +48,7 @@ static void check_manifest(const struct manifest *m, size_t size)
 			die("unsafe or missing path", size);
 		if (i > 0 && strcmp(m->e[i - 1].path, e->path) >= 0)
 			die("entries unsorted or duplicated", size);
-		if (e->type < MF_FILE || e->type > MF_SYMLINK || (e->mode & ~07777u))
+		if (e->type < MF_FILE || e->type > MF_FIFO || (e->mode & ~07777u))
 			die("bad type or mode", size);
 		if ((e->target != NULL) != (e->type == MF_SYMLINK))
 			die("symlink target without a symlink (or the reverse)", size);
