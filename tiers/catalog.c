@@ -252,6 +252,29 @@ int idx_del_shard(struct idx *x, const struct shard_key *key)
 	return idx_errno(mdb_txn_commit(txn));
 }
 
+/* Begin a write transaction and find key's record (at least its header):
+ * on 0 the caller owns *txn (commit or abort) and v points into it; on
+ * -errno nothing is left open. kb holds the encoded key (IDX_JOB_MAX + 32). */
+static int rec_begin(struct idx *x, const struct shard_key *key, uint8_t *kb, MDB_val *k,
+		     MDB_txn **txn, MDB_val *v)
+{
+	int rc;
+
+	if (x->ro)
+		return -EROFS;
+	k->mv_data = kb;
+	k->mv_size = make_key(key, kb);
+	rc = mdb_txn_begin(x->env, NULL, 0, txn);
+	if (rc)
+		return idx_errno(rc);
+	rc = mdb_get(*txn, x->shards, k, v);
+	if (rc || v->mv_size < sizeof(struct rec_v1)) {
+		mdb_txn_abort(*txn);
+		return rc ? idx_errno(rc) : -EBADMSG;
+	}
+	return 0;
+}
+
 int idx_set_state(struct idx *x, const struct shard_key *key, uint32_t state,
 		  uint32_t set_flags, uint32_t clear_flags)
 {
@@ -262,18 +285,8 @@ int idx_set_state(struct idx *x, const struct shard_key *key, uint32_t state,
 	void *copy;
 	int rc;
 
-	if (x->ro)
-		return -EROFS;
-	k.mv_data = kb;
-	k.mv_size = make_key(key, kb);
-	rc = mdb_txn_begin(x->env, NULL, 0, &txn);
-	if (rc)
-		return idx_errno(rc);
-	rc = mdb_get(txn, x->shards, &k, &v);
-	if (rc || v.mv_size < sizeof(h)) {
-		mdb_txn_abort(txn);
-		return rc ? idx_errno(rc) : -EBADMSG;
-	}
+	if ((rc = rec_begin(x, key, kb, &k, &txn, &v)) < 0)
+		return rc;
 	copy = malloc(v.mv_size);
 	if (!copy) {
 		mdb_txn_abort(txn);
@@ -403,18 +416,8 @@ int idx_forget_dropping(struct idx *x, const struct shard_key *key)
 	MDB_txn *txn;
 	int rc;
 
-	if (x->ro)
-		return -EROFS;
-	k.mv_data = kb;
-	k.mv_size = make_key(key, kb);
-	rc = mdb_txn_begin(x->env, NULL, 0, &txn);
-	if (rc)
-		return idx_errno(rc);
-	rc = mdb_get(txn, x->shards, &k, &v);
-	if (rc || v.mv_size < sizeof(h)) {
-		mdb_txn_abort(txn);
-		return rc ? idx_errno(rc) : -EBADMSG;
-	}
+	if ((rc = rec_begin(x, key, kb, &k, &txn, &v)) < 0)
+		return rc;
 	memcpy(&h, v.mv_data, sizeof(h));
 	if (h.state != SH_DROPPING) {
 		mdb_txn_abort(txn);
