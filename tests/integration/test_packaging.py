@@ -52,7 +52,7 @@ except ImportError:            # reported by the tests that need it
 REPO = harness.REPO
 BUILD = harness.BUILD
 PKG = os.path.join(REPO, "packaging")
-K8S = os.path.join(PKG, "k8s")
+K8S = os.path.join(PKG, "k8s", "sidecar")
 DEB_BIN = "/usr/bin/mtcfs"
 DEB_ADMIN = "/usr/bin/mtcfs-admin"
 LOCAL_BINS = ["/usr/local/bin/mtcfs", "/usr/local/bin/mtcfs-admin"]
