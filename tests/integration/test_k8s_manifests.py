@@ -50,8 +50,10 @@ TREES = [".", "node", "config", "configmap", "example", "monitoring",
 
 DRIVER = "mtcfs.csi.checkpoint.dev"
 # mtcfs-csi's interface (the README's mtcfs-csi section)
-CSI_FLAGS = {"--endpoint", "--node-id", "--config", "--ram-root", "--state-dir",
-             "--node-address", "--mtcfs", "--no-tmpfs", "--log-format", "-d"}
+# (csi/csi_main.c): flags with a value take it as the next argument
+CSI_VALUE_FLAGS = {"--endpoint", "--node-id", "--config", "--ram-root", "--state-dir",
+                   "--node-address", "--mtcfs", "--log-format"}
+CSI_BOOL_FLAGS = {"--no-tmpfs", "-d"}
 CSI_ATTRS = {"jobName", "jobSetName", "replicatedJobName", "podsPerJob",
              "rank", "coordinator", "subdomain", "peerPort", "ramSize"}
 CSI_DEFAULT_PEER_PORT = 8765
@@ -327,10 +329,31 @@ def mounts(c):
 
 
 def flags(c):
+    """The sidecars' "--flag=value" arguments."""
     out = {}
     for a in c["args"]:
         k, _, v = a.partition("=")
         out[k] = v
+    return out
+
+
+def csi_flags(c):
+    """mtcfs-csi's arguments parsed the way it parses them: a value flag
+    takes the next argument, anything else unknown is an error."""
+    out = {}
+    args = list(c["args"])
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in CSI_VALUE_FLAGS:
+            assert i + 1 < len(args), "%s: no value" % a
+            out[a] = args[i + 1]
+            i += 2
+        elif a in CSI_BOOL_FLAGS:
+            out[a] = True
+            i += 1
+        else:
+            raise AssertionError("mtcfs-csi does not take %r" % a)
     return out
 
 
@@ -502,8 +525,8 @@ class Wiring(unittest.TestCase):
         self.assertFalse(spec["attachRequired"])
         self.assertTrue(spec["podInfoOnMount"])
         self.assertIn("Ephemeral", spec["volumeLifecycleModes"])
-        f = flags(self.drv)
-        self.assertTrue(set(f) <= CSI_FLAGS, set(f) - CSI_FLAGS)
+        self.assertEqual(self.drv["command"], ["mtcfs-csi"])
+        f = csi_flags(self.drv)
         self.assertEqual(f["--endpoint"], "unix:///csi/csi.sock")
         self.assertEqual(f["--node-id"], "$(NODE_NAME)")
         env = {e["name"]: e for e in self.drv["env"]}
@@ -537,7 +560,7 @@ class Wiring(unittest.TestCase):
         self.assertEqual(m["kubelet-dir"]["mountPath"], "/var/lib/kubelet")
         self.assertEqual(m["kubelet-dir"]["mountPropagation"], "Bidirectional")
         self.assertEqual(self.vols["kubelet-dir"]["hostPath"]["path"], "/var/lib/kubelet")
-        f = flags(self.drv)
+        f = csi_flags(self.drv)
         bidir = [x["mountPath"] for x in m.values() if x.get("mountPropagation") == "Bidirectional"]
         for flag in ("--ram-root", "--state-dir"):
             self.assertTrue(any(under(f[flag], b) for b in bidir), flag)
@@ -584,7 +607,7 @@ class Wiring(unittest.TestCase):
         self.assertIn("%s.%s/${MTCFS_CONFIG_NAME}" % (crd["spec"]["names"]["plural"],
                                                       crd["spec"]["group"]), script)
         # the file the init container writes is the one the driver reads
-        f = flags(self.drv)
+        f = csi_flags(self.drv)
         cfg_dir = os.path.dirname(f["--config"])
         self.assertIn("out=%s" % f["--config"], script)
         self.assertEqual(mounts(self.cfg)["config"]["mountPath"], cfg_dir)
