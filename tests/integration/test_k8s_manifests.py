@@ -45,7 +45,7 @@ DEFAULT_VENV_PY = "/var/cache/mtcfs-test-venv/bin/python"
 K8S_VERSION = "1.32.0"       # GKE's Multi-Tier Checkpointing needs 1.32.4+
 
 # Every kustomization of the tree: a new one must be added here.
-TREES = [".", "node", "config", "configmap", "example", "monitoring",
+TREES = [".", "node", "config", "configmap", "example", "monitoring", "cleanup",
          "sidecar", "sidecar/base", "sidecar/node-ram"]
 
 DRIVER = "mtcfs.csi.checkpoint.dev"
@@ -751,6 +751,68 @@ class ConfigScript(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.run_dir, "config.yaml")))
         self.assertIn(b"mtcfs-config: no configuration: neither CheckpointConfiguration mtcfs",
                       r.stderr)
+
+
+class Cleanup(unittest.TestCase):
+    """cleanup/ frees what node/ leaves on the host: same nodes, same host
+    directory, and its script (run here as root on a scratch directory with
+    two tmpfs mounts standing in for the RAM tier and a job mount) unmounts
+    deepest first and removes the directories."""
+
+    def setUp(self):
+        need_tools(self)
+        node = by_kind(render(os.path.join(K8S, "node")))["DaemonSet"][0]
+        self.node_pod = node["spec"]["template"]["spec"]
+        cl = by_kind(render(os.path.join(K8S, "cleanup")))["DaemonSet"][0]
+        self.pod = cl["spec"]["template"]["spec"]
+        self.c = container(self.pod, "cleanup")
+
+    def test_same_nodes_and_directory(self):
+        self.assertEqual(self.pod["nodeSelector"], self.node_pod["nodeSelector"])
+        self.assertEqual(self.pod["tolerations"], self.node_pod["tolerations"])
+        node_vols = {v["name"]: v for v in self.node_pod["volumes"]}
+        vols = {v["name"]: v for v in self.pod["volumes"]}
+        self.assertEqual(vols["mtcfs-dir"]["hostPath"]["path"],
+                         node_vols["mtcfs-dir"]["hostPath"]["path"])
+        env = {e["name"]: e.get("value") for e in self.c["env"]}
+        m = mounts(self.c)["mtcfs-dir"]
+        self.assertEqual(m["mountPath"], env["MTCFS_DIR"])
+        self.assertEqual(m["mountPropagation"], "Bidirectional")   # unmounts reach the host
+        drv = container(self.node_pod, "mtcfs-csi")
+        self.assertEqual(mounts(drv)["mtcfs-dir"]["mountPath"], env["MTCFS_DIR"])
+
+    def test_script_unmounts_and_removes(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root (tmpfs mounts)")
+        tmp = tempfile.mkdtemp(prefix="mtcfs-k8s-clean-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        d = os.path.join(tmp, "var-lib-mtcfs")
+        ram = os.path.join(d, "ram")
+        mnt = os.path.join(d, "jobs", "default.job", "mnt")
+        os.makedirs(ram)
+        os.makedirs(mnt)
+        for m in (ram, mnt):
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "mtcfs-test", m], check=True)
+            self.addCleanup(subprocess.run, ["umount", "-l", m], stderr=subprocess.DEVNULL)
+        # the job mount is inside the RAM tier's sibling; a stale step in RAM
+        with open(os.path.join(ram, "step"), "w") as f:
+            f.write("x")
+        done = os.path.join(tmp, "done")
+        s = self.c["args"][0]
+        for a, b in (("exec sleep infinity", "exit 0"), ("/tmp/mtcfs-cleanup.done", done)):
+            self.assertIn(a, s)
+            s = s.replace(a, b)
+        r = subprocess.run(["/bin/sh", "-c", s], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                                                      "MTCFS_DIR": d, "NODE_NAME": "n1"},
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open("/proc/self/mounts") as f:
+            left = [ln.split()[1] for ln in f if ln.split()[1].startswith(d)]
+        self.assertEqual(left, [])
+        self.assertEqual(os.listdir(d), [])
+        self.assertTrue(os.path.exists(done))
+        self.assertIn(b"mtcfs-cleanup: %s freed on n1" % d.encode(), r.stderr)
 
 
 if __name__ == "__main__":
