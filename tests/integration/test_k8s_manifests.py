@@ -755,9 +755,9 @@ class ConfigScript(unittest.TestCase):
 
 class Cleanup(unittest.TestCase):
     """cleanup/ frees what node/ leaves on the host: same nodes, same host
-    directory, and its script (run here as root on a scratch directory with
-    two tmpfs mounts standing in for the RAM tier and a job mount) unmounts
-    deepest first and removes the directories."""
+    directory, and its script calls `mtcfs-csi --release` with the node
+    daemon's paths, then removes the directories (run here with a stand-in,
+    and with the real driver when it is built)."""
 
     def setUp(self):
         need_tools(self)
@@ -781,38 +781,79 @@ class Cleanup(unittest.TestCase):
         drv = container(self.node_pod, "mtcfs-csi")
         self.assertEqual(mounts(drv)["mtcfs-dir"]["mountPath"], env["MTCFS_DIR"])
 
-    def test_script_unmounts_and_removes(self):
-        if os.geteuid() != 0:
-            self.skipTest("needs root (tmpfs mounts)")
-        tmp = tempfile.mkdtemp(prefix="mtcfs-k8s-clean-")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        d = os.path.join(tmp, "var-lib-mtcfs")
-        ram = os.path.join(d, "ram")
-        mnt = os.path.join(d, "jobs", "default.job", "mnt")
-        os.makedirs(ram)
-        os.makedirs(mnt)
-        for m in (ram, mnt):
-            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "mtcfs-test", m], check=True)
-            self.addCleanup(subprocess.run, ["umount", "-l", m], stderr=subprocess.DEVNULL)
-        # the job mount is inside the RAM tier's sibling; a stale step in RAM
-        with open(os.path.join(ram, "step"), "w") as f:
-            f.write("x")
-        done = os.path.join(tmp, "done")
+    def run_script(self, d, path):
+        done = os.path.join(os.path.dirname(d), "done")
         s = self.c["args"][0]
         for a, b in (("exec sleep infinity", "exit 0"), ("/tmp/mtcfs-cleanup.done", done)):
             self.assertIn(a, s)
             s = s.replace(a, b)
-        r = subprocess.run(["/bin/sh", "-c", s], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-                                                      "MTCFS_DIR": d, "NODE_NAME": "n1"},
+        r = subprocess.run(["/bin/sh", "-c", s], env={"PATH": path, "MTCFS_DIR": d, "NODE_NAME": "n1"},
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, timeout=30)
+                           stderr=subprocess.PIPE, timeout=60)
+        return r, done
+
+    def scratch(self):
+        tmp = tempfile.mkdtemp(prefix="mtcfs-k8s-clean-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        d = os.path.join(tmp, "var-lib-mtcfs")
+        os.makedirs(os.path.join(d, "ram", "default.job"))
+        os.makedirs(os.path.join(d, "jobs", "default.job", "mnt"))
+        return tmp, d
+
+    def test_script_calls_release_with_the_node_paths(self):
+        tmp, d = self.scratch()
+        bindir = os.path.join(tmp, "bin")
+        os.mkdir(bindir)
+        argv = os.path.join(tmp, "argv")
+        with open(os.path.join(bindir, "mtcfs-csi"), "w") as f:
+            f.write('#!/bin/sh\nprintf "%%s\\n" "$@" > %s\n' % argv)
+        os.chmod(os.path.join(bindir, "mtcfs-csi"), 0o755)
+        r, done = self.run_script(d, bindir + ":/usr/bin:/bin")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(argv) as f:
+            got = f.read().splitlines()
+        # the node daemon's --ram-root and --state-dir, under MTCFS_DIR
+        f = csi_flags(container(self.node_pod, "mtcfs-csi"))
+        base = {e["name"]: e.get("value") for e in self.c["env"]}["MTCFS_DIR"]
+        self.assertEqual(got, ["--release",
+                               "--ram-root", d + f["--ram-root"][len(base):],
+                               "--state-dir", d + f["--state-dir"][len(base):],
+                               "--log-format", "json"])
+        self.assertEqual(os.listdir(d), [])
+        self.assertTrue(os.path.exists(done))
+        self.assertIn(b"mtcfs-cleanup: %s freed on n1" % d.encode(), r.stderr)
+        # a failed release leaves everything and fails the container
+        os.makedirs(os.path.join(d, "ram"))
+        os.remove(done)
+        with open(os.path.join(bindir, "mtcfs-csi"), "w") as f:
+            f.write("#!/bin/sh\nexit 1\n")
+        r, done = self.run_script(d, bindir + ":/usr/bin:/bin")
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(os.listdir(d), ["ram"])
+        self.assertFalse(os.path.exists(done))
+
+    def test_script_with_the_real_driver(self):
+        """With mtcfs-csi built (MTCFS_BUILD/csi/mtcfs-csi) and root: two
+        tmpfs mounts standing in for the RAM tier and a job mount go."""
+        build = os.environ.get("MTCFS_BUILD", "")
+        csi = os.path.join(build, "csi", "mtcfs-csi") if build else ""
+        if not csi or not os.access(csi, os.X_OK):
+            self.skipTest("no mtcfs-csi in MTCFS_BUILD=%r" % build)
+        if os.geteuid() != 0:
+            self.skipTest("needs root (tmpfs mounts)")
+        tmp, d = self.scratch()
+        for m in (os.path.join(d, "ram"), os.path.join(d, "jobs", "default.job", "mnt")):
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "mtcfs-k8s-test", m], check=True)
+            self.addCleanup(subprocess.run, ["umount", "-l", m], stderr=subprocess.DEVNULL)
+        with open(os.path.join(d, "ram", "step"), "w") as f:
+            f.write("x")
+        r, done = self.run_script(d, os.path.dirname(csi) + ":/usr/sbin:/usr/bin:/sbin:/bin")
         self.assertEqual(r.returncode, 0, r.stderr)
         with open("/proc/self/mounts") as f:
             left = [ln.split()[1] for ln in f if ln.split()[1].startswith(d)]
         self.assertEqual(left, [])
         self.assertEqual(os.listdir(d), [])
         self.assertTrue(os.path.exists(done))
-        self.assertIn(b"mtcfs-cleanup: %s freed on n1" % d.encode(), r.stderr)
 
 
 if __name__ == "__main__":
