@@ -43,6 +43,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 K8S = os.path.join(ROOT, "packaging", "k8s")
 DEFAULT_VENV_PY = "/var/cache/mtcfs-test-venv/bin/python"
 K8S_VERSION = "1.32.0"       # GKE's Multi-Tier Checkpointing needs 1.32.4+
+# the oldest supported and the newest schemas kubernetes-validate 1.37 ships
+K8S_VERSIONS = ["1.32.0", "1.37.0"]
 
 # Every kustomization of the tree: a new one must be added here.
 TREES = [".", "node", "config", "configmap", "example", "monitoring", "cleanup",
@@ -236,9 +238,9 @@ SERVICEMONITOR_SCHEMA = closed(dict(TYPEMETA("monitoring.coreos.com/v1", "Servic
     }, ["selector"])}), ["apiVersion", "kind", "metadata", "spec"])
 
 
-def core_registry():
+def core_registry(version):
     defs = kv_utils.schema_contents(
-        "kubernetes-json-schema/v%s-local-strict/_definitions.json" % K8S_VERSION, K8S_VERSION)
+        "kubernetes-json-schema/v%s-local-strict/_definitions.json" % version, version)
     return Resource.from_contents(defs) @ Registry()
 
 
@@ -278,8 +280,9 @@ class Validator:
     (strict), our CRD's kind with its own schema, JobSet and the monitors
     with the derived schemas above."""
 
-    def __init__(self, crds):
-        self.registry = core_registry()
+    def __init__(self, crds, version=K8S_VERSION):
+        self.version = version
+        self.registry = core_registry(version)
         self.schemas = {
             ("jobset.x-k8s.io/v1alpha2", "JobSet"): JOBSET_SCHEMA,
             ("monitoring.googleapis.com/v1", "PodMonitoring"): PODMONITORING_SCHEMA,
@@ -301,7 +304,7 @@ class Validator:
             return ["%s: %s at %s" % (name_of(o), e.message, "/".join(map(str, e.absolute_path)))
                     for e in v.iter_errors(o)]
         try:
-            kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+            kubernetes_validate.validate(o, self.version, strict=True)
         except kv_utils.SchemaNotFoundError:
             return ["%s: no schema for %s %s" % (name_of(o), key[0], key[1])]
         except kv_utils.ValidationError as e:
@@ -390,18 +393,19 @@ class Tree(unittest.TestCase):
     def test_every_object_validates(self):
         crds = by_kind(self.rendered["node"]).get("CustomResourceDefinition", [])
         self.assertEqual(len(crds), 1)
-        v = Validator(crds)
-        counts = {}
-        for t in TREES:
-            objs = self.rendered[t]
-            self.assertTrue(objs, t)
-            errs = []
-            for o in objs:
-                errs += v.errors(o)
-                counts[o["kind"]] = counts.get(o["kind"], 0) + 1
-            self.assertEqual(errs, [], "tree %s" % t)
-        sys.stdout.write("  validated: %s\n" % ", ".join(
-            "%s %d" % kv for kv in sorted(counts.items())))
+        for version in K8S_VERSIONS:
+            v = Validator(crds, version)
+            counts = {}
+            for t in TREES:
+                objs = self.rendered[t]
+                self.assertTrue(objs, t)
+                errs = []
+                for o in objs:
+                    errs += v.errors(o)
+                    counts[o["kind"]] = counts.get(o["kind"], 0) + 1
+                self.assertEqual(errs, [], "tree %s, Kubernetes %s" % (t, version))
+            sys.stdout.write("  validated against %s: %s\n" % (version, ", ".join(
+                "%s %d" % kv for kv in sorted(counts.items()))))
         for kind in ("Namespace", "CustomResourceDefinition", "CSIDriver", "DaemonSet",
                      "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                      "CheckpointConfiguration", "ConfigMap", "JobSet", "PodMonitoring",
