@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -858,6 +859,98 @@ class Cleanup(unittest.TestCase):
         self.assertEqual(left, [])
         self.assertEqual(os.listdir(d), [])
         self.assertTrue(os.path.exists(done))
+
+
+def built_csi():
+    build = os.environ.get("MTCFS_BUILD", "")
+    p = os.path.join(build, "csi", "mtcfs-csi") if build else ""
+    return p if p and os.access(p, os.X_OK) else None
+
+
+class DriverReadsConfiguration(unittest.TestCase):
+    """Both forms of the configuration, as the config init container hands
+    them over (the CR as kubectl's JSON, the ConfigMap's config.yaml), are
+    accepted by the real mtcfs-csi (when built): it starts serving on its
+    socket; a wrong key makes it exit 2 naming the key."""
+
+    def setUp(self):
+        need_tools(self)
+        self.csi = built_csi()
+        if not self.csi:
+            self.skipTest("no mtcfs-csi in MTCFS_BUILD=%r" % os.environ.get("MTCFS_BUILD", ""))
+        self.tmp = tempfile.mkdtemp(prefix="mtcfs-k8s-drv-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        ds = by_kind(render(os.path.join(K8S, "node")))["DaemonSet"][0]
+        self.drv = container(ds["spec"]["template"]["spec"], "mtcfs-csi")
+
+    def start(self, config_text):
+        cfg = os.path.join(self.tmp, "config.yaml")
+        with open(cfg, "w") as f:
+            f.write(config_text)
+        # the DaemonSet's arguments, with this machine's paths
+        f = csi_flags(self.drv)
+        f.update({"--endpoint": "unix://%s/csi.sock" % self.tmp, "--node-id": "n1",
+                  "--config": cfg, "--ram-root": os.path.join(self.tmp, "ram"),
+                  "--state-dir": os.path.join(self.tmp, "jobs"), "--node-address": "127.0.0.1"})
+        argv = [self.csi, "--no-tmpfs"]
+        for k, v in f.items():
+            argv += [k, v]
+        os.makedirs(os.path.join(self.tmp, "ram"), exist_ok=True)
+        self.logpath = os.path.join(self.tmp, "log")
+        with open(self.logpath, "ab") as log:      # the child keeps its own fd
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+        def reap():
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.addCleanup(reap)
+        deadline = time.monotonic() + 30
+        sock = os.path.join(self.tmp, "csi.sock")
+        while time.monotonic() < deadline and p.poll() is None and not os.path.exists(sock):
+            time.sleep(0.05)
+        return p, sock
+
+    def log(self, want=None):
+        """The driver's log; with want, once it shows that (deadline)."""
+        deadline = time.monotonic() + 10
+        while True:
+            with open(self.logpath, errors="replace") as f:
+                text = f.read()
+            if want is None or want in text or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
+
+    def test_custom_resource_as_kubectl_writes_it(self):
+        cr = render(os.path.join(K8S, "config"))[0]
+        obj = copy.deepcopy(cr)
+        obj["metadata"].update({"uid": "2a0c9d4e-0000-4000-8000-000000000001",
+                                "resourceVersion": "4711", "generation": 1,
+                                "creationTimestamp": "2026-01-02T03:04:05Z"})
+        p, sock = self.start(json.dumps(obj, indent=4))
+        self.assertIsNone(p.poll(), self.log())
+        self.assertTrue(os.path.exists(sock))
+        want = "%d gcsFuseMountOptions ignored" % len(cr["spec"]["gcsFuseMountOptions"])
+        text = self.log(want)
+        self.assertIn(want, text)
+        self.assertNotIn("no cloudStorageBucketName", text)
+
+    def test_configmap_form(self):
+        cm = render(os.path.join(K8S, "configmap"))[0]
+        p, sock = self.start(cm["data"]["config.yaml"])
+        self.assertIsNone(p.poll(), self.log())
+        self.assertTrue(os.path.exists(sock))
+        self.assertNotIn("no cloudStorageBucketName", self.log())
+
+    def test_wrong_key_is_refused(self):
+        cm = render(os.path.join(K8S, "configmap"))[0]
+        p, sock = self.start(cm["data"]["config.yaml"] + "  bucket: x\n")
+        self.assertEqual(p.wait(30), 2)
+        self.assertIn("unknown key bucket", self.log())
 
 
 if __name__ == "__main__":
