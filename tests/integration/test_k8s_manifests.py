@@ -22,6 +22,11 @@ csi/ and the README's mtcfs-csi section).
   Managed Prometheus monitoring.googleapis.com/v1, Prometheus Operator
   monitoring.coreos.com/v1), for the fields the examples use.
 - A broken copy of the tree (one mutation per schema family) must fail.
+- Scripts in the manifests run here: the config init container's (with a
+  stand-in kubectl) and the cleanup DaemonSet's (with a stand-in mtcfs-csi,
+  and with the real one when MTCFS_BUILD has csi/mtcfs-csi and we are root).
+- With mtcfs-csi built, the driver itself reads both configuration forms as
+  the init container hands them over.
 
 The tools live in the test venv (tests/run builds it from
 tests/requirements.txt and exports MTCFS_TEST_PY). Run with /usr/bin/python3,
