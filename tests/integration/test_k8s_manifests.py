@@ -250,6 +250,31 @@ def core_registry(version):
     return Resource.from_contents(defs) @ Registry()
 
 
+def as_served(schema):
+    """A CRD schema as the API server applies it to objects that kubectl
+    sends with strict field validation (its default): an unknown field under
+    "properties" is an error (pruning would drop it silently otherwise).
+    So every object with properties is closed here, unless it preserves
+    unknown fields. Returns a copy; iterative."""
+    out = copy.deepcopy(schema)
+    todo = [out]
+    while todo:
+        s = todo.pop()
+        if "properties" in s and "additionalProperties" not in s and \
+                not s.get("x-kubernetes-preserve-unknown-fields"):
+            s["additionalProperties"] = False
+        todo.extend(s.get("properties", {}).values())
+        if isinstance(s.get("items"), dict):
+            todo.append(s["items"])
+        if isinstance(s.get("additionalProperties"), dict):
+            todo.append(s["additionalProperties"])
+    # metadata is checked by the API server as ObjectMeta, whatever the CRD says
+    if "metadata" in out.get("properties", {}):
+        out["properties"]["metadata"] = {
+            "$ref": CORE + "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}
+    return out
+
+
 def crd_schema(crd):
     """The openAPIV3Schema of a CRD's storage version, as JSON schema (the
     x-kubernetes-* keywords are annotations to jsonschema)."""
@@ -259,9 +284,11 @@ def crd_schema(crd):
 
 
 def check_structural(schema, path="openAPIV3Schema"):
-    """Kubernetes rejects a non-structural CRD schema: every node needs a
-    type (or x-kubernetes-int-or-string / preserve-unknown-fields). Iterative,
-    so no recursion on the file's depth."""
+    """What the API server refuses in a CRD schema (apiextensions v1): a
+    node without a type (unless x-kubernetes-int-or-string /
+    preserve-unknown-fields), "properties" next to "additionalProperties",
+    and "additionalProperties: false". Iterative, so no recursion on the
+    file's depth."""
     errs = []
     todo = [(schema, path)]
     while todo:
@@ -269,6 +296,10 @@ def check_structural(schema, path="openAPIV3Schema"):
         if not ("type" in s or s.get("x-kubernetes-int-or-string")
                 or s.get("x-kubernetes-preserve-unknown-fields")):
             errs.append("%s: no type" % p)
+        if "properties" in s and "additionalProperties" in s:
+            errs.append("%s: properties and additionalProperties are mutually exclusive" % p)
+        if s.get("additionalProperties") is False:
+            errs.append("%s: additionalProperties: false is not allowed" % p)
         for k, sub in s.get("properties", {}).items():
             todo.append((sub, p + "." + k))
         if isinstance(s.get("items"), dict):
@@ -298,7 +329,7 @@ class Validator:
             g = crd["spec"]["group"]
             for v in crd["spec"]["versions"]:
                 self.schemas[("%s/%s" % (g, v["name"]), crd["spec"]["names"]["kind"])] = \
-                    v["schema"]["openAPIV3Schema"]
+                    as_served(v["schema"]["openAPIV3Schema"])
 
     def errors(self, o):
         key = (o.get("apiVersion"), o.get("kind"))
