@@ -449,6 +449,46 @@ class Tree(unittest.TestCase):
                      "ServiceMonitor", "Service"):
             self.assertIn(kind, counts)
 
+    def test_pod_rules_the_schemas_do_not_carry(self):
+        """What the API server checks beyond the schema, for every pod
+        template of the tree: mounts name existing volumes, Bidirectional
+        only in privileged containers, port names of at most 15 characters
+        and unique, host-network ports unique, selectors that match."""
+        seen = 0
+        for t in TREES:
+            for o in self.rendered[t]:
+                if o["kind"] == "DaemonSet":
+                    tpl = o["spec"]["template"]
+                    labels = tpl["metadata"]["labels"]
+                    for k, v in o["spec"]["selector"]["matchLabels"].items():
+                        self.assertEqual(labels.get(k), v, name_of(o))
+                    pods = [tpl["spec"]]
+                elif o["kind"] == "JobSet":
+                    pods = [rj["template"]["spec"]["template"]["spec"]
+                            for rj in o["spec"]["replicatedJobs"]]
+                else:
+                    continue
+                for pod in pods:
+                    seen += 1
+                    vols = {v["name"] for v in pod.get("volumes", [])}
+                    names, host_ports = set(), set()
+                    for c in pod.get("initContainers", []) + pod["containers"]:
+                        where = "%s %s" % (name_of(o), c["name"])
+                        priv = c.get("securityContext", {}).get("privileged", False)
+                        for m in c.get("volumeMounts", []):
+                            self.assertIn(m["name"], vols, where)
+                            if m.get("mountPropagation") == "Bidirectional":
+                                self.assertTrue(priv, where)
+                        for pt in c.get("ports", []):
+                            if "name" in pt:
+                                self.assertLessEqual(len(pt["name"]), 15, where)
+                                self.assertNotIn(pt["name"], names, where)
+                                names.add(pt["name"])
+                            if pod.get("hostNetwork"):
+                                self.assertNotIn(pt["containerPort"], host_ports, where)
+                                host_ports.add(pt["containerPort"])
+        self.assertGreaterEqual(seen, 4)
+
     def test_crd_is_structural(self):
         crd = by_kind(self.rendered["node"])["CustomResourceDefinition"][0]
         self.assertEqual(check_structural(crd_schema(crd)), [])
