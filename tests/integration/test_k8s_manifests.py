@@ -20,7 +20,9 @@ csi/ and the README's mtcfs-csi section).
   JobTemplateSpec (so the pod spec is checked strictly too).
 - PodMonitoring / ServiceMonitor: likewise from their Go types (Google
   Managed Prometheus monitoring.googleapis.com/v1, Prometheus Operator
-  monitoring.coreos.com/v1), for the fields the examples use.
+  monitoring.coreos.com/v1; files and commits at the schemas): every field
+  of the specs and endpoints, the nested auth/TLS/relabeling objects only
+  as "object".
 - A broken copy of the tree (one mutation per schema family) must fail.
 - Scripts in the manifests run here: the config init container's (with a
   stand-in kubectl) and the cleanup DaemonSet's (with a stand-in mtcfs-csi,
@@ -205,43 +207,70 @@ PORT = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer", "minim
 DURATION = {"type": "string", "pattern": r"^((([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
                                          r"(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?|0)$"}
 
-# monitoring.googleapis.com/v1 PodMonitoring (GMP's PodMonitoringSpec,
-# ScrapeEndpoint)
+# monitoring.googleapis.com/v1 PodMonitoring: PodMonitoringSpec and
+# ScrapeEndpoint (+ the inline HTTPClientConfig, ProxyConfig) of
+# GoogleCloudPlatform/prometheus-engine pkg/operator/apis/monitoring/v1/
+# pod_types.go and http_types.go, read at commit 2ffde4ec7
 PODMONITORING_SCHEMA = closed(dict(TYPEMETA("monitoring.googleapis.com/v1", "PodMonitoring"), **{
     "spec": closed({
         "selector": LABEL_SELECTOR,
-        "endpoints": {"type": "array", "minItems": 1, "items": closed({
+        "endpoints": {"type": "array", "items": closed({
             "port": PORT, "scheme": {"enum": ["http", "https"]},
-            "path": {"type": "string"}, "params": {"type": "object"},
+            "path": {"type": "string"},
+            "params": {"type": "object", "additionalProperties": STRLIST},
             "interval": DURATION, "timeout": DURATION,
-            "metricRelabeling": {"type": "array"}, "proxyUrl": {"type": "string"},
-            "tls": {"type": "object"}, "authorization": {"type": "object"},
-            "basicAuth": {"type": "object"}, "oauth2": {"type": "object"}},
-            ["port"])},
-        "targetLabels": {"type": "object"},
-        "limits": {"type": "object"},
+            "metricRelabeling": {"type": "array", "items": {"type": "object"}},
+            "proxyUrl": {"type": "string"}, "authorization": {"type": "object"},
+            "basicAuth": {"type": "object"}, "tls": {"type": "object"},
+            "oauth2": {"type": "object"}},
+            ["port", "interval"])},
+        "targetLabels": closed({"metadata": STRLIST, "fromPod": {"type": "array"}}),
+        "limits": closed({k: {"type": "integer", "minimum": 0} for k in (
+            "samples", "labels", "labelNameLength", "labelValueLength")}),
         "filterRunning": {"type": "boolean"}}, ["selector", "endpoints"]),
     "status": {"type": "object"}}), ["apiVersion", "kind", "metadata", "spec"])
 
-# monitoring.coreos.com/v1 ServiceMonitor (ServiceMonitorSpec, Endpoint,
-# NamespaceSelector)
+# monitoring.coreos.com/v1 ServiceMonitor: ServiceMonitorSpec, Endpoint,
+# NamespaceSelector (+ the inline HTTPConfigWithProxyAndTLSFiles, ProxyConfig,
+# NativeHistogramConfig) of prometheus-operator/prometheus-operator
+# pkg/apis/monitoring/v1/servicemonitor_types.go and types.go, read at
+# commit 6adcebc50
+_INT = {"type": "integer", "minimum": 0}
 SERVICEMONITOR_SCHEMA = closed(dict(TYPEMETA("monitoring.coreos.com/v1", "ServiceMonitor"), **{
-    "spec": closed({
-        "selector": LABEL_SELECTOR,
-        "namespaceSelector": closed({"any": {"type": "boolean"}, "matchNames": STRLIST}),
+    "spec": closed(dict({
         "jobLabel": {"type": "string"},
         "targetLabels": STRLIST, "podTargetLabels": STRLIST,
-        "sampleLimit": {"type": "integer", "minimum": 0},
+        "selector": LABEL_SELECTOR,
+        "selectorMechanism": {"enum": ["RelabelConfig", "RoleSelector"]},
+        "namespaceSelector": closed({"any": {"type": "boolean"}, "matchNames": STRLIST}),
+        "sampleLimit": _INT, "targetLimit": _INT, "labelLimit": _INT,
+        "labelNameLengthLimit": _INT, "labelValueLengthLimit": _INT,
+        "keepDroppedTargets": _INT,
+        "scrapeProtocols": STRLIST, "fallbackScrapeProtocol": {"type": "string"},
+        "attachMetadata": {"type": "object"}, "scrapeClass": {"type": "string"},
+        "bodySizeLimit": {"type": "string"},
+        "serviceDiscoveryRole": {"enum": ["Endpoints", "EndpointSlice"]},
+        "scrapeNativeHistograms": {"type": "boolean"},
+        "scrapeClassicHistograms": {"type": "boolean"},
+        "nativeHistogramBucketLimit": _INT,
+        "nativeHistogramMinBucketFactor": {"type": ["string", "number"]},
+        "convertClassicHistogramsToNHCB": {"type": "boolean"},
         "endpoints": {"type": "array", "items": closed({
             "port": {"type": "string"}, "targetPort": PORT,
-            "path": {"type": "string"}, "scheme": {"enum": ["http", "https"]},
-            "params": {"type": "object"}, "interval": DURATION,
-            "scrapeTimeout": DURATION, "honorLabels": {"type": "boolean"},
-            "honorTimestamps": {"type": "boolean"}, "tlsConfig": {"type": "object"},
-            "bearerTokenSecret": {"type": "object"}, "authorization": {"type": "object"},
-            "relabelings": {"type": "array"}, "metricRelabelings": {"type": "array"},
-            "followRedirects": {"type": "boolean"}, "enableHttp2": {"type": "boolean"}})},
-    }, ["selector"])}), ["apiVersion", "kind", "metadata", "spec"])
+            "path": {"type": "string"}, "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+            "params": {"type": "object", "additionalProperties": STRLIST},
+            "interval": DURATION, "scrapeTimeout": DURATION,
+            "honorLabels": {"type": "boolean"}, "honorTimestamps": {"type": "boolean"},
+            "trackTimestampsStaleness": {"type": "boolean"},
+            "metricRelabelings": {"type": "array"}, "relabelings": {"type": "array"},
+            "filterRunning": {"type": "boolean"}, "bearerTokenFile": {"type": "string"},
+            "authorization": {"type": "object"}, "basicAuth": {"type": "object"},
+            "oauth2": {"type": "object"}, "bearerTokenSecret": {"type": "object"},
+            "followRedirects": {"type": "boolean"}, "enableHttp2": {"type": "boolean"},
+            "tlsConfig": {"type": "object"}, "proxyUrl": {"type": "string"},
+            "noProxy": {"type": "string"}, "proxyFromEnvironment": {"type": "boolean"},
+            "proxyConnectHeader": {"type": "object"}})},
+    }), ["selector", "endpoints"])}), ["apiVersion", "kind", "metadata", "spec"])
 
 
 def core_registry(version):
