@@ -2,7 +2,7 @@
  * thread gets them from a replicator.yaml the application wrote.
  *
  * Besides memory and UB errors (ASan/UBSan) it aborts on a broken contract
- * of fs/rcfg.h: a result outside {0, -ENODATA, -EINVAL}; on error a non-zero
+ * of cluster/rcfg.h: a result outside {0, -ENODATA, -EINVAL}; on error a non-zero
  * *out, an -EINVAL without a message or with a newline or one that does not
  * fit 1024 bytes, an -ENODATA with a message; on success a config that
  * breaks the documented invariants, or whose canonical dump (rcfg_to_yaml)
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fs/rcfg.h"
+#include "cluster/rcfg.h"
 
 #define ERRLEN 1024
 #define DUMP_MAX 4096
@@ -94,7 +94,7 @@ static int job_ok(const char *j)
 	return 1;
 }
 
-/* The invariants fs/rcfg.h promises for a parsed config. */
+/* The invariants cluster/rcfg.h promises for a parsed config. */
 static const char *check_invariants(const struct rcfg *c)
 {
 	if (!job_ok(c->job))

@@ -6,7 +6,7 @@
  * run (util.read_config: yaml.safe_load, os.path.expandvars, int()) is
  * accepted; where mtcfs reads it differently it says so in a warning.
  */
-#include "fs/rcfg.h"
+#include "cluster/rcfg.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -5,13 +5,13 @@
  *         -> {send:true}, then one NT_FILE per file of the manifest, then
  *            {ok:true} once every CRC32C matched and the replica is published
  *   fetch {job, step, owner, worker} -> {manifest:b64}, then one NT_FILE per file */
-#include "tiers/engine.h"
+#include "cluster/engine.h"
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
-#include "tiers/placement.h"
+#include "cluster/placement.h"
 #include "net/auth.h"
 #include "net/client.h"
-#include "net/coord.h"
+#include "cluster/coord.h"
 #include "net/frame.h"
 #include "net/server.h"
 #include "net/tls.h"
