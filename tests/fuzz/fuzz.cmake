@@ -1,6 +1,6 @@
 # libFuzzer targets (issue 8), included from CMakeLists.txt when MTCFS_FUZZ=ON:
 #   CC=clang cmake -S . -B build-fuzz -DMTCFS_FUZZ=ON && cmake --build build-fuzz --target fuzz
-# The core library gets coverage instrumentation plus ASan+UBSan
+# The layer libraries get coverage instrumentation plus ASan+UBSan
 # (fuzzer-no-link: no main, no libFuzzer runtime), so everything linking it
 # is sanitized too; only the fuzz_<what> executables link libFuzzer itself.
 # tests/fuzz/run.sh builds this and runs each target for a few seconds.
@@ -15,8 +15,10 @@ endif()
 
 set(MTCFS_FUZZ_SAN -fsanitize=address,undefined -fno-sanitize-recover=undefined
                    -fno-omit-frame-pointer)
-target_compile_options(mtcfs_core PRIVATE -fsanitize=fuzzer-no-link ${MTCFS_FUZZ_SAN})
-target_link_options(mtcfs_core INTERFACE -fsanitize=address,undefined)
+foreach(layer ${MTCFS_LAYERS})
+  target_compile_options(mtcfs_${layer} PRIVATE -fsanitize=fuzzer-no-link ${MTCFS_FUZZ_SAN})
+  target_link_options(mtcfs_${layer} INTERFACE -fsanitize=address,undefined)
+endforeach()
 
 set(MTCFS_FUZZ_DIR ${CMAKE_SOURCE_DIR}/tests/fuzz)
 set(MTCFS_FUZZ_TARGETS fuzz_replicator_yaml fuzz_peer_frame fuzz_manifest fuzz_gcs_json)
