@@ -15,6 +15,7 @@
 #include "net/frame.h"
 #include "net/server.h"
 #include "net/tls.h"
+#include "common/jobname.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -131,20 +132,6 @@ static int b64_decode(const char *s, size_t slen, uint8_t **out, size_t *outlen)
 	*out = o;
 	*outlen = (size_t)n - pad;
 	return 0;
-}
-
-static bool job_name_ok(const char *j)
-{
-	size_t n = strlen(j);
-	if (n == 0 || n > RCFG_JOB_MAX || j[0] == '.' || j[0] == '-')
-		return false;
-	for (size_t i = 0; i < n; i++) {
-		char ch = j[i];
-		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-		      ch == '.' || ch == '_' || ch == '-'))
-			return false;
-	}
-	return true;
 }
 
 static int parse_key(json_t *o, struct shard_key *k)

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "cluster/rcfg.h"
+#include "common/jobname.h"
 
 #define ERRLEN 1024
 #define DUMP_MAX 4096
@@ -79,25 +80,10 @@ static int all_zero(const void *p, size_t n)
 	return 1;
 }
 
-static int job_ok(const char *j)
-{
-	size_t n = strnlen(j, RCFG_JOB_MAX + 1);
-
-	if (n == 0 || n > RCFG_JOB_MAX || j[0] == '.' || j[0] == '-')
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		char c = j[i];
-		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-		      c == '.' || c == '_' || c == '-'))
-			return 0;
-	}
-	return 1;
-}
-
 /* The invariants cluster/rcfg.h promises for a parsed config. */
 static const char *check_invariants(const struct rcfg *c)
 {
-	if (!job_ok(c->job))
+	if (!job_name_ok(c->job))
 		return "job-name is not a valid name";
 	if ((int)c->framework < RCFG_FW_ORBAX || c->framework > RCFG_FW_PYTORCH)
 		return "framework outside the enum";
