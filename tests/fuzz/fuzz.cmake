@@ -26,7 +26,8 @@ foreach(t ${MTCFS_FUZZ_TARGETS})
   add_executable(${t} ${MTCFS_FUZZ_DIR}/${t}.c)
   target_compile_options(${t} PRIVATE -fsanitize=fuzzer ${MTCFS_FUZZ_SAN})
   target_link_options(${t} PRIVATE -fsanitize=fuzzer,address,undefined)
-  target_link_libraries(${t} PRIVATE mtcfs_core)
+  mtcfs_top_layer(${MTCFS_FUZZ_DIR}/${t}.c top)   # only the layers it includes
+  target_link_libraries(${t} PRIVATE ${top})
   # Replays the seeds and every past finding once (no fuzzing): a finding
   # that comes back fails here, in the fuzz build's ctest.
   set(dirs ${MTCFS_FUZZ_DIR}/corpus/${t})
@@ -42,6 +43,7 @@ target_link_libraries(fuzz_gcs_json PRIVATE PkgConfig::CURL)
 #   build-fuzz/mtcfs-fuzz-seeds tests/fuzz/corpus
 add_executable(mtcfs-fuzz-seeds ${MTCFS_FUZZ_DIR}/gen_seeds.c)
 target_compile_options(mtcfs-fuzz-seeds PRIVATE ${MTCFS_FUZZ_SAN})
-target_link_libraries(mtcfs-fuzz-seeds PRIVATE mtcfs_core)
+mtcfs_top_layer(${MTCFS_FUZZ_DIR}/gen_seeds.c top)
+target_link_libraries(mtcfs-fuzz-seeds PRIVATE ${top})
 
 add_custom_target(fuzz DEPENDS ${MTCFS_FUZZ_TARGETS} mtcfs-fuzz-seeds)
