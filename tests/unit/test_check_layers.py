@@ -98,6 +98,10 @@ class CheckLayers(unittest.TestCase):
     def test_build_and_hidden_folders_are_skipped(self):
         self.put("build-asan/gen/x.c", '#include "tools/nothere.h"\n')
         self.put(".git/x.c", '#include "tools/nothere.h"\n')
+        self.put("out/CMakeCache.txt", "")
+        self.put("out/sub/y.c", '#include "tools/nothere.h"\n')
+        self.put("venv/pyvenv.cfg", "")
+        self.put("venv/lib/np/z.h", '#include "numpy/nothere.h"\n')
         rc, out = self.run_tool()
         self.assertEqual(rc, 0, out)
 
