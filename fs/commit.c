@@ -4,7 +4,7 @@
  * the seal worker freezes the tree, hard-links it into the shard store and
  * builds the manifest. Policy (which steps may go) lives here too. */
 #include "fs/fs_i.h"
-#include "fs/rcfg.h"
+#include "cluster/rcfg.h"
 #include "common/log.h"
 #include "tiers/restore.h"
 #include "common/metrics.h"

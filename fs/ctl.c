@@ -6,7 +6,7 @@
  * .restore markers. It writes into RAMDIR/ns directly; the top level is
  * never cached by the kernel (entry timeout 0), so the app sees it at once. */
 #include "fs/fs_i.h"
-#include "fs/rcfg.h"
+#include "cluster/rcfg.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"

@@ -14,7 +14,7 @@
 #include <sys/types.h>
 
 #include "common/workq.h"
-#include "tiers/engine.h"
+#include "cluster/engine.h"
 #include "tiers/ramtier.h"
 
 #define FN_FROZEN  0x1u   /* inside a committed step: read-only */

@@ -3,7 +3,7 @@
 #include "common/log.h"
 #include "common/sigpipe.h"
 #include "common/util.h"
-#include "tiers/manifest.h"
+#include "common/crc32c.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,6 +1,6 @@
 #include "net/frame.h"
 #include "common/util.h"
-#include "tiers/manifest.h"
+#include "common/crc32c.h"
 
 #include <errno.h>
 #include <stdio.h>

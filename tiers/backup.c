@@ -1,5 +1,6 @@
 /* backup: the bucket layout of checkpoints (see backup.h). */
 #include "tiers/backup.h"
+#include "common/jobname.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -35,7 +36,9 @@ static bool component_ok(const char *s, size_t max)
 	return true;
 }
 
-bool bk_job_name_ok(const char *job) { return component_ok(job, IDX_JOB_MAX); }
+/* the catalog's job field holds any valid name */
+_Static_assert(IDX_JOB_MAX == JOB_NAME_MAX, "catalog and job-name limits differ");
+bool bk_job_name_ok(const char *job) { return job_name_ok(job); }
 bool bk_backup_name_ok(const char *name) { return component_ok(name, BK_NAME_MAX - 1); }
 
 static int check_names(const char *job, const char *backup)

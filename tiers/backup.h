@@ -27,7 +27,8 @@
 #define BK_MANIFEST_MAX  (256u << 20)    /* largest manifest read back */
 #define BK_RESTORE_VERSION "restore.version"
 
-/* A job or backup name usable as one path component: 1..63 (job: 1..128)
+/* A job name: job_name_ok() (common/jobname.h), the rule replicator.yaml
+ * and the wire use. A backup name usable as one path component: 1..63
  * bytes of [A-Za-z0-9._-], not "." or "..". */
 bool bk_job_name_ok(const char *job);
 bool bk_backup_name_ok(const char *name);

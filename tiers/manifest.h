@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/crc32c.h"   /* mf_crc32c: every user of manifests needs it */
+
 /* MF_FIFO: a named pipe, mode only (no data). An mtcfs older than
  * MF_FIFO rejects a manifest holding one as malformed (-EBADMSG). */
 enum mf_type { MF_FILE = 1, MF_DIR = 2, MF_SYMLINK = 3, MF_FIFO = 4 };
@@ -38,11 +40,6 @@ struct manifest {
 	uint32_t nfiles;
 	uint8_t hash[32];    /* SHA-256 of the encoded entries */
 };
-
-/* CRC32C (Castagnoli) of a buffer, continuing from crc (start with 0). */
-uint32_t mf_crc32c(uint32_t crc, const void *buf, size_t len);
-/* CRC32C of a whole file by fd; also returns its size. 0 or -errno. */
-int mf_crc32c_fd(int fd, uint32_t *crc, uint64_t *size);
 
 /* Walk the directory dirfd (iteratively, at most MF_MAX_DEPTH levels) and
  * build its manifest (CRC of every file). 0, -EBADMSG when the tree cannot

@@ -10,7 +10,7 @@
 #include "tiers/manifest.h"
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
-#include "tiers/prune.h"
+#include "cluster/prune.h"
 #include "tiers/ramtier.h"
 
 #include <errno.h>
@@ -30,7 +30,7 @@
 
 #include <jansson.h>
 
-#include "fs/rcfg.h"
+#include "cluster/rcfg.h"
 #include "net/auth.h"
 #include "net/client.h"
 #include "net/tls.h"

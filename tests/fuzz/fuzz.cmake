@@ -1,6 +1,6 @@
 # libFuzzer targets (issue 8), included from CMakeLists.txt when MTCFS_FUZZ=ON:
 #   CC=clang cmake -S . -B build-fuzz -DMTCFS_FUZZ=ON && cmake --build build-fuzz --target fuzz
-# The core library gets coverage instrumentation plus ASan+UBSan
+# The layer libraries get coverage instrumentation plus ASan+UBSan
 # (fuzzer-no-link: no main, no libFuzzer runtime), so everything linking it
 # is sanitized too; only the fuzz_<what> executables link libFuzzer itself.
 # tests/fuzz/run.sh builds this and runs each target for a few seconds.
@@ -15,8 +15,10 @@ endif()
 
 set(MTCFS_FUZZ_SAN -fsanitize=address,undefined -fno-sanitize-recover=undefined
                    -fno-omit-frame-pointer)
-target_compile_options(mtcfs_core PRIVATE -fsanitize=fuzzer-no-link ${MTCFS_FUZZ_SAN})
-target_link_options(mtcfs_core INTERFACE -fsanitize=address,undefined)
+foreach(layer ${MTCFS_LAYERS})
+  target_compile_options(mtcfs_${layer} PRIVATE -fsanitize=fuzzer-no-link ${MTCFS_FUZZ_SAN})
+  target_link_options(mtcfs_${layer} INTERFACE -fsanitize=address,undefined)
+endforeach()
 
 set(MTCFS_FUZZ_DIR ${CMAKE_SOURCE_DIR}/tests/fuzz)
 set(MTCFS_FUZZ_TARGETS fuzz_replicator_yaml fuzz_peer_frame fuzz_manifest fuzz_gcs_json)
@@ -24,7 +26,8 @@ foreach(t ${MTCFS_FUZZ_TARGETS})
   add_executable(${t} ${MTCFS_FUZZ_DIR}/${t}.c)
   target_compile_options(${t} PRIVATE -fsanitize=fuzzer ${MTCFS_FUZZ_SAN})
   target_link_options(${t} PRIVATE -fsanitize=fuzzer,address,undefined)
-  target_link_libraries(${t} PRIVATE mtcfs_core)
+  mtcfs_top_layer(${MTCFS_FUZZ_DIR}/${t}.c top)   # only the layers it includes
+  target_link_libraries(${t} PRIVATE ${top})
   # Replays the seeds and every past finding once (no fuzzing): a finding
   # that comes back fails here, in the fuzz build's ctest.
   set(dirs ${MTCFS_FUZZ_DIR}/corpus/${t})
@@ -40,6 +43,7 @@ target_link_libraries(fuzz_gcs_json PRIVATE PkgConfig::CURL)
 #   build-fuzz/mtcfs-fuzz-seeds tests/fuzz/corpus
 add_executable(mtcfs-fuzz-seeds ${MTCFS_FUZZ_DIR}/gen_seeds.c)
 target_compile_options(mtcfs-fuzz-seeds PRIVATE ${MTCFS_FUZZ_SAN})
-target_link_libraries(mtcfs-fuzz-seeds PRIVATE mtcfs_core)
+mtcfs_top_layer(${MTCFS_FUZZ_DIR}/gen_seeds.c top)
+target_link_libraries(mtcfs-fuzz-seeds PRIVATE ${top})
 
 add_custom_target(fuzz DEPENDS ${MTCFS_FUZZ_TARGETS} mtcfs-fuzz-seeds)

@@ -2,7 +2,7 @@
  * thread gets them from a replicator.yaml the application wrote.
  *
  * Besides memory and UB errors (ASan/UBSan) it aborts on a broken contract
- * of fs/rcfg.h: a result outside {0, -ENODATA, -EINVAL}; on error a non-zero
+ * of cluster/rcfg.h: a result outside {0, -ENODATA, -EINVAL}; on error a non-zero
  * *out, an -EINVAL without a message or with a newline or one that does not
  * fit 1024 bytes, an -ENODATA with a message; on success a config that
  * breaks the documented invariants, or whose canonical dump (rcfg_to_yaml)
@@ -19,7 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fs/rcfg.h"
+#include "cluster/rcfg.h"
+#include "common/jobname.h"
 
 #define ERRLEN 1024
 #define DUMP_MAX 4096
@@ -79,25 +80,10 @@ static int all_zero(const void *p, size_t n)
 	return 1;
 }
 
-static int job_ok(const char *j)
-{
-	size_t n = strnlen(j, RCFG_JOB_MAX + 1);
-
-	if (n == 0 || n > RCFG_JOB_MAX || j[0] == '.' || j[0] == '-')
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		char c = j[i];
-		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-		      c == '.' || c == '_' || c == '-'))
-			return 0;
-	}
-	return 1;
-}
-
-/* The invariants fs/rcfg.h promises for a parsed config. */
+/* The invariants cluster/rcfg.h promises for a parsed config. */
 static const char *check_invariants(const struct rcfg *c)
 {
-	if (!job_ok(c->job))
+	if (!job_name_ok(c->job))
 		return "job-name is not a valid name";
 	if ((int)c->framework < RCFG_FW_ORBAX || c->framework > RCFG_FW_PYTORCH)
 		return "framework outside the enum";

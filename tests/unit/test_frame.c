@@ -17,7 +17,7 @@
 #include <cmocka.h>
 
 #include "net/frame.h"
-#include "tiers/manifest.h"
+#include "common/crc32c.h"
 
 static void put32(uint8_t *p, uint32_t v)
 {

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "tiers/lkg.h"
+#include "cluster/lkg.h"
 
 static struct lkg_hold H(uint32_t holder, uint32_t owner, uint64_t step, uint8_t hb)
 {

@@ -56,7 +56,7 @@
 #include "net/frame.h"
 #include "net/server.h"
 #include "net/tls.h"
-#include "tiers/manifest.h"
+#include "common/crc32c.h"
 
 #define SECRET_A "correct horse battery staple 0123"
 #define SECRET_B "correct horse battery staple 0124"

@@ -1,4 +1,4 @@
-/* Unit tests for tiers/placement: hand-computed peer sets for the rule in
+/* Unit tests for cluster/placement: hand-computed peer sets for the rule in
  * placement.h, its invariants over many cluster shapes, and the inverse. */
 #include <errno.h>
 #include <setjmp.h>
@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "tiers/placement.h"
+#include "cluster/placement.h"
 
 #define MAXN  64
 #define BIG_K 64

@@ -1,4 +1,4 @@
-/* Unit tests for tiers/prune: the retention policy over synthetic backup
+/* Unit tests for cluster/prune: the retention policy over synthetic backup
  * names. Calendar boundaries (hour, day, ISO week across a year change,
  * month, year), "-N" names, keep-last combined with period rules, the
  * protections, oldest-vs-newest representatives, and no dependence on the
@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "tiers/prune.h"
+#include "cluster/prune.h"
 
 #define MAXB 64
 

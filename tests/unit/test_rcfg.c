@@ -1,4 +1,4 @@
-/* Unit tests for fs/rcfg: every accepted form of replicator.yaml, every
+/* Unit tests for cluster/rcfg: every accepted form of replicator.yaml, every
  * rejection with the exact key and value its message must name, and the
  * canonical dump round trip. */
 #include <errno.h>
@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "fs/rcfg.h"
+#include "cluster/rcfg.h"
 
 #define ERRLEN 512
 

@@ -6,7 +6,8 @@
  * run (util.read_config: yaml.safe_load, os.path.expandvars, int()) is
  * accepted; where mtcfs reads it differently it says so in a warning.
  */
-#include "fs/rcfg.h"
+#include "cluster/rcfg.h"
+#include "common/jobname.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -632,27 +633,6 @@ static int scalar_minutes(struct parse *p, const yaml_event_t *ev, const char *s
 bad:
 	return fail(p, "line %zu: %s expects a number of minutes, got %s%s", ev_line(ev), subj,
 	            p->raw, note(p, nb));
-}
-
-/* NULL if s[0..n) may be a job name (it becomes a file and object name),
- * else what is wrong with it. */
-static const char *job_name_problem(const char *s, size_t n, char *bad)
-{
-	if (n == 0)
-		return "it is empty";
-	if (n > RCFG_JOB_MAX)
-		return "it is longer than 128 bytes";
-	if (s[0] == '.' || s[0] == '-')
-		return "it must not start with '.' or '-'";
-	for (size_t i = 0; i < n; i++) {
-		char c = s[i];
-		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-		      c == '.' || c == '_' || c == '-')) {
-			*bad = c;
-			return "it may contain only letters, digits, '.', '_' and '-'";
-		}
-	}
-	return NULL;
 }
 
 static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)

@@ -5,16 +5,17 @@
  *         -> {send:true}, then one NT_FILE per file of the manifest, then
  *            {ok:true} once every CRC32C matched and the replica is published
  *   fetch {job, step, owner, worker} -> {manifest:b64}, then one NT_FILE per file */
-#include "tiers/engine.h"
+#include "cluster/engine.h"
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
-#include "tiers/placement.h"
+#include "cluster/placement.h"
 #include "net/auth.h"
 #include "net/client.h"
-#include "net/coord.h"
+#include "cluster/coord.h"
 #include "net/frame.h"
 #include "net/server.h"
 #include "net/tls.h"
+#include "common/jobname.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -131,20 +132,6 @@ static int b64_decode(const char *s, size_t slen, uint8_t **out, size_t *outlen)
 	*out = o;
 	*outlen = (size_t)n - pad;
 	return 0;
-}
-
-static bool job_name_ok(const char *j)
-{
-	size_t n = strlen(j);
-	if (n == 0 || n > RCFG_JOB_MAX || j[0] == '.' || j[0] == '-')
-		return false;
-	for (size_t i = 0; i < n; i++) {
-		char ch = j[i];
-		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-		      ch == '.' || ch == '_' || ch == '-'))
-			return false;
-	}
-	return true;
 }
 
 static int parse_key(json_t *o, struct shard_key *k)

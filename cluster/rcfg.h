@@ -9,9 +9,11 @@
 
 #include <stddef.h>
 
+#include "common/jobname.h"
+
 enum rcfg_framework { RCFG_FW_ORBAX, RCFG_FW_PYTORCH_DISTRIBUTED, RCFG_FW_PYTORCH };
 
-#define RCFG_JOB_MAX     128        /* job-name length limit, bytes */
+#define RCFG_JOB_MAX     JOB_NAME_MAX   /* job-name length limit, bytes (128) */
 #define RCFG_INPUT_MAX   (1 << 20)  /* replicator.yaml size limit, bytes */
 #define RCFG_NODES_MAX   65536
 #define RCFG_PEERS_MAX   64         /* peer-ranks entries / peers-per-node */

@@ -1,4 +1,4 @@
-#include "tiers/lkg.h"
+#include "cluster/lkg.h"
 
 #include <errno.h>
 #include <stdlib.h>

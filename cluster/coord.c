@@ -13,10 +13,10 @@
  * drop older steps only below it, so a node lost before its newest step's
  * replicas exist still leaves the previous step complete).
  * A plan entry: {op:"plan", plan, found, step, holder, owner, hash, addr}. */
-#include "net/coord.h"
+#include "cluster/coord.h"
 #include "net/frame.h"
 #include "net/server.h"
-#include "tiers/lkg.h"
+#include "cluster/lkg.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "common/workq.h"

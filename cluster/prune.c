@@ -1,5 +1,5 @@
 /* prune: the retention policy for backups (see prune.h). */
-#include "tiers/prune.h"
+#include "cluster/prune.h"
 
 #include <errno.h>
 #include <stdio.h>

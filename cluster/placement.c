@@ -1,5 +1,5 @@
 /* Peer placement; the rule is documented in placement.h. */
-#include "tiers/placement.h"
+#include "cluster/placement.h"
 
 #include <errno.h>
 #include <stdlib.h>

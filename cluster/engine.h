@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "fs/rcfg.h"
+#include "cluster/rcfg.h"
 #include "tiers/ramtier.h"
 #include "tiers/restore.h"
 

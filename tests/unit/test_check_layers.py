@@ -1,0 +1,116 @@
+#!/usr/bin/python3
+"""Unit tests for tools/check-layers: fake trees with one problem each must
+fail with the exact line naming it; clean ones (including the forms a real
+tree uses) must pass. ctest: unit.check_layers (the real tree is
+check.layers)."""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TOOL = os.path.join(TOP, "tools", "check-layers")
+ORDER = "common <- net <- tiers <- cluster <- fs <- tools"
+
+
+class CheckLayers(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="check-layers-")
+        self.root = self.tmp.name
+        # a clean base: each layer includes the one below it
+        self.put("common/log.h", "#pragma once\n")
+        self.put("common/log.c", '#include "common/log.h"\n')
+        self.put("net/frame.h", '#include "common/log.h"\n')
+        self.put("net/frame.c", '#include "net/frame.h"\n#include <stdio.h>\n')
+        self.put("tiers/manifest.h", '#include "net/frame.h"\n')
+        self.put("cluster/lkg.c", '#include "tiers/manifest.h"\n')
+        self.put("fs/fs_i.h", "#pragma once\n")
+        self.put("fs/main.c", '#include "fs/fs_i.h"\n#include "common/log.h"\n')
+        self.put("tools/main.c", '#include "fs/fs_i.h"\n')
+        self.put("tests/unit/test_x.c", '#include "tools/../fs/fs_i.h"\n#include "net/frame.h"\n')
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def put(self, rel, text):
+        path = os.path.join(self.root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+    def run_tool(self):
+        p = subprocess.run([sys.executable, TOOL, self.root], capture_output=True,
+                           text=True, timeout=60)
+        return p.returncode, p.stdout.splitlines()
+
+    def assert_fails_with(self, *lines):
+        rc, out = self.run_tool()
+        self.assertEqual(rc, 1, out)
+        self.assertEqual(out[:-1], list(lines))
+        self.assertRegex(out[-1], r"^check-layers: %d problem\(s\) in \d+ files$" % len(lines))
+
+    def test_clean_tree_passes(self):
+        rc, out = self.run_tool()
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out, ["check-layers: 10 files, no include against " + ORDER])
+
+    def test_include_of_a_layer_above_fails(self):
+        self.put("net/client.c", '#include "net/frame.h"\n\n  #  include "tiers/manifest.h"\n')
+        self.assert_fails_with(
+            'net/client.c:3: layer net includes "tiers/manifest.h" from tiers/, a layer '
+            'above it (order: %s)' % ORDER,
+            "cycle between folders: net -> tiers (net/client.c:3), "
+            "tiers -> net (tiers/manifest.h:1)")
+
+    def test_upward_include_through_dotdot_fails(self):
+        # a path relative to the includer's folder counts where it lands
+        self.put("common/util.c", '#include "../fs/fs_i.h"\n')
+        rc, out = self.run_tool()
+        self.assertEqual(rc, 1, out)
+        self.assertIn('common/util.c:1: layer common includes "../fs/fs_i.h" from fs/, '
+                      'a layer above it (order: %s)' % ORDER, out)
+
+    def test_same_folder_include_without_folder_passes(self):
+        self.put("tiers/bucket.c", '#include "manifest.h"\n')
+        rc, out = self.run_tool()
+        self.assertEqual(rc, 0, out)
+
+    def test_layer_including_outside_the_layers_fails(self):
+        self.put("tests/srv.h", "#pragma once\n")
+        self.put("tiers/bucket.c", '#include "tests/srv.h"\n')
+        self.assert_fails_with(
+            'tiers/bucket.c:1: layer tiers includes "tests/srv.h" from tests/, which is '
+            'outside the layers')
+
+    def test_cycle_between_folders_outside_the_layers_fails(self):
+        self.put("csi/node.h", '#include "fs/fs_i.h"\n')
+        self.put("csi/node.c", '#include "csi/node.h"\n#include "tests/fake.h"\n')
+        self.put("tests/fake.h", '#include "csi/node.h"\n')
+        self.assert_fails_with(
+            "cycle between folders: csi -> tests (csi/node.c:2), "
+            "tests -> csi (tests/fake.h:1)")
+
+    def test_include_of_a_missing_file_fails(self):
+        self.put("fs/ctl.c", '#include "fs/nothere.h"\n')
+        self.assert_fails_with('fs/ctl.c:1: #include "fs/nothere.h" names no file of the tree')
+
+    def test_build_and_hidden_folders_are_skipped(self):
+        self.put("build-asan/gen/x.c", '#include "tools/nothere.h"\n')
+        self.put(".git/x.c", '#include "tools/nothere.h"\n')
+        self.put("out/CMakeCache.txt", "")
+        self.put("out/sub/y.c", '#include "tools/nothere.h"\n')
+        self.put("venv/pyvenv.cfg", "")
+        self.put("venv/lib/np/z.h", '#include "numpy/nothere.h"\n')
+        rc, out = self.run_tool()
+        self.assertEqual(rc, 0, out)
+
+    def test_bad_arguments(self):
+        p = subprocess.run([sys.executable, TOOL, os.path.join(self.root, "none")],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("not a directory", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
