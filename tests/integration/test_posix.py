@@ -77,8 +77,21 @@ class Posix(harness.MountTestCase):
         reads: 2.3 -> 4.0 GB/s)."""
         st = os.stat(self.mnt)   # the mount was used (setUp mkdir'd in it too)
         bdi = "/sys/class/bdi/%d:%d/read_ahead_kb" % (os.major(st.st_dev), os.minor(st.st_dev))
-        harness.wait_until(lambda: read_file(bdi).strip() == b"1024", 10,
-                           "%s = 1024 (is %r)" % (bdi, read_file(bdi).strip()))
+        self.assertEqual(read_file(bdi).strip(), b"1024")
+
+    def test_readahead_in_place_before_the_first_reply(self):
+        """Deterministic: the first request after INIT sets it before it is
+        answered, so no file of the mount is ever opened with the 128 KiB
+        window. Checked right after the first reply, on fresh mounts, with
+        no waiting."""
+        for _ in range(5):
+            d = self.new_daemon()
+            d.start()
+            st = os.stat(d.mnt)          # the first request of this mount
+            bdi = "/sys/class/bdi/%d:%d/read_ahead_kb" % (
+                os.major(st.st_dev), os.minor(st.st_dev))
+            self.assertEqual(read_file(bdi).strip(), b"1024", bdi)
+            d.stop()
 
     # --- rename -----------------------------------------------------------
 
