@@ -88,6 +88,7 @@ struct fs {
 	_Atomic bool served;        /* a request after INIT arrived (INIT's reply is in) */
 	bool splice_ok;             /* pipes hold a 1 MiB request: set before the loop (main.c) */
 	bool passthrough;           /* the kernel granted FUSE passthrough in INIT */
+	bool dio_mmap;              /* FUSE_CAP_DIRECT_IO_ALLOW_MMAP granted in INIT */
 	struct workq *sealq;        /* commit sealing, in order */
 	struct workq *notifyq;      /* kernel cache invalidations, off request paths */
 	struct eng *eng;            /* peer tier; NULL for a single node without network */
