@@ -13,6 +13,16 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* Kernel FUSE passthrough (fuse_passthrough_open, FUSE_CAP_PASSTHROUGH)
+ * needs libfuse >= 3.17 (3.16 had it, 3.17 is what we build and test);
+ * with 3.14 every read goes through the daemon. */
+#if FUSE_MAKE_VERSION(FUSE_MAJOR_VERSION, FUSE_MINOR_VERSION) >= FUSE_MAKE_VERSION(3, 17) && \
+	defined(FUSE_CAP_PASSTHROUGH)
+#define MTCFS_PASSTHROUGH 1
+#else
+#define MTCFS_PASSTHROUGH 0
+#endif
+
 #include "common/workq.h"
 #include "cluster/engine.h"
 #include "tiers/ramtier.h"
@@ -38,6 +48,11 @@ struct fnode {
 	struct fnode *parent;       /* protected by fs->mu; holds a reference (NULL for root) */
 	pthread_mutex_t amu;        /* accounting */
 	uint64_t blocks, size;      /* protected by amu: last measured */
+	/* Open handles by kind (protected by amu). The kernel refuses (EIO)
+	 * a passthrough open of an inode that has cached opens and the
+	 * reverse, and wants one backing file per inode: pt_id is the
+	 * backing id while pt_open > 0. */
+	int pt_open, np_open, pt_id;
 };
 
 /* A committed step of this node as the namespace shows it. */
@@ -72,6 +87,8 @@ struct fs {
 	struct fuse_session *se;
 	_Atomic bool served;        /* a request after INIT arrived (INIT's reply is in) */
 	bool splice_ok;             /* pipes hold a 1 MiB request: set before the loop (main.c) */
+	bool passthrough;           /* the kernel granted FUSE passthrough in INIT */
+	bool dio_mmap;              /* FUSE_CAP_DIRECT_IO_ALLOW_MMAP granted in INIT */
 	struct workq *sealq;        /* commit sealing, in order */
 	struct workq *notifyq;      /* kernel cache invalidations, off request paths */
 	struct eng *eng;            /* peer tier; NULL for a single node without network */

@@ -77,8 +77,21 @@ class Posix(harness.MountTestCase):
         reads: 2.3 -> 4.0 GB/s)."""
         st = os.stat(self.mnt)   # the mount was used (setUp mkdir'd in it too)
         bdi = "/sys/class/bdi/%d:%d/read_ahead_kb" % (os.major(st.st_dev), os.minor(st.st_dev))
-        harness.wait_until(lambda: read_file(bdi).strip() == b"1024", 10,
-                           "%s = 1024 (is %r)" % (bdi, read_file(bdi).strip()))
+        self.assertEqual(read_file(bdi).strip(), b"1024")
+
+    def test_readahead_in_place_before_the_first_reply(self):
+        """Deterministic: the first request after INIT sets it before it is
+        answered, so no file of the mount is ever opened with the 128 KiB
+        window. Checked right after the first reply, on fresh mounts, with
+        no waiting."""
+        for _ in range(5):
+            d = self.new_daemon()
+            d.start()
+            st = os.stat(d.mnt)          # the first request of this mount
+            bdi = "/sys/class/bdi/%d:%d/read_ahead_kb" % (
+                os.major(st.st_dev), os.minor(st.st_dev))
+            self.assertEqual(read_file(bdi).strip(), b"1024", bdi)
+            d.stop()
 
     # --- rename -----------------------------------------------------------
 
@@ -775,6 +788,33 @@ class Posix(harness.MountTestCase):
         self.assertEqual(read_file(self.p("m")), want)
         # and what a fresh open, and RAMDIR itself, hold after close
         self.assertEqual(read_file(os.path.join(self.ramdir, "ns", "w", "m")), want)
+
+    def test_mmap_and_read_write_agree_without_msync(self):
+        # read-write opens are direct I/O when the kernel allows mapping
+        # them (FUSE_CAP_DIRECT_IO_ALLOW_MMAP): a mapping's dirty pages are
+        # still seen by read() through another descriptor, and a write()
+        # is seen through the mapping, with no msync in between (fsx mixes
+        # them like this)
+        data = pattern(10, 3 * 4096)
+        write_file(self.p("c"), data)
+        a = os.open(self.p("c"), os.O_RDWR)
+        b = os.open(self.p("c"), os.O_RDWR)
+        try:
+            with mmap.mmap(a, len(data)) as mm:
+                mm[100:105] = b"hello"
+                self.assertEqual(os.pread(b, 5, 100), b"hello")
+                os.pwrite(b, b"WORLD", 4096 + 7)
+                self.assertEqual(mm[4096 + 7:4096 + 12], b"WORLD")
+                mm[2 * 4096:2 * 4096 + 3] = b"END"
+        finally:
+            os.close(a)
+            os.close(b)
+        want = bytearray(data)
+        want[100:105] = b"hello"
+        want[4096 + 7:4096 + 12] = b"WORLD"
+        want[2 * 4096:2 * 4096 + 3] = b"END"
+        self.assertEqual(read_file(self.p("c")), bytes(want))
+        self.assertEqual(read_file(os.path.join(self.ramdir, "ns", "w", "c")), bytes(want))
 
     def test_mmap_write_only_open_still_refused(self):
         # O_WRONLY opens keep direct_io (large-write speed); a mapping
