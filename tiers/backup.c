@@ -552,6 +552,7 @@ out:
 struct verdict {                 /* one distinct hash of a backup */
 	uint8_t hash[32];
 	bool gke_dir;                /* GKE's "D<hash>.data/" without a manifest */
+	bool file;                   /* GKE's framework: pytorch "<hash>.data", one file */
 	bool ok;
 	char why[128];
 };
@@ -584,12 +585,18 @@ static void judge_hash(struct bkt *b, const char *job, const char *backup,
 	}
 	snprintf(name, sizeof(name), "%s.manifest", hex);
 	if (!objs_find(all, name)) {
+		/* GKE's framework: pytorch shard is one worker's file as one
+		 * object, hashed alone (BLAKE3, not recomputed here); mtcfs
+		 * writes its pytorch-mode backups the same way.  The shard is
+		 * there when the object is; its bytes are checked against the
+		 * listed size and CRC32C when fetched. */
 		snprintf(name, sizeof(name), "%s.data", hex);
-		if (objs_find(all, name))
-			snprintf(v->why, sizeof(v->why), "%.16s….data is one file (GKE's framework: "
-				 "pytorch), which mtcfs does not restore", hex);
-		else
+		if (objs_find(all, name)) {
+			v->file = true;
+			v->ok = true;
+		} else {
 			snprintf(v->why, sizeof(v->why), "no %.16s….manifest", hex);
+		}
 		return;
 	}
 	snprintf(path, sizeof(path), "%s/%s/%s.manifest", job, backup, hex);
@@ -739,6 +746,7 @@ int bk_check_backup(struct bkt *b, const char *job, const char *backup, uint32_t
 			nv++;
 		}
 		s.complete = vs[k].ok;
+		s.file = vs[k].file;
 		if (!s.complete)
 			snprintf(s.why, sizeof(s.why), "%s", vs[k].why);
 		rc = add_shard(out, &cap, &s);
@@ -763,7 +771,19 @@ int bk_check_backup(struct bkt *b, const char *job, const char *backup, uint32_t
 		size_t n0 = out->nshards, j = 0;
 		uint32_t lastnode = UINT32_MAX;
 		for (uint32_t nd = 0; nd < nodes; nd++) {
-			for (uint32_t w = 0; w < workers; w++) {
+			uint32_t nw = workers;
+			size_t a = j, z;
+
+			/* mtcfs before per-worker backups: one w0 shard (with its
+			 * manifest) held every worker's file of the node */
+			while (a < n0 && out->shards[a].node < nd)
+				a++;
+			for (z = a; z < n0 && out->shards[z].node == nd; z++)
+				;
+			if (workers > 1 && z == a + 1 && out->shards[a].worker == 0 &&
+			    out->shards[a].complete && !out->shards[a].gke && !out->shards[a].file)
+				nw = 1;
+			for (uint32_t w = 0; w < nw; w++) {
 				size_t cnt = 0;
 				while (j < n0 && (out->shards[j].node < nd ||
 						  (out->shards[j].node == nd && out->shards[j].worker < w)))
@@ -1025,6 +1045,85 @@ out:
 	return rc;
 }
 
+/* The single object <hex>.data of JOB/BACKUP into dirfd as fname (dirfd < 0:
+ * read it and discard it, to verify).  -EMEDIUMTYPE when <hex> names a
+ * manifest: a directory shard. */
+static int file_get(struct bkt *b, const char *job, const char *backup, const uint8_t hash[32],
+		    int dirfd, const char *fname)
+{
+	char hex[65], prefix[PATH_MAX], name[PATH_MAX];
+	const struct obj *o;
+	struct objs all = { 0 };
+	struct bkt_xfer x;
+	int devnull = -1, rc;
+
+	mf_hash_hex(hash, hex);
+	if ((size_t)snprintf(prefix, sizeof(prefix), "%s/%s/%s.", job, backup, hex) >= sizeof(prefix))
+		return -ENAMETOOLONG;
+	if ((rc = list_into(b, prefix, "/", &all)) < 0)
+		goto out;
+	/* a short listing, objects and prefixes perhaps not merged in order:
+	 * looked through, not searched */
+	o = NULL;
+	for (size_t i = 0; i < all.n; i++) {
+		if (!all.v[i].is_prefix && !strcmp(all.v[i].name, "manifest")) {
+			rc = -EMEDIUMTYPE;
+			goto out;
+		}
+		if (!all.v[i].is_prefix && !strcmp(all.v[i].name, "data"))
+			o = &all.v[i];
+	}
+	if (!o) {
+		bkt_set_error("%s/%sdata: no such object", bkt_url(b), prefix);
+		rc = -ENOENT;
+		goto out;
+	}
+	snprintf(name, sizeof(name), "%sdata", prefix);
+	if (dirfd < 0 && (devnull = open("/dev/null", O_WRONLY | O_CLOEXEC)) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	x = (struct bkt_xfer){ .name = name, .fd = devnull, .dirfd = dirfd, .path = fname,
+			       .mode = 0644, .has_crc = o->has_crc, .crc32c = o->crc };
+	rc = bkt_get_files(b, &x, 1);
+	if (rc < 0) {
+		if (rc == -EBADMSG)
+			log_err(MOD, "backup %s of job %s: %s", backup, job, bkt_last_error());
+		goto out;
+	}
+	if (x.size != o->size) {
+		bkt_set_error("%s/%s: %" PRIu64 " bytes, the listing says %" PRIu64, bkt_url(b),
+			      name, x.size, o->size);
+		log_err(MOD, "%s", bkt_last_error());
+		rc = -EBADMSG;
+	}
+out:
+	if (devnull >= 0)
+		close(devnull);
+	objs_free(&all);
+	return rc;
+}
+
+int bk_fetch_file(struct bkt *b, const char *job, const char *backup, uint32_t node,
+		  uint32_t worker, int dirfd, const char *fname)
+{
+	char meta[PATH_MAX];
+	uint8_t hash[32];
+	bool gke_dir;
+	int rc;
+
+	if ((rc = check_names(job, backup)) < 0)
+		return rc;
+	if (!fname || !util_safe_relpath(fname, strlen(fname)) || strchr(fname, '/'))
+		return -EINVAL;
+	if ((rc = find_meta(b, job, backup, node, worker, meta, sizeof(meta))) < 0 ||
+	    (rc = read_meta(b, meta, hash, &gke_dir)) < 0)
+		return rc;
+	if (gke_dir)
+		return -EMEDIUMTYPE;
+	return file_get(b, job, backup, hash, dirfd, fname);
+}
+
 int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t node,
 		   uint32_t worker, int dirfd, struct manifest **mfp)
 {
@@ -1164,8 +1263,9 @@ int bk_verify_backup(struct bkt *b, const char *job, const char *backup, uint32_
 			dup |= out->shards[j].complete && !memcmp(out->shards[j].hash, s->hash, 32);
 		if (dup)
 			continue;           /* same data as a shard already read */
-		if (s->gke) {
-			rc = gke_get(b, job, backup, s->hash, -1, NULL);
+		if (s->gke || s->file) {
+			rc = s->gke ? gke_get(b, job, backup, s->hash, -1, NULL) :
+				      file_get(b, job, backup, s->hash, -1, NULL);
 			if (rc == -EBADMSG) {
 				out->complete = false;
 				snprintf(out->why, sizeof(out->why), "%s", bkt_last_error());

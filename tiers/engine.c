@@ -66,6 +66,8 @@ struct eng {
 	int rank;
 	char job[RCFG_JOB_MAX + 1];
 	uint32_t nodes, dp;
+	uint32_t workers;             /* shards per node in a backup: workers-per-node
+				       * with framework: pytorch, else 1 */
 	int peers[MAX_PEERS];
 	int npeers;
 	bool job_set;
@@ -1233,6 +1235,8 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	snprintf(e->job, sizeof(e->job), "%s", c->job);
 	e->nodes = (uint32_t)c->nodes;
 	e->dp = (uint32_t)c->assume_dp;
+	e->workers = c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
+		     (uint32_t)c->workers_per_node : 1;
 	memcpy(e->peers, peers, (size_t)n * sizeof(int));
 	e->npeers = n;
 	e->job_set = true;
@@ -1328,6 +1332,35 @@ static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
 	return m;
 }
 
+/* This node's shard of backup p->backup into dirfd.  framework: pytorch
+ * backups hold one file per worker (GKE's layout, which mtcfs writes too):
+ * each comes back under the worker's .save name, so the node's shard is
+ * what its workers saved; a backup of the older mtcfs layout (one shard
+ * holding every worker's file, with a manifest) is read whole. */
+static int fetch_backup(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
+			int dirfd, struct manifest **mf)
+{
+	uint32_t rank = (uint32_t)c->node_rank;
+	int rc = -EMEDIUMTYPE;
+
+	if (c->framework == RCFG_FW_PYTORCH) {
+		for (uint32_t w = 0; w < (uint32_t)c->workers_per_node; w++) {
+			char fn[NAME_MAX + 1];
+			if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", c->job,
+					     (unsigned long long)p->step, rank, w) >= sizeof(fn))
+				return -ENAMETOOLONG;
+			rc = bk_fetch_file(e->bkt, c->job, p->backup, rank, w, dirfd, fn);
+			if (rc == -EMEDIUMTYPE && w == 0)
+				break;
+			if (rc < 0)
+				return rc;
+		}
+		if (rc == 0)
+			return mf_build(dirfd, mf);
+	}
+	return bk_fetch_shard(e->bkt, c->job, p->backup, rank, 0, dirfd, mf);
+}
+
 /* Make this node's shard of plan p present under its own key. */
 static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
 		  char *why, size_t whylen)
@@ -1354,7 +1387,7 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 		}
 		rc = ram_stage_begin(e->ram, &mine, &st);
 		if (rc == 0)
-			rc = bk_fetch_shard(e->bkt, c->job, p->backup, mine.rank, 0, st.fd, &mf);
+			rc = fetch_backup(e, c, p, st.fd, &mf);
 		if (rc < 0)
 			snprintf(why, whylen, "backup %s: %s", p->backup, bkt_last_error());
 		if (rc == 0)
@@ -1631,9 +1664,13 @@ static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex
 	struct bk_backup *v = NULL, one;
 	char rv[BK_NAME_MAX];
 	size_t n = 0, nl = 0;
+	uint32_t workers;
 	int rc;
 
 	memset(d, 0, sizeof(*d));
+	pthread_mutex_lock(&e->mu);
+	workers = e->workers ? e->workers : 1;
+	pthread_mutex_unlock(&e->mu);
 	rc = bk_get_restore_version(e->bkt, job, rv);
 	if (rc == 0 || rc == -EBADMSG) {
 		d->forced = true;
@@ -1645,7 +1682,7 @@ static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex
 		}
 		snprintf(d->name, sizeof(d->name), "%s", rv);
 		memset(&one, 0, sizeof(one));
-		rc = bk_check_backup(e->bkt, job, rv, nodes, 1, &one);
+		rc = bk_check_backup(e->bkt, job, rv, nodes, workers, &one);
 		if (rc == 0 && one.complete && !excluded(ex, nex, rv)) {
 			d->forced_ok = true;
 			d->step = one.step;
@@ -1663,7 +1700,7 @@ static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex
 	if (!need_newest)
 		return 0;
 	/* newest first, and no further than the first usable one */
-	rc = bk_list_backups_until(e->bkt, job, nodes, 1, usable, &exl, &v, &n);
+	rc = bk_list_backups_until(e->bkt, job, nodes, workers, usable, &exl, &v, &n);
 	if (rc < 0)
 		return rc;
 	for (size_t i = 0; i < n; i++) {
