@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -470,6 +471,105 @@ out:
 	free(x);
 	free(enc);
 	objs_free(&have);
+	return rc;
+}
+
+/* SHA-256 of the file path in dirfd, read in 1 MiB pieces. */
+static int file_sha256(int dirfd, const char *path, uint8_t out[32])
+{
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	unsigned int hl = 0;
+	uint8_t *buf = malloc(1u << 20);
+	int fd = -1, rc = 0;
+
+	if (!ctx || !buf) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	fd = openat(dirfd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		goto out;
+	}
+	if (!EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
+		rc = -EIO;
+		goto out;
+	}
+	for (;;) {
+		ssize_t n = read(fd, buf, 1u << 20);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			rc = -errno;
+			goto out;
+		}
+		if (n == 0)
+			break;
+		if (!EVP_DigestUpdate(ctx, buf, (size_t)n)) {
+			rc = -EIO;
+			goto out;
+		}
+	}
+	if (!EVP_DigestFinal_ex(ctx, out, &hl) || hl != 32)
+		rc = -EIO;
+out:
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	EVP_MD_CTX_free(ctx);
+	return rc;
+}
+
+int bk_upload_file(struct bkt *b, const char *job, const char *backup,
+		   const struct shard_key *k, int dirfd, const struct mf_entry *e,
+		   bool upload_data)
+{
+	char hex[65], name[PATH_MAX], meta[NAME_MAX + 1];
+	uint8_t hash[32];
+	int rc;
+
+	if ((rc = check_names(job, backup)) < 0)
+		return rc;
+	if (e->type != MF_FILE)
+		return -EINVAL;
+	if ((rc = file_sha256(dirfd, e->path, hash)) < 0) {
+		bkt_set_error("reading %s: %s", e->path, strerror(-rc));
+		return rc;
+	}
+	mf_hash_hex(hash, hex);
+	if ((size_t)snprintf(name, sizeof(name), "%s/%s/%s.data", job, backup, hex) >= sizeof(name))
+		return -ENAMETOOLONG;
+	if (upload_data) {
+		struct bkt_xfer x = { .name = name, .fd = -1, .dirfd = dirfd, .path = e->path,
+				      .size = e->size, .crc32c = e->crc32c };
+		rc = bkt_put_files(b, &x, 1);
+		if (rc == -EEXIST || x.rc == -EEXIST) {
+			/* a previous attempt, or a worker with the same bytes:
+			 * the same name must hold the same bytes */
+			uint64_t sz;
+			uint32_t crc;
+			rc = bkt_stat(b, name, &sz, &crc);
+			if (rc == 0 && (sz != e->size || crc != e->crc32c)) {
+				bkt_set_error("%s/%s: already there with other content", bkt_url(b), name);
+				rc = -EEXIST;
+			}
+		}
+		if (rc < 0)
+			return rc;
+	}
+	/* the .meta last: a reader never sees it before its data */
+	if ((rc = meta_name(meta, sizeof(meta), job, k)) < 0 ||
+	    (rc = path3(name, sizeof(name), job, backup, meta)) < 0)
+		return rc;
+	rc = put_small_once(b, name, hex, 64);
+	if (rc == -EEXIST)
+		bkt_set_error("%s/%s: this backup already records another file for job %s "
+			      "step %" PRIu64 " node %u worker %u", bkt_url(b), name, job,
+			      k->step, k->rank, k->worker);
+	if (rc == 0)
+		log_info(MOD, "%s/%s/%s: worker %u's file of step %" PRIu64 " node %u uploaded "
+			 "(%s.data, %" PRIu64 " bytes%s)", bkt_url(b), job, backup, k->worker, k->step,
+			 k->rank, hex, e->size, upload_data ? "" : ", data by a peer");
 	return rc;
 }
 

@@ -45,6 +45,16 @@ int bk_upload_shard(struct bkt *b, const char *job, const char *backup,
 		    const struct shard_key *k, int dirfd, const struct manifest *mf,
 		    bool upload_data);
 
+/* One worker's file of a framework: pytorch shard, in GKE's layout: the
+ * object <hash>.data (hash: SHA-256 of the bytes, 64 hex digits; GKE's own
+ * is BLAKE3 and neither side recomputes the other's) and then the .meta of
+ * (k->step, k->rank, k->worker) naming it. upload_data false: the .meta
+ * only. Write-once like bk_upload_shard: an existing object must hold the
+ * same bytes (size and CRC32C). */
+int bk_upload_file(struct bkt *b, const char *job, const char *backup,
+		   const struct shard_key *k, int dirfd, const struct mf_entry *e,
+		   bool upload_data);
+
 /* Name for a new backup of job started at unix time t into out: exactly
  * "YYYY-MM-DD_HH-MM" (UTC), the only form GKE's replicator and Orbax's
  * converter list.  -EAGAIN when an object already exists under JOB/that/

@@ -68,6 +68,7 @@ struct eng {
 	uint32_t nodes, dp;
 	uint32_t workers;             /* shards per node in a backup: workers-per-node
 				       * with framework: pytorch, else 1 */
+	bool save_files;              /* framework: pytorch: backups per worker file */
 	int peers[MAX_PEERS];
 	int npeers;
 	bool job_set;
@@ -575,6 +576,82 @@ struct bk_upload {
 	bool data;
 };
 
+/* Worker w of "<job>-s<digits>-n<rank>-w<w>.save" at the top of a shard
+ * (GKE's file_naming), else -1. */
+static int64_t save_worker(const char *path, const char *job, uint32_t rank, uint64_t step)
+{
+	size_t jl = strlen(job), d, pl = strlen(path);
+	char want[32];
+	const char *p = path;
+	uint64_t v, w;
+	char num[24];
+
+	if (pl < 5 || strchr(path, '/') || strcmp(path + pl - 5, ".save") ||
+	    strncmp(p, job, jl) || strncmp(p + jl, "-s", 2))
+		return -1;
+	p += jl + 2;
+	d = strspn(p, "0123456789");
+	if (d == 0 || d >= sizeof(num))
+		return -1;
+	memcpy(num, p, d);
+	num[d] = '\0';
+	if (util_parse_u64(num, UINT64_MAX, &v) < 0 || v != step)
+		return -1;
+	p += d;
+	snprintf(want, sizeof(want), "-n%u-w", rank);
+	if (strncmp(p, want, strlen(want)))
+		return -1;
+	p += strlen(want);
+	d = strspn(p, "0123456789");
+	if (d == 0 || d >= sizeof(num) || strcmp(p + d, ".save"))
+		return -1;
+	memcpy(num, p, d);
+	num[d] = '\0';
+	if (util_parse_u64(num, RCFG_WORKERS_MAX - 1, &w) < 0)
+		return -1;
+	return (int64_t)w;
+}
+
+/* framework: pytorch: each worker's file is its own shard in the bucket,
+ * as GKE's replicator backs them up (one .meta per worker, <hash>.data one
+ * object).  -ENODATA when the shard has no .save file at all (a step
+ * directory committed in pytorch mode): the caller backs it up whole. */
+static int upload_workers(struct eng *e, const struct bk_upload *u, const struct shard_key *k,
+			  int fd, const struct manifest *mf, uint32_t workers, char *err,
+			  size_t errlen)
+{
+	const struct mf_entry *ent[RCFG_WORKERS_MAX] = { 0 };
+	bool any = false;
+	int rc;
+
+	for (size_t i = 0; i < mf->n; i++) {
+		int64_t w = mf->e[i].type == MF_FILE ?
+			    save_worker(mf->e[i].path, k->job, k->rank, k->step) : -1;
+		if (w < 0)
+			continue;
+		any = true;
+		if ((uint64_t)w < workers)
+			ent[w] = &mf->e[i];
+	}
+	if (!any)
+		return -ENODATA;
+	for (uint32_t w = 0; w < workers; w++) {
+		struct shard_key wk = *k;
+		if (!ent[w]) {
+			snprintf(err, errlen, "the shard of step %llu has no .save file of worker %u",
+				 (unsigned long long)k->step, w);
+			return -ENOENT;
+		}
+		wk.worker = w;
+		rc = bk_upload_file(e->bkt, u->job, u->name, &wk, fd, ent[w], u->data);
+		if (rc < 0) {
+			snprintf(err, errlen, "%s", bkt_last_error());
+			return rc;
+		}
+	}
+	return 0;
+}
+
 static void backup_run(void *arg)
 {
 	struct bk_upload *u = arg;
@@ -585,12 +662,16 @@ static void backup_run(void *arg)
 	char err[512] = "";
 	uint64_t t0 = util_now_ns();
 	json_t *ev;
+	uint32_t workers;
+	bool save_files;
 	int fd = -1, rc;
 
 	snprintf(k.job, sizeof(k.job), "%s", u->job);
 	k.step = u->step;
 	pthread_mutex_lock(&e->mu);
 	k.rank = (uint32_t)e->rank;
+	save_files = e->save_files && !strcmp(e->job, u->job);
+	workers = e->workers ? e->workers : 1;
 	pthread_mutex_unlock(&e->mu);
 	rc = idx_get_shard(ram_idx(e->ram), &k, &rec);
 	if (rc < 0 || !rec.mf || mf_decode(rec.mf, rec.mflen, &mf) < 0) {
@@ -605,11 +686,14 @@ static void backup_run(void *arg)
 		snprintf(err, sizeof(err), "shard directory missing");
 		goto out;
 	}
-	rc = bk_upload_shard(e->bkt, u->job, u->name, &k, fd, mf, u->data);
-	if (rc < 0) {
-		snprintf(err, sizeof(err), "%s", bkt_last_error());
-		goto out;
+	rc = save_files ? upload_workers(e, u, &k, fd, mf, workers, err, sizeof(err)) : -ENODATA;
+	if (rc == -ENODATA) {
+		rc = bk_upload_shard(e->bkt, u->job, u->name, &k, fd, mf, u->data);
+		if (rc < 0)
+			snprintf(err, sizeof(err), "%s", bkt_last_error());
 	}
+	if (rc < 0)
+		goto out;
 	idx_set_state(ram_idx(e->ram), &k, SH_BACKED_UP, 0, 0);
 	metrics_add(MC_BACKUPS, 1);
 	metrics_add(MC_BACKUP_BYTES, u->data ? mf->total : 0);
@@ -1235,8 +1319,8 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	snprintf(e->job, sizeof(e->job), "%s", c->job);
 	e->nodes = (uint32_t)c->nodes;
 	e->dp = (uint32_t)c->assume_dp;
-	e->workers = c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
-		     (uint32_t)c->workers_per_node : 1;
+	e->save_files = c->framework == RCFG_FW_PYTORCH;
+	e->workers = e->save_files && c->workers_per_node > 1 ? (uint32_t)c->workers_per_node : 1;
 	memcpy(e->peers, peers, (size_t)n * sizeof(int));
 	e->npeers = n;
 	e->job_set = true;

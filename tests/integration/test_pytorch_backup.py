@@ -125,13 +125,59 @@ class Base:
                 self.assertEqual(read_file(p), files[r][w],
                                  "bytes of node %d worker %d" % (r, w))
 
-    def lose_all_ram(self):
+    def wait_backup(self, job, step):
+        d = self.c.nodes[0]
+        rx = re.compile(r"backup job=%s name=(%s) step=%d complete"
+                        % (re.escape(job), NAME_RE, step))
+
+        def done():
+            d.check_alive()
+            m = rx.search(d.log_text())
+            return m.group(1) if m else None
+        return wait_until(done, TIMEOUT, "backup of %s step %d complete" % (job, step))
+
+    def test_mtcfs_backup_is_per_worker_and_restores(self):
+        """2 nodes x 2 workers each save their own file; the backup holds
+        exactly GKE's layout (a .meta per (node, worker) naming one
+        <hash>.data object with that worker's bytes, no manifest, no
+        directory); with every node's RAM lost, each worker's bytes come back
+        from the bucket under its marker."""
+        job, step = "ptbk", 40
+        self.assertEqual(self.c.job_start(job), {0: 0, 1: 0})
+        files = {r: [random.Random("ptbk/%d/%d" % (r, w)).randbytes(50 * 1024 + w)
+                     for w in range(W)] for r in range(2)}
+        for r in range(2):
+            mnt = self.c.nodes[r].mnt
+            for n in markers(mnt):
+                os.unlink(os.path.join(mnt, n))
+            for w in range(W):
+                write_file(os.path.join(mnt, save_name(job, step, r, w)), files[r][w])
+        name = self.wait_backup(job, step)
+        base = "%s/%s/" % (job, name)
+        objs = self.store.names(base)
+        want = set()
+        for r in range(2):
+            for w in range(W):
+                mn = base + save_name(job, step, r, w, "meta")
+                self.assertIn(mn, objs)
+                h = self.store.read(mn).decode()
+                self.assertRegex(h, r"^[0-9a-f]{64}$", "content of " + mn)
+                self.assertEqual(self.store.read(base + h + ".data"), files[r][w],
+                                 "%s.data of node %d worker %d" % (h, r, w))
+                want |= {mn, base + h + ".data"}
+        self.assertEqual(sorted(objs), sorted(want), "objects of backup " + name)
         for d in self.c.nodes:
             d.kill9()
         for d in self.c.nodes:
             d.wipe_ramdir()
         for d in self.c.nodes:
             d.start()
+        self.assertEqual(self.c.job_start(job), {0: step, 1: step})
+        for r in range(2):
+            self.assertEqual(read_file(os.path.join(self.c.nodes[r].mnt,
+                                                    "replicator.prerestore")),
+                             ("restore-backup: %s\nrestore-step: %d\n" % (name, step)).encode())
+        self.assert_worker_markers(job, step, files)
 
     def test_gke_written_pytorch_backup_restores(self):
         """Every node and worker gets its bytes back from the backup GKE's
