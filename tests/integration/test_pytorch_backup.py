@@ -179,6 +179,55 @@ class Base:
                              ("restore-backup: %s\nrestore-step: %d\n" % (name, step)).encode())
         self.assert_worker_markers(job, step, files)
 
+    def test_data_parallel_column_backs_up_once_and_restores(self):
+        """assume-data-parallelism: 2 over 2 nodes (one column) whose workers
+        save the same bytes: as in GKE's replicator, only the last partition
+        (node 1) uploads data, node 0 only its .meta files, which name the
+        same objects because a worker's file is hashed alone (not with the
+        node's name in it). The backup is complete and restores every
+        worker's bytes on both nodes."""
+        job, step, dp = "ptdp", 50, "assume-data-parallelism: 2\n"
+        self.assertEqual(self.c.job_start(job, extra=dp), {0: 0, 1: 0})
+        files = [random.Random("ptdp/%d" % w).randbytes(30 * 1024 + w) for w in range(W)]
+        complete = re.compile(r"job %s: step %d is complete on all" % (job, step))
+        for r in range(2):
+            mnt = self.c.nodes[r].mnt
+            for n in markers(mnt):
+                os.unlink(os.path.join(mnt, n))
+            for w in range(W):
+                write_file(os.path.join(mnt, save_name(job, step, r, w)), files[w])
+            if r == 0:
+                # node 0 alone has the step: it is not complete job-wide
+                # (GKE's sync waits for every node), so no backup of it may
+                # start. The coordinator is node 0's own: a wrong verdict
+                # shows within the window polled here.
+                ramdir = self.c.nodes[0].ramdir
+                wait_until(lambda: (harness.find_shard(harness.admin_ls(ramdir), step,
+                                                       job=job) or {}).get("state")
+                           in ("committed", "replicated", "backed-up"),
+                           TIMEOUT, "node 0 committed step %d" % step)
+                with self.assertRaises(AssertionError):
+                    wait_until(lambda: complete.search(self.c.nodes[0].log_text()), 2,
+                               "a wrong job-wide verdict")
+        name = self.wait_backup(job, step)
+        base = "%s/%s/" % (job, name)
+        hashes = {}
+        for r in range(2):
+            for w in range(W):
+                hashes[r, w] = self.store.read(base + save_name(job, step, r, w, "meta")).decode()
+        for w in range(W):
+            self.assertEqual(hashes[0, w], hashes[1, w], "worker %d's .meta of both nodes" % w)
+        self.assertEqual(sorted(x for x in self.store.names(base) if x.endswith(".data")),
+                         sorted(base + hashes[1, w] + ".data" for w in range(W)))
+        for d in self.c.nodes:
+            d.kill9()
+        for d in self.c.nodes:
+            d.wipe_ramdir()
+        for d in self.c.nodes:
+            d.start()
+        self.assertEqual(self.c.job_start(job, extra=dp), {0: step, 1: step})
+        self.assert_worker_markers(job, step, {r: files for r in range(2)})
+
     def test_gke_written_pytorch_backup_restores(self):
         """Every node and worker gets its bytes back from the backup GKE's
         replicator wrote; replicator.prerestore names it; mtcfs writes nothing
