@@ -27,9 +27,11 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
      /usr/bin/python3 tests/integration/test_pytorch_backup.py [-k NAME]
 """
 
+import json
 import os
 import random
 import re
+import subprocess
 import sys
 import unittest
 
@@ -166,6 +168,15 @@ class Base:
                                  "%s.data of node %d worker %d" % (h, r, w))
                 want |= {mn, base + h + ".data"}
         self.assertEqual(sorted(objs), sorted(want), "objects of backup " + name)
+        # what an operator sees of it: complete
+        env = dict(os.environ)
+        self.store.setup_env(env)
+        r = subprocess.run([harness.MTCFS_ADMIN, "backups", "--bucket", self.store.url,
+                            "--job", job, "--json"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=60, check=True)
+        js = json.loads(r.stdout)
+        self.assertEqual([(x["name"], x["complete"]) for x in js["backups"]], [(name, True)],
+                         js)
         for d in self.c.nodes:
             d.kill9()
         for d in self.c.nodes:
