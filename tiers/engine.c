@@ -64,6 +64,8 @@ struct eng {
 
 	pthread_mutex_t mu;           /* protects the fields below */
 	int rank;
+	bool rank_fixed;              /* rank= or the peers= table says it: a yaml
+				       * with another node-rank is refused */
 	char job[RCFG_JOB_MAX + 1];
 	uint32_t nodes, dp;
 	uint32_t workers;             /* shards per node in a backup: workers-per-node
@@ -93,6 +95,7 @@ struct eng {
 	bool restoring, restore_cancel;
 	pthread_t restore_thr;
 	struct nconn *ctl;
+	bool ctl_renaming;            /* ctl closed on purpose: a new node-rank */
 	bool ctl_reader_running;
 	pthread_t ctl_reader;
 	uint32_t next_id;
@@ -827,7 +830,15 @@ static void *ctl_reader(void *arg)
 			continue;
 		}
 		if (rc < 0) {
-			log_warn("engine", "control connection to the coordinator lost: %s", strerror(-rc));
+			bool renamed;
+			pthread_mutex_lock(&e->ctl_mu);
+			renamed = e->ctl_renaming;
+			pthread_mutex_unlock(&e->ctl_mu);
+			if (renamed)
+				log_info("engine", "control connection closed: this node has a new rank");
+			else
+				log_warn("engine", "control connection to the coordinator lost: %s",
+					 strerror(-rc));
 			break;
 		}
 		if (h.type == NT_EVENT) {
@@ -1290,17 +1301,45 @@ int eng_rank(const struct eng *e)
 	return r;
 }
 
+/* A registered node (coordinator=, no rank= and no peers= table) takes the
+ * node-rank of each new replicator.yaml, as GKE's replicator does. The
+ * coordinator knows a node by the rank it connected with: the control
+ * connection is closed (and waited for, up to 5 s) so that the next call
+ * connects and registers as the new rank. Shards of the old rank stay in
+ * the catalog as what they are: that owner's, held here. */
+static void ctl_new_identity(struct eng *e, int old_rank, int new_rank)
+{
+	struct timespec ts;
+
+	log_info("engine", "node-rank changes from %d to %d: reconnecting to the coordinator as rank %d",
+		 old_rank, new_rank, new_rank);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 5;
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->ctl) {
+		e->ctl_renaming = true;
+		nconn_shutdown(e->ctl);
+	}
+	while (e->ctl && pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts) != ETIMEDOUT)
+		;
+	e->ctl_renaming = false;
+	pthread_mutex_unlock(&e->ctl_mu);
+}
+
 int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 {
 	int peers[MAX_PEERS], n;
 
+	int old_rank;
+
 	pthread_mutex_lock(&e->mu);
-	if (e->rank >= 0 && c->node_rank != e->rank) {
+	if (e->rank >= 0 && c->node_rank != e->rank && e->rank_fixed) {
 		snprintf(err, errlen, "node-rank: %d, but this node is rank %d (mount options rank=/peers=/listen=)",
 			 c->node_rank, e->rank);
 		pthread_mutex_unlock(&e->mu);
 		return -EINVAL;
 	}
+	old_rank = e->rank;
 	if (e->naddrs && (uint32_t)c->nodes != e->naddrs) {
 		snprintf(err, errlen, "nodes: %d, but the mount's peers= table has %u entries",
 			 c->nodes, e->naddrs);
@@ -1330,6 +1369,8 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 		e->has_lkg = e->has_safe = false;
 	pthread_mutex_unlock(&e->mu);
 	log_info("engine", "job=%s rank=%d nodes=%d peers=%d", c->job, c->node_rank, c->nodes, n);
+	if (old_rank >= 0 && old_rank != c->node_rank)
+		ctl_new_identity(e, old_rank, c->node_rank);
 	if (do_register(e, false) < 0)
 		log_warn("engine", "cannot register with the coordinator at %s yet", e->coord_addr);
 	return 0;
@@ -1930,6 +1971,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		log_err("engine", "peers=%s is not a list of HOST:PORT", o->peers);
 		goto fail;
 	}
+	e->rank_fixed = e->rank >= 0 || e->naddrs > 0;
 	if (e->rank < 0 && e->naddrs) {
 		for (uint32_t i = 0; i < e->naddrs; i++)
 			if (!strcmp(e->addrs[i], e->listen))
