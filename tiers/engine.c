@@ -1486,6 +1486,43 @@ static int fetch_backup(struct eng *e, const struct rcfg *c, const struct plan_e
 	return bk_fetch_shard(e->bkt, c->job, p->backup, rank, 0, dirfd, mf);
 }
 
+/* framework: pytorch under D: a column mate's shard restored as this
+ * node's holds files named for the mate's rank. GKE's coordinator gives
+ * the node its mate's per-worker hashes and its restore writes them under
+ * the node's own names (coordinator.py: infer_missing_meta, restore.py),
+ * so each worker's marker finds its file: rename the staged files to this
+ * rank's names (the step's spelling kept) and rebuild the manifest. */
+static int adopt_mate_files(const struct rcfg *c, int dirfd, uint64_t step, uint32_t owner,
+			    uint32_t rank, struct manifest **mf)
+{
+	size_t jl = strlen(c->job);
+	struct manifest *nm = NULL;
+	char from[32], to[32];
+	int rc;
+
+	snprintf(from, sizeof(from), "-n%u-w", owner);
+	snprintf(to, sizeof(to), "-n%u-w", rank);
+	for (size_t i = 0; i < (*mf)->n; i++) {
+		const char *p = (*mf)->e[i].path, *q;
+		char nn[NAME_MAX + 1];
+
+		if ((*mf)->e[i].type != MF_FILE || save_worker(p, c->job, owner, step) < 0)
+			continue;
+		q = p + jl + 2 + strspn(p + jl + 2, "0123456789");   /* at "-n<owner>-w" */
+		if ((size_t)snprintf(nn, sizeof(nn), "%.*s%s%s", (int)(q - p), p, to,
+				     q + strlen(from)) >= sizeof(nn))
+			return -ENAMETOOLONG;
+		if (renameat(dirfd, p, dirfd, nn) < 0)
+			return -errno;
+	}
+	rc = mf_build(dirfd, &nm);
+	if (rc < 0)
+		return rc;
+	mf_free(*mf);
+	*mf = nm;
+	return 0;
+}
+
 /* Make this node's shard of plan p present under its own key. */
 static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
 		  char *why, size_t whylen)
@@ -1550,6 +1587,8 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 			rc = ram_stage_begin(e->ram, &mine, &st);
 		if (rc == 0)
 			rc = ram_stage_link(e->ram, &st, &src);
+		if (rc == 0 && c->framework == RCFG_FW_PYTORCH)
+			rc = adopt_mate_files(c, st.fd, p->step, p->owner, mine.rank, &mf);
 		if (rc == 0)
 			rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
 		if (rc < 0) {
@@ -1589,6 +1628,10 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 	rc = ram_stage_begin(e->ram, &mine, &st);
 	if (rc == 0)
 		rc = recv_files(e, conn, &st, mf, why, whylen);
+	if (rc == 0 && p->owner != mine.rank && c->framework == RCFG_FW_PYTORCH &&
+	    (rc = adopt_mate_files(c, st.fd, p->step, p->owner, mine.rank, &mf)) < 0)
+		snprintf(why, whylen, "renaming node %u's files as this node's: %s", p->owner,
+			 strerror(-rc));
 	if (rc == 0)
 		rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
 	if (rc == 0)
