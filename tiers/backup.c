@@ -1178,7 +1178,10 @@ static int file_get(struct bkt *b, const char *job, const char *backup, const ui
 		rc = -ENOENT;
 		goto out;
 	}
-	snprintf(name, sizeof(name), "%sdata", prefix);
+	if ((size_t)snprintf(name, sizeof(name), "%sdata", prefix) >= sizeof(name)) {
+		rc = -ENAMETOOLONG;
+		goto out;
+	}
 	if (dirfd < 0 && (devnull = open("/dev/null", O_WRONLY | O_CLOEXEC)) < 0) {
 		rc = -errno;
 		goto out;
