@@ -910,8 +910,8 @@ static void clear_rv_run(void *arg)
 	free(b);
 }
 
-/* The newest step complete across the job among the commits every node
- * reported (replicated: only those it also reported replicated). */
+/* The newest step every node reported committed (replicated: only those
+ * it also reported replicated). */
 static bool newest_of(struct cjob *j, bool replicated, uint64_t *step)
 {
 	struct lkg_hold *h = calloc((size_t)j->nodes * COMMITS_KEPT, sizeof(*h));
@@ -933,7 +933,11 @@ static bool newest_of(struct cjob *j, bool replicated, uint64_t *step)
 			nh++;
 		}
 	}
-	found = lkg_newest_complete(j->nodes, j->dp, h, nh, step);
+	/* every node itself, as GKE's sync gathers each node's replicated step:
+	 * borrowing a column mate's shard under D is for restores only (a step
+	 * counted complete before a node had it sent that node backups of a
+	 * step it did not hold, and let GC move past its newest step) */
+	found = lkg_newest_complete(j->nodes, 0, h, nh, step);
 	free(h);
 	return found;
 }

@@ -65,8 +65,13 @@ struct eng {
 
 	pthread_mutex_t mu;           /* protects the fields below */
 	int rank;
+	bool rank_fixed;              /* rank= or the peers= table says it: a yaml
+				       * with another node-rank is refused */
 	char job[RCFG_JOB_MAX + 1];
 	uint32_t nodes, dp;
+	uint32_t workers;             /* shards per node in a backup: workers-per-node
+				       * with framework: pytorch, else 1 */
+	bool save_files;              /* framework: pytorch: backups per worker file */
 	int peers[MAX_PEERS];
 	int npeers;
 	bool job_set;
@@ -91,6 +96,7 @@ struct eng {
 	bool restoring, restore_cancel;
 	pthread_t restore_thr;
 	struct nconn *ctl;
+	bool ctl_renaming;            /* ctl closed on purpose: a new node-rank */
 	bool ctl_reader_running;
 	pthread_t ctl_reader;
 	uint32_t next_id;
@@ -560,6 +566,82 @@ struct bk_upload {
 	bool data;
 };
 
+/* Worker w of "<job>-s<digits>-n<rank>-w<w>.save" at the top of a shard
+ * (GKE's file_naming), else -1. */
+static int64_t save_worker(const char *path, const char *job, uint32_t rank, uint64_t step)
+{
+	size_t jl = strlen(job), d, pl = strlen(path);
+	char want[32];
+	const char *p = path;
+	uint64_t v, w;
+	char num[24];
+
+	if (pl < 5 || strchr(path, '/') || strcmp(path + pl - 5, ".save") ||
+	    strncmp(p, job, jl) || strncmp(p + jl, "-s", 2))
+		return -1;
+	p += jl + 2;
+	d = strspn(p, "0123456789");
+	if (d == 0 || d >= sizeof(num))
+		return -1;
+	memcpy(num, p, d);
+	num[d] = '\0';
+	if (util_parse_u64(num, UINT64_MAX, &v) < 0 || v != step)
+		return -1;
+	p += d;
+	snprintf(want, sizeof(want), "-n%u-w", rank);
+	if (strncmp(p, want, strlen(want)))
+		return -1;
+	p += strlen(want);
+	d = strspn(p, "0123456789");
+	if (d == 0 || d >= sizeof(num) || strcmp(p + d, ".save"))
+		return -1;
+	memcpy(num, p, d);
+	num[d] = '\0';
+	if (util_parse_u64(num, RCFG_WORKERS_MAX - 1, &w) < 0)
+		return -1;
+	return (int64_t)w;
+}
+
+/* framework: pytorch: each worker's file is its own shard in the bucket,
+ * as GKE's replicator backs them up (one .meta per worker, <hash>.data one
+ * object).  -ENODATA when the shard has no .save file at all (a step
+ * directory committed in pytorch mode): the caller backs it up whole. */
+static int upload_workers(struct eng *e, const struct bk_upload *u, const struct shard_key *k,
+			  int fd, const struct manifest *mf, uint32_t workers, char *err,
+			  size_t errlen)
+{
+	const struct mf_entry *ent[RCFG_WORKERS_MAX] = { 0 };
+	bool any = false;
+	int rc;
+
+	for (size_t i = 0; i < mf->n; i++) {
+		int64_t w = mf->e[i].type == MF_FILE ?
+			    save_worker(mf->e[i].path, k->job, k->rank, k->step) : -1;
+		if (w < 0)
+			continue;
+		any = true;
+		if ((uint64_t)w < workers)
+			ent[w] = &mf->e[i];
+	}
+	if (!any)
+		return -ENODATA;
+	for (uint32_t w = 0; w < workers; w++) {
+		struct shard_key wk = *k;
+		if (!ent[w]) {
+			snprintf(err, errlen, "the shard of step %llu has no .save file of worker %u",
+				 (unsigned long long)k->step, w);
+			return -ENOENT;
+		}
+		wk.worker = w;
+		rc = bk_upload_file(e->bkt, u->job, u->name, &wk, fd, ent[w], u->data);
+		if (rc < 0) {
+			snprintf(err, errlen, "%s", bkt_last_error());
+			return rc;
+		}
+	}
+	return 0;
+}
+
 static void backup_run(void *arg)
 {
 	struct bk_upload *u = arg;
@@ -570,12 +652,16 @@ static void backup_run(void *arg)
 	char err[512] = "";
 	uint64_t t0 = util_now_ns();
 	json_t *ev;
+	uint32_t workers;
+	bool save_files;
 	int fd = -1, rc;
 
 	snprintf(k.job, sizeof(k.job), "%s", u->job);
 	k.step = u->step;
 	pthread_mutex_lock(&e->mu);
 	k.rank = (uint32_t)e->rank;
+	save_files = e->save_files && !strcmp(e->job, u->job);
+	workers = e->workers ? e->workers : 1;
 	pthread_mutex_unlock(&e->mu);
 	rc = idx_get_shard(ram_idx(e->ram), &k, &rec);
 	if (rc < 0 || !rec.mf || mf_decode(rec.mf, rec.mflen, &mf) < 0) {
@@ -590,11 +676,14 @@ static void backup_run(void *arg)
 		snprintf(err, sizeof(err), "shard directory missing");
 		goto out;
 	}
-	rc = bk_upload_shard(e->bkt, u->job, u->name, &k, fd, mf, u->data);
-	if (rc < 0) {
-		snprintf(err, sizeof(err), "%s", bkt_last_error());
-		goto out;
+	rc = save_files ? upload_workers(e, u, &k, fd, mf, workers, err, sizeof(err)) : -ENODATA;
+	if (rc == -ENODATA) {
+		rc = bk_upload_shard(e->bkt, u->job, u->name, &k, fd, mf, u->data);
+		if (rc < 0)
+			snprintf(err, sizeof(err), "%s", bkt_last_error());
 	}
+	if (rc < 0)
+		goto out;
 	idx_set_state(ram_idx(e->ram), &k, SH_BACKED_UP, 0, 0);
 	metrics_add(MC_BACKUPS, 1);
 	metrics_add(MC_BACKUP_BYTES, u->data ? mf->total : 0);
@@ -728,7 +817,15 @@ static void *ctl_reader(void *arg)
 			continue;
 		}
 		if (rc < 0) {
-			log_warn("engine", "control connection to the coordinator lost: %s", strerror(-rc));
+			bool renamed;
+			pthread_mutex_lock(&e->ctl_mu);
+			renamed = e->ctl_renaming;
+			pthread_mutex_unlock(&e->ctl_mu);
+			if (renamed)
+				log_info("engine", "control connection closed: this node has a new rank");
+			else
+				log_warn("engine", "control connection to the coordinator lost: %s",
+					 strerror(-rc));
 			break;
 		}
 		if (h.type == NT_EVENT) {
@@ -1191,17 +1288,45 @@ int eng_rank(const struct eng *e)
 	return r;
 }
 
+/* A registered node (coordinator=, no rank= and no peers= table) takes the
+ * node-rank of each new replicator.yaml, as GKE's replicator does. The
+ * coordinator knows a node by the rank it connected with: the control
+ * connection is closed (and waited for, up to 5 s) so that the next call
+ * connects and registers as the new rank. Shards of the old rank stay in
+ * the catalog as what they are: that owner's, held here. */
+static void ctl_new_identity(struct eng *e, int old_rank, int new_rank)
+{
+	struct timespec ts;
+
+	log_info("engine", "node-rank changes from %d to %d: reconnecting to the coordinator as rank %d",
+		 old_rank, new_rank, new_rank);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 5;
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->ctl) {
+		e->ctl_renaming = true;
+		nconn_shutdown(e->ctl);
+	}
+	while (e->ctl && pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts) != ETIMEDOUT)
+		;
+	e->ctl_renaming = false;
+	pthread_mutex_unlock(&e->ctl_mu);
+}
+
 int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 {
 	int peers[MAX_PEERS], n;
 
+	int old_rank;
+
 	pthread_mutex_lock(&e->mu);
-	if (e->rank >= 0 && c->node_rank != e->rank) {
+	if (e->rank >= 0 && c->node_rank != e->rank && e->rank_fixed) {
 		snprintf(err, errlen, "node-rank: %d, but this node is rank %d (mount options rank=/peers=/listen=)",
 			 c->node_rank, e->rank);
 		pthread_mutex_unlock(&e->mu);
 		return -EINVAL;
 	}
+	old_rank = e->rank;
 	if (e->naddrs && (uint32_t)c->nodes != e->naddrs) {
 		snprintf(err, errlen, "nodes: %d, but the mount's peers= table has %u entries",
 			 c->nodes, e->naddrs);
@@ -1220,6 +1345,8 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	snprintf(e->job, sizeof(e->job), "%s", c->job);
 	e->nodes = (uint32_t)c->nodes;
 	e->dp = (uint32_t)c->assume_dp;
+	e->save_files = c->framework == RCFG_FW_PYTORCH;
+	e->workers = e->save_files && c->workers_per_node > 1 ? (uint32_t)c->workers_per_node : 1;
 	memcpy(e->peers, peers, (size_t)n * sizeof(int));
 	e->npeers = n;
 	e->job_set = true;
@@ -1229,6 +1356,8 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 		e->has_lkg = e->has_safe = false;
 	pthread_mutex_unlock(&e->mu);
 	log_info("engine", "job=%s rank=%d nodes=%d peers=%d", c->job, c->node_rank, c->nodes, n);
+	if (old_rank >= 0 && old_rank != c->node_rank)
+		ctl_new_identity(e, old_rank, c->node_rank);
 	if (do_register(e, false) < 0)
 		log_warn("engine", "cannot register with the coordinator at %s yet", e->coord_addr);
 	return 0;
@@ -1315,6 +1444,72 @@ static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
 	return m;
 }
 
+/* This node's shard of backup p->backup into dirfd.  framework: pytorch
+ * backups hold one file per worker (GKE's layout, which mtcfs writes too):
+ * each comes back under the worker's .save name, so the node's shard is
+ * what its workers saved; a backup of the older mtcfs layout (one shard
+ * holding every worker's file, with a manifest) is read whole. */
+static int fetch_backup(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
+			int dirfd, struct manifest **mf)
+{
+	uint32_t rank = (uint32_t)c->node_rank;
+	int rc = -EMEDIUMTYPE;
+
+	if (c->framework == RCFG_FW_PYTORCH) {
+		for (uint32_t w = 0; w < (uint32_t)c->workers_per_node; w++) {
+			char fn[NAME_MAX + 1];
+			if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", c->job,
+					     (unsigned long long)p->step, rank, w) >= sizeof(fn))
+				return -ENAMETOOLONG;
+			rc = bk_fetch_file(e->bkt, c->job, p->backup, rank, w, dirfd, fn);
+			if (rc == -EMEDIUMTYPE && w == 0)
+				break;
+			if (rc < 0)
+				return rc;
+		}
+		if (rc == 0)
+			return mf_build(dirfd, mf);
+	}
+	return bk_fetch_shard(e->bkt, c->job, p->backup, rank, 0, dirfd, mf);
+}
+
+/* framework: pytorch under D: a column mate's shard restored as this
+ * node's holds files named for the mate's rank. GKE's coordinator gives
+ * the node its mate's per-worker hashes and its restore writes them under
+ * the node's own names (coordinator.py: infer_missing_meta, restore.py),
+ * so each worker's marker finds its file: rename the staged files to this
+ * rank's names (the step's spelling kept) and rebuild the manifest. */
+static int adopt_mate_files(const struct rcfg *c, int dirfd, uint64_t step, uint32_t owner,
+			    uint32_t rank, struct manifest **mf)
+{
+	size_t jl = strlen(c->job);
+	struct manifest *nm = NULL;
+	char from[32], to[32];
+	int rc;
+
+	snprintf(from, sizeof(from), "-n%u-w", owner);
+	snprintf(to, sizeof(to), "-n%u-w", rank);
+	for (size_t i = 0; i < (*mf)->n; i++) {
+		const char *p = (*mf)->e[i].path, *q;
+		char nn[NAME_MAX + 1];
+
+		if ((*mf)->e[i].type != MF_FILE || save_worker(p, c->job, owner, step) < 0)
+			continue;
+		q = p + jl + 2 + strspn(p + jl + 2, "0123456789");   /* at "-n<owner>-w" */
+		if ((size_t)snprintf(nn, sizeof(nn), "%.*s%s%s", (int)(q - p), p, to,
+				     q + strlen(from)) >= sizeof(nn))
+			return -ENAMETOOLONG;
+		if (renameat(dirfd, p, dirfd, nn) < 0)
+			return -errno;
+	}
+	rc = mf_build(dirfd, &nm);
+	if (rc < 0)
+		return rc;
+	mf_free(*mf);
+	*mf = nm;
+	return 0;
+}
+
 /* Make this node's shard of plan p present under its own key. */
 static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
 		  char *why, size_t whylen)
@@ -1341,7 +1536,7 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 		}
 		rc = ram_stage_begin(e->ram, &mine, &st);
 		if (rc == 0)
-			rc = bk_fetch_shard(e->bkt, c->job, p->backup, mine.rank, 0, st.fd, &mf);
+			rc = fetch_backup(e, c, p, st.fd, &mf);
 		if (rc < 0)
 			snprintf(why, whylen, "backup %s: %s", p->backup, bkt_last_error());
 		if (rc == 0)
@@ -1379,6 +1574,8 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 			rc = ram_stage_begin(e->ram, &mine, &st);
 		if (rc == 0)
 			rc = ram_stage_link(e->ram, &st, &src);
+		if (rc == 0 && c->framework == RCFG_FW_PYTORCH)
+			rc = adopt_mate_files(c, st.fd, p->step, p->owner, mine.rank, &mf);
 		if (rc == 0)
 			rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
 		if (rc < 0) {
@@ -1418,6 +1615,10 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 	rc = ram_stage_begin(e->ram, &mine, &st);
 	if (rc == 0)
 		rc = recv_files(e, conn, &st, mf, why, whylen);
+	if (rc == 0 && p->owner != mine.rank && c->framework == RCFG_FW_PYTORCH &&
+	    (rc = adopt_mate_files(c, st.fd, p->step, p->owner, mine.rank, &mf)) < 0)
+		snprintf(why, whylen, "renaming node %u's files as this node's: %s", p->owner,
+			 strerror(-rc));
 	if (rc == 0)
 		rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
 	if (rc == 0)
@@ -1618,9 +1819,13 @@ static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex
 	struct bk_backup *v = NULL, one;
 	char rv[BK_NAME_MAX];
 	size_t n = 0, nl = 0;
+	uint32_t workers;
 	int rc;
 
 	memset(d, 0, sizeof(*d));
+	pthread_mutex_lock(&e->mu);
+	workers = e->workers ? e->workers : 1;
+	pthread_mutex_unlock(&e->mu);
 	rc = bk_get_restore_version(e->bkt, job, rv);
 	if (rc == 0 || rc == -EBADMSG) {
 		d->forced = true;
@@ -1632,7 +1837,7 @@ static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex
 		}
 		snprintf(d->name, sizeof(d->name), "%s", rv);
 		memset(&one, 0, sizeof(one));
-		rc = bk_check_backup(e->bkt, job, rv, nodes, 1, &one);
+		rc = bk_check_backup(e->bkt, job, rv, nodes, workers, &one);
 		if (rc == 0 && one.complete && !excluded(ex, nex, rv)) {
 			d->forced_ok = true;
 			d->step = one.step;
@@ -1650,7 +1855,7 @@ static int bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex
 	if (!need_newest)
 		return 0;
 	/* newest first, and no further than the first usable one */
-	rc = bk_list_backups_until(e->bkt, job, nodes, 1, usable, &exl, &v, &n);
+	rc = bk_list_backups_until(e->bkt, job, nodes, workers, usable, &exl, &v, &n);
 	if (rc < 0)
 		return rc;
 	for (size_t i = 0; i < n; i++) {
@@ -1796,6 +2001,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		log_err("engine", "peers=%s is not a list of HOST:PORT", o->peers);
 		goto fail;
 	}
+	e->rank_fixed = e->rank >= 0 || e->naddrs > 0;
 	if (e->rank < 0 && e->naddrs) {
 		for (uint32_t i = 0; i < e->naddrs; i++)
 			if (!strcmp(e->addrs[i], e->listen))

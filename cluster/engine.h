@@ -45,7 +45,9 @@ void eng_stop(struct eng *e);        /* accepts NULL */
 /* This node's rank as known from the mount options, or -1. */
 int  eng_rank(const struct eng *e);
 /* Take the job's configuration (placement, node count). -EINVAL with a
- * message in err when it contradicts the mount (e.g. node-rank vs peers=). */
+ * message in err when it contradicts the mount (e.g. node-rank vs peers= or
+ * rank=). A node whose rank only yamls give (coordinator=) takes each new
+ * yaml's node-rank, as GKE's replicator does, and reconnects as it. */
 int  eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen);
 /* The restore of DESIGN §5, blocking (control thread): sends the catalog,
  * gets the plan, calls prerestore() with it, fetches what is missing

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -476,6 +477,105 @@ out:
 	return rc;
 }
 
+/* SHA-256 of the file path in dirfd, read in 1 MiB pieces. */
+static int file_sha256(int dirfd, const char *path, uint8_t out[32])
+{
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	unsigned int hl = 0;
+	uint8_t *buf = malloc(1u << 20);
+	int fd = -1, rc = 0;
+
+	if (!ctx || !buf) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	fd = openat(dirfd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		goto out;
+	}
+	if (!EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
+		rc = -EIO;
+		goto out;
+	}
+	for (;;) {
+		ssize_t n = read(fd, buf, 1u << 20);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			rc = -errno;
+			goto out;
+		}
+		if (n == 0)
+			break;
+		if (!EVP_DigestUpdate(ctx, buf, (size_t)n)) {
+			rc = -EIO;
+			goto out;
+		}
+	}
+	if (!EVP_DigestFinal_ex(ctx, out, &hl) || hl != 32)
+		rc = -EIO;
+out:
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	EVP_MD_CTX_free(ctx);
+	return rc;
+}
+
+int bk_upload_file(struct bkt *b, const char *job, const char *backup,
+		   const struct shard_key *k, int dirfd, const struct mf_entry *e,
+		   bool upload_data)
+{
+	char hex[65], name[PATH_MAX], meta[NAME_MAX + 1];
+	uint8_t hash[32];
+	int rc;
+
+	if ((rc = check_names(job, backup)) < 0)
+		return rc;
+	if (e->type != MF_FILE)
+		return -EINVAL;
+	if ((rc = file_sha256(dirfd, e->path, hash)) < 0) {
+		bkt_set_error("reading %s: %s", e->path, strerror(-rc));
+		return rc;
+	}
+	mf_hash_hex(hash, hex);
+	if ((size_t)snprintf(name, sizeof(name), "%s/%s/%s.data", job, backup, hex) >= sizeof(name))
+		return -ENAMETOOLONG;
+	if (upload_data) {
+		struct bkt_xfer x = { .name = name, .fd = -1, .dirfd = dirfd, .path = e->path,
+				      .size = e->size, .crc32c = e->crc32c };
+		rc = bkt_put_files(b, &x, 1);
+		if (rc == -EEXIST || x.rc == -EEXIST) {
+			/* a previous attempt, or a worker with the same bytes:
+			 * the same name must hold the same bytes */
+			uint64_t sz;
+			uint32_t crc;
+			rc = bkt_stat(b, name, &sz, &crc);
+			if (rc == 0 && (sz != e->size || crc != e->crc32c)) {
+				bkt_set_error("%s/%s: already there with other content", bkt_url(b), name);
+				rc = -EEXIST;
+			}
+		}
+		if (rc < 0)
+			return rc;
+	}
+	/* the .meta last: a reader never sees it before its data */
+	if ((rc = meta_name(meta, sizeof(meta), job, k)) < 0 ||
+	    (rc = path3(name, sizeof(name), job, backup, meta)) < 0)
+		return rc;
+	rc = put_small_once(b, name, hex, 64);
+	if (rc == -EEXIST)
+		bkt_set_error("%s/%s: this backup already records another file for job %s "
+			      "step %" PRIu64 " node %u worker %u", bkt_url(b), name, job,
+			      k->step, k->rank, k->worker);
+	if (rc == 0)
+		log_info(MOD, "%s/%s/%s: worker %u's file of step %" PRIu64 " node %u uploaded "
+			 "(%s.data, %" PRIu64 " bytes%s)", bkt_url(b), job, backup, k->worker, k->step,
+			 k->rank, hex, e->size, upload_data ? "" : ", data by a peer");
+	return rc;
+}
+
 /* ---- names of new backups ---- */
 
 int bk_new_name(struct bkt *b, const char *job, time_t t, char out[BK_NAME_MAX])
@@ -555,6 +655,7 @@ out:
 struct verdict {                 /* one distinct hash of a backup */
 	uint8_t hash[32];
 	bool gke_dir;                /* GKE's "D<hash>.data/" without a manifest */
+	bool file;                   /* GKE's framework: pytorch "<hash>.data", one file */
 	bool ok;
 	char why[128];
 };
@@ -587,12 +688,18 @@ static void judge_hash(struct bkt *b, const char *job, const char *backup,
 	}
 	snprintf(name, sizeof(name), "%s.manifest", hex);
 	if (!objs_find(all, name)) {
+		/* GKE's framework: pytorch shard is one worker's file as one
+		 * object, hashed alone (BLAKE3, not recomputed here); mtcfs
+		 * writes its pytorch-mode backups the same way.  The shard is
+		 * there when the object is; its bytes are checked against the
+		 * listed size and CRC32C when fetched. */
 		snprintf(name, sizeof(name), "%s.data", hex);
-		if (objs_find(all, name))
-			snprintf(v->why, sizeof(v->why), "%.16s….data is one file (GKE's framework: "
-				 "pytorch), which mtcfs does not restore", hex);
-		else
+		if (objs_find(all, name)) {
+			v->file = true;
+			v->ok = true;
+		} else {
 			snprintf(v->why, sizeof(v->why), "no %.16s….manifest", hex);
+		}
 		return;
 	}
 	snprintf(path, sizeof(path), "%s/%s/%s.manifest", job, backup, hex);
@@ -742,6 +849,7 @@ int bk_check_backup(struct bkt *b, const char *job, const char *backup, uint32_t
 			nv++;
 		}
 		s.complete = vs[k].ok;
+		s.file = vs[k].file;
 		if (!s.complete)
 			snprintf(s.why, sizeof(s.why), "%s", vs[k].why);
 		rc = add_shard(out, &cap, &s);
@@ -766,7 +874,19 @@ int bk_check_backup(struct bkt *b, const char *job, const char *backup, uint32_t
 		size_t n0 = out->nshards, j = 0;
 		uint32_t lastnode = UINT32_MAX;
 		for (uint32_t nd = 0; nd < nodes; nd++) {
-			for (uint32_t w = 0; w < workers; w++) {
+			uint32_t nw = workers;
+			size_t a = j, z;
+
+			/* mtcfs before per-worker backups: one w0 shard (with its
+			 * manifest) held every worker's file of the node */
+			while (a < n0 && out->shards[a].node < nd)
+				a++;
+			for (z = a; z < n0 && out->shards[z].node == nd; z++)
+				;
+			if (workers > 1 && z == a + 1 && out->shards[a].worker == 0 &&
+			    out->shards[a].complete && !out->shards[a].gke && !out->shards[a].file)
+				nw = 1;
+			for (uint32_t w = 0; w < nw; w++) {
 				size_t cnt = 0;
 				while (j < n0 && (out->shards[j].node < nd ||
 						  (out->shards[j].node == nd && out->shards[j].worker < w)))
@@ -1028,6 +1148,88 @@ out:
 	return rc;
 }
 
+/* The single object <hex>.data of JOB/BACKUP into dirfd as fname (dirfd < 0:
+ * read it and discard it, to verify).  -EMEDIUMTYPE when <hex> names a
+ * manifest: a directory shard. */
+static int file_get(struct bkt *b, const char *job, const char *backup, const uint8_t hash[32],
+		    int dirfd, const char *fname)
+{
+	char hex[65], prefix[PATH_MAX], name[PATH_MAX];
+	const struct obj *o;
+	struct objs all = { 0 };
+	struct bkt_xfer x;
+	int devnull = -1, rc;
+
+	mf_hash_hex(hash, hex);
+	if ((size_t)snprintf(prefix, sizeof(prefix), "%s/%s/%s.", job, backup, hex) >= sizeof(prefix))
+		return -ENAMETOOLONG;
+	if ((rc = list_into(b, prefix, "/", &all)) < 0)
+		goto out;
+	/* a short listing, objects and prefixes perhaps not merged in order:
+	 * looked through, not searched */
+	o = NULL;
+	for (size_t i = 0; i < all.n; i++) {
+		if (!all.v[i].is_prefix && !strcmp(all.v[i].name, "manifest")) {
+			rc = -EMEDIUMTYPE;
+			goto out;
+		}
+		if (!all.v[i].is_prefix && !strcmp(all.v[i].name, "data"))
+			o = &all.v[i];
+	}
+	if (!o) {
+		bkt_set_error("%s/%sdata: no such object", bkt_url(b), prefix);
+		rc = -ENOENT;
+		goto out;
+	}
+	if ((size_t)snprintf(name, sizeof(name), "%sdata", prefix) >= sizeof(name)) {
+		rc = -ENAMETOOLONG;
+		goto out;
+	}
+	if (dirfd < 0 && (devnull = open("/dev/null", O_WRONLY | O_CLOEXEC)) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	x = (struct bkt_xfer){ .name = name, .fd = devnull, .dirfd = dirfd, .path = fname,
+			       .mode = 0644, .has_crc = o->has_crc, .crc32c = o->crc };
+	rc = bkt_get_files(b, &x, 1);
+	if (rc < 0) {
+		if (rc == -EBADMSG)
+			log_err(MOD, "backup %s of job %s: %s", backup, job, bkt_last_error());
+		goto out;
+	}
+	if (x.size != o->size) {
+		bkt_set_error("%s/%s: %" PRIu64 " bytes, the listing says %" PRIu64, bkt_url(b),
+			      name, x.size, o->size);
+		log_err(MOD, "%s", bkt_last_error());
+		rc = -EBADMSG;
+	}
+out:
+	if (devnull >= 0)
+		close(devnull);
+	objs_free(&all);
+	return rc;
+}
+
+int bk_fetch_file(struct bkt *b, const char *job, const char *backup, uint32_t node,
+		  uint32_t worker, int dirfd, const char *fname)
+{
+	char meta[PATH_MAX];
+	uint8_t hash[32];
+	bool gke_dir;
+	int rc;
+
+	if ((rc = check_names(job, backup)) < 0)
+		return rc;
+	if (!fname || !util_safe_relpath(fname, strlen(fname)) || strchr(fname, '/'))
+		return -EINVAL;
+	if ((rc = find_meta(b, job, backup, node, worker, meta, sizeof(meta))) < 0 ||
+	    (rc = read_meta(b, meta, hash, &gke_dir)) < 0)
+		return rc;
+	if (gke_dir)
+		return -EMEDIUMTYPE;
+	return file_get(b, job, backup, hash, dirfd, fname);
+}
+
 int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t node,
 		   uint32_t worker, int dirfd, struct manifest **mfp)
 {
@@ -1167,8 +1369,9 @@ int bk_verify_backup(struct bkt *b, const char *job, const char *backup, uint32_
 			dup |= out->shards[j].complete && !memcmp(out->shards[j].hash, s->hash, 32);
 		if (dup)
 			continue;           /* same data as a shard already read */
-		if (s->gke) {
-			rc = gke_get(b, job, backup, s->hash, -1, NULL);
+		if (s->gke || s->file) {
+			rc = s->gke ? gke_get(b, job, backup, s->hash, -1, NULL) :
+				      file_get(b, job, backup, s->hash, -1, NULL);
 			if (rc == -EBADMSG) {
 				out->complete = false;
 				snprintf(out->why, sizeof(out->why), "%s", bkt_last_error());

@@ -46,6 +46,16 @@ int bk_upload_shard(struct bkt *b, const char *job, const char *backup,
 		    const struct shard_key *k, int dirfd, const struct manifest *mf,
 		    bool upload_data);
 
+/* One worker's file of a framework: pytorch shard, in GKE's layout: the
+ * object <hash>.data (hash: SHA-256 of the bytes, 64 hex digits; GKE's own
+ * is BLAKE3 and neither side recomputes the other's) and then the .meta of
+ * (k->step, k->rank, k->worker) naming it. upload_data false: the .meta
+ * only. Write-once like bk_upload_shard: an existing object must hold the
+ * same bytes (size and CRC32C). */
+int bk_upload_file(struct bkt *b, const char *job, const char *backup,
+		   const struct shard_key *k, int dirfd, const struct mf_entry *e,
+		   bool upload_data);
+
 /* Name for a new backup of job started at unix time t into out: exactly
  * "YYYY-MM-DD_HH-MM" (UTC), the only form GKE's replicator and Orbax's
  * converter list.  -EAGAIN when an object already exists under JOB/that/
@@ -67,6 +77,9 @@ struct bk_shard {
 	uint8_t hash[32];           /* zero when there is no (readable) .meta */
 	bool gke;                   /* written by GKE's replicator: the .meta is
 				     * "D" + hash, <D hash>.data/ has no manifest */
+	bool file;                  /* one worker's file of framework: pytorch:
+				     * <hash>.data is one object, no manifest
+				     * (GKE's layout; mtcfs writes it too) */
 	bool complete;
 	char why[128];              /* when !complete: the first thing wrong */
 };
@@ -118,6 +131,15 @@ int  bk_verify_backup(struct bkt *b, const char *job, const char *backup, uint32
  * a file's CRC32C or size), or -errno. *mf owned by the caller (mf_free). */
 int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t node,
 		   uint32_t worker, int dirfd, struct manifest **mf);
+
+/* Download the framework: pytorch shard of (node, worker) of a backup, one
+ * file stored as the object <hash>.data (GKE's layout), into dirfd as
+ * fname (mode 0644); its size, and on gs:// its CRC32C, checked against the
+ * listing. -EMEDIUMTYPE when the .meta names a directory shard (a manifest,
+ * or GKE's D<hash>.data/): bk_fetch_shard reads those. -ENOENT (no .meta or
+ * no data object), -EBADMSG, or -errno. */
+int bk_fetch_file(struct bkt *b, const char *job, const char *backup, uint32_t node,
+		  uint32_t worker, int dirfd, const char *fname);
 
 /* restore.version: get -> -ENOENT if none, -EBADMSG if it does not name a
  * backup; set replaces (delete + write-once put); clear is 0 when absent. */

@@ -879,7 +879,9 @@ static int load_view(const struct opts *o, struct bview *w)
 	if (rc)
 		return rc;
 	w->nodes_given = o->nodes_set;
-	rc = bk_list_backups(w->b, o->job, o->nodes_set ? o->nodes : 0, 1, &w->v, &w->n);
+	/* workers 0: as many as the .meta names show (framework: pytorch
+	 * backups hold one shard per worker) */
+	rc = bk_list_backups(w->b, o->job, o->nodes_set ? o->nodes : 0, 0, &w->v, &w->n);
 	if (rc < 0)
 		return bucket_fail(w, "listing the backups", rc);
 	w->own = calloc(w->n ? w->n : 1, sizeof(*w->own));

@@ -36,6 +36,8 @@ def main():
     ap.add_argument("--steps", default="")
     ap.add_argument("--out", required=True)
     ap.add_argument("--dump-dir")
+    ap.add_argument("--backup-interval-steps", type=int, default=0,
+                    help="back up every N steps instead of every 30 minutes")
     a = ap.parse_args()
 
     node, nodes = int(os.environ["NODE_RANK"]), int(os.environ["NNODES"])
@@ -47,9 +49,11 @@ def main():
         y = os.path.join(d, "replicator.yaml")
         wait(lambda: not os.path.exists(y), 60, "old replicator.yaml to go")
         with open(y + ".tmp", "w") as f:
+            interval = ("backup-interval-steps: %d" % a.backup_interval_steps
+                        if a.backup_interval_steps else "backup-interval-minutes: 30")
             f.write("job-name: %s\nframework: pytorch\nnode-rank: %d\nnodes: %d\n"
-                    "peers-per-node: 1\nworkers-per-node: %d\n"
-                    "backup-interval-minutes: 30\n" % (a.job, node, nodes, W))
+                    "peers-per-node: 1\nworkers-per-node: %d\n%s\n"
+                    % (a.job, node, nodes, W, interval))
         os.rename(y + ".tmp", y)
         wait(lambda: not os.path.exists(y), 60, "replicator.yaml consumed")
     dist.barrier()

@@ -305,6 +305,47 @@ class TwoNodes(harness.unittest.TestCase):
                             "node 1 did not restore from its peer: %s" % "\n".join(
                                 l for l in log.splitlines() if "restor" in l))
 
+    def test_data_parallel_node_without_its_step_takes_its_column_mates_files(self):
+        self.column_mate_case(wipe=True)
+
+    def test_data_parallel_column_mates_replica_held_here_is_renamed(self):
+        """As above, but node 1 keeps its RAM (it holds node 0's replica):
+        the replica is linked under node 1's key with node 1's names."""
+        self.column_mate_case(wipe=False)
+
+    def column_mate_case(self, wipe):
+        """assume-data-parallelism: 2 over 2 nodes (one column). Node 0
+        commits step 30, node 1 is lost before it saves and comes back
+        empty. GKE's coordinator then gives node 1 its column mate's
+        per-worker hashes (coordinator.py: infer_missing_meta) and node 1's
+        workers restore node 0's files through their own markers
+        (<job>-s30-n1-w<w>.restore). mtcfs: the same bytes, under node 1's
+        own names."""
+        job, step, dp = "ptdpc", 30, "assume-data-parallelism: 2\n"
+        c = PtCluster(2)
+        for d in c.nodes:
+            d.extra_args.append("-d")
+        self.daemons = list(c.nodes)
+        with c:
+            self.assertEqual(c.job_start(job, extra=dp), {0: 0, 1: 0})
+            mnt = c.nodes[0].mnt
+            for n in markers(mnt):
+                os.unlink(os.path.join(mnt, n))
+            files = [body(job, step, 0, w) for w in (0, 1)]
+            for w in (0, 1):
+                write_file(os.path.join(mnt, save_name(job, step, 0, w)), files[w])
+            # node 0's shard replicated to node 1: pushes are over
+            wait_until(lambda: harness.find_shard(admin_ls(c.nodes[1].ramdir), step,
+                                                  job=job, rank=0), TIMEOUT,
+                       "node 0's step %d held by node 1" % step)
+            if wipe:
+                c.nodes[1].kill9()
+                c.nodes[1].wipe_ramdir()
+                c.nodes[1].start()
+            self.assertEqual(c.job_start(job, extra=dp), {0: step, 1: step})
+            assert_markers(self, c.nodes[0].mnt, job, step, 0, files)
+            assert_markers(self, c.nodes[1].mnt, job, step, 1, files)
+
 
 if __name__ == "__main__":
     harness.main()

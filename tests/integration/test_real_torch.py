@@ -26,6 +26,7 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin MTCFS_BUILD=build \\
 """
 import json
 import os
+import re
 import sys
 import tempfile
 import shutil
@@ -62,7 +63,7 @@ class RealTorch(unittest.TestCase):
         for d in self.c.nodes:
             d.check_alive()
 
-    def run_job(self, name, steps, script="torch_nemo.py", job=JOB, workers=1):
+    def run_job(self, name, steps, script="torch_nemo.py", job=JOB, workers=1, extra=()):
         """Every rank (workers per node, node-major): start-up handshake,
         restore if any, save steps. Returns ({rank: report}, dump dir)."""
         port = free_ports(1)[0]
@@ -75,7 +76,7 @@ class RealTorch(unittest.TestCase):
             argvs.append(["--dir", self.c.nodes[node].mnt, "--job", job,
                           "--steps", ",".join(map(str, steps)),
                           "--out", os.path.join(self.tmp, "%s.%d.json" % (name, r)),
-                          "--dump-dir", dump])
+                          "--dump-dir", dump] + list(extra))
             envs.append({"RANK": str(r), "WORLD_SIZE": str(world),
                          "LOCAL_RANK": str(r % workers),
                          "LOCAL_WORLD_SIZE": str(workers),
@@ -191,6 +192,69 @@ class RealTorch(unittest.TestCase):
                                     "rank %d: restored %s of step 2" % (r, name))
             self.assertTrue(rep["equal"])
         c.wait_replicated(job, 3, timeout=15)
+
+
+class RealTorchBucket(unittest.TestCase):
+    """The same clients with a file:// bucket and a backup every step."""
+
+    check_alive = RealTorch.check_alive
+    run_job = RealTorch.run_job
+
+    def setUp(self):
+        self.py = launch.check_runnable(self)
+        self.tmp = tempfile.mkdtemp(prefix="mtcfs-torch-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.bucket = os.path.join(self.tmp, "bucket")
+        os.mkdir(self.bucket)
+        self.c = Cluster(N, ram_size="512M", restore_timeout=20,
+                         extra="bucket=file://" + self.bucket)
+        for d in self.c.nodes:
+            d.extra_args.append("-d")
+            d.env["MTCFS_TEST_MINUTE_SECS"] = "1"
+        self.daemons = list(self.c.nodes)
+        self.addCleanup(self.c.close)
+        self.c.start()
+
+    def test_gke_pytorch_mode_restore_from_bucket(self):
+        """framework: pytorch, 2 nodes x 2 workers: the backup of step 2 holds
+        each worker's torch.save file as its own <hash>.data (GKE's layout);
+        with every node's RAM lost, every worker torch.load()s its marker and
+        gets the tensors of step 2 back."""
+        c, job, W = self.c, "gke-torch-bk", 2
+        self.run_job("first", [1, 2], "torch_gke.py", job, W,
+                     extra=["--backup-interval-steps", "1"])
+        rx = re.compile(r"backup job=%s name=(\S+) step=2 complete" % job)
+        name = harness.wait_until(lambda: (rx.search(c.nodes[0].log_text()) or [None, None])[1],
+                                  60, "backup of step 2 complete")
+        base = os.path.join(self.bucket, job, name)
+        saved = {}
+        for r in range(N * W):
+            n, w = r // W, r % W
+            fn = "%s-s2-n%d-w%d" % (job, n, w)
+            with open(os.path.join(c.nodes[n].mnt, fn + ".save"), "rb") as f:
+                saved[r] = f.read()
+            with open(os.path.join(base, fn + ".meta")) as f:
+                h = f.read()
+            with open(os.path.join(base, h + ".data"), "rb") as f:
+                self.assertTrue(f.read() == saved[r], "%s.data of rank %d" % (h, r))
+        self.assertEqual(len([x for x in os.listdir(base) if x.endswith(".meta")]), N * W)
+        for d in c.nodes:
+            d.kill9()
+        for d in c.nodes:
+            d.wipe_ramdir()
+        for d in c.nodes:
+            d.start()
+        reports, dump = self.run_job("second", [3], "torch_gke.py", job, W,
+                                     extra=["--backup-interval-steps", "1"])
+        for r, rep in reports.items():
+            n, w = r // W, r % W
+            self.assertEqual(rep["marker"], "%s-s2-n%d-w%d.restore" % (job, n, w))
+            self.assertTrue(rep["marker_is_symlink"], "rank %d" % r)
+            for tn in ckpt_data.TORCH_TENSORS:
+                with open(os.path.join(dump, "rank%d.%s" % (r, tn)), "rb") as f:
+                    self.assertTrue(f.read() == ckpt_data.torch_tensor(tn, 2, r),
+                                    "rank %d: restored %s of step 2" % (r, tn))
+            self.assertTrue(rep["equal"])
 
 
 if __name__ == "__main__":
