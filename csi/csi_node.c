@@ -183,21 +183,27 @@ out:
 	return 0;
 }
 
-/* The job's mtcfs has exited? Reaps it. */
-static bool job_exited(struct job *j)
+/* The job's mtcfs has exited? Reaps it; an exit we did not ask for
+ * (stopping false) is a warning. */
+static bool job_exited_(struct job *j, bool stopping)
 {
 	int st;
 
 	if (j->pid <= 0)
 		return true;
 	if (waitpid(j->pid, &st, WNOHANG) == j->pid) {
-		log_warn(MOD, "job %s: mtcfs pid %d exited (%s %d); see %s", j->key, (int)j->pid,
+		log_msg(stopping && WIFEXITED(st) && !WEXITSTATUS(st) ? LOG_INFO : LOG_WARN, MOD, "job %s: mtcfs pid %d exited (%s %d); see %s", j->key, (int)j->pid,
 			 WIFEXITED(st) ? "status" : "signal",
 			 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), j->log);
 		j->pid = -1;
 		return true;
 	}
 	return false;
+}
+
+static bool job_exited(struct job *j)
+{
+	return job_exited_(j, false);
 }
 
 /* Is the job's mount up (a FUSE mount on j->mnt that answers)? */
@@ -213,7 +219,7 @@ static void job_stop(struct job *j)
 	if (j->pid > 0) {
 		kill(j->pid, SIGTERM);
 		end = now_ms() + JOB_STOP_MS;
-		while (!job_exited(j) && now_ms() < end)
+		while (!job_exited_(j, true) && now_ms() < end)
 			sleep_ms(20);
 		if (j->pid > 0) {
 			log_warn(MOD, "job %s: mtcfs pid %d did not stop in %d s: killed", j->key,
