@@ -463,6 +463,7 @@ int main(int argc, char **argv)
 	}
 	if (cfg_path && csi_cfg_load(&cfg, cfg_path, err, sizeof(err)) < 0) {
 		log_err(MOD, "config %s: %s", cfg_path, err);
+		csi_cfg_free(&cfg);     /* what parsed before the bad key */
 		return 2;
 	}
 	if (cfg.n_gcsfuse_opts)
