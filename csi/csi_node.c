@@ -399,6 +399,11 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 		}
 		sleep_ms(10);
 	}
+	/* the trainer may run as any uid: the root is open like an emptyDir's
+	 * (0777); mtcfs gives new entries the caller's uid. Not persisted by
+	 * mtcfs, so set on every start. */
+	if (chmod(j->mnt, 0777) < 0)
+		log_warn(MOD, "job %s: chmod 0777 %s: %s", j->key, j->mnt, strerror(errno));
 	log_info(MOD, "job %s: mounted at %s (RAMDIR %s, rank %u)", j->key, j->mnt, j->ramdir,
 		 p->rank);
 	return 0;
@@ -512,7 +517,9 @@ static int bind_target(struct job *j, const char *target, bool ro, char *err, si
 	dev_t tdev = 0, jdev = 0;
 	int rc;
 
-	rc = mkdirs(target, 0750);
+	/* the bind covers target's own mode; parents kubelet did not make
+	 * must let the pod's uid through */
+	rc = mkdirs(target, 0755);
 	if (rc < 0)
 		return fail(err, cap, rc, "mkdir %s: %s", target, strerror(-rc));
 	rc = mount_point(target, &tdev);

@@ -149,6 +149,7 @@ class Driver:
     def __init__(self, tc, kubelet, name, config="", node_address="127.0.0.1"):
         self.tc, self.k, self.name = tc, kubelet, name
         self.dir = tempfile.mkdtemp(prefix="mtcfs-csi-%s-" % name)
+        os.chmod(self.dir, 0o755)     # like /var/lib/kubelet: others may pass
         self.sock = os.path.join(self.dir, "csi.sock")
         self.ram = os.path.join(self.dir, "ram")
         self.state = os.path.join(self.dir, "jobs")
@@ -370,6 +371,14 @@ class CsiTest(unittest.TestCase):
         for t in [t1, t2] + more:
             self.assertEqual(mount_fstype(t), "fuse.mtcfs")
             self.assertEqual(os.stat(t).st_dev, dev, t)
+
+        # an unprivileged trainer (any uid) can write there; entries are its own
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "sh", "-c", "echo hi > %s/by-nobody" % t2],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        self.assertEqual(os.stat(os.path.join(t1, "by-nobody")).st_uid, 65534)
+        os.unlink(os.path.join(t1, "by-nobody"))
 
         # the trainer, through its target: start-up handshake, save a step
         write_yaml(t1, job, 0, 1)
