@@ -569,6 +569,9 @@ int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err
 	if (rc == 0)
 		log_info(MOD, "published volume %s of job %s (pod %s, rank %u) at %s%s", rq->volume_id,
 			 j->key, p.pod[0] ? p.pod : "-", p.rank, rq->target, rq->readonly ? " (ro)" : "");
+	else if (rc == -EINVAL || rc == -EEXIST || rc == -EBUSY)
+		/* the request's fault: kubelet shows it on the pod */
+		log_warn(MOD, "publish of volume %s at %s refused: %s", rq->volume_id, rq->target, err);
 	else
 		log_err(MOD, "publish of volume %s at %s: %s", rq->volume_id, rq->target, err);
 	return rc;
