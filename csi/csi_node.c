@@ -36,6 +36,7 @@ struct job {
 	char mnt[PATH_MAX];
 	char log[PATH_MAX];
 	pid_t pid;                  /* -1: not started by us (or exited) */
+	bool adopted;               /* serving mount found, not started by us */
 	unsigned rank;
 	char **targets;             /* published targets (this driver's life) */
 	size_t n_targets;
@@ -493,9 +494,20 @@ static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **
 			return fail(err, cap, rc, "job %s: %s", key, strerror(-rc));
 	}
 	*out = j;
-	if (!job_exited(j) && job_mounted(j)) {
+	if (j->pid <= 0 && !j->adopted && job_mounted(j)) {
+		/* a live mount we did not start (a daemon that outlived an earlier
+		 * driver): use it rather than fight it for the RAMDIR's lock */
+		log_warn(MOD, "job %s: adopting the mount already at %s (rank assumed %u)", j->key,
+			 j->mnt, p->rank);
+		j->adopted = true;
+		j->rank = p->rank;
+	}
+	if ((j->adopted || !job_exited(j)) && job_mounted(j)) {
 		if (j->rank == p->rank)
 			return 0;
+		if (j->adopted)
+			return fail(err, cap, -EBUSY, "job %s: the adopted mount at %s is not ours to "
+				    "restart for rank %u", j->key, j->mnt, p->rank);
 		/* rank= fixes a mount's identity; a pod of another rank on this
 		 * node (the restarted JobSet placed ranks differently) gets the
 		 * same RAMDIR under a restarted daemon, once nobody uses it */
@@ -509,6 +521,7 @@ static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **
 	} else if (j->pid > 0) {
 		job_stop(j);    /* running but not answering */
 	}
+	j->adopted = false;
 	return job_start(n, j, p, err, cap);
 }
 

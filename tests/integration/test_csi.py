@@ -489,6 +489,33 @@ class CsiTest(unittest.TestCase):
         for r, d in ((0, a), (1, b)):
             self.assertEqual(d.unpublish(ts[r])["code"], "OK")
 
+    def test_adopts_a_serving_mount_it_did_not_start(self):
+        # an mtcfs already serving the job's mount (it outlived an earlier
+        # driver) is used, not unmounted under its feet
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        d.expected.append(r"adopting the mount")
+        key = "default.adopt"
+        ram, mnt = os.path.join(d.ram, key), d.job_mnt(key)
+        os.makedirs(ram)
+        os.makedirs(mnt)
+        m = harness.Daemon(ramdir=ram, mnt=mnt, opts="ram_size=64M", name="adopted")
+        self.addCleanup(m.close)
+        m.start()
+        t = d.target("ad")
+        r = d.publish(t, pod_ctx("adopt-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port))
+        self.assertEqual(r["code"], "OK", r)
+        self.assertEqual(d.starts(), 0, d.log())
+        self.assertRegex(d.log(), r"job default.adopt: adopting the mount already at")
+        self.assertEqual(os.stat(t).st_dev, os.stat(mnt).st_dev)
+        self.assertTrue(m.running())
+        harness.write_file(os.path.join(t, "via-target"), b"adopted")
+        with open(os.path.join(mnt, "via-target"), "rb") as f:
+            self.assertEqual(f.read(), b"adopted")
+        os.unlink(os.path.join(mnt, "via-target"))
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+        m.stop()
+
     def test_unpublish_busy_target(self):
         port = free_ports(1)[0]
         d = self.driver(config="peerPort: %d\n" % port)
