@@ -396,6 +396,8 @@ static void usage(FILE *f)
 		"  --node-address ADDR  peer listen address of the job mounts (default $NODE_IP or 127.0.0.1)\n"
 		"  --mtcfs PATH         the mtcfs binary (default: mtcfs on PATH)\n"
 		"  --no-tmpfs           use --ram-root as it is, mount nothing there\n"
+		"  --release            unmount the job mounts and the RAM tier (frees the node's\n"
+		"                       checkpoint RAM, data included) and exit; no driver may run\n"
 		"  --log-format FMT     text (default) or json (also for the job mounts)\n"
 		"  -d                   debug log (also for the job mounts)\n"
 		"  --version\n");
@@ -415,6 +417,7 @@ int main(int argc, char **argv)
 	size_t nth = 0;
 	sigset_t sigs;
 	int rc = 1, sig;
+	bool release = false;
 	grpc_server_credentials *creds = NULL;
 
 	csi_cfg_init(&cfg);
@@ -435,6 +438,8 @@ int main(int argc, char **argv)
 				goto bad;
 			o.log_json = !strcmp(v, "json");
 			i++;
+		} else if (!strcmp(a, "--release")) {
+			release = true;
 		} else if (!strcmp(a, "--no-tmpfs")) {
 			o.no_tmpfs = true;
 		} else if (!strcmp(a, "-d")) {
@@ -450,15 +455,22 @@ int main(int argc, char **argv)
 			goto bad;
 		}
 	}
+	if (o.ram_root[0] != '/' || o.state_dir[0] != '/') {
+		fprintf(stderr, "mtcfs-csi: --ram-root and --state-dir must be absolute\n");
+		return 2;
+	}
+	if (release) {
+		if (csi_node_release(&o, err, sizeof(err)) < 0) {
+			log_err(MOD, "release: %s", err);
+			return 1;
+		}
+		return 0;
+	}
 	if (!endpoint || !o.node_id || !*o.node_id)
 		goto bad;
 	sock = !strncmp(endpoint, "unix://", 7) ? endpoint + 7 : endpoint;
 	if (sock[0] != '/') {
 		fprintf(stderr, "mtcfs-csi: --endpoint %s: expected unix:///ABS/PATH\n", endpoint);
-		return 2;
-	}
-	if (o.ram_root[0] != '/' || o.state_dir[0] != '/') {
-		fprintf(stderr, "mtcfs-csi: --ram-root and --state-dir must be absolute\n");
 		return 2;
 	}
 	if (cfg_path && csi_cfg_load(&cfg, cfg_path, err, sizeof(err)) < 0) {

@@ -6,6 +6,7 @@
 #include "csi/csi_node.h"
 #include "common/log.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -629,4 +630,52 @@ int csi_node_unpublish(struct csi_node *n, const char *volume_id, const char *ta
 	log_info(MOD, "unpublished volume %s at %s%s", volume_id, target,
 		 mp == 0 ? " (was not mounted)" : "");
 	return 0;
+}
+
+static int unmount_any(const char *path)
+{
+	int mp = mount_point(path, NULL);
+
+	if (mp == 0 || mp == -ENOENT)
+		return 0;
+	if (umount2(path, 0) == 0)
+		return 1;
+	if (errno != EBUSY && errno != EINVAL)
+		return -errno;
+	return umount2(path, MNT_DETACH) == 0 ? 1 : -errno;
+}
+
+int csi_node_release(const struct csi_node_opts *o, char *err, size_t errcap)
+{
+	char path[PATH_MAX];
+	struct dirent *e;
+	DIR *d;
+	int rc = 0, r;
+
+	err[0] = 0;
+	d = opendir(o->state_dir);
+	if (!d && errno != ENOENT)
+		return fail(err, errcap, -errno, "%s: %s", o->state_dir, strerror(errno));
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		if (snprintf(path, sizeof(path), "%s/%s/mnt", o->state_dir, e->d_name) >=
+		    (int)sizeof(path))
+			continue;
+		r = unmount_any(path);
+		if (r < 0 && !rc)
+			rc = fail(err, errcap, r, "unmount %s: %s", path, strerror(-r));
+		else if (r > 0)
+			log_info(MOD, "released job mount %s", path);
+	}
+	if (d)
+		closedir(d);
+	if (o->no_tmpfs)
+		return rc;
+	r = unmount_any(o->ram_root);
+	if (r < 0 && !rc)
+		rc = fail(err, errcap, r, "unmount %s: %s", o->ram_root, strerror(-r));
+	else if (r > 0)
+		log_info(MOD, "released the RAM tier at %s", o->ram_root);
+	return rc;
 }

@@ -56,4 +56,10 @@ int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err
 int csi_node_unpublish(struct csi_node *n, const char *volume_id, const char *target,
 		       char *err, size_t errcap);
 
+/* Free the node's RAM: unmount every job mount under o->state_dir and
+ * the tmpfs at o->ram_root (lazily when busy), with the committed data in
+ * it. For when the configuration is deleted, with no driver running
+ * (mtcfs-csi --release). 0, or the first -errno (reason in err). */
+int csi_node_release(const struct csi_node_opts *o, char *err, size_t errcap);
+
 #endif

@@ -489,6 +489,71 @@ class CsiTest(unittest.TestCase):
         for r, d in ((0, a), (1, b)):
             self.assertEqual(d.unpublish(ts[r])["code"], "OK")
 
+    def test_other_rank_restarts_the_idle_job_mount(self):
+        # a restarted JobSet may place another rank on this node: the job
+        # mount (rank= fixes its identity) is restarted on the same RAMDIR
+        # once unpublished, and refused while still in use
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        d.expected.append(r"refused: job default.rk runs as rank 0")
+        attrs = {"coordinator": "127.0.0.1:%d" % port}
+        t0, t1 = d.target("r0"), d.target("r1")
+        self.assertEqual(d.publish(t0, pod_ctx("rk-w-0-0-aaaaa", **attrs))["code"], "OK")
+        r = d.publish(t1, pod_ctx("rk-w-1-0-bbbbb", **attrs))
+        self.assertEqual(r["code"], "FAILED_PRECONDITION", r)
+        self.assertIn("runs as rank 0", r["details"])
+        self.assertEqual(d.unpublish(t0)["code"], "OK")
+        self.assertEqual(d.publish(t1, pod_ctx("rk-w-1-0-bbbbb", **attrs))["code"], "OK")
+        self.assertEqual(d.starts(), 2)
+        self.assertRegex(d.log(), r"job default.rk: rank 0 -> 1: restarting")
+        self.assertRegex(d.log(), r"starting mtcfs rank=1: .*,rank=1[ ,]")
+        # podsPerJob: rank = jobIndex * podsPerJob + podIndex
+        self.assertEqual(d.unpublish(t1)["code"], "OK")
+        self.assertEqual(d.publish(t1, pod_ctx("rk-w-1-1-ccccc", podsPerJob="4",
+                                               **attrs))["code"], "OK")
+        self.assertRegex(d.log(), r"starting mtcfs rank=5:")
+        self.assertEqual(d.unpublish(t1)["code"], "OK")
+
+    def test_driver_restart_keeps_ram_and_release_frees_it(self):
+        port = free_ports(1)[0]
+        cfg = "spec:\n  peerPort: %d\n  inMemoryVolumeSize: 256Mi\n" % port
+        d = self.driver(config=cfg)
+        job, key = "keep", "default.keep"
+        ctx = pod_ctx("keep-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port)
+        t = d.target("k1")
+        self.assertEqual(d.publish(t, ctx)["code"], "OK")
+        write_yaml(t, job, 0, 1)
+        self.assertEqual(wait_markers(t)[0], 0)
+        save_step(t, job, 4, 0)
+        wait_until(lambda: committed(os.path.join(d.ram, key), job, 4, 0), TIMEOUT,
+                   "step 4 committed")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+        # the driver goes (an upgrade): its job mounts stop, the tmpfs stays
+        d.stop()
+        self.assertIsNone(mount_fstype(d.job_mnt(key)))
+        self.assertEqual(mount_fstype(d.ram), "tmpfs")
+        with open("/proc/mounts") as f:
+            self.assertIn("size=262144k", [ln for ln in f if ln.split()[1] == d.ram][-1])
+        d.start()
+        self.assertRegex(d.log(), r"tmpfs already mounted, kept")
+        t = d.target("k2")
+        self.assertEqual(d.publish(t, ctx)["code"], "OK")
+        write_yaml(t, job, 0, 1)
+        step, ms = wait_markers(t)
+        self.assertEqual(step, 4)
+        os.replace(os.path.join(t, ms[0]), os.path.join(t, "4"))
+        check_step(self, t, job, 4, 0)
+        self.assertRegex(d.job_log(key), r"restore job=keep step=4 source=local")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+        d.stop()
+        # the configuration is deleted: --release frees the RAM
+        r = subprocess.run(d.argv() + ["--release"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        self.assertIn("released the RAM tier", r.stdout.decode())
+        self.assertIsNone(mount_fstype(d.ram))
+        self.assertEqual(os.listdir(d.ram), [])
+
     def test_adopts_a_serving_mount_it_did_not_start(self):
         # an mtcfs already serving the job's mount (it outlived an earlier
         # driver) is used, not unmounted under its feet
