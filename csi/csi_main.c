@@ -29,7 +29,7 @@
 
 #define DRIVER_NAME "mtcfs.csi.checkpoint.dev"
 #define MOD "csi"
-#define RPC_THREADS 4
+#define RPC_THREADS 8   /* a slow first publish must not hold up Probe */
 #define CALLS_PER_METHOD 4
 #define ERR_MAX 512
 

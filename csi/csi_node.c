@@ -39,6 +39,8 @@ struct job {
 	pid_t pid;                  /* -1: not started by us (or exited) */
 	bool adopted;               /* serving mount found, not started by us */
 	unsigned rank;
+	unsigned peer_port;         /* its listen port; 0 while not running */
+	unsigned metrics_port;      /* its /metrics port; 0: none */
 	char **targets;             /* published targets (this driver's life) */
 	size_t n_targets;
 	struct job *next;
@@ -198,6 +200,7 @@ static bool job_exited_(struct job *j, bool stopping)
 			 WIFEXITED(st) ? "status" : "signal",
 			 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), j->log);
 		j->pid = -1;
+		j->peer_port = j->metrics_port = 0;
 		return true;
 	}
 	return false;
@@ -229,6 +232,7 @@ static void job_stop(struct job *j)
 			kill(j->pid, SIGKILL);
 			waitpid(j->pid, NULL, 0);
 			j->pid = -1;
+			j->peer_port = j->metrics_port = 0;
 		}
 	}
 	/* a killed daemon leaves its mount behind (ENOTCONN) */
@@ -289,7 +293,23 @@ static int host_port(char *out, size_t cap, const char *host, unsigned port)
 	return w < 0 || (size_t)w >= cap ? -ENAMETOOLONG : 0;
 }
 
-static int job_options(struct csi_node *n, const struct csi_pod *p, char *opts, size_t cap)
+/* The lowest port from base up that no other running job of this node
+ * serves /metrics on: metrics are scraped per node, so the ports need not
+ * agree across nodes (unlike the peer port). */
+static unsigned metrics_port_for(struct csi_node *n, const struct job *self, unsigned base)
+{
+	for (unsigned port = base; port <= 65535; port++) {
+		bool used = false;
+		for (struct job *j = n->jobs; j && !used; j = j->next)
+			used = j != self && j->metrics_port == port && !job_exited(j);
+		if (!used)
+			return port;
+	}
+	return 0;
+}
+
+static int job_options(struct csi_node *n, struct job *self, const struct csi_pod *p,
+		       char *opts, size_t cap)
 {
 	const struct csi_cfg *c = n->o.cfg;
 	unsigned port = p->peer_port ? p->peer_port : c->peer_port;
@@ -317,8 +337,9 @@ static int job_options(struct csi_node *n, const struct csi_pod *p, char *opts, 
 		rc = opt_add(opts, cap, "gcs_endpoint=%s", c->gcs_endpoint);
 	if (!rc && c->restore_timeout)
 		rc = opt_add(opts, cap, "restore_timeout=%u", c->restore_timeout);
-	if (!rc && c->metrics_port) {
-		rc = host_port(hp, sizeof(hp), n->o.node_address, c->metrics_port);
+	self->metrics_port = c->metrics_port ? metrics_port_for(n, self, c->metrics_port) : 0;
+	if (!rc && self->metrics_port) {
+		rc = host_port(hp, sizeof(hp), n->o.node_address, self->metrics_port);
 		if (!rc)
 			rc = opt_add(opts, cap, "metrics=%s", hp);
 	}
@@ -337,10 +358,19 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	char opts[OPTS_MAX];
 	char *argv[8];
 	int argc = 0, logfd = -1, rc;
+	unsigned port;
 	uint64_t end;
 	pid_t pid;
 
-	rc = job_options(n, p, opts, sizeof(opts));
+	port = p->peer_port ? p->peer_port : n->o.cfg->peer_port;
+	for (struct job *o = n->jobs; o; o = o->next)
+		if (o != j && o->peer_port == port && !job_exited(o))
+			/* every node of a job must agree on rank 0's port, so the
+			 * driver cannot pick another one by itself */
+			return fail(err, cap, -EBUSY, "job %s: peer port %u is used by job %s on this "
+				    "node: give one of the JobSets another peerPort volume attribute",
+				    j->key, port, o->key);
+	rc = job_options(n, j, p, opts, sizeof(opts));
 	if (rc < 0)
 		return fail(err, cap, -EINVAL, "job %s: mount options too long", j->key);
 	if ((rc = mkdirs(j->ramdir, 0700)) < 0 || (rc = mkdirs(j->mnt, 0755)) < 0)
@@ -387,6 +417,7 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	close(logfd);
 	j->pid = pid;
 	j->rank = p->rank;
+	j->peer_port = port;
 	end = now_ms() + JOB_READY_MS;
 	for (;;) {
 		if (job_mounted(j))

@@ -581,6 +581,32 @@ class CsiTest(unittest.TestCase):
         self.assertEqual(d.unpublish(t)["code"], "OK")
         m.stop()
 
+    def test_two_jobs_on_one_node(self):
+        # peer ports must agree across a job's nodes: a clash is refused
+        # with the fix named; metrics ports are per node: the next free one
+        pa, pb, mp = free_ports(3)
+        d = self.driver(config="peerPort: %d\nmetricsPort: %d\n" % (pa, mp))
+        d.expected.append(r"refused: job default.jb: peer port")
+        ta, tb = d.target("ja"), d.target("jb")
+        self.assertEqual(d.publish(ta, pod_ctx("ja-w-0-0-aaaaa",
+                                               coordinator="127.0.0.1:%d" % pa))["code"], "OK")
+        r = d.publish(tb, pod_ctx("jb-w-0-0-bbbbb", coordinator="127.0.0.1:%d" % pa))
+        self.assertEqual(r["code"], "FAILED_PRECONDITION", r)
+        self.assertIn("peer port %d is used by job default.ja" % pa, r["details"])
+        r = d.publish(tb, pod_ctx("jb-w-0-0-bbbbb", peerPort=str(pb),
+                                  coordinator="127.0.0.1:%d" % pb))
+        self.assertEqual(r["code"], "OK", r)
+        self.assertRegex(d.log(), r"default.ja: starting mtcfs .*metrics=127.0.0.1:%d[ ,]" % mp)
+        self.assertRegex(d.log(), r"default.jb: starting mtcfs .*metrics=127.0.0.1:%d[ ,]"
+                         % (mp + 1))
+        import urllib.request
+        for port in (mp, mp + 1):
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as u:
+                self.assertIn(b"mtcfs_", u.read())
+        self.assertNotEqual(os.stat(ta).st_dev, os.stat(tb).st_dev)
+        for t in (ta, tb):
+            self.assertEqual(d.unpublish(t)["code"], "OK")
+
     def test_unpublish_busy_target(self):
         port = free_ports(1)[0]
         d = self.driver(config="peerPort: %d\n" % port)
