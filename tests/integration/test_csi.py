@@ -234,10 +234,26 @@ class Driver:
                 self.proc.wait()
                 raise AssertionError("mtcfs-csi %s did not stop on SIGTERM" % self.name)
 
+    def job_logs(self):
+        """{key: text} of every job mount's log (they are checked too)."""
+        out = {}
+        try:
+            keys = os.listdir(self.state)
+        except OSError:
+            return out
+        for k in keys:
+            try:
+                out[k] = self.job_log(k)
+            except OSError:
+                pass
+        return out
+
     def close(self):
+        logs = {}
         try:
             self.stop()
         finally:
+            logs = self.job_logs()
             # whatever is still mounted under our directories, top first
             mounts = []
             with open("/proc/mounts") as f:
@@ -249,8 +265,14 @@ class Driver:
                 force_unmount(mp)
             if os.environ.get("MTCFS_KEEP_TMP") != "1":
                 shutil.rmtree(self.dir, ignore_errors=True)
-        bad = [ln for ln in self.log().splitlines()
-               if harness.BAD_LOG.search(ln) and not any(re.search(r, ln) for r in self.expected)]
+        lines = self.log().splitlines()
+        for k, text in sorted(logs.items()):
+            lines += ["%s: %s" % (k, ln) for ln in text.splitlines()]
+        # a job mount that died or exited non-zero on SIGTERM is a WARN line
+        died = re.compile(r"WARN csi: job \S+: mtcfs pid \d+ (exited|did not stop)")
+        bad = [ln for ln in lines
+               if (harness.BAD_LOG.search(ln) or died.search(ln))
+               and not any(re.search(r, ln) for r in self.expected)]
         if bad:
             raise AssertionError("mtcfs-csi %s log has unexpected errors:\n%s"
                                  % (self.name, "\n".join(bad)))
