@@ -16,6 +16,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
+#include <grpc/support/log.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -384,6 +385,17 @@ static void *poller(void *arg)
 	return NULL;
 }
 
+/* gRPC core's own messages go through our log, so --log-format json holds
+ * for every line. Its ERRORs are mostly a client gone mid-call: WARN. */
+static void grpc_log(gpr_log_func_args *a)
+{
+	enum log_level lvl = a->severity == GPR_LOG_SEVERITY_ERROR ? LOG_WARN : LOG_DEBUG;
+
+	if (lvl == LOG_DEBUG && log_get_level() < LOG_DEBUG)
+		return;
+	log_msg(lvl, "grpc", "%s (%s:%d)", a->message, a->file, a->line);
+}
+
 /* ---- main --------------------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -497,6 +509,7 @@ int main(int argc, char **argv)
 		log_err(MOD, "%s", err);
 		goto out_cfg;
 	}
+	gpr_set_log_function(grpc_log);
 	grpc_init();
 	g_cq = grpc_completion_queue_create_for_next(NULL);
 	g_server = grpc_server_create(NULL, NULL);
