@@ -21,6 +21,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -578,9 +579,16 @@ static int bind_target(struct job *j, const char *target, bool ro, char *err, si
 	if (mount_point(j->mnt, &jdev) != 1)
 		return fail(err, cap, -EIO, "job %s: mount gone; see %s", j->key, j->log);
 	if (rc == 1) {
-		if (tdev == jdev)
-			return 0;       /* published already: the same volume again */
-		return fail(err, cap, -EEXIST, "%s already holds another mount", target);
+		struct statvfs sv;
+
+		if (tdev != jdev)
+			return fail(err, cap, -EEXIST, "%s already holds another mount", target);
+		/* published already: the same volume again is fine, the same
+		 * volume with the other readonly flag is not (CSI: ALREADY_EXISTS) */
+		if (statvfs(target, &sv) == 0 && !!(sv.f_flag & ST_RDONLY) != ro)
+			return fail(err, cap, -EEXIST, "%s is already published %s", target,
+				    ro ? "read-write" : "read-only");
+		return 0;
 	}
 	if (mount(j->mnt, target, NULL, MS_BIND, NULL) < 0)
 		return fail(err, cap, -errno, "bind %s on %s: %s", j->mnt, target, strerror(errno));

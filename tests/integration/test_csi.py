@@ -447,6 +447,10 @@ class CsiTest(unittest.TestCase):
             open(os.path.join(t4, "x"), "w")
         self.assertEqual(cm.exception.errno, 30)   # EROFS
         check_step(self, t4, job, 3, 0)
+        # the same target again with the other readonly flag: incompatible
+        self.assertEqual(d.publish(t4, ctx)["code"], "ALREADY_EXISTS")
+        self.assertEqual(d.publish(t3, ctx, readonly=True)["code"], "ALREADY_EXISTS")
+        self.assertEqual(d.publish(t4, ctx, readonly=True)["code"], "OK")
         for t in (t3, t4):
             self.assertEqual(d.unpublish(t)["code"], "OK")
 
