@@ -471,12 +471,16 @@ class CsiTest(unittest.TestCase):
         a = self.driver("node-a", common + "  peerPort: %d\n" % pa)
         b = self.driver("node-b", common + "  peerPort: %d\n" % pb)
         job, key = "ckpt", "ml.ckpt"
-        attrs = {"coordinator": "127.0.0.1:%d" % pa}   # rank 0's node (no cluster DNS here)
 
-        def run_pods(gen):
+        def run_pods(gen, place=None):
+            """Pods of one JobSet generation, rank r on node place[r]; the
+            coordinator attribute plays the rank-0 pod's DNS name (no
+            cluster DNS here): rank 0's node."""
+            place = place or {0: a, 1: b}
+            attrs = {"coordinator": "127.0.0.1:%d" % (pa if place[0] is a else pb)}
             pods = {0: "ckpt-workers-0-0-%s" % gen, 1: "ckpt-workers-1-0-%s" % gen}
             ts = {}
-            for r, d in ((0, a), (1, b)):
+            for r, d in place.items():
                 ts[r] = d.target(pods[r])
                 res = d.publish(ts[r], pod_ctx(pods[r], ns="ml", **attrs))
                 self.assertEqual(res["code"], "OK", res)
@@ -528,6 +532,25 @@ class CsiTest(unittest.TestCase):
             self.assertNotRegex(log, r"source=bucket|restored job=\S+ step=7 from backup")
         self.assertEqual(os.listdir(bucket), [])
         for r, d in ((0, a), (1, b)):
+            self.assertEqual(d.unpublish(ts[r])["code"], "OK")
+
+        # another restart places the ranks the other way round: each node's
+        # idle job mount restarts with the new rank on the same RAMDIR, which
+        # holds the other rank's replica: still no bucket
+        swapped = {0: b, 1: a}
+        ts, out = run_pods("ccccc", swapped)
+        self.assertEqual({r: out[r][0] for r in out}, {0: 7, 1: 7})
+        for r in (0, 1):
+            os.replace(os.path.join(ts[r], out[r][1][0]), os.path.join(ts[r], "7"))
+            check_step(self, ts[r], job, 7, r)
+        for d in (a, b):
+            self.assertEqual(d.starts(), 2, d.log())
+            self.assertRegex(d.log(), r"job ml.ckpt: rank \d -> \d: restarting")
+            log = d.job_log(key)
+            self.assertRegex(log, r"restore job=%s step=7 source=(local|peer)" % job)
+            self.assertNotRegex(log, r"source=bucket|from backup")
+        self.assertEqual(os.listdir(bucket), [])
+        for r, d in swapped.items():
             self.assertEqual(d.unpublish(ts[r])["code"], "OK")
 
     def test_other_rank_restarts_the_idle_job_mount(self):
