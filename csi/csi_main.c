@@ -371,8 +371,12 @@ static void *poller(void *arg)
 		}
 		s = ev.tag;
 		if (!s->replying) {
-			if (!ev.success || g_stopping) {  /* shutting down */
+			if (!ev.success || g_stopping) {
+				/* shutting down, or the request itself failed: a slot
+				 * not asked again would be lost for good */
 				slot_release(s);
+				if (!g_stopping)
+					slot_request(s);
 				continue;
 			}
 			slot_serve(s);
