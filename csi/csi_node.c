@@ -148,9 +148,10 @@ static int ram_tier(struct csi_node *n, char *err, size_t cap)
 			return fail(err, cap, rc, "mount tmpfs on %s: %s", n->o.ram_root, strerror(-rc));
 		/* a kernel without transparent huge pages for shmem refuses huge= */
 		log_warn(MOD, "tmpfs huge=always refused (no THP for shmem?): mounting without it");
-		snprintf(opts, sizeof(opts), "mode=0700%s%llu", c->ram_bytes ? ",size=" : "",
-			 (unsigned long long)c->ram_bytes);
-		if (!c->ram_bytes)
+		if (c->ram_bytes)
+			snprintf(opts, sizeof(opts), "mode=0700,size=%llu",
+				 (unsigned long long)c->ram_bytes);
+		else
 			snprintf(opts, sizeof(opts), "mode=0700");
 		if (mount("mtcfs-ram", n->o.ram_root, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
 			rc = -errno;
