@@ -32,6 +32,9 @@
 #define MOD "csi"
 #define RPC_THREADS 8   /* a slow first publish must not hold up Probe */
 #define CALLS_PER_METHOD 4
+/* unregistered methods (Controller, GroupController, a newer spec's): without
+ * a slot asking for them a call would hang until its deadline */
+#define GENERIC_CALLS 2
 #define ERR_MAX 512
 
 #ifndef MTCFS_VERSION
@@ -245,7 +248,8 @@ static struct method methods[] = {
 /* ---- the gRPC core plumbing --------------------------------------------- */
 
 struct slot {
-	struct method *m;
+	struct method *m;           /* NULL: takes the calls of any other method */
+	grpc_call_details cd;       /* the method of such a call (m == NULL) */
 	bool replying;              /* false: waiting for a call; true: batch sent */
 	grpc_call *call;
 	gpr_timespec deadline;
@@ -258,7 +262,7 @@ struct slot {
 
 static grpc_server *g_server;
 static grpc_completion_queue *g_cq;
-static struct slot g_slots[N_METHODS * CALLS_PER_METHOD];
+static struct slot g_slots[N_METHODS * CALLS_PER_METHOD + GENERIC_CALLS];
 static int g_shutdown_tag;
 static _Atomic int g_stopping;   /* set before shutdown: no new requests */
 
@@ -272,10 +276,17 @@ static int slot_request(struct slot *s)
 	s->out = NULL;
 	s->cancelled = 0;
 	grpc_metadata_array_init(&s->md);
-	e = grpc_server_request_registered_call(g_server, s->m->reg, &s->call, &s->deadline,
-						&s->md, &s->payload, g_cq, g_cq, s);
+	if (s->m) {
+		e = grpc_server_request_registered_call(g_server, s->m->reg, &s->call, &s->deadline,
+							&s->md, &s->payload, g_cq, g_cq, s);
+	} else {
+		grpc_call_details_init(&s->cd);
+		e = grpc_server_request_call(g_server, &s->call, &s->cd, &s->md, g_cq, g_cq, s);
+		if (e != GRPC_CALL_OK)
+			grpc_call_details_destroy(&s->cd);
+	}
 	if (e != GRPC_CALL_OK) {
-		log_err(MOD, "request_registered_call %s: %d", s->m->path, (int)e);
+		log_err(MOD, "request_call %s: %d", s->m ? s->m->path : "(other methods)", (int)e);
 		grpc_metadata_array_destroy(&s->md);
 		return -EIO;
 	}
@@ -293,6 +304,8 @@ static void slot_release(struct slot *s)
 	if (s->call)
 		grpc_call_unref(s->call);
 	grpc_metadata_array_destroy(&s->md);
+	if (!s->m)
+		grpc_call_details_destroy(&s->cd);
 	s->payload = s->out = NULL;
 	s->call = NULL;
 	s->replying = false;
@@ -315,7 +328,12 @@ static void slot_serve(struct slot *s)
 	}
 	in.len = GRPC_SLICE_LENGTH(req);
 	in.data = GRPC_SLICE_START_PTR(req);
-	s->m->fn(&in, &r);
+	if (s->m)
+		s->m->fn(&in, &r);
+	else
+		status(&r, GRPC_STATUS_UNIMPLEMENTED, "unknown method %.*s",
+		       (int)GRPC_SLICE_LENGTH(s->cd.method),
+		       (const char *)GRPC_SLICE_START_PTR(s->cd.method));
 	grpc_slice_unref(req);
 	if (r.code == GRPC_STATUS_OK && r.resp) {
 		size_t len = protobuf_c_message_get_packed_size(r.resp);
@@ -327,7 +345,7 @@ static void slot_serve(struct slot *s)
 		status(&r, GRPC_STATUS_INTERNAL, "no response");
 	}
 	if (r.code != GRPC_STATUS_OK)
-		log_dbg(MOD, "%s -> status %d: %s", s->m->path, (int)r.code, r.msg);
+		log_dbg(MOD, "%s -> status %d: %s", s->m ? s->m->path : "(other)", (int)r.code, r.msg);
 	s->details = grpc_slice_from_copied_string(r.msg);
 	s->replying = true;
 	memset(ops, 0, sizeof(ops));
@@ -347,7 +365,7 @@ static void slot_serve(struct slot *s)
 	nops++;
 	e = grpc_call_start_batch(s->call, ops, nops, s, NULL);
 	if (e != GRPC_CALL_OK) {
-		log_err(MOD, "%s: start_batch: %d", s->m->path, (int)e);
+		log_err(MOD, "%s: start_batch: %d", s->m ? s->m->path : "(other)", (int)e);
 		slot_release(s);
 		slot_request(s);
 	}
@@ -537,13 +555,12 @@ int main(int argc, char **argv)
 		goto out_grpc;
 	}
 	grpc_server_start(g_server);
-	for (size_t i = 0; i < N_METHODS; i++)
-		for (size_t k = 0; k < CALLS_PER_METHOD; k++) {
-			struct slot *s = &g_slots[i * CALLS_PER_METHOD + k];
-			s->m = &methods[i];
-			if (slot_request(s) < 0)
-				goto out_stop;
-		}
+	for (size_t i = 0; i < sizeof(g_slots) / sizeof(g_slots[0]); i++) {
+		struct slot *s = &g_slots[i];
+		s->m = i < N_METHODS * CALLS_PER_METHOD ? &methods[i / CALLS_PER_METHOD] : NULL;
+		if (slot_request(s) < 0)
+			goto out_stop;
+	}
 	for (; nth < RPC_THREADS; nth++)
 		if (pthread_create(&th[nth], NULL, poller, NULL) != 0) {
 			log_err(MOD, "pthread_create failed");
