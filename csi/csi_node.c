@@ -39,6 +39,8 @@ struct job {
 	char log[PATH_MAX];
 	pid_t pid;                  /* -1: not started by us (or exited) */
 	bool adopted;               /* serving mount found, not started by us */
+	pthread_t pump;             /* its log thread, joined once pid is reaped */
+	bool has_pump;
 	unsigned rank;
 	unsigned peer_port;         /* its listen port; 0 while not running */
 	unsigned metrics_port;      /* its /metrics port; 0: none */
@@ -191,6 +193,18 @@ out:
 
 /* The job's mtcfs has exited? Reaps it; an exit we did not ask for
  * (stopping false) is a warning. */
+/* The job's mtcfs is gone (reaped): free its ports; its log thread sees
+ * EOF now, so joining it waits only for the last lines to be copied. */
+static void job_reaped(struct job *j)
+{
+	j->pid = -1;
+	j->peer_port = j->metrics_port = 0;
+	if (j->has_pump) {
+		pthread_join(j->pump, NULL);
+		j->has_pump = false;
+	}
+}
+
 static bool job_exited_(struct job *j, bool stopping)
 {
 	int st;
@@ -198,11 +212,11 @@ static bool job_exited_(struct job *j, bool stopping)
 	if (j->pid <= 0)
 		return true;
 	if (waitpid(j->pid, &st, WNOHANG) == j->pid) {
-		log_msg(stopping && WIFEXITED(st) && !WEXITSTATUS(st) ? LOG_INFO : LOG_WARN, MOD, "job %s: mtcfs pid %d exited (%s %d); see %s", j->key, (int)j->pid,
-			 WIFEXITED(st) ? "status" : "signal",
-			 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), j->log);
-		j->pid = -1;
-		j->peer_port = j->metrics_port = 0;
+		log_msg(stopping && WIFEXITED(st) && !WEXITSTATUS(st) ? LOG_INFO : LOG_WARN, MOD,
+			"job %s: mtcfs pid %d exited (%s %d); see %s", j->key, (int)j->pid,
+			WIFEXITED(st) ? "status" : "signal",
+			WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), j->log);
+		job_reaped(j);
 		return true;
 	}
 	return false;
@@ -233,8 +247,7 @@ static void job_stop(struct job *j)
 				 (int)j->pid, JOB_STOP_MS / 1000);
 			kill(j->pid, SIGKILL);
 			waitpid(j->pid, NULL, 0);
-			j->pid = -1;
-			j->peer_port = j->metrics_port = 0;
+			job_reaped(j);
 		}
 	}
 	/* a killed daemon leaves its mount behind (ENOTCONN) */
@@ -352,6 +365,60 @@ static int job_options(struct csi_node *n, struct job *self, const struct csi_po
 	return rc;
 }
 
+static void write_all(int fd, const char *p, size_t n)
+{
+	while (n) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return;         /* a log that cannot be written is not fatal */
+		p += w;
+		n -= (size_t)w;
+	}
+}
+
+struct pump {
+	int in;                     /* read end of the job's stdout+stderr */
+	int file;                   /* its mtcfs.log */
+};
+
+/* One thread per job mount, for its life: copies the mtcfs output to its
+ * log file and, whole lines at a time so jobs never interleave inside a
+ * line, to the driver's stderr (kubectl logs, Cloud Logging). Ends at EOF
+ * (the mtcfs exited); owns and closes both fds. */
+static void *pump_run(void *arg)
+{
+	struct pump *pu = arg;
+	char buf[65536];
+	size_t have = 0;
+
+	for (;;) {
+		ssize_t r = read(pu->in, buf + have, sizeof(buf) - have);
+		size_t upto;
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		write_all(pu->file, buf + have, (size_t)r);
+		have += (size_t)r;
+		for (upto = have; upto > 0 && buf[upto - 1] != '\n'; upto--)
+			;
+		if (!upto && have == sizeof(buf))
+			upto = have;    /* a line longer than the buffer: let it go in pieces */
+		write_all(2, buf, upto);
+		memmove(buf, buf + upto, have - upto);
+		have -= upto;
+	}
+	if (have)
+		write_all(2, buf, have);
+	close(pu->in);
+	close(pu->file);
+	free(pu);
+	return NULL;
+}
+
 /* Start the job's mtcfs and wait until its mount answers. Called with mu
  * held. */
 static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
@@ -359,7 +426,9 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 {
 	char opts[OPTS_MAX];
 	char *argv[8];
-	int argc = 0, logfd = -1, rc;
+	int argc = 0, logfd = -1, rc, out[2];
+	struct pump *pu;
+
 	unsigned port;
 	uint64_t end;
 	pid_t pid;
@@ -383,6 +452,13 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	logfd = open(j->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
 	if (logfd < 0)
 		return fail(err, cap, -errno, "job %s: %s: %s", j->key, j->log, strerror(errno));
+	pu = malloc(sizeof(*pu));
+	if (!pu || pipe2(out, O_CLOEXEC) < 0) {
+		rc = pu ? -errno : -ENOMEM;
+		free(pu);
+		close(logfd);
+		return fail(err, cap, rc, "job %s: log pipe: %s", j->key, strerror(-rc));
+	}
 	argv[argc++] = (char *)n->o.mtcfs_bin;
 	argv[argc++] = "-f";
 	if (n->o.debug)
@@ -398,14 +474,17 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	if (pid < 0) {
 		rc = -errno;
 		close(logfd);
+		close(out[0]);
+		close(out[1]);
+		free(pu);
 		return fail(err, cap, rc, "job %s: fork: %s", j->key, strerror(-rc));
 	}
 	if (pid == 0) {
 		/* no orphan mounts: the job mount ends with the driver (the RAM
 		 * tier does not) */
 		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		dup2(logfd, 1);
-		dup2(logfd, 2);
+		dup2(out[1], 1);
+		dup2(out[1], 2);
 		int nullfd = open("/dev/null", O_RDONLY);
 		if (nullfd >= 0)
 			dup2(nullfd, 0);
@@ -416,7 +495,20 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 		dprintf(2, "mtcfs-csi: exec %s: %s\n", argv[0], strerror(errno));
 		_exit(127);
 	}
-	close(logfd);
+	close(out[1]);
+	pu->in = out[0];
+	pu->file = logfd;
+	rc = pthread_create(&j->pump, NULL, pump_run, pu);
+	if (rc != 0) {
+		/* nobody would read its output: it would block on a full pipe */
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		close(out[0]);
+		close(logfd);
+		free(pu);
+		return fail(err, cap, -rc, "job %s: no log thread: %s", j->key, strerror(rc));
+	}
+	j->has_pump = true;
 	j->pid = pid;
 	j->rank = p->rank;
 	j->peer_port = port;

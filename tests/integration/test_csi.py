@@ -536,6 +536,8 @@ class CsiTest(unittest.TestCase):
             self.assertEqual(d.starts(), 1, d.log())
             log = d.job_log(key)
             self.assertRegex(log, r"restore job=%s step=7 source=local" % job)
+            # and in the driver's own output (kubectl logs of the DaemonSet)
+            self.assertRegex(d.log(), r"restore job=%s step=7 source=local" % job)
             self.assertNotRegex(log, r"source=bucket|restored job=\S+ step=7 from backup")
         self.assertEqual(os.listdir(bucket), [])
         for r, d in ((0, a), (1, b)):
