@@ -19,6 +19,7 @@ PKGS=(
   libisal-dev libxxhash-dev libjansson-dev libmicrohttpd-dev libcmocka-dev
   python3 python3-venv python3-yaml iproute2 procps psmisc file dpkg-dev groff-base
   clang gnuplot-nox curl openssl
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
 )
 
 say() { echo "install-deps: $*" >&2; }

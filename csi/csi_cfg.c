@@ -1,0 +1,268 @@
+/* csi_cfg.c: the ConfigMap form of CheckpointConfiguration. libyaml's
+ * document API loads the (small) file; the walk below reads two fixed
+ * levels (object -> spec -> field -> list item), never recursing on the
+ * input's depth. */
+#include "csi/csi_cfg.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#define CFG_MAX_BYTES (1u << 20)
+
+void csi_cfg_init(struct csi_cfg *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->peer_port = 8765;
+}
+
+void csi_cfg_free(struct csi_cfg *c)
+{
+	if (!c)
+		return;
+	free(c->bucket);
+	free(c->ram_size);
+	free(c->secret_file);
+	free(c->gcs_key_file);
+	free(c->gcs_endpoint);
+	for (size_t i = 0; i < c->n_mount_opts; i++)
+		free(c->mount_opts[i]);
+	free(c->mount_opts);
+	csi_cfg_init(c);
+}
+
+static int fail(char *err, size_t cap, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, cap, fmt, ap);
+	va_end(ap);
+	return -EINVAL;
+}
+
+static const char *scalar(yaml_node_t *n)
+{
+	return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+}
+
+static int set_str(char **dst, yaml_node_t *v, const char *key, char *err, size_t cap)
+{
+	const char *s = scalar(v);
+
+	if (!s || !*s)
+		return fail(err, cap, "%s: expected a non-empty string", key);
+	free(*dst);
+	*dst = strdup(s);
+	return *dst ? 0 : -ENOMEM;
+}
+
+static int set_uint(unsigned *dst, yaml_node_t *v, uint64_t max, const char *key,
+		    char *err, size_t cap)
+{
+	const char *s = scalar(v);
+	uint64_t u;
+
+	if (!s || util_parse_u64(s, max, &u) < 0)
+		return fail(err, cap, "%s: expected an integer 0..%llu", key, (unsigned long long)max);
+	*dst = (unsigned)u;
+	return 0;
+}
+
+/* A gs:// URL from the bucket name GKE takes; mtcfs also accepts a whole
+ * URL (file:///nfs/ckpt, gs://b/prefix) there. */
+static int set_bucket(struct csi_cfg *c, yaml_node_t *v, char *err, size_t cap)
+{
+	const char *s = scalar(v);
+	size_t n;
+
+	if (!s || !*s)
+		return fail(err, cap, "cloudStorageBucketName: expected a bucket name");
+	if (strchr(s, ','))
+		return fail(err, cap, "cloudStorageBucketName: a comma cannot be in a mount option");
+	free(c->bucket);
+	if (strstr(s, "://")) {
+		c->bucket = strdup(s);
+		return c->bucket ? 0 : -ENOMEM;
+	}
+	n = strlen(s) + sizeof("gs://");
+	c->bucket = malloc(n);
+	if (!c->bucket)
+		return -ENOMEM;
+	snprintf(c->bucket, n, "gs://%s", s);
+	return 0;
+}
+
+static int set_list(yaml_document_t *d, yaml_node_t *v, char ***dst, size_t *n,
+		    const char *key, char *err, size_t cap)
+{
+	yaml_node_item_t *it;
+
+	if (!v || v->type != YAML_SEQUENCE_NODE)
+		return fail(err, cap, "%s: expected a list of strings", key);
+	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+		const char *s = scalar(yaml_document_get_node(d, *it));
+		char **grown;
+
+		if (!s || !*s || strchr(s, ','))
+			return fail(err, cap, "%s: items must be non-empty strings without ','", key);
+		if (!dst) {             /* counted only */
+			(*n)++;
+			continue;
+		}
+		grown = realloc(*dst, (*n + 2) * sizeof(**dst));
+		if (!grown)
+			return -ENOMEM;
+		*dst = grown;
+		grown[*n] = strdup(s);
+		if (!grown[*n])
+			return -ENOMEM;
+		grown[++*n] = NULL;
+	}
+	return 0;
+}
+
+static int apply(struct csi_cfg *c, yaml_document_t *d, const char *k, yaml_node_t *v,
+		 char *err, size_t cap)
+{
+	if (!strcmp(k, "cloudStorageBucketName"))
+		return set_bucket(c, v, err, cap);
+	if (!strcmp(k, "inMemoryVolumeSize")) {
+		int rc = set_str(&c->ram_size, v, k, err, cap);
+		if (rc < 0)
+			return rc;
+		if (util_parse_size(c->ram_size, &c->ram_bytes) < 0 || !c->ram_bytes)
+			return fail(err, cap, "inMemoryVolumeSize: %s is not a size (200Gi, 512M)",
+				    c->ram_size);
+		return 0;
+	}
+	/* scheduling of the DaemonSet: the driver only checks their shape */
+	if (!strcmp(k, "nodeSelector"))
+		return v->type == YAML_MAPPING_NODE ? 0 :
+			fail(err, cap, "nodeSelector: expected a map");
+	if (!strcmp(k, "tolerations"))
+		return v->type == YAML_SEQUENCE_NODE ? 0 :
+			fail(err, cap, "tolerations: expected a list");
+	if (!strcmp(k, "gcsFuseMountOptions"))
+		return set_list(d, v, NULL, &c->n_gcsfuse_opts, k, err, cap);
+	if (!strcmp(k, "peerPort")) {
+		int rc = set_uint(&c->peer_port, v, 65535, k, err, cap);
+		return rc < 0 ? rc : c->peer_port ? 0 : fail(err, cap, "peerPort: 0 is not a port");
+	}
+	if (!strcmp(k, "metricsPort"))
+		return set_uint(&c->metrics_port, v, 65535, k, err, cap);
+	if (!strcmp(k, "restoreTimeout"))
+		return set_uint(&c->restore_timeout, v, 86400, k, err, cap);
+	if (!strcmp(k, "secretFile"))
+		return set_str(&c->secret_file, v, k, err, cap);
+	if (!strcmp(k, "gcsKeyFile"))
+		return set_str(&c->gcs_key_file, v, k, err, cap);
+	if (!strcmp(k, "gcsEndpoint"))
+		return set_str(&c->gcs_endpoint, v, k, err, cap);
+	if (!strcmp(k, "mountOptions"))
+		return set_list(d, v, &c->mount_opts, &c->n_mount_opts, k, err, cap);
+	return fail(err, cap, "unknown key %s", k);
+}
+
+static yaml_node_t *map_get(yaml_document_t *d, yaml_node_t *m, const char *key)
+{
+	yaml_node_pair_t *p;
+
+	for (p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
+		const char *k = scalar(yaml_document_get_node(d, p->key));
+		if (k && !strcmp(k, key))
+			return yaml_document_get_node(d, p->value);
+	}
+	return NULL;
+}
+
+int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, size_t errcap)
+{
+	yaml_parser_t parser;
+	yaml_document_t doc;
+	yaml_node_t *root, *spec;
+	yaml_node_pair_t *p;
+	int rc = 0, have_doc = 0;
+
+	err[0] = 0;
+	if (!yaml_parser_initialize(&parser))
+		return -ENOMEM;
+	yaml_parser_set_input_string(&parser, (const unsigned char *)buf, len);
+	if (!yaml_parser_load(&parser, &doc)) {
+		rc = fail(err, errcap, "not YAML: %s at line %zu",
+			  parser.problem ? parser.problem : "syntax error",
+			  parser.problem_mark.line + 1);
+		goto out;
+	}
+	have_doc = 1;
+	root = yaml_document_get_root_node(&doc);
+	if (!root)              /* an empty file: all defaults */
+		goto out;
+	if (root->type != YAML_MAPPING_NODE) {
+		rc = fail(err, errcap, "expected a mapping (a CheckpointConfiguration or its spec)");
+		goto out;
+	}
+	spec = map_get(&doc, root, "spec");
+	if (spec) {
+		if (spec->type != YAML_MAPPING_NODE) {
+			rc = fail(err, errcap, "spec: expected a mapping");
+			goto out;
+		}
+	} else {
+		spec = root;
+	}
+	for (p = spec->data.mapping.pairs.start; p < spec->data.mapping.pairs.top; p++) {
+		const char *k = scalar(yaml_document_get_node(&doc, p->key));
+		yaml_node_t *v = yaml_document_get_node(&doc, p->value);
+
+		if (!k || !v) {
+			rc = fail(err, errcap, "a key must be a string");
+			goto out;
+		}
+		/* the object's envelope, when the whole resource was given */
+		if (spec == root && (!strcmp(k, "apiVersion") || !strcmp(k, "kind") ||
+				     !strcmp(k, "metadata")))
+			continue;
+		rc = apply(c, &doc, k, v, err, errcap);
+		if (rc < 0)
+			goto out;
+	}
+	if (spec != root) {
+		for (p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
+			const char *k = scalar(yaml_document_get_node(&doc, p->key));
+			if (!k || (strcmp(k, "apiVersion") && strcmp(k, "kind") &&
+				   strcmp(k, "metadata") && strcmp(k, "spec") && strcmp(k, "status"))) {
+				rc = fail(err, errcap, "unknown top-level key %s", k ? k : "?");
+				goto out;
+			}
+		}
+	}
+out:
+	if (have_doc)
+		yaml_document_delete(&doc);
+	yaml_parser_delete(&parser);
+	return rc;
+}
+
+int csi_cfg_load(struct csi_cfg *c, const char *path, char *err, size_t errcap)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	rc = util_read_file_at(AT_FDCWD, path, CFG_MAX_BYTES, &buf, &len);
+	if (rc < 0) {
+		snprintf(err, errcap, "%s: %s", path, strerror(-rc));
+		return rc;
+	}
+	rc = csi_cfg_parse(c, buf, len, err, errcap);
+	free(buf);
+	return rc;
+}

@@ -1,0 +1,39 @@
+/* csi_cfg: the node driver's configuration, the ConfigMap form of GKE's
+ * CheckpointConfiguration (its spec fields plus mtcfs extras), read once
+ * at start-up by the main thread; read-only afterwards, so every thread
+ * may read it without a lock. csi_cfg_free() releases what load filled. */
+#ifndef MTCFS_CSI_CFG_H
+#define MTCFS_CSI_CFG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct csi_cfg {
+	char *bucket;           /* bucket= URL (gs://NAME or as given with ://), or NULL */
+	char *ram_size;         /* inMemoryVolumeSize as written ("200Gi"), or NULL */
+	uint64_t ram_bytes;     /* the same in bytes; 0 when not given */
+	unsigned peer_port;     /* peerPort, default 8765 */
+	unsigned metrics_port;  /* metricsPort, 0 = off */
+	char *secret_file;      /* secretFile */
+	char *gcs_key_file;     /* gcsKeyFile */
+	char *gcs_endpoint;     /* gcsEndpoint */
+	unsigned restore_timeout; /* restoreTimeout seconds, 0 = mtcfs default */
+	char **mount_opts;      /* mountOptions: extra -o words, NULL-terminated */
+	size_t n_mount_opts;
+	size_t n_gcsfuse_opts;  /* gcsFuseMountOptions seen (none applies to mtcfs) */
+};
+
+/* Defaults only (no file). */
+void csi_cfg_init(struct csi_cfg *c);
+
+/* Parse PATH (YAML or JSON: a whole CheckpointConfiguration object or just
+ * its spec map). Returns 0, or -EINVAL with a one-line reason in err (an
+ * unknown key, a bad size or port, not a mapping), or -errno of reading. */
+int csi_cfg_load(struct csi_cfg *c, const char *path, char *err, size_t errcap);
+
+/* Parse the same from a buffer (tests, and load's body). */
+int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, size_t errcap);
+
+void csi_cfg_free(struct csi_cfg *c);
+
+#endif

@@ -1,0 +1,613 @@
+/* mtcfs-csi: the CSI node driver (Identity + Node) on a unix socket, over
+ * gRPC's C core. Threads: main (flags, set-up, then sigwait for
+ * SIGTERM/SIGINT), RPC_THREADS pollers of one completion queue. Each
+ * registered method has CALLS_PER_METHOD slots; a slot is owned by whichever
+ * poller got its tag, so slots need no lock. Handlers decode with
+ * protobuf-c, call csi_node, and reply with one batch (initial metadata,
+ * message, status, close). */
+#include "csi/csi_cfg.h"
+#include "csi/csi_node.h"
+#include "csi/csi.pb-c.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/log.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define DRIVER_NAME "mtcfs.csi.checkpoint.dev"
+#define MOD "csi"
+#define RPC_THREADS 8   /* a slow first publish must not hold up Probe */
+#define CALLS_PER_METHOD 4
+/* unregistered methods (Controller, GroupController, a newer spec's): without
+ * a slot asking for them a call would hang until its deadline */
+#define GENERIC_CALLS 2
+#define ERR_MAX 512
+
+#ifndef MTCFS_VERSION
+#define MTCFS_VERSION "0"
+#endif
+
+static struct csi_node *g_node;
+static const char *g_node_id;
+
+struct reply {
+	grpc_status_code code;
+	char msg[ERR_MAX];
+	ProtobufCMessage *resp;     /* packed when code is OK; static or on the stack */
+};
+
+typedef void (*handler_fn)(const ProtobufCBinaryData *in, struct reply *r);
+
+struct method {
+	const char *path;
+	handler_fn fn;
+	void *reg;                  /* grpc_server_register_method's handle */
+};
+
+static void status(struct reply *r, grpc_status_code code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void status(struct reply *r, grpc_status_code code, const char *fmt, ...)
+{
+	va_list ap;
+
+	r->code = code;
+	va_start(ap, fmt);
+	vsnprintf(r->msg, sizeof(r->msg), fmt, ap);
+	va_end(ap);
+}
+
+/* One translation from csi_node's -errno to gRPC's codes (CSI spec's
+ * meanings: ALREADY_EXISTS for an incompatible target, FAILED_PRECONDITION
+ * for a state the caller must change). */
+static grpc_status_code node_code(int rc)
+{
+	switch (-rc) {
+	case EINVAL: case ENAMETOOLONG: return GRPC_STATUS_INVALID_ARGUMENT;
+	case EEXIST: return GRPC_STATUS_ALREADY_EXISTS;
+	case EBUSY:  return GRPC_STATUS_FAILED_PRECONDITION;
+	case ENOENT: return GRPC_STATUS_NOT_FOUND;
+	case ENOMEM: case ENOSPC: return GRPC_STATUS_RESOURCE_EXHAUSTED;
+	case EPERM: case EACCES: return GRPC_STATUS_PERMISSION_DENIED;
+	default:     return GRPC_STATUS_INTERNAL;
+	}
+}
+
+/* ---- Identity ---------------------------------------------------------- */
+
+static void h_plugin_info(const ProtobufCBinaryData *in, struct reply *r)
+{
+	static Csi__V1__GetPluginInfoResponse resp = CSI__V1__GET_PLUGIN_INFO_RESPONSE__INIT;
+
+	(void)in;
+	resp.name = DRIVER_NAME;
+	resp.vendor_version = MTCFS_VERSION;
+	r->resp = &resp.base;
+}
+
+static void h_plugin_caps(const ProtobufCBinaryData *in, struct reply *r)
+{
+	/* a node-only plugin: no CONTROLLER_SERVICE, no topology */
+	static Csi__V1__GetPluginCapabilitiesResponse resp =
+		CSI__V1__GET_PLUGIN_CAPABILITIES_RESPONSE__INIT;
+
+	(void)in;
+	r->resp = &resp.base;
+}
+
+static void h_probe(const ProtobufCBinaryData *in, struct reply *r)
+{
+	static Csi__V1__BoolValue ready = CSI__V1__BOOL_VALUE__INIT;
+	static Csi__V1__ProbeResponse resp = CSI__V1__PROBE_RESPONSE__INIT;
+
+	(void)in;
+	ready.value = 1;
+	resp.ready = &ready;
+	r->resp = &resp.base;
+}
+
+/* ---- Node -------------------------------------------------------------- */
+
+static void h_node_caps(const ProtobufCBinaryData *in, struct reply *r)
+{
+	/* no STAGE_UNSTAGE_VOLUME: kubelet goes straight to publish */
+	static Csi__V1__NodeGetCapabilitiesResponse resp =
+		CSI__V1__NODE_GET_CAPABILITIES_RESPONSE__INIT;
+
+	(void)in;
+	r->resp = &resp.base;
+}
+
+static void h_node_info(const ProtobufCBinaryData *in, struct reply *r)
+{
+	static Csi__V1__NodeGetInfoResponse resp = CSI__V1__NODE_GET_INFO_RESPONSE__INIT;
+
+	(void)in;
+	resp.node_id = (char *)g_node_id;
+	r->resp = &resp.base;
+}
+
+static void h_publish(const ProtobufCBinaryData *in, struct reply *r)
+{
+	static Csi__V1__NodePublishVolumeResponse resp = CSI__V1__NODE_PUBLISH_VOLUME_RESPONSE__INIT;
+	Csi__V1__NodePublishVolumeRequest *rq;
+	struct csi_kv *kv = NULL;
+	struct csi_publish p;
+	int rc;
+
+	rq = csi__v1__node_publish_volume_request__unpack(NULL, in->len, in->data);
+	if (!rq) {
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "cannot decode NodePublishVolumeRequest");
+		return;
+	}
+	if (!rq->volume_id || !*rq->volume_id) {
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id missing");
+		goto out;
+	}
+	if (!rq->target_path || !*rq->target_path) {
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "target_path missing");
+		goto out;
+	}
+	if (!rq->volume_capability) {
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_capability missing");
+		goto out;
+	}
+	if (rq->volume_capability->access_type_case ==
+	    CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_BLOCK) {
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "block access: mtcfs volumes are filesystems");
+		goto out;
+	}
+	if (rq->volume_capability->mount && rq->volume_capability->mount->fs_type &&
+	    *rq->volume_capability->mount->fs_type &&
+	    strcmp(rq->volume_capability->mount->fs_type, "fuse.mtcfs")) {
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "fs_type %s: the volume is fuse.mtcfs",
+		       rq->volume_capability->mount->fs_type);
+		goto out;
+	}
+	kv = calloc(rq->n_volume_context + 1, sizeof(*kv));
+	if (!kv) {
+		status(r, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < rq->n_volume_context; i++) {
+		kv[i].key = rq->volume_context[i]->key ? rq->volume_context[i]->key : "";
+		kv[i].value = rq->volume_context[i]->value;
+	}
+	p = (struct csi_publish){ .volume_id = rq->volume_id, .target = rq->target_path,
+				  .readonly = rq->readonly, .ctx = kv,
+				  .n_ctx = rq->n_volume_context };
+	rc = csi_node_publish(g_node, &p, r->msg, sizeof(r->msg));
+	if (rc < 0) {
+		r->code = node_code(rc);
+		goto out;
+	}
+	r->resp = &resp.base;
+out:
+	free(kv);
+	csi__v1__node_publish_volume_request__free_unpacked(rq, NULL);
+}
+
+static void h_unpublish(const ProtobufCBinaryData *in, struct reply *r)
+{
+	static Csi__V1__NodeUnpublishVolumeResponse resp =
+		CSI__V1__NODE_UNPUBLISH_VOLUME_RESPONSE__INIT;
+	Csi__V1__NodeUnpublishVolumeRequest *rq;
+	int rc;
+
+	rq = csi__v1__node_unpublish_volume_request__unpack(NULL, in->len, in->data);
+	if (!rq) {
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "cannot decode NodeUnpublishVolumeRequest");
+		return;
+	}
+	if (!rq->volume_id || !*rq->volume_id)
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id missing");
+	else if (!rq->target_path || !*rq->target_path)
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "target_path missing");
+	else if ((rc = csi_node_unpublish(g_node, rq->volume_id, rq->target_path, r->msg,
+					  sizeof(r->msg))) < 0)
+		r->code = node_code(rc);
+	else
+		r->resp = &resp.base;
+	csi__v1__node_unpublish_volume_request__free_unpacked(rq, NULL);
+}
+
+static void h_unimplemented(const ProtobufCBinaryData *in, struct reply *r)
+{
+	(void)in;
+	status(r, GRPC_STATUS_UNIMPLEMENTED, "not advertised by NodeGetCapabilities");
+}
+
+static struct method methods[] = {
+	{ "/csi.v1.Identity/GetPluginInfo", h_plugin_info, NULL },
+	{ "/csi.v1.Identity/GetPluginCapabilities", h_plugin_caps, NULL },
+	{ "/csi.v1.Identity/Probe", h_probe, NULL },
+	{ "/csi.v1.Node/NodeGetCapabilities", h_node_caps, NULL },
+	{ "/csi.v1.Node/NodeGetInfo", h_node_info, NULL },
+	{ "/csi.v1.Node/NodePublishVolume", h_publish, NULL },
+	{ "/csi.v1.Node/NodeUnpublishVolume", h_unpublish, NULL },
+	{ "/csi.v1.Node/NodeStageVolume", h_unimplemented, NULL },
+	{ "/csi.v1.Node/NodeUnstageVolume", h_unimplemented, NULL },
+	{ "/csi.v1.Node/NodeGetVolumeStats", h_unimplemented, NULL },
+	{ "/csi.v1.Node/NodeExpandVolume", h_unimplemented, NULL },
+};
+#define N_METHODS (sizeof(methods) / sizeof(methods[0]))
+
+/* ---- the gRPC core plumbing --------------------------------------------- */
+
+struct slot {
+	struct method *m;           /* NULL: takes the calls of any other method */
+	grpc_call_details cd;       /* the method of such a call (m == NULL) */
+	bool replying;              /* false: waiting for a call; true: batch sent */
+	grpc_call *call;
+	gpr_timespec deadline;
+	grpc_metadata_array md;
+	grpc_byte_buffer *payload;
+	grpc_byte_buffer *out;
+	grpc_slice details;
+	int cancelled;
+};
+
+static grpc_server *g_server;
+static grpc_completion_queue *g_cq;
+static struct slot g_slots[N_METHODS * CALLS_PER_METHOD + GENERIC_CALLS];
+static int g_shutdown_tag;
+static _Atomic int g_stopping;   /* set before shutdown: no new requests */
+
+static int slot_request(struct slot *s)
+{
+	grpc_call_error e;
+
+	s->replying = false;
+	s->call = NULL;
+	s->payload = NULL;
+	s->out = NULL;
+	s->cancelled = 0;
+	grpc_metadata_array_init(&s->md);
+	if (s->m) {
+		e = grpc_server_request_registered_call(g_server, s->m->reg, &s->call, &s->deadline,
+							&s->md, &s->payload, g_cq, g_cq, s);
+	} else {
+		grpc_call_details_init(&s->cd);
+		e = grpc_server_request_call(g_server, &s->call, &s->cd, &s->md, g_cq, g_cq, s);
+		if (e != GRPC_CALL_OK)
+			grpc_call_details_destroy(&s->cd);
+	}
+	if (e != GRPC_CALL_OK) {
+		log_err(MOD, "request_call %s: %d", s->m ? s->m->path : "(other methods)", (int)e);
+		grpc_metadata_array_destroy(&s->md);
+		return -EIO;
+	}
+	return 0;
+}
+
+static void slot_release(struct slot *s)
+{
+	if (s->payload)
+		grpc_byte_buffer_destroy(s->payload);
+	if (s->out)
+		grpc_byte_buffer_destroy(s->out);
+	if (s->replying)
+		grpc_slice_unref(s->details);
+	if (s->call)
+		grpc_call_unref(s->call);
+	grpc_metadata_array_destroy(&s->md);
+	if (!s->m)
+		grpc_call_details_destroy(&s->cd);
+	s->payload = s->out = NULL;
+	s->call = NULL;
+	s->replying = false;
+}
+
+/* A call arrived on s: run its handler, send the whole answer. */
+static void slot_serve(struct slot *s)
+{
+	struct reply r = { .code = GRPC_STATUS_OK };
+	ProtobufCBinaryData in = { 0, NULL };
+	grpc_byte_buffer_reader rd;
+	grpc_slice req = grpc_empty_slice();
+	grpc_op ops[4];
+	size_t nops = 0;
+	grpc_call_error e;
+
+	if (s->payload && grpc_byte_buffer_reader_init(&rd, s->payload)) {
+		req = grpc_byte_buffer_reader_readall(&rd);
+		grpc_byte_buffer_reader_destroy(&rd);
+	}
+	in.len = GRPC_SLICE_LENGTH(req);
+	in.data = GRPC_SLICE_START_PTR(req);
+	if (s->m)
+		s->m->fn(&in, &r);
+	else
+		status(&r, GRPC_STATUS_UNIMPLEMENTED, "unknown method %.*s",
+		       (int)GRPC_SLICE_LENGTH(s->cd.method),
+		       (const char *)GRPC_SLICE_START_PTR(s->cd.method));
+	grpc_slice_unref(req);
+	if (r.code == GRPC_STATUS_OK && r.resp) {
+		size_t len = protobuf_c_message_get_packed_size(r.resp);
+		grpc_slice sl = grpc_slice_malloc(len);
+		protobuf_c_message_pack(r.resp, GRPC_SLICE_START_PTR(sl));
+		s->out = grpc_raw_byte_buffer_create(&sl, 1);
+		grpc_slice_unref(sl);
+	} else if (r.code == GRPC_STATUS_OK) {
+		status(&r, GRPC_STATUS_INTERNAL, "no response");
+	}
+	if (r.code != GRPC_STATUS_OK)
+		log_dbg(MOD, "%s -> status %d: %s", s->m ? s->m->path : "(other)", (int)r.code, r.msg);
+	s->details = grpc_slice_from_copied_string(r.msg);
+	s->replying = true;
+	memset(ops, 0, sizeof(ops));
+	ops[nops].op = GRPC_OP_SEND_INITIAL_METADATA;
+	nops++;
+	if (s->out) {
+		ops[nops].op = GRPC_OP_SEND_MESSAGE;
+		ops[nops].data.send_message.send_message = s->out;
+		nops++;
+	}
+	ops[nops].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+	ops[nops].data.send_status_from_server.status = r.code;
+	ops[nops].data.send_status_from_server.status_details = r.msg[0] ? &s->details : NULL;
+	nops++;
+	ops[nops].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+	ops[nops].data.recv_close_on_server.cancelled = &s->cancelled;
+	nops++;
+	e = grpc_call_start_batch(s->call, ops, nops, s, NULL);
+	if (e != GRPC_CALL_OK) {
+		log_err(MOD, "%s: start_batch: %d", s->m ? s->m->path : "(other)", (int)e);
+		slot_release(s);
+		slot_request(s);
+	}
+}
+
+static void *poller(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		grpc_event ev = grpc_completion_queue_next(g_cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+		struct slot *s;
+
+		if (ev.type == GRPC_QUEUE_SHUTDOWN)
+			break;
+		if (ev.type != GRPC_OP_COMPLETE)
+			continue;
+		if (ev.tag == &g_shutdown_tag) {
+			/* every call is finished: let all pollers out */
+			grpc_completion_queue_shutdown(g_cq);
+			continue;
+		}
+		s = ev.tag;
+		if (!s->replying) {
+			if (!ev.success || g_stopping) {
+				/* shutting down, or the request itself failed: a slot
+				 * not asked again would be lost for good */
+				slot_release(s);
+				if (!g_stopping)
+					slot_request(s);
+				continue;
+			}
+			slot_serve(s);
+		} else {
+			slot_release(s);
+			if (!g_stopping)
+				slot_request(s);
+		}
+	}
+	return NULL;
+}
+
+/* gRPC core's own messages go through our log, so --log-format json holds
+ * for every line. Its ERRORs are mostly a client gone mid-call: WARN. */
+static void grpc_log(gpr_log_func_args *a)
+{
+	enum log_level lvl = a->severity == GPR_LOG_SEVERITY_ERROR ? LOG_WARN : LOG_DEBUG;
+
+	if (lvl == LOG_DEBUG && log_get_level() < LOG_DEBUG)
+		return;
+	log_msg(lvl, "grpc", "%s (%s:%d)", a->message, a->file, a->line);
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: mtcfs-csi --endpoint unix:///csi/csi.sock --node-id NODE [options]\n"
+		"  --config FILE        CheckpointConfiguration (or its spec) as YAML/JSON\n"
+		"  --ram-root DIR       the node's RAM tier (tmpfs mounted here; default /var/lib/mtcfs/ram)\n"
+		"  --state-dir DIR      per-job mounts and logs (default /var/lib/mtcfs/jobs)\n"
+		"  --node-address ADDR  peer listen address of the job mounts (default $NODE_IP or 127.0.0.1)\n"
+		"  --mtcfs PATH         the mtcfs binary (default: mtcfs on PATH)\n"
+		"  --no-tmpfs           use --ram-root as it is, mount nothing there\n"
+		"  --release            unmount the job mounts and the RAM tier (frees the node's\n"
+		"                       checkpoint RAM, data included) and exit; no driver may run\n"
+		"  --log-format FMT     text (default) or json (also for the job mounts)\n"
+		"  -d                   debug log (also for the job mounts)\n"
+		"  --version\n");
+}
+
+int main(int argc, char **argv)
+{
+	const char *endpoint = NULL, *cfg_path = NULL;
+	struct csi_node_opts o = {
+		.ram_root = "/var/lib/mtcfs/ram", .state_dir = "/var/lib/mtcfs/jobs",
+		.mtcfs_bin = "mtcfs",
+	};
+	struct csi_cfg cfg;
+	char err[ERR_MAX], addr[PATH_MAX + 8];
+	const char *sock;
+	pthread_t th[RPC_THREADS];
+	size_t nth = 0;
+	sigset_t sigs;
+	int rc = 1, sig;
+	bool release = false;
+	grpc_server_credentials *creds = NULL;
+
+	csi_cfg_init(&cfg);
+	o.node_address = getenv("NODE_IP") && *getenv("NODE_IP") ? getenv("NODE_IP") : "127.0.0.1";
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(name, dst) if (!strcmp(a, name)) { if (!v) goto bad; dst = v; i++; continue; }
+		ARG("--endpoint", endpoint);
+		ARG("--node-id", o.node_id);
+		ARG("--config", cfg_path);
+		ARG("--ram-root", o.ram_root);
+		ARG("--state-dir", o.state_dir);
+		ARG("--node-address", o.node_address);
+		ARG("--mtcfs", o.mtcfs_bin);
+#undef ARG
+		if (!strcmp(a, "--log-format") && v) {
+			if (log_set_format_name(v) < 0)
+				goto bad;
+			o.log_json = !strcmp(v, "json");
+			i++;
+		} else if (!strcmp(a, "--release")) {
+			release = true;
+		} else if (!strcmp(a, "--no-tmpfs")) {
+			o.no_tmpfs = true;
+		} else if (!strcmp(a, "-d")) {
+			o.debug = true;
+			log_set_level(LOG_DEBUG);
+		} else if (!strcmp(a, "--version")) {
+			printf("mtcfs-csi %s (%s)\n", MTCFS_VERSION, DRIVER_NAME);
+			return 0;
+		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			usage(stdout);
+			return 0;
+		} else {
+			goto bad;
+		}
+	}
+	if (o.ram_root[0] != '/' || o.state_dir[0] != '/') {
+		fprintf(stderr, "mtcfs-csi: --ram-root and --state-dir must be absolute\n");
+		return 2;
+	}
+	if (release) {
+		if (csi_node_release(&o, err, sizeof(err)) < 0) {
+			log_err(MOD, "release: %s", err);
+			return 1;
+		}
+		return 0;
+	}
+	if (!endpoint || !o.node_id || !*o.node_id)
+		goto bad;
+	sock = !strncmp(endpoint, "unix://", 7) ? endpoint + 7 : endpoint;
+	if (sock[0] != '/') {
+		fprintf(stderr, "mtcfs-csi: --endpoint %s: expected unix:///ABS/PATH\n", endpoint);
+		return 2;
+	}
+	if (cfg_path && csi_cfg_load(&cfg, cfg_path, err, sizeof(err)) < 0) {
+		log_err(MOD, "config %s: %s", cfg_path, err);
+		csi_cfg_free(&cfg);     /* what parsed before the bad key */
+		return 2;
+	}
+	if (cfg.n_gcsfuse_opts)
+		log_info(MOD, "config: %zu gcsFuseMountOptions ignored (mtcfs talks to Cloud Storage itself)",
+			 cfg.n_gcsfuse_opts);
+	if (!cfg.bucket)
+		log_info(MOD, "config: no cloudStorageBucketName: the job mounts have no backup tier");
+	o.cfg = &cfg;
+	g_node_id = o.node_id;
+
+	/* signals go to sigwait below, never to the gRPC or job threads */
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (csi_node_create(&o, &g_node, err, sizeof(err)) < 0) {
+		log_err(MOD, "%s", err);
+		goto out_cfg;
+	}
+	gpr_set_log_function(grpc_log);
+	grpc_init();
+	g_cq = grpc_completion_queue_create_for_next(NULL);
+	g_server = grpc_server_create(NULL, NULL);
+	grpc_server_register_completion_queue(g_server, g_cq, NULL);
+	for (size_t i = 0; i < N_METHODS; i++) {
+		methods[i].reg = grpc_server_register_method(g_server, methods[i].path, NULL,
+							     GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+		if (!methods[i].reg) {
+			log_err(MOD, "cannot register %s", methods[i].path);
+			goto out_grpc;
+		}
+	}
+	if (unlink(sock) < 0 && errno != ENOENT) {
+		log_err(MOD, "remove stale socket %s: %s", sock, strerror(errno));
+		goto out_grpc;
+	}
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	creds = grpc_insecure_server_credentials_create();
+	if (!grpc_server_add_http2_port(g_server, addr, creds)) {
+		log_err(MOD, "cannot listen on %s", addr);
+		goto out_grpc;
+	}
+	grpc_server_start(g_server);
+	for (size_t i = 0; i < sizeof(g_slots) / sizeof(g_slots[0]); i++) {
+		struct slot *s = &g_slots[i];
+		s->m = i < N_METHODS * CALLS_PER_METHOD ? &methods[i / CALLS_PER_METHOD] : NULL;
+		if (slot_request(s) < 0)
+			goto out_stop;
+	}
+	for (; nth < RPC_THREADS; nth++)
+		if (pthread_create(&th[nth], NULL, poller, NULL) != 0) {
+			log_err(MOD, "pthread_create failed");
+			goto out_stop;
+		}
+	log_info(MOD, "%s %s serving on %s node_id=%s ram_root=%s state_dir=%s", DRIVER_NAME,
+		 MTCFS_VERSION, addr, o.node_id, o.ram_root, o.state_dir);
+	do {
+		if (sigwait(&sigs, &sig) != 0)
+			sig = SIGTERM;
+	} while (sig != SIGTERM && sig != SIGINT);
+	log_info(MOD, "signal %d: stopping", sig);
+	rc = 0;
+out_stop:
+	g_stopping = 1;
+	grpc_server_shutdown_and_notify(g_server, g_cq, &g_shutdown_tag);
+	grpc_server_cancel_all_calls(g_server);
+	if (nth) {
+		/* a poller shuts the queue down when the shutdown tag arrives */
+		for (size_t i = 0; i < nth; i++)
+			pthread_join(th[i], NULL);
+	} else {
+		for (;;) {
+			grpc_event ev = grpc_completion_queue_next(g_cq,
+				gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+			if (ev.type == GRPC_QUEUE_SHUTDOWN)
+				break;
+			if (ev.type == GRPC_OP_COMPLETE && ev.tag == &g_shutdown_tag)
+				grpc_completion_queue_shutdown(g_cq);
+			else if (ev.type == GRPC_OP_COMPLETE)
+				slot_release(ev.tag);
+		}
+	}
+out_grpc:
+	if (g_server)
+		grpc_server_destroy(g_server);
+	if (g_cq)
+		grpc_completion_queue_destroy(g_cq);
+	if (creds)
+		grpc_server_credentials_release(creds);
+	grpc_shutdown();
+	csi_node_destroy(g_node);
+	unlink(sock);
+out_cfg:
+	csi_cfg_free(&cfg);
+	return rc;
+bad:
+	usage(stderr);
+	return 2;
+}

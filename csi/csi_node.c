@@ -1,0 +1,813 @@
+/* csi_node.c: RAM tier, job mounts and bind mounts (csi.md "Behaviour").
+ *
+ * Lock: mu (one, taken by publish/unpublish for their whole run; a first
+ * publish holds it while its mtcfs starts, a few seconds). Nothing else
+ * is shared between RPC threads. */
+#include "csi/csi_node.h"
+#include "common/log.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MOD "csi"
+#define TMPFS_MAGIC_ 0x01021994
+#define JOB_READY_MS 30000
+#define JOB_STOP_MS 20000
+#define OPTS_MAX 4096
+
+struct job {
+	char key[160];              /* <namespace>.<job> */
+	char ramdir[PATH_MAX];
+	char mnt[PATH_MAX];
+	char log[PATH_MAX];
+	pid_t pid;                  /* -1: not started by us (or exited) */
+	bool adopted;               /* serving mount found, not started by us */
+	pthread_t pump;             /* its log thread, joined once pid is reaped */
+	bool has_pump;
+	unsigned rank;
+	unsigned peer_port;         /* its listen port; 0 while not running */
+	unsigned metrics_port;      /* its /metrics port; 0: none */
+	char **targets;             /* published targets (this driver's life) */
+	size_t n_targets;
+	struct job *next;
+};
+
+struct csi_node {
+	struct csi_node_opts o;
+	pthread_mutex_t mu;
+	struct job *jobs;           /* protected by mu */
+};
+
+static int fail(char *err, size_t cap, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t cap, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, cap, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+static void sleep_ms(unsigned ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* mkdir -p, iteratively over the path's components. */
+static int mkdirs(const char *path, mode_t mode)
+{
+	char buf[PATH_MAX];
+	size_t n = strlen(path);
+
+	if (n == 0 || n >= sizeof(buf))
+		return -ENAMETOOLONG;
+	memcpy(buf, path, n + 1);
+	for (size_t i = 1; i <= n; i++) {
+		if (buf[i] != '/' && buf[i] != 0)
+			continue;
+		char c = buf[i];
+		buf[i] = 0;
+		if (mkdir(buf, mode) < 0 && errno != EEXIST)
+			return -errno;
+		buf[i] = c;
+	}
+	return 0;
+}
+
+/* 1 when path is a mount point (its device differs from its parent's),
+ * 0 when not, -errno when it cannot be looked at (-ENOTCONN: a FUSE mount
+ * whose daemon is gone). *dev gets the device of path. */
+static int mount_point(const char *path, dev_t *dev)
+{
+	char parent[PATH_MAX + 4];
+	struct stat a, b;
+
+	if (stat(path, &a) < 0)
+		return -errno;
+	snprintf(parent, sizeof(parent), "%s/..", path);
+	if (stat(parent, &b) < 0)
+		return -errno;
+	if (dev)
+		*dev = a.st_dev;
+	return a.st_dev != b.st_dev || a.st_ino == b.st_ino;
+}
+
+static int ram_tier(struct csi_node *n, char *err, size_t cap)
+{
+	const struct csi_cfg *c = n->o.cfg;
+	char opts[128];
+	struct statfs sf;
+	int rc;
+
+	rc = mkdirs(n->o.ram_root, 0700);
+	if (rc < 0)
+		return fail(err, cap, rc, "mkdir %s: %s", n->o.ram_root, strerror(-rc));
+	if (n->o.no_tmpfs)
+		return 0;
+	rc = mount_point(n->o.ram_root, NULL);
+	if (rc == 1 && statfs(n->o.ram_root, &sf) == 0 && sf.f_type == TMPFS_MAGIC_) {
+		/* a driver restart: the tmpfs and its RAMDIRs are the node's data */
+		log_info(MOD, "RAM tier %s: tmpfs already mounted, kept", n->o.ram_root);
+		return 0;
+	}
+	if (rc == 1)
+		return fail(err, cap, -EEXIST, "%s is a mount point but not a tmpfs", n->o.ram_root);
+	if (c->ram_bytes)
+		snprintf(opts, sizeof(opts), "huge=always,mode=0700,size=%llu",
+			 (unsigned long long)c->ram_bytes);
+	else
+		snprintf(opts, sizeof(opts), "huge=always,mode=0700");
+	if (mount("mtcfs-ram", n->o.ram_root, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
+		rc = -errno;
+		if (rc != -EINVAL)
+			return fail(err, cap, rc, "mount tmpfs on %s: %s", n->o.ram_root, strerror(-rc));
+		/* a kernel without transparent huge pages for shmem refuses huge= */
+		log_warn(MOD, "tmpfs huge=always refused (no THP for shmem?): mounting without it");
+		if (c->ram_bytes)
+			snprintf(opts, sizeof(opts), "mode=0700,size=%llu",
+				 (unsigned long long)c->ram_bytes);
+		else
+			snprintf(opts, sizeof(opts), "mode=0700");
+		if (mount("mtcfs-ram", n->o.ram_root, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
+			rc = -errno;
+			return fail(err, cap, rc, "mount tmpfs on %s: %s", n->o.ram_root, strerror(-rc));
+		}
+	}
+	log_info(MOD, "RAM tier mounted at %s (tmpfs %s)", n->o.ram_root, opts);
+	return 0;
+}
+
+int csi_node_create(const struct csi_node_opts *o, struct csi_node **out, char *err, size_t errcap)
+{
+	struct csi_node *n;
+	int rc;
+
+	*out = NULL;
+	n = calloc(1, sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	n->o = *o;
+	pthread_mutex_init(&n->mu, NULL);
+	rc = mkdirs(o->state_dir, 0755);
+	if (rc < 0) {
+		fail(err, errcap, rc, "mkdir %s: %s", o->state_dir, strerror(-rc));
+		goto out;
+	}
+	rc = ram_tier(n, err, errcap);
+out:
+	if (rc < 0) {
+		pthread_mutex_destroy(&n->mu);
+		free(n);
+		return rc;
+	}
+	*out = n;
+	return 0;
+}
+
+/* The job's mtcfs has exited? Reaps it; an exit we did not ask for
+ * (stopping false) is a warning. */
+/* The job's mtcfs is gone (reaped): free its ports; its log thread sees
+ * EOF now, so joining it waits only for the last lines to be copied. */
+static void job_reaped(struct job *j)
+{
+	j->pid = -1;
+	j->peer_port = j->metrics_port = 0;
+	if (j->has_pump) {
+		pthread_join(j->pump, NULL);
+		j->has_pump = false;
+	}
+}
+
+static bool job_exited_(struct job *j, bool stopping)
+{
+	int st;
+
+	if (j->pid <= 0)
+		return true;
+	if (waitpid(j->pid, &st, WNOHANG) == j->pid) {
+		log_msg(stopping && WIFEXITED(st) && !WEXITSTATUS(st) ? LOG_INFO : LOG_WARN, MOD,
+			"job %s: mtcfs pid %d exited (%s %d); see %s", j->key, (int)j->pid,
+			WIFEXITED(st) ? "status" : "signal",
+			WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), j->log);
+		job_reaped(j);
+		return true;
+	}
+	return false;
+}
+
+static bool job_exited(struct job *j)
+{
+	return job_exited_(j, false);
+}
+
+/* Is the job's mount up (a FUSE mount on j->mnt that answers)? */
+static bool job_mounted(struct job *j)
+{
+	return mount_point(j->mnt, NULL) == 1;
+}
+
+static void job_stop(struct job *j)
+{
+	uint64_t end;
+
+	if (j->pid > 0) {
+		kill(j->pid, SIGTERM);
+		end = now_ms() + JOB_STOP_MS;
+		while (!job_exited_(j, true) && now_ms() < end)
+			sleep_ms(20);
+		if (j->pid > 0) {
+			log_warn(MOD, "job %s: mtcfs pid %d did not stop in %d s: killed", j->key,
+				 (int)j->pid, JOB_STOP_MS / 1000);
+			kill(j->pid, SIGKILL);
+			waitpid(j->pid, NULL, 0);
+			job_reaped(j);
+		}
+	}
+	/* a killed daemon leaves its mount behind (ENOTCONN) */
+	if (mount_point(j->mnt, NULL) != 0)
+		umount2(j->mnt, MNT_DETACH);
+}
+
+static void job_free(struct job *j)
+{
+	for (size_t i = 0; i < j->n_targets; i++)
+		free(j->targets[i]);
+	free(j->targets);
+	free(j);
+}
+
+void csi_node_destroy(struct csi_node *n)
+{
+	struct job *j, *next;
+
+	if (!n)
+		return;
+	pthread_mutex_lock(&n->mu);
+	for (j = n->jobs; j; j = next) {
+		next = j->next;
+		if (j->pid > 0) {
+			log_info(MOD, "job %s: stopping its mtcfs (RAM tier kept)", j->key);
+			job_stop(j);
+		}
+		job_free(j);
+	}
+	n->jobs = NULL;
+	pthread_mutex_unlock(&n->mu);
+	pthread_mutex_destroy(&n->mu);
+	free(n);
+}
+
+/* Append ",word" (or "word" first) to opts; -ENAMETOOLONG when full. */
+static int opt_add(char *opts, size_t cap, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int opt_add(char *opts, size_t cap, const char *fmt, ...)
+{
+	size_t len = strlen(opts);
+	va_list ap;
+	int w;
+
+	if (len && len + 1 < cap)
+		opts[len++] = ',';
+	va_start(ap, fmt);
+	w = vsnprintf(opts + len, cap - len, fmt, ap);
+	va_end(ap);
+	return w < 0 || (size_t)w >= cap - len ? -ENAMETOOLONG : 0;
+}
+
+static int host_port(char *out, size_t cap, const char *host, unsigned port)
+{
+	int w = strchr(host, ':') ? snprintf(out, cap, "[%s]:%u", host, port)
+				  : snprintf(out, cap, "%s:%u", host, port);
+	return w < 0 || (size_t)w >= cap ? -ENAMETOOLONG : 0;
+}
+
+/* The lowest port from base up that no other running job of this node
+ * serves /metrics on: metrics are scraped per node, so the ports need not
+ * agree across nodes (unlike the peer port). */
+static unsigned metrics_port_for(struct csi_node *n, const struct job *self, unsigned base)
+{
+	for (unsigned port = base; port <= 65535; port++) {
+		bool used = false;
+		for (struct job *j = n->jobs; j && !used; j = j->next)
+			used = j != self && j->metrics_port == port && !job_exited(j);
+		if (!used)
+			return port;
+	}
+	return 0;
+}
+
+static int job_options(struct csi_node *n, struct job *self, const struct csi_pod *p,
+		       char *opts, size_t cap)
+{
+	const struct csi_cfg *c = n->o.cfg;
+	unsigned port = p->peer_port ? p->peer_port : c->peer_port;
+	char hp[300], coord[CSI_NAME_MAX + 64];
+	int rc;
+
+	opts[0] = 0;
+	if ((rc = host_port(hp, sizeof(hp), n->o.node_address, port)) < 0 ||
+	    (rc = csi_pod_coordinator(p, port, coord, sizeof(coord))) < 0)
+		return rc;
+	rc = opt_add(opts, cap, "listen=%s", hp);
+	if (!rc)
+		rc = opt_add(opts, cap, "coordinator=%s", coord);
+	if (!rc)
+		rc = opt_add(opts, cap, "rank=%u", p->rank);
+	if (!rc && p->ram_size[0])
+		rc = opt_add(opts, cap, "ram_size=%s", p->ram_size);
+	if (!rc && c->bucket)
+		rc = opt_add(opts, cap, "bucket=%s", c->bucket);
+	if (!rc && c->secret_file)
+		rc = opt_add(opts, cap, "secret_file=%s", c->secret_file);
+	if (!rc && c->gcs_key_file)
+		rc = opt_add(opts, cap, "gcs_key_file=%s", c->gcs_key_file);
+	if (!rc && c->gcs_endpoint)
+		rc = opt_add(opts, cap, "gcs_endpoint=%s", c->gcs_endpoint);
+	if (!rc && c->restore_timeout)
+		rc = opt_add(opts, cap, "restore_timeout=%u", c->restore_timeout);
+	self->metrics_port = c->metrics_port ? metrics_port_for(n, self, c->metrics_port) : 0;
+	if (!rc && self->metrics_port) {
+		rc = host_port(hp, sizeof(hp), n->o.node_address, self->metrics_port);
+		if (!rc)
+			rc = opt_add(opts, cap, "metrics=%s", hp);
+	}
+	if (!rc && n->o.log_json)
+		rc = opt_add(opts, cap, "log_format=json");
+	for (size_t i = 0; !rc && i < c->n_mount_opts; i++)
+		rc = opt_add(opts, cap, "%s", c->mount_opts[i]);
+	return rc;
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+	while (n) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return;         /* a log that cannot be written is not fatal */
+		p += w;
+		n -= (size_t)w;
+	}
+}
+
+struct pump {
+	int in;                     /* read end of the job's stdout+stderr */
+	int file;                   /* its mtcfs.log */
+};
+
+/* One thread per job mount, for its life: copies the mtcfs output to its
+ * log file and, whole lines at a time so jobs never interleave inside a
+ * line, to the driver's stderr (kubectl logs, Cloud Logging). Ends at EOF
+ * (the mtcfs exited); owns and closes both fds. */
+static void *pump_run(void *arg)
+{
+	struct pump *pu = arg;
+	char buf[65536];
+	size_t have = 0;
+
+	for (;;) {
+		ssize_t r = read(pu->in, buf + have, sizeof(buf) - have);
+		size_t upto;
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		write_all(pu->file, buf + have, (size_t)r);
+		have += (size_t)r;
+		for (upto = have; upto > 0 && buf[upto - 1] != '\n'; upto--)
+			;
+		if (!upto && have == sizeof(buf))
+			upto = have;    /* a line longer than the buffer: let it go in pieces */
+		write_all(2, buf, upto);
+		memmove(buf, buf + upto, have - upto);
+		have -= upto;
+	}
+	if (have)
+		write_all(2, buf, have);
+	close(pu->in);
+	close(pu->file);
+	free(pu);
+	return NULL;
+}
+
+/* Start the job's mtcfs and wait until its mount answers. Called with mu
+ * held. */
+static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
+		     char *err, size_t cap)
+{
+	char opts[OPTS_MAX];
+	char *argv[8];
+	int argc = 0, logfd = -1, rc, out[2];
+	struct pump *pu;
+
+	unsigned port;
+	uint64_t end;
+	pid_t pid;
+
+	port = p->peer_port ? p->peer_port : n->o.cfg->peer_port;
+	for (struct job *o = n->jobs; o; o = o->next)
+		if (o != j && o->peer_port == port && !job_exited(o))
+			/* every node of a job must agree on rank 0's port, so the
+			 * driver cannot pick another one by itself */
+			return fail(err, cap, -EBUSY, "job %s: peer port %u is used by job %s on this "
+				    "node: give one of the JobSets another peerPort volume attribute",
+				    j->key, port, o->key);
+	rc = job_options(n, j, p, opts, sizeof(opts));
+	if (rc < 0)
+		return fail(err, cap, -EINVAL, "job %s: mount options too long", j->key);
+	if ((rc = mkdirs(j->ramdir, 0700)) < 0 || (rc = mkdirs(j->mnt, 0755)) < 0)
+		return fail(err, cap, rc, "job %s: mkdir: %s", j->key, strerror(-rc));
+	/* a mount left by a daemon that died (ENOTCONN) would fail the new one */
+	if (mount_point(j->mnt, NULL) != 0)
+		umount2(j->mnt, MNT_DETACH);
+	logfd = open(j->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+	if (logfd < 0)
+		return fail(err, cap, -errno, "job %s: %s: %s", j->key, j->log, strerror(errno));
+	pu = malloc(sizeof(*pu));
+	if (!pu || pipe2(out, O_CLOEXEC) < 0) {
+		rc = pu ? -errno : -ENOMEM;
+		free(pu);
+		close(logfd);
+		return fail(err, cap, rc, "job %s: log pipe: %s", j->key, strerror(-rc));
+	}
+	argv[argc++] = (char *)n->o.mtcfs_bin;
+	argv[argc++] = "-f";
+	if (n->o.debug)
+		argv[argc++] = "-d";
+	argv[argc++] = "-o";
+	argv[argc++] = opts;
+	argv[argc++] = j->ramdir;
+	argv[argc++] = j->mnt;
+	argv[argc] = NULL;
+	log_info(MOD, "job %s: starting mtcfs rank=%u: %s -f -o %s %s %s", j->key, p->rank,
+		 n->o.mtcfs_bin, opts, j->ramdir, j->mnt);
+	pid = fork();
+	if (pid < 0) {
+		rc = -errno;
+		close(logfd);
+		close(out[0]);
+		close(out[1]);
+		free(pu);
+		return fail(err, cap, rc, "job %s: fork: %s", j->key, strerror(-rc));
+	}
+	if (pid == 0) {
+		/* no orphan mounts: the job mount ends with the driver (the RAM
+		 * tier does not) */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		dup2(out[1], 1);
+		dup2(out[1], 2);
+		int nullfd = open("/dev/null", O_RDONLY);
+		if (nullfd >= 0)
+			dup2(nullfd, 0);
+		sigset_t none;
+		sigemptyset(&none);
+		pthread_sigmask(SIG_SETMASK, &none, NULL);
+		execvp(argv[0], argv);
+		dprintf(2, "mtcfs-csi: exec %s: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	close(out[1]);
+	pu->in = out[0];
+	pu->file = logfd;
+	rc = pthread_create(&j->pump, NULL, pump_run, pu);
+	if (rc != 0) {
+		/* nobody would read its output: it would block on a full pipe */
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		close(out[0]);
+		close(logfd);
+		free(pu);
+		return fail(err, cap, -rc, "job %s: no log thread: %s", j->key, strerror(rc));
+	}
+	j->has_pump = true;
+	j->pid = pid;
+	j->rank = p->rank;
+	j->peer_port = port;
+	end = now_ms() + JOB_READY_MS;
+	for (;;) {
+		if (job_mounted(j))
+			break;
+		if (job_exited(j))
+			return fail(err, cap, -EIO, "job %s: mtcfs exited before mounting; see %s",
+				    j->key, j->log);
+		if (now_ms() >= end) {
+			job_stop(j);
+			return fail(err, cap, -EIO, "job %s: mtcfs not mounted after %d s; see %s",
+				    j->key, JOB_READY_MS / 1000, j->log);
+		}
+		sleep_ms(10);
+	}
+	/* the trainer may run as any uid: the root is open like an emptyDir's
+	 * (0777); mtcfs gives new entries the caller's uid. Not persisted by
+	 * mtcfs, so set on every start. */
+	if (chmod(j->mnt, 0777) < 0)
+		log_warn(MOD, "job %s: chmod 0777 %s: %s", j->key, j->mnt, strerror(errno));
+	log_info(MOD, "job %s: mounted at %s (RAMDIR %s, rank %u)", j->key, j->mnt, j->ramdir,
+		 p->rank);
+	return 0;
+}
+
+static struct job *job_find(struct csi_node *n, const char *key)
+{
+	for (struct job *j = n->jobs; j; j = j->next)
+		if (!strcmp(j->key, key))
+			return j;
+	return NULL;
+}
+
+static int job_new(struct csi_node *n, const struct csi_pod *p, struct job **out)
+{
+	struct job *j = calloc(1, sizeof(*j));
+	int w1, w2, w3, w4;
+
+	if (!j)
+		return -ENOMEM;
+	w1 = snprintf(j->key, sizeof(j->key), "%s.%s", p->namespace_, p->job);
+	w2 = snprintf(j->ramdir, sizeof(j->ramdir), "%s/%s", n->o.ram_root, j->key);
+	w3 = snprintf(j->mnt, sizeof(j->mnt), "%s/%s/mnt", n->o.state_dir, j->key);
+	w4 = snprintf(j->log, sizeof(j->log), "%s/%s/mtcfs.log", n->o.state_dir, j->key);
+	if (w1 < 0 || (size_t)w1 >= sizeof(j->key) || w2 < 0 || (size_t)w2 >= sizeof(j->ramdir) ||
+	    w3 < 0 || (size_t)w3 >= sizeof(j->mnt) || w4 < 0 || (size_t)w4 >= sizeof(j->log)) {
+		free(j);
+		return -ENAMETOOLONG;
+	}
+	j->pid = -1;
+	j->rank = p->rank;
+	j->next = n->jobs;
+	n->jobs = j;
+	*out = j;
+	return 0;
+}
+
+static ssize_t target_index(const struct job *j, const char *target)
+{
+	for (size_t i = 0; i < j->n_targets; i++)
+		if (!strcmp(j->targets[i], target))
+			return (ssize_t)i;
+	return -1;
+}
+
+static int target_add(struct job *j, const char *target)
+{
+	char **t;
+
+	if (target_index(j, target) >= 0)
+		return 0;
+	t = realloc(j->targets, (j->n_targets + 1) * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	j->targets = t;
+	t[j->n_targets] = strdup(target);
+	if (!t[j->n_targets])
+		return -ENOMEM;
+	j->n_targets++;
+	return 0;
+}
+
+static void target_remove(struct csi_node *n, const char *target)
+{
+	for (struct job *j = n->jobs; j; j = j->next) {
+		ssize_t i = target_index(j, target);
+		if (i < 0)
+			continue;
+		free(j->targets[i]);
+		j->targets[i] = j->targets[--j->n_targets];
+	}
+}
+
+/* The job's mount, started (or restarted) as needed. Called with mu held. */
+static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **out,
+		      char *err, size_t cap)
+{
+	char key[160];
+	struct job *j;
+	int rc;
+
+	snprintf(key, sizeof(key), "%s.%s", p->namespace_, p->job);
+	j = job_find(n, key);
+	if (!j) {
+		rc = job_new(n, p, &j);
+		if (rc < 0)
+			return fail(err, cap, rc, "job %s: %s", key, strerror(-rc));
+	}
+	*out = j;
+	if (j->pid <= 0 && !j->adopted && job_mounted(j)) {
+		/* a live mount we did not start (a daemon that outlived an earlier
+		 * driver): use it rather than fight it for the RAMDIR's lock */
+		log_warn(MOD, "job %s: adopting the mount already at %s (rank assumed %u)", j->key,
+			 j->mnt, p->rank);
+		j->adopted = true;
+		j->rank = p->rank;
+	}
+	if ((j->adopted || !job_exited(j)) && job_mounted(j)) {
+		if (j->rank == p->rank)
+			return 0;
+		if (j->adopted)
+			return fail(err, cap, -EBUSY, "job %s: the adopted mount at %s is not ours to "
+				    "restart for rank %u", j->key, j->mnt, p->rank);
+		/* rank= fixes a mount's identity; a pod of another rank on this
+		 * node (the restarted JobSet placed ranks differently) gets the
+		 * same RAMDIR under a restarted daemon, once nobody uses it */
+		if (j->n_targets)
+			return fail(err, cap, -EBUSY,
+				    "job %s runs as rank %u on this node and is published at %s; "
+				    "pod %s wants rank %u", j->key, j->rank, j->targets[0], p->pod, p->rank);
+		log_info(MOD, "job %s: rank %u -> %u: restarting its mtcfs on the same RAMDIR",
+			 j->key, j->rank, p->rank);
+		job_stop(j);
+	} else if (j->pid > 0) {
+		job_stop(j);    /* running but not answering */
+	}
+	j->adopted = false;
+	return job_start(n, j, p, err, cap);
+}
+
+static int bind_target(struct job *j, const char *target, bool ro, char *err, size_t cap)
+{
+	dev_t tdev = 0, jdev = 0;
+	int rc;
+
+	/* the bind covers target's own mode; parents kubelet did not make
+	 * must let the pod's uid through */
+	rc = mkdirs(target, 0755);
+	if (rc < 0)
+		return fail(err, cap, rc, "mkdir %s: %s", target, strerror(-rc));
+	rc = mount_point(target, &tdev);
+	if (rc == -ENOTCONN) {
+		/* a bind of a job mount whose daemon died: replace it */
+		umount2(target, MNT_DETACH);
+		rc = mount_point(target, &tdev);
+	}
+	if (rc < 0)
+		return fail(err, cap, rc, "%s: %s", target, strerror(-rc));
+	if (mount_point(j->mnt, &jdev) != 1)
+		return fail(err, cap, -EIO, "job %s: mount gone; see %s", j->key, j->log);
+	if (rc == 1) {
+		struct statvfs sv;
+
+		if (tdev != jdev)
+			return fail(err, cap, -EEXIST, "%s already holds another mount", target);
+		/* published already: the same volume again is fine, the same
+		 * volume with the other readonly flag is not (CSI: ALREADY_EXISTS) */
+		if (statvfs(target, &sv) == 0 && !!(sv.f_flag & ST_RDONLY) != ro)
+			return fail(err, cap, -EEXIST, "%s is already published %s", target,
+				    ro ? "read-write" : "read-only");
+		return 0;
+	}
+	if (mount(j->mnt, target, NULL, MS_BIND, NULL) < 0)
+		return fail(err, cap, -errno, "bind %s on %s: %s", j->mnt, target, strerror(errno));
+	if (ro && mount(NULL, target, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) < 0) {
+		rc = -errno;
+		umount2(target, MNT_DETACH);
+		return fail(err, cap, rc, "read-only remount of %s: %s", target, strerror(-rc));
+	}
+	return 0;
+}
+
+int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err, size_t errcap)
+{
+	struct csi_pod p;
+	struct job *j = NULL;
+	int rc;
+
+	err[0] = 0;
+	if (rq->target[0] != '/' || strstr(rq->target, "/../") || strlen(rq->target) >= PATH_MAX - 8)
+		return fail(err, errcap, -EINVAL, "target_path %s: expected an absolute path", rq->target);
+	rc = csi_pod_parse(&p, rq->ctx, rq->n_ctx, err, errcap);
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&n->mu);
+	rc = job_ensure(n, &p, &j, err, errcap);
+	if (rc == 0)
+		rc = bind_target(j, rq->target, rq->readonly, err, errcap);
+	if (rc == 0)
+		rc = target_add(j, rq->target);
+	pthread_mutex_unlock(&n->mu);
+	if (rc == 0)
+		log_info(MOD, "published volume %s of job %s (pod %s, rank %u) at %s%s", rq->volume_id,
+			 j->key, p.pod[0] ? p.pod : "-", p.rank, rq->target, rq->readonly ? " (ro)" : "");
+	else if (rc == -EINVAL || rc == -EEXIST || rc == -EBUSY)
+		/* the request's fault: kubelet shows it on the pod */
+		log_warn(MOD, "publish of volume %s at %s refused: %s", rq->volume_id, rq->target, err);
+	else
+		log_err(MOD, "publish of volume %s at %s: %s", rq->volume_id, rq->target, err);
+	return rc;
+}
+
+int csi_node_unpublish(struct csi_node *n, const char *volume_id, const char *target,
+		       char *err, size_t errcap)
+{
+	int rc, mp;
+
+	err[0] = 0;
+	if (target[0] != '/')
+		return fail(err, errcap, -EINVAL, "target_path %s: expected an absolute path", target);
+	pthread_mutex_lock(&n->mu);
+	mp = mount_point(target, NULL);
+	rc = 0;
+	if (mp == -ENOENT) {
+		mp = 0;                 /* gone already: idempotent */
+	} else if (mp != 0) {
+		/* mounted, or a dead FUSE bind (-ENOTCONN) */
+		if (umount2(target, 0) < 0) {
+			if (errno == EBUSY) {
+				/* the pod is gone but something holds a file open: detach now,
+				 * the kernel frees it at the last close; the job mount is
+				 * untouched either way */
+				log_warn(MOD, "unpublish %s: busy, detached lazily", target);
+				if (umount2(target, MNT_DETACH) < 0)
+					rc = -errno;
+			} else if (errno != EINVAL) {
+				rc = -errno;
+			}
+		}
+	}
+	if (rc == 0) {
+		target_remove(n, target);
+		if (rmdir(target) < 0 && errno != ENOENT)
+			log_warn(MOD, "unpublish %s: rmdir: %s", target, strerror(errno));
+	}
+	pthread_mutex_unlock(&n->mu);
+	if (rc < 0)
+		return fail(err, errcap, rc, "unmount %s: %s", target, strerror(-rc));
+	log_info(MOD, "unpublished volume %s at %s%s", volume_id, target,
+		 mp == 0 ? " (was not mounted)" : "");
+	return 0;
+}
+
+static int unmount_any(const char *path)
+{
+	int mp = mount_point(path, NULL);
+
+	if (mp == 0 || mp == -ENOENT)
+		return 0;
+	if (umount2(path, 0) == 0)
+		return 1;
+	if (errno != EBUSY && errno != EINVAL)
+		return -errno;
+	return umount2(path, MNT_DETACH) == 0 ? 1 : -errno;
+}
+
+int csi_node_release(const struct csi_node_opts *o, char *err, size_t errcap)
+{
+	char path[PATH_MAX];
+	struct dirent *e;
+	DIR *d;
+	int rc = 0, r;
+
+	err[0] = 0;
+	d = opendir(o->state_dir);
+	if (!d && errno != ENOENT)
+		return fail(err, errcap, -errno, "%s: %s", o->state_dir, strerror(errno));
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		if (snprintf(path, sizeof(path), "%s/%s/mnt", o->state_dir, e->d_name) >=
+		    (int)sizeof(path))
+			continue;
+		r = unmount_any(path);
+		if (r < 0 && !rc)
+			rc = fail(err, errcap, r, "unmount %s: %s", path, strerror(-r));
+		else if (r > 0)
+			log_info(MOD, "released job mount %s", path);
+	}
+	if (d)
+		closedir(d);
+	if (o->no_tmpfs)
+		return rc;
+	r = unmount_any(o->ram_root);
+	if (r < 0 && !rc)
+		rc = fail(err, errcap, r, "unmount %s: %s", o->ram_root, strerror(-r));
+	else if (r > 0)
+		log_info(MOD, "released the RAM tier at %s", o->ram_root);
+	return rc;
+}

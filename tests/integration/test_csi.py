@@ -1,0 +1,775 @@
+"""The CSI node driver mtcfs-csi (issue 15), driven through its gRPC unix
+socket the way kubelet drives it, with real mtcfs job mounts behind it.
+
+- Identity and NodeGetInfo answer the driver name, no controller, ready,
+  no STAGE_UNSTAGE, the node id given.
+- Publish of one JobSet pod's volume to two targets, repeated, and
+  concurrently to four more: one job mount, one mtcfs, every target is a
+  bind of it; a step written through one target reads back the same bytes
+  through the others; after unpublishing all, the job mount stays and a new
+  publish shows the same bytes.
+- A 2-node JobSet restart: two drivers (one per simulated node), the job
+  saves a step through the pods' targets, every pod's volume is
+  unpublished (pods gone, node daemons kept), new pods of the same JobSet
+  are published, and the job restores that step from RAM: each daemon's
+  log says source=local, though a bucket is configured.
+- Unpublish of a busy target (an open file): lazily detached, OK, the open
+  file still works, the job mount is untouched.
+- Bad requests get the CSI spec's gRPC codes: INVALID_ARGUMENT for a
+  missing target_path/volume_id/volume_capability, block access, an unknown
+  volume attribute, a pod name that is not a JobSet pod's; ALREADY_EXISTS for
+  a target holding another mount; UNIMPLEMENTED for NodeStageVolume.
+- A bad --config is refused at start with the key named.
+
+The gRPC client runs under the venv python (grpcio + grpcio-tools from
+tests/requirements.txt; csi/csi.proto is compiled at test time): skipped
+without it, failed when CI=true, like tests/integration/test_real_torch.py,
+but run in the sanitizer builds too (it takes seconds).
+
+Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin MTCFS_BUILD=build \\
+     MTCFS_TEST_PY=/path/to/venv/bin/python /usr/bin/python3 tests/integration/test_csi.py
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "clients"))
+import harness  # noqa: E402
+from harness import wait_until, mount_fstype, admin_ls, force_unmount  # noqa: E402
+from cluster import free_ports, shard_files  # noqa: E402
+import launch  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(HERE))
+PROTO = os.path.join(REPO, "csi", "csi.proto")
+CSI_BIN = os.environ.get("MTCFS_CSI") or os.path.join(harness.BUILD, "csi", "mtcfs-csi")
+DRIVER = "mtcfs.csi.checkpoint.dev"
+TIMEOUT = 60
+
+# The kubelet side: a long-lived venv-python process that reads one JSON
+# request per line and answers one JSON line. {"calls": [...]} runs the
+# calls concurrently (one thread each) and answers them in order.
+KUBELET = r'''
+import json, sys, threading
+sys.path.insert(0, sys.argv[1])
+import grpc
+from google.protobuf import json_format
+import csi_pb2 as pb, csi_pb2_grpc as rpc
+
+chans = {}
+def stub(sock, svc):
+    if sock not in chans:
+        chans[sock] = grpc.insecure_channel("unix://" + sock)
+    return getattr(rpc, svc + "Stub")(chans[sock])
+
+def call(c):
+    if c["method"].startswith("/"):     # any path, empty request: unknown methods
+        stub(c["sock"], "Identity")
+        try:
+            chans[c["sock"]].unary_unary(c["method"])(b"", timeout=c.get("timeout", 90))
+            return {"code": "OK", "details": "", "resp": None}
+        except grpc.RpcError as e:
+            return {"code": e.code().name, "details": e.details() or "", "resp": None}
+    svc, meth = c["method"].split(".")
+    req = getattr(pb, meth + "Request")()
+    json_format.ParseDict(c.get("req", {}), req)
+    try:
+        resp = getattr(stub(c["sock"], svc), meth)(req, timeout=c.get("timeout", 90))
+        return {"code": "OK", "details": "",
+                "resp": json_format.MessageToDict(resp, preserving_proto_field_name=True)}
+    except grpc.RpcError as e:
+        return {"code": e.code().name, "details": e.details() or "", "resp": None}
+
+for line in sys.stdin:
+    msg = json.loads(line)
+    calls = msg["calls"]
+    out = [None] * len(calls)
+    def one(i):
+        out[i] = call(calls[i])
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+'''
+
+MOUNT_CAP = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
+
+
+def pod_ctx(pod, ns="default", **attrs):
+    """The volume context kubelet sends with podInfoOnMount, plus attrs."""
+    ctx = {"csi.storage.k8s.io/pod.name": pod,
+           "csi.storage.k8s.io/pod.namespace": ns,
+           "csi.storage.k8s.io/pod.uid": "uid-" + pod,
+           "csi.storage.k8s.io/serviceAccount.name": "default",
+           "csi.storage.k8s.io/ephemeral": "true"}
+    ctx.update(attrs)
+    return ctx
+
+
+class Kubelet:
+    def __init__(self, tc, py, tmp):
+        gen = os.path.join(tmp, "gen")
+        os.mkdir(gen)
+        r = subprocess.run([py, "-m", "grpc_tools.protoc", "-I", os.path.dirname(PROTO),
+                            "--python_out=" + gen, "--grpc_python_out=" + gen, PROTO],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+        tc.assertEqual(r.returncode, 0, r.stdout.decode())
+        script = os.path.join(tmp, "kubelet.py")
+        with open(script, "w") as f:
+            f.write(KUBELET)
+        # GOAWAY notes at each driver stop are INFO noise of grpc's core
+        env = dict(os.environ, GRPC_VERBOSITY="ERROR")
+        self.p = subprocess.Popen([py, script, gen], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env)
+        self.lock = threading.Lock()
+
+    def calls(self, calls):
+        with self.lock:
+            self.p.stdin.write(json.dumps({"calls": calls}) + "\n")
+            self.p.stdin.flush()
+            line = self.p.stdout.readline()
+        if not line:
+            raise AssertionError("the kubelet client died")
+        return json.loads(line)
+
+    def close(self):
+        if self.p.poll() is None:
+            self.p.stdin.close()
+            try:
+                self.p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+class Driver:
+    """One mtcfs-csi (one simulated node) in private directories."""
+
+    def __init__(self, tc, kubelet, name, config="", node_address="127.0.0.1"):
+        self.tc, self.k, self.name = tc, kubelet, name
+        self.dir = tempfile.mkdtemp(prefix="mtcfs-csi-%s-" % name)
+        os.chmod(self.dir, 0o755)     # like /var/lib/kubelet: others may pass
+        self.sock = os.path.join(self.dir, "csi.sock")
+        self.ram = os.path.join(self.dir, "ram")
+        self.state = os.path.join(self.dir, "jobs")
+        self.pods = os.path.join(self.dir, "pods")    # kubelet's pods dir
+        os.mkdir(self.pods)
+        self.cfg = os.path.join(self.dir, "config.yaml")
+        with open(self.cfg, "w") as f:
+            f.write(config)
+        self.log_path = os.path.join(self.dir, "driver.log")
+        self.node_address = node_address
+        self.proc = None
+        self.expected = []
+        tc.addCleanup(self.close)
+
+    def argv(self):
+        return [CSI_BIN, "--endpoint", "unix://" + self.sock, "--node-id", self.name,
+                "--config", self.cfg, "--ram-root", self.ram, "--state-dir", self.state,
+                "--node-address", self.node_address, "--mtcfs", harness.MTCFS_BIN]
+
+    def start(self):
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT)
+        log.close()
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError("mtcfs-csi exited %s:\n%s" % (self.proc.returncode,
+                                                                  self.log()))
+            if not os.path.exists(self.sock):
+                return False
+            return self.call("Identity.Probe")["code"] == "OK"
+        wait_until(ready, TIMEOUT, "mtcfs-csi %s serving" % self.name)
+        return self
+
+    def log(self):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def job_log(self, key):
+        with open(os.path.join(self.state, key, "mtcfs.log"), errors="replace") as f:
+            return f.read()
+
+    def call(self, method, req=None):
+        return self.k.calls([{"sock": self.sock, "method": method, "req": req or {}}])[0]
+
+    def publish_req(self, target, ctx, vol="csi-vol", readonly=False, cap=MOUNT_CAP):
+        req = {"volume_id": vol, "target_path": target, "volume_context": ctx}
+        if cap is not None:
+            req["volume_capability"] = cap
+        if readonly:
+            req["readonly"] = True
+        return req
+
+    def publish(self, target, ctx, **kw):
+        return self.call("Node.NodePublishVolume", self.publish_req(target, ctx, **kw))
+
+    def unpublish(self, target, vol="csi-vol"):
+        return self.call("Node.NodeUnpublishVolume", {"volume_id": vol, "target_path": target})
+
+    def target(self, pod):
+        """kubelet's target path for an inline volume of pod."""
+        return os.path.join(self.pods, "uid-" + pod, "volumes",
+                            "kubernetes.io~csi", "checkpoint", "mount")
+
+    def job_mnt(self, key):
+        return os.path.join(self.state, key, "mnt")
+
+    def starts(self):
+        return len(re.findall(r"starting mtcfs", self.log()))
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("mtcfs-csi %s did not stop on SIGTERM" % self.name)
+
+    def job_logs(self):
+        """{key: text} of every job mount's log (they are checked too)."""
+        out = {}
+        try:
+            keys = os.listdir(self.state)
+        except OSError:
+            return out
+        for k in keys:
+            try:
+                out[k] = self.job_log(k)
+            except OSError:
+                pass
+        return out
+
+    def close(self):
+        logs = {}
+        try:
+            self.stop()
+        finally:
+            logs = self.job_logs()
+            # whatever is still mounted under our directories, top first
+            mounts = []
+            with open("/proc/mounts") as f:
+                for line in f:
+                    mp = harness._unescape_mount_field(line.split()[1])
+                    if mp.startswith(self.dir + "/"):
+                        mounts.append(mp)
+            for mp in reversed(mounts):
+                force_unmount(mp)
+            if os.environ.get("MTCFS_KEEP_TMP") != "1":
+                shutil.rmtree(self.dir, ignore_errors=True)
+        lines = self.log().splitlines()
+        for k, text in sorted(logs.items()):
+            lines += ["%s: %s" % (k, ln) for ln in text.splitlines()]
+        # a job mount that died or exited non-zero on SIGTERM is a WARN line
+        died = re.compile(r"WARN csi: job \S+: mtcfs pid \d+ (exited|did not stop)")
+        bad = [ln for ln in lines
+               if (harness.BAD_LOG.search(ln) or died.search(ln))
+               and not any(re.search(r, ln) for r in self.expected)]
+        if bad:
+            raise AssertionError("mtcfs-csi %s log has unexpected errors:\n%s"
+                                 % (self.name, "\n".join(bad)))
+
+
+def write_yaml(mnt, job, rank, nodes):
+    y = os.path.join(mnt, "replicator.yaml")
+    wait_until(lambda: not os.path.exists(y), TIMEOUT, "replicator.yaml absent")
+    with open(y + ".tmp", "w") as f:
+        f.write("job-name: %s\nframework: orbax\nnode-rank: %d\nnodes: %d\n"
+                "peers-per-node: 1\nbackup-interval-minutes: 30\n" % (job, rank, nodes))
+    os.rename(y + ".tmp", y)
+    # consumed: the namespace is clean (old markers gone) from here on
+    wait_until(lambda: not os.path.exists(y), TIMEOUT, "replicator.yaml consumed")
+
+
+def wait_markers(mnt):
+    failed = os.path.join(mnt, "replicator.failed")
+
+    def markers():
+        if os.path.exists(failed):
+            raise AssertionError("replicator.failed: " + open(failed).read())
+        return [x for x in os.listdir(mnt) if x.endswith(".restore")] or None
+    ms = wait_until(markers, TIMEOUT, "restore markers in " + mnt)
+    steps = {int(re.match(r".*-s(\d+)-n\d+-w\d+\.restore$", x).group(1)) for x in ms}
+    assert len(steps) == 1, ms
+    return steps.pop(), ms
+
+
+def save_step(mnt, job, step, rank):
+    """Orbax's save: a tmp directory, its files, commit_success, rename."""
+    tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-0" % step)
+    for rel, data in shard_files(job, step, rank).items():
+        p = os.path.join(tmp, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        harness.write_file(p, data)
+    harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
+    os.rename(tmp, os.path.join(mnt, str(step)))
+
+
+def check_step(tc, root, job, step, rank):
+    for rel, data in shard_files(job, step, rank).items():
+        with open(os.path.join(root, str(step), rel), "rb") as f:
+            tc.assertEqual(f.read(), data, "%s/%d/%s differs" % (root, step, rel))
+
+
+def committed(ramdir, job, step, rank, holders=1):
+    for s in admin_ls(ramdir)["shards"]:
+        if (s["job"], s["step"], s["rank"]) == (job, step, rank) and \
+                s["state"] in harness.COMMITTED_STATES:
+            return True
+    return False
+
+
+class CsiTest(unittest.TestCase):
+
+    def setUp(self):
+        # the venv of the real clients, but also in sanitizer builds: this
+        # test is quick, and the driver is C worth running under ASan
+        self.py = launch.venv_python()
+        r = None
+        if self.py and os.access(self.py, os.X_OK):
+            r = subprocess.run([self.py, "-c", "import grpc, grpc_tools"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if r is None or r.returncode != 0:
+            msg = ("no venv python with grpcio/grpcio-tools (MTCFS_TEST_PY=%r; "
+                   "tests/run builds it from tests/requirements.txt)" % self.py)
+            if os.environ.get("CI") == "true":
+                self.fail(msg)
+            self.skipTest(msg)
+        if not os.access(CSI_BIN, os.X_OK):
+            msg = "%s not built (cmake -DMTCFS_CSI=ON needs libgrpc-dev, libprotobuf-c-dev)" % CSI_BIN
+            if os.environ.get("CI") == "true":
+                self.fail(msg)
+            self.skipTest(msg)
+        self.tmp = tempfile.mkdtemp(prefix="mtcfs-csi-test-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.k = Kubelet(self, self.py, self.tmp)
+        self.addCleanup(self.k.close)
+
+    def driver(self, name="node-a", config="", **kw):
+        return Driver(self, self.k, name, config, **kw).start()
+
+    # ---------------------------------------------------------------
+
+    def test_identity_and_node_info(self):
+        d = self.driver(config="spec:\n  cloudStorageBucketName: b\n")
+        r = d.call("Identity.GetPluginInfo")
+        self.assertEqual(r["code"], "OK", r)
+        self.assertEqual(r["resp"]["name"], DRIVER)
+        self.assertRegex(r["resp"]["vendor_version"], r"^\d+\.\d+\.\d+")
+        self.assertEqual(d.call("Identity.GetPluginCapabilities"),
+                         {"code": "OK", "details": "", "resp": {}})
+        self.assertEqual(d.call("Identity.Probe")["resp"], {"ready": {"value": True}})
+        self.assertEqual(d.call("Node.NodeGetCapabilities")["resp"], {})
+        self.assertEqual(d.call("Node.NodeGetInfo")["resp"], {"node_id": "node-a"})
+        # the RAM tier is the driver's own tmpfs, huge pages on
+        self.assertEqual(mount_fstype(d.ram), "tmpfs")
+        with open("/proc/mounts") as f:
+            line = [ln for ln in f if ln.split()[1] == d.ram][-1]
+        self.assertIn("huge=always", line)
+
+    def test_publish_repeat_concurrent_unpublish_republish(self):
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        job, key = "train", "default.train"
+        ctx = pod_ctx("train-workers-0-0-abcde", coordinator="127.0.0.1:%d" % port)
+        t1, t2 = d.target("p1"), d.target("p2")
+        more = [d.target("c%d" % i) for i in range(4)]
+        # concurrent first publishes of the job: one job mount comes up
+        rs = self.k.calls([{"sock": d.sock, "method": "Node.NodePublishVolume",
+                            "req": d.publish_req(t, ctx)} for t in more[:3]])
+        self.assertEqual([r["code"] for r in rs], ["OK"] * 3, rs)
+        self.assertEqual(d.starts(), 1, d.log())
+        self.assertEqual(d.publish(t1, ctx)["code"], "OK")
+        self.assertEqual(d.publish(t2, ctx)["code"], "OK")
+        # repeated: the same answer, no second bind on top
+        self.assertEqual(d.publish(t1, ctx)["code"], "OK")
+        with open("/proc/mounts") as f:
+            self.assertEqual(sum(1 for ln in f if ln.split()[1] == t1), 1)
+        # concurrent: a new target, repeats of t1 and of a concurrent one
+        rs = self.k.calls([{"sock": d.sock, "method": "Node.NodePublishVolume",
+                            "req": d.publish_req(t, ctx)} for t in [more[3], t1, more[0], t1]])
+        self.assertEqual([r["code"] for r in rs], ["OK"] * 4, rs)
+        self.assertEqual(d.starts(), 1, d.log())
+        with open("/proc/mounts") as f:
+            mps = [ln.split()[1] for ln in f]
+        for t in [t1] + more:
+            self.assertEqual(mps.count(t), 1, t)
+        mnt = d.job_mnt(key)
+        dev = os.stat(mnt).st_dev
+        for t in [t1, t2] + more:
+            self.assertEqual(mount_fstype(t), "fuse.mtcfs")
+            self.assertEqual(os.stat(t).st_dev, dev, t)
+
+        # an unprivileged trainer (any uid) can write there; entries are its own
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "sh", "-c", "echo hi > %s/by-nobody" % t2],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        self.assertEqual(os.stat(os.path.join(t1, "by-nobody")).st_uid, 65534)
+        os.unlink(os.path.join(t1, "by-nobody"))
+
+        # the trainer, through its target: start-up handshake, save a step
+        write_yaml(t1, job, 0, 1)
+        self.assertEqual(wait_markers(t1)[0], 0)
+        save_step(t1, job, 3, 0)
+        wait_until(lambda: committed(os.path.join(d.ram, key), job, 3, 0), TIMEOUT,
+                   "step 3 committed")
+        check_step(self, t2, job, 3, 0)
+        check_step(self, more[3], job, 3, 0)
+
+        for t in [t1, t2] + more:
+            r = d.unpublish(t)
+            self.assertEqual(r["code"], "OK", r)
+            self.assertIsNone(mount_fstype(t))
+            self.assertFalse(os.path.exists(t))
+        # idempotent: again, and a path never published
+        self.assertEqual(d.unpublish(t1)["code"], "OK")
+        self.assertEqual(d.unpublish(d.target("never"))["code"], "OK")
+        # the job mount and its RAM stay
+        self.assertEqual(mount_fstype(mnt), "fuse.mtcfs")
+        t3 = d.target("p3")
+        self.assertEqual(d.publish(t3, ctx)["code"], "OK")
+        check_step(self, t3, job, 3, 0)
+        self.assertEqual(d.starts(), 1)
+        # read-only publish: the bind refuses writes
+        t4 = d.target("ro")
+        self.assertEqual(d.publish(t4, ctx, readonly=True)["code"], "OK")
+        with self.assertRaises(OSError) as cm:
+            open(os.path.join(t4, "x"), "w")
+        self.assertEqual(cm.exception.errno, 30)   # EROFS
+        check_step(self, t4, job, 3, 0)
+        # the same target again with the other readonly flag: incompatible
+        self.assertEqual(d.publish(t4, ctx)["code"], "ALREADY_EXISTS")
+        self.assertEqual(d.publish(t3, ctx, readonly=True)["code"], "ALREADY_EXISTS")
+        self.assertEqual(d.publish(t4, ctx, readonly=True)["code"], "OK")
+        for t in (t3, t4):
+            self.assertEqual(d.unpublish(t)["code"], "OK")
+
+    def test_jobset_restart_restores_from_ram(self):
+        pa, pb = free_ports(2)
+        bucket = os.path.join(self.tmp, "bucket")
+        os.mkdir(bucket)
+        secret = os.path.join(self.tmp, "secret")
+        with open(secret, "w") as f:
+            f.write(os.urandom(24).hex() + "\n")
+        common = ("apiVersion: checkpointing.gke.io/v1\nkind: CheckpointConfiguration\n"
+                  "metadata: {name: mtc}\nspec:\n"
+                  "  cloudStorageBucketName: file://%s\n  inMemoryVolumeSize: 1Gi\n"
+                  "  nodeSelector: {node.kubernetes.io/instance-type: ct5p-hightpu-4t}\n"
+                  "  tolerations: [{key: google.com/tpu, operator: Exists, effect: NoSchedule}]\n"
+                  "  gcsFuseMountOptions: [implicit-dirs]\n"
+                  "  secretFile: %s\n  restoreTimeout: 20\n" % (bucket, secret))
+        a = self.driver("node-a", common + "  peerPort: %d\n" % pa)
+        b = self.driver("node-b", common + "  peerPort: %d\n" % pb)
+        job, key = "ckpt", "ml.ckpt"
+
+        def run_pods(gen, place=None):
+            """Pods of one JobSet generation, rank r on node place[r]; the
+            coordinator attribute plays the rank-0 pod's DNS name (no
+            cluster DNS here): rank 0's node."""
+            place = place or {0: a, 1: b}
+            attrs = {"coordinator": "127.0.0.1:%d" % (pa if place[0] is a else pb)}
+            pods = {0: "ckpt-workers-0-0-%s" % gen, 1: "ckpt-workers-1-0-%s" % gen}
+            ts = {}
+            for r, d in place.items():
+                ts[r] = d.target(pods[r])
+                res = d.publish(ts[r], pod_ctx(pods[r], ns="ml", **attrs))
+                self.assertEqual(res["code"], "OK", res)
+            out, errs = {}, []
+
+            def start(r):
+                try:
+                    write_yaml(ts[r], job, r, 2)
+                    out[r] = wait_markers(ts[r])
+                except Exception as e:
+                    errs.append(e)
+            th = [threading.Thread(target=start, args=(r,)) for r in (0, 1)]
+            for t in th:
+                t.start()
+            for t in th:
+                t.join()
+            if errs:
+                raise errs[0]
+            return ts, out
+
+        ts, out = run_pods("aaaaa")
+        self.assertEqual({r: out[r][0] for r in out}, {0: 0, 1: 0})
+        for r in (0, 1):
+            save_step(ts[r], job, 7, r)
+
+        def replicated():
+            held = {}
+            for d in (a, b):
+                for s in admin_ls(os.path.join(d.ram, key))["shards"]:
+                    if s["job"] == job and s["step"] == 7 and \
+                            s["state"] in harness.COMMITTED_STATES:
+                        held.setdefault(s["rank"], set()).add(d.name)
+            return all(len(held.get(r, ())) == 2 for r in (0, 1))
+        wait_until(replicated, TIMEOUT, "step 7 on both nodes")
+
+        # the JobSet restarts: every pod goes (its volume unpublished), the
+        # node daemons and their job mounts stay; new pods come
+        for r, d in ((0, a), (1, b)):
+            self.assertEqual(d.unpublish(ts[r])["code"], "OK")
+        ts, out = run_pods("bbbbb")
+        self.assertEqual({r: out[r][0] for r in out}, {0: 7, 1: 7})
+        for r in (0, 1):
+            os.replace(os.path.join(ts[r], out[r][1][0]), os.path.join(ts[r], "7"))
+            check_step(self, ts[r], job, 7, r)
+        for d in (a, b):
+            self.assertEqual(d.starts(), 1, d.log())
+            log = d.job_log(key)
+            self.assertRegex(log, r"restore job=%s step=7 source=local" % job)
+            # and in the driver's own output (kubectl logs of the DaemonSet)
+            self.assertRegex(d.log(), r"restore job=%s step=7 source=local" % job)
+            self.assertNotRegex(log, r"source=bucket|restored job=\S+ step=7 from backup")
+        self.assertEqual(os.listdir(bucket), [])
+        for r, d in ((0, a), (1, b)):
+            self.assertEqual(d.unpublish(ts[r])["code"], "OK")
+
+        # another restart places the ranks the other way round: each node's
+        # idle job mount restarts with the new rank on the same RAMDIR, which
+        # holds the other rank's replica: still no bucket
+        swapped = {0: b, 1: a}
+        ts, out = run_pods("ccccc", swapped)
+        self.assertEqual({r: out[r][0] for r in out}, {0: 7, 1: 7})
+        for r in (0, 1):
+            os.replace(os.path.join(ts[r], out[r][1][0]), os.path.join(ts[r], "7"))
+            check_step(self, ts[r], job, 7, r)
+        for d in (a, b):
+            self.assertEqual(d.starts(), 2, d.log())
+            self.assertRegex(d.log(), r"job ml.ckpt: rank \d -> \d: restarting")
+            log = d.job_log(key)
+            self.assertRegex(log, r"restore job=%s step=7 source=(local|peer)" % job)
+            self.assertNotRegex(log, r"source=bucket|from backup")
+        self.assertEqual(os.listdir(bucket), [])
+        for r, d in swapped.items():
+            self.assertEqual(d.unpublish(ts[r])["code"], "OK")
+
+    def test_other_rank_restarts_the_idle_job_mount(self):
+        # a restarted JobSet may place another rank on this node: the job
+        # mount (rank= fixes its identity) is restarted on the same RAMDIR
+        # once unpublished, and refused while still in use
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        d.expected.append(r"refused: job default.rk runs as rank 0")
+        attrs = {"coordinator": "127.0.0.1:%d" % port}
+        t0, t1 = d.target("r0"), d.target("r1")
+        self.assertEqual(d.publish(t0, pod_ctx("rk-w-0-0-aaaaa", **attrs))["code"], "OK")
+        r = d.publish(t1, pod_ctx("rk-w-1-0-bbbbb", **attrs))
+        self.assertEqual(r["code"], "FAILED_PRECONDITION", r)
+        self.assertIn("runs as rank 0", r["details"])
+        self.assertEqual(d.unpublish(t0)["code"], "OK")
+        self.assertEqual(d.publish(t1, pod_ctx("rk-w-1-0-bbbbb", **attrs))["code"], "OK")
+        self.assertEqual(d.starts(), 2)
+        self.assertRegex(d.log(), r"job default.rk: rank 0 -> 1: restarting")
+        self.assertRegex(d.log(), r"starting mtcfs rank=1: .*,rank=1[ ,]")
+        # podsPerJob: rank = jobIndex * podsPerJob + podIndex
+        self.assertEqual(d.unpublish(t1)["code"], "OK")
+        self.assertEqual(d.publish(t1, pod_ctx("rk-w-1-1-ccccc", podsPerJob="4",
+                                               **attrs))["code"], "OK")
+        self.assertRegex(d.log(), r"starting mtcfs rank=5:")
+        self.assertEqual(d.unpublish(t1)["code"], "OK")
+
+    def test_driver_restart_keeps_ram_and_release_frees_it(self):
+        port = free_ports(1)[0]
+        cfg = "spec:\n  peerPort: %d\n  inMemoryVolumeSize: 256Mi\n" % port
+        d = self.driver(config=cfg)
+        job, key = "keep", "default.keep"
+        ctx = pod_ctx("keep-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port)
+        t = d.target("k1")
+        self.assertEqual(d.publish(t, ctx)["code"], "OK")
+        write_yaml(t, job, 0, 1)
+        self.assertEqual(wait_markers(t)[0], 0)
+        save_step(t, job, 4, 0)
+        wait_until(lambda: committed(os.path.join(d.ram, key), job, 4, 0), TIMEOUT,
+                   "step 4 committed")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+        # the driver goes (an upgrade): its job mounts stop, the tmpfs stays
+        d.stop()
+        self.assertIsNone(mount_fstype(d.job_mnt(key)))
+        self.assertEqual(mount_fstype(d.ram), "tmpfs")
+        with open("/proc/mounts") as f:
+            self.assertIn("size=262144k", [ln for ln in f if ln.split()[1] == d.ram][-1])
+        d.start()
+        self.assertRegex(d.log(), r"tmpfs already mounted, kept")
+        t = d.target("k2")
+        self.assertEqual(d.publish(t, ctx)["code"], "OK")
+        write_yaml(t, job, 0, 1)
+        step, ms = wait_markers(t)
+        self.assertEqual(step, 4)
+        os.replace(os.path.join(t, ms[0]), os.path.join(t, "4"))
+        check_step(self, t, job, 4, 0)
+        self.assertRegex(d.job_log(key), r"restore job=keep step=4 source=local")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+        d.stop()
+        # the configuration is deleted: --release frees the RAM
+        r = subprocess.run(d.argv() + ["--release"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        self.assertIn("released the RAM tier", r.stdout.decode())
+        self.assertIsNone(mount_fstype(d.ram))
+        self.assertEqual(os.listdir(d.ram), [])
+
+    def test_adopts_a_serving_mount_it_did_not_start(self):
+        # an mtcfs already serving the job's mount (it outlived an earlier
+        # driver) is used, not unmounted under its feet
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        d.expected.append(r"adopting the mount")
+        key = "default.adopt"
+        ram, mnt = os.path.join(d.ram, key), d.job_mnt(key)
+        os.makedirs(ram)
+        os.makedirs(mnt)
+        m = harness.Daemon(ramdir=ram, mnt=mnt, opts="ram_size=64M", name="adopted")
+        self.addCleanup(m.close)
+        m.start()
+        t = d.target("ad")
+        r = d.publish(t, pod_ctx("adopt-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port))
+        self.assertEqual(r["code"], "OK", r)
+        self.assertEqual(d.starts(), 0, d.log())
+        self.assertRegex(d.log(), r"job default.adopt: adopting the mount already at")
+        self.assertEqual(os.stat(t).st_dev, os.stat(mnt).st_dev)
+        self.assertTrue(m.running())
+        harness.write_file(os.path.join(t, "via-target"), b"adopted")
+        with open(os.path.join(mnt, "via-target"), "rb") as f:
+            self.assertEqual(f.read(), b"adopted")
+        os.unlink(os.path.join(mnt, "via-target"))
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+        m.stop()
+
+    def test_two_jobs_on_one_node(self):
+        # peer ports must agree across a job's nodes: a clash is refused
+        # with the fix named; metrics ports are per node: the next free one
+        pa, pb, mp = free_ports(3)
+        d = self.driver(config="peerPort: %d\nmetricsPort: %d\n" % (pa, mp))
+        d.expected.append(r"refused: job default.jb: peer port")
+        ta, tb = d.target("ja"), d.target("jb")
+        self.assertEqual(d.publish(ta, pod_ctx("ja-w-0-0-aaaaa",
+                                               coordinator="127.0.0.1:%d" % pa))["code"], "OK")
+        r = d.publish(tb, pod_ctx("jb-w-0-0-bbbbb", coordinator="127.0.0.1:%d" % pa))
+        self.assertEqual(r["code"], "FAILED_PRECONDITION", r)
+        self.assertIn("peer port %d is used by job default.ja" % pa, r["details"])
+        r = d.publish(tb, pod_ctx("jb-w-0-0-bbbbb", peerPort=str(pb),
+                                  coordinator="127.0.0.1:%d" % pb))
+        self.assertEqual(r["code"], "OK", r)
+        self.assertRegex(d.log(), r"default.ja: starting mtcfs .*metrics=127.0.0.1:%d[ ,]" % mp)
+        self.assertRegex(d.log(), r"default.jb: starting mtcfs .*metrics=127.0.0.1:%d[ ,]"
+                         % (mp + 1))
+        import urllib.request
+        for port in (mp, mp + 1):
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as u:
+                self.assertIn(b"mtcfs_", u.read())
+        self.assertNotEqual(os.stat(ta).st_dev, os.stat(tb).st_dev)
+        for t in (ta, tb):
+            self.assertEqual(d.unpublish(t)["code"], "OK")
+
+    def test_unpublish_busy_target(self):
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        d.expected.append(r"busy, detached lazily")
+        ctx = pod_ctx("busy-w-0-0-xyz12", coordinator="127.0.0.1:%d" % port)
+        t = d.target("busy")
+        self.assertEqual(d.publish(t, ctx)["code"], "OK")
+        f = open(os.path.join(t, "open-file"), "wb")
+        try:
+            r = d.unpublish(t)
+            self.assertEqual(r["code"], "OK", r)
+            self.assertIsNone(mount_fstype(t))
+            self.assertRegex(d.log(), r"unpublish %s: busy, detached lazily" % re.escape(t))
+            # the detached mount still serves the open file
+            f.write(b"still here")
+            f.flush()
+        finally:
+            f.close()
+        mnt = d.job_mnt("default.busy")
+        self.assertEqual(mount_fstype(mnt), "fuse.mtcfs")
+        with open(os.path.join(mnt, "open-file"), "rb") as g:
+            self.assertEqual(g.read(), b"still here")
+
+    def test_bad_requests(self):
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        ctx = pod_ctx("bad-w-0-0-abcde", coordinator="127.0.0.1:%d" % port)
+        t = d.target("bad")
+
+        def code(r):
+            return r["code"], r["details"]
+        self.assertEqual(code(d.call("Node.NodePublishVolume", {
+            "volume_id": "v", "volume_capability": MOUNT_CAP, "volume_context": ctx})),
+            ("INVALID_ARGUMENT", "target_path missing"))
+        self.assertEqual(code(d.call("Node.NodePublishVolume", {
+            "target_path": t, "volume_capability": MOUNT_CAP, "volume_context": ctx})),
+            ("INVALID_ARGUMENT", "volume_id missing"))
+        self.assertEqual(code(d.publish(t, ctx, cap=None)),
+                         ("INVALID_ARGUMENT", "volume_capability missing"))
+        self.assertEqual(d.publish(t, ctx, cap={"block": {}})["code"], "INVALID_ARGUMENT")
+        self.assertEqual(code(d.publish(t, dict(ctx, jobname="x"))),
+                         ("INVALID_ARGUMENT", "unknown volume attribute jobname"))
+        r = d.publish(t, dict(ctx, podsPerJob="zero"))
+        self.assertEqual(r["code"], "INVALID_ARGUMENT")
+        self.assertIn("podsPerJob", r["details"])
+        r = d.publish(t, pod_ctx("standalone", coordinator="127.0.0.1:1"))
+        self.assertEqual(r["code"], "INVALID_ARGUMENT")
+        self.assertIn("jobName and rank", r["details"])
+        self.assertEqual(d.publish("relative/path", ctx)["code"], "INVALID_ARGUMENT")
+        r = d.publish(t, dict(ctx, jobName="../escape", rank="0"))
+        self.assertEqual(r["code"], "INVALID_ARGUMENT")
+        # nothing was started for any of them
+        self.assertEqual(d.starts(), 0)
+        self.assertFalse(os.path.exists(t))
+        # a target that holds some other mount
+        os.makedirs(t)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "other", t], check=True)
+        r = d.publish(t, ctx)
+        self.assertEqual(r["code"], "ALREADY_EXISTS", r)
+        self.assertEqual(mount_fstype(t), "tmpfs")
+        subprocess.run(["umount", t], check=True)
+        self.assertEqual(d.unpublish("")["code"], "INVALID_ARGUMENT")
+        self.assertEqual(code(d.call("Node.NodeUnpublishVolume", {"target_path": t})),
+                         ("INVALID_ARGUMENT", "volume_id missing"))
+        self.assertEqual(d.call("Node.NodeStageVolume", {"volume_id": "v"})["code"],
+                         "UNIMPLEMENTED")
+        # a method of no service served here (kubelet's controller probing,
+        # a newer spec): answered at once, not left to its deadline
+        m = "/csi.v1.Controller/ControllerGetCapabilities"
+        self.assertEqual(code(self.k.calls([{"sock": d.sock, "method": m, "timeout": 10}])[0]),
+                         ("UNIMPLEMENTED", "unknown method " + m))
+        # and it still serves good ones
+        self.assertEqual(d.publish(t, ctx)["code"], "OK")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+
+    def test_bad_config_refused(self):
+        cfg = os.path.join(self.tmp, "bad.yaml")
+        for text, want in (("spec:\n  inMemoryVolumeSize: lots\n", "inMemoryVolumeSize"),
+                           ("spec:\n  cloudStorageBucket: b\n", "unknown key cloudStorageBucket"),
+                           ("- a\n- b\n", "expected a mapping")):
+            with open(cfg, "w") as f:
+                f.write(text)
+            r = subprocess.run([CSI_BIN, "--endpoint", "unix://" + os.path.join(self.tmp, "s"),
+                                "--node-id", "n", "--config", cfg, "--no-tmpfs",
+                                "--ram-root", os.path.join(self.tmp, "r"),
+                                "--state-dir", os.path.join(self.tmp, "j")],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertIn(want, r.stdout.decode())
+
+
+if __name__ == "__main__":
+    harness.main()
