@@ -1,0 +1,143 @@
+/* ec: Reed-Solomon erasure coding of shards (issue 17), the byte side: the
+ * fragment format, streaming encode and decode with ISA-L, and the parsing
+ * of the `redundancy` setting. Which node holds which fragment is
+ * tiers/ecplan.h. Every function here blocks on file I/O and computes: call
+ * it on a worker thread, never on a FUSE thread. No global state; handles
+ * are the caller's descriptors, which stay the caller's (never closed here).
+ *
+ * The code (see ecplan.h for why it runs ACROSS shards, not within one):
+ * a codeword has K data members and M parity members. Data member j is a
+ * slice [off, off + len) of one shard's byte stream -- the shard's MF_FILE
+ * entries in manifest order, concatenated (holes read as zeros), so the
+ * owner keeps its shard whole and the data members cost no extra RAM.
+ * Parity member j is ISA-L's Cauchy row K + j over the K data members,
+ * each zero-padded to the codeword length (the longest member). Any K of
+ * the K + M members give back every member.
+ *
+ * A fragment is one member as a file (or a stream of it):
+ *     header  | payload (len bytes) | trailer
+ * header (little-endian, EC_HDR_LEN(K) bytes): "MTCFSEC\0", version 1,
+ *     K, M, index (0..K-1 data, K..K+M-1 parity), segment size, codeword
+ *     length, a 16-byte label chosen by the caller (same for the whole
+ *     codeword: job/step/group/codeword), then per data member its length,
+ *     offset in its shard's stream and the shard's content hash; its CRC32C.
+ * trailer (EC_TRL_LEN(K) bytes): a bit mask of the known member CRCs, the
+ *     CRC32C of each data member's original bytes (a data fragment knows
+ *     its own, a parity fragment all K), the CRC32C of this payload, and
+ *     the trailer's own CRC32C. The trailer comes last so that a fragment
+ *     can be written in one pass to a socket.
+ * CRC32C is the project's (mf_crc32c, ISA-L crc32_iscsi). */
+#ifndef MTCFS_TIERS_EC_H
+#define MTCFS_TIERS_EC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tiers/manifest.h"
+
+/* K + M per codeword. ISA-L's Cauchy matrix is MDS up to 256 rows; 32 keeps
+ * the header small and a group within one failure-domain plan. */
+#define EC_MAX_N 32u
+#define EC_MAGIC "MTCFSEC"            /* 8 bytes with its NUL */
+#define EC_VERSION 1u
+#define EC_LABEL_LEN 16u
+#define EC_HDR_LEN(k) (44u + 48u * (unsigned)(k) + 4u)
+#define EC_TRL_LEN(k) (12u + 4u * (unsigned)(k))
+#define EC_SEG_DEFAULT (1u << 20)     /* 1 MiB: (K + M) x this is the working set */
+#define EC_SEG_MIN 4096u
+#define EC_SEG_MAX (64u << 20)
+
+/* ---- the `redundancy` setting ---- */
+enum ec_kind { EC_REPLICATION = 0, EC_RS = 1 };
+struct ec_redundancy {
+	enum ec_kind kind;
+	unsigned k, m;       /* EC_RS only */
+};
+/* "replication" (also NULL or "": the default) or "rs:K+M" with decimal
+ * K >= 1, M >= 1, K + M <= EC_MAX_N, no sign, spaces or leading zeros.
+ * 0, or -EINVAL with one line for replicator.errors in err (may be NULL). */
+int ec_parse_redundancy(const char *s, struct ec_redundancy *out, char *err, size_t errlen);
+/* "replication" or "rs:K+M" into buf; returns buf. */
+const char *ec_redundancy_str(const struct ec_redundancy *r, char *buf, size_t len);
+
+/* ---- codeword geometry ---- */
+struct ec_member_desc {
+	uint64_t len;        /* bytes of the member (its slice of the shard) */
+	uint64_t off;        /* where the slice starts in the shard's stream */
+	uint8_t shard[32];   /* the shard's content hash (manifest.hash) */
+};
+struct ec_geom {
+	unsigned k, m;
+	uint32_t seg;                          /* EC_SEG_MIN..EC_SEG_MAX */
+	uint8_t label[EC_LABEL_LEN];
+	struct ec_member_desc d[EC_MAX_N];     /* the K data members */
+};
+/* Longest data member: the payload length of every parity fragment. */
+uint64_t ec_cw_len(const struct ec_geom *g);
+/* Piece t (0..k-1) of a shard stream of `total` bytes cut in k: pieces of
+ * ceil(total / k) rounded up to 4 KiB, the last ones shorter or empty. */
+void ec_split(uint64_t total, unsigned k, unsigned t, uint64_t *off, uint64_t *len);
+/* Bytes of one fragment file of member `index`: header + payload + trailer. */
+uint64_t ec_frag_size(const struct ec_geom *g, unsigned index);
+/* Heap the encoder or decoder needs besides ISA-L tables: (K + M) x seg. */
+uint64_t ec_work_bytes(unsigned k, unsigned m, uint32_t seg);
+
+/* A shard on disk: its directory and manifest (both borrowed). */
+struct ec_shard {
+	int dirfd;
+	const struct manifest *mf;
+};
+
+/* Data fragment `index` (< K) of g, read from the shard (which must be the
+ * one g->d[index] names: its hash and a stream long enough), written to fd
+ * in one sequential pass (a file, pipe or socket). 0, -EINVAL (geometry),
+ * -EBADMSG (the shard is shorter than the manifest says: err says which
+ * file), or -errno of the I/O. */
+int ec_frag_data(const struct ec_geom *g, unsigned index, const struct ec_shard *src, int fd,
+		 char *err, size_t errlen);
+
+/* Parity: reads the K data fragments in[0..K-1] (regular files, any order;
+ * their headers name their index), checks every header, payload and
+ * trailer CRC, and writes parity fragment K + j to out[j] (regular files,
+ * truncated and written from offset 0). Bounded memory: ec_work_bytes().
+ * 0, -EBADMSG (a data fragment is malformed, corrupt, from another
+ * codeword or an index twice: err says which), or -errno. */
+int ec_encode(const int *in, const int *out, unsigned m, char *err, size_t errlen);
+
+/* Where a rebuilt member goes. */
+struct ec_sink {
+	const struct ec_shard *shard;  /* a data member: into these files (prepared) */
+	int fd;                        /* else: a fragment file of that index */
+};
+/* Rebuild member `want` of a codeword from n candidate fragments in[]
+ * (regular files; any indices, duplicates, junk). A candidate whose header,
+ * trailer or payload CRC fails, or that belongs to another codeword than
+ * the majority, is treated as lost and the next one used. The rebuilt bytes
+ * are checked against the member CRC the fragments carry.
+ *   want < K with sink->shard: the member's slice is written into the
+ *     shard's files (prepared with ec_shard_prepare); all-zero segments are
+ *     not written, so holes stay holes.
+ *   otherwise sink->fd receives the whole fragment `want` (a lost parity,
+ *     or a data fragment to send to a peer).
+ * 0; -ENODATA when fewer than K good fragments are left (err lists which
+ * indices were found and why others were refused); -EBADMSG if the rebuilt
+ * bytes fail their CRC (should not happen: a fragment lied); -EINVAL; or
+ * -errno. */
+int ec_decode(const int *in, unsigned n, unsigned want, const struct ec_sink *sink, char *err,
+	      size_t errlen);
+
+/* Read and check one fragment's header and trailer (not its payload): fills
+ * *g and *index. 0 or -EBADMSG (reason in err). */
+int ec_frag_info(int fd, struct ec_geom *g, unsigned *index, char *err, size_t errlen);
+
+/* Before decoding into a shard: creates under dirfd every directory,
+ * symlink and FIFO of mf and every file at its final size with no data
+ * (sparse, mode 0600 until ec_shard_finish). Existing files are truncated.
+ * 0, -EBADMSG (an unsafe path) or -errno. */
+int ec_shard_prepare(const struct ec_shard *s);
+/* After every data member of the shard is decoded: sets the modes and
+ * checks every file against the manifest (mf_verify). 0, -EBADMSG (err
+ * names the first file that differs) or -errno. */
+int ec_shard_finish(const struct ec_shard *s, char *err, size_t errlen);
+
+#endif /* MTCFS_TIERS_EC_H */
