@@ -796,8 +796,13 @@ int ec_decode(const int *in, unsigned n, unsigned want, const struct ec_sink *si
 		errlen = sizeof dummy;
 	}
 	err[0] = '\0';
-	if (!in || !n || !sink || n > 4096)
+	if ((!in && n) || !sink || n > 4096)
 		return -EINVAL;
+	if (n == 0) {
+		snprintf(err, errlen, "no fragment survives; K of K+M are needed to rebuild member %u",
+			 want);
+		return -ENODATA;
+	}
 	f = calloc(n, sizeof *f);
 	ok = calloc(n, sizeof *ok);
 	if (!f || !ok) {
