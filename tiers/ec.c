@@ -523,14 +523,21 @@ static int stream_io(struct stream *s, uint64_t off, uint8_t *buf, size_t len, c
 			if (rc == -EBADMSG)
 				snprintf(err, errlen, "%s: shorter than its manifest entry", e->path);
 		} else {
-			for (size_t done = 0; done < n && !rc;) {
+			/* one pwrite per run of non-zero blocks, not per block */
+			size_t run = 0, done = 0;
+			while (done < n && !rc) {
 				size_t b = HOLE_BLOCK - (size_t)((foff + done) % HOLE_BLOCK);
 				if (b > n - done)
 					b = n - done;
-				if (!all_zero(buf + done, b))
-					rc = pwrite_full(s->fd, buf + done, b, foff + done);
+				if (all_zero(buf + done, b)) {
+					if (done > run)
+						rc = pwrite_full(s->fd, buf + run, done - run, foff + run);
+					run = done + b;
+				}
 				done += b;
 			}
+			if (!rc && done > run)
+				rc = pwrite_full(s->fd, buf + run, done - run, foff + run);
 		}
 		if (rc)
 			return rc;
