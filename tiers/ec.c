@@ -431,6 +431,7 @@ struct stream {
 	size_t cur;          /* ent[] index of fd */
 	int fd;
 	bool wr;
+	bool rewrite;        /* writing again: zero blocks are written too */
 };
 
 static int stream_open(struct stream *s, const struct ec_shard *sh, bool wr)
@@ -486,7 +487,7 @@ static int stream_seek(struct stream *s, uint64_t off, size_t *fi)
 		if (s->fd >= 0)
 			close(s->fd);
 		s->fd = openat(s->dirfd, e->path,
-			       (s->wr ? O_WRONLY : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC);
+			       (s->wr ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC);
 		if (s->fd < 0)
 			return -errno;
 		s->cur = lo;
@@ -529,7 +530,7 @@ static int stream_io(struct stream *s, uint64_t off, uint8_t *buf, size_t len, c
 				size_t b = HOLE_BLOCK - (size_t)((foff + done) % HOLE_BLOCK);
 				if (b > n - done)
 					b = n - done;
-				if (all_zero(buf + done, b)) {
+				if (!s->rewrite && all_zero(buf + done, b)) {
 					if (done > run)
 						rc = pwrite_full(s->fd, buf + run, done - run, foff + run);
 					run = done + b;
@@ -544,6 +545,42 @@ static int stream_io(struct stream *s, uint64_t off, uint8_t *buf, size_t len, c
 		off += n;
 		buf += n;
 		len -= n;
+	}
+	return 0;
+}
+
+/* After a rewrite: every 4 KiB page of the files that lies wholly inside
+ * stream bytes [off, off + len) and reads as zeros is punched back into a
+ * hole. Pages that straddle the range's ends are left alone: another
+ * member may own their other part. */
+static int stream_punch(struct stream *s, uint64_t off, uint64_t len)
+{
+	uint8_t page[HOLE_BLOCK];
+	uint64_t end = off + len;
+
+	while (off < end) {
+		const struct mf_entry *e;
+		uint64_t fa, fb, p;
+		size_t fi = 0;
+		int rc = stream_seek(s, off, &fi);
+
+		if (rc)
+			return rc;
+		e = &s->mf->e[s->ent[fi]];
+		fa = off - s->start[fi];
+		fb = end - s->start[fi] < e->size ? end - s->start[fi] : e->size;
+		for (p = (fa + HOLE_BLOCK - 1) / HOLE_BLOCK * HOLE_BLOCK; p + HOLE_BLOCK <= fb;
+		     p += HOLE_BLOCK) {
+			ssize_t n = pread(s->fd, page, HOLE_BLOCK, (off_t)p);
+			if (n != (ssize_t)HOLE_BLOCK)
+				return n < 0 ? -errno : -EIO;   /* inside the size: cannot be short */
+			if (!all_zero(page, HOLE_BLOCK))
+				continue;
+			if (fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)p,
+				      HOLE_BLOCK) < 0 && errno != EOPNOTSUPP)
+				return -errno;
+		}
+		off = s->start[fi] + fb;
 	}
 	return 0;
 }
@@ -788,7 +825,8 @@ int ec_decode(const int *in, unsigned n, unsigned want, const struct ec_sink *si
 	struct frag *f = NULL, *use[EC_MAX_N];
 	uint8_t *a = NULL, *tbls = NULL, *bufs = NULL, *hdr = NULL, *outb, *src[EC_MAX_N];
 	uint8_t c[EC_MAX_N], tb[EC_TRL_LEN(EC_MAX_N)];
-	unsigned rows[EC_MAX_N], nuse = 0, best = 0, k = 0;
+	unsigned rows[EC_MAX_N], uidx[EC_MAX_N], nuse = 0, best = 0, k = 0;
+	uint32_t icrc[EC_MAX_N];
 	int *ok = NULL, rc;
 	const struct ec_geom *g = NULL;
 	struct trailer t = { 0 };
@@ -853,53 +891,7 @@ int ec_decode(const int *in, unsigned n, unsigned want, const struct ec_sink *si
 		rc = -ENOMEM;
 		goto out;
 	}
-	/* Pick k distinct members whose payloads check, `want` itself first
-	 * if it is there: one pass over each before any byte is produced, so a
-	 * corrupt candidate costs a re-read, never a half-written output. */
-	for (int pass = 0; pass < 2 && nuse < k; pass++)
-		for (unsigned i = 0; i < n && nuse < k; i++) {
-			bool dup = false;
-			if (!ok[i] || (pass == 0) != (f[i].index == want))
-				continue;
-			if (!geom_eq(&f[i].g, g)) {
-				refused(err, errlen, "candidate", i, "from another codeword");
-				ok[i] = 0;
-				continue;
-			}
-			for (unsigned u = 0; u < nuse; u++)
-				dup |= use[u]->index == f[i].index;
-			if (dup)
-				continue;
-			rc = frag_check_payload(&f[i], bufs, g->seg);
-			if (rc == -EBADMSG) {
-				refused(err, errlen, "fragment", f[i].index,
-					"payload CRC32C mismatch");
-				ok[i] = 0;
-				continue;
-			}
-			if (rc)
-				goto out;
-			rows[nuse] = f[i].index;
-			use[nuse++] = &f[i];
-		}
-	if (nuse < k) {
-		size_t used = strnlen(err, errlen);
-		snprintf(err + used, errlen - used,
-			 "%u good fragments of %u+%u, %u needed to rebuild member %u", nuse, k,
-			 g->m, k, want);
-		rc = -ENODATA;
-		goto out;
-	}
-	err[0] = '\0';   /* enough: what was refused no longer matters */
-	for (unsigned u = 0; u < nuse; u++)
-		if (want < k && (use[u]->t.mask >> want & 1)) {
-			want_crc = use[u]->t.crc[want];
-			want_crc_known = true;
-		}
 	rc = coding_matrix(k, g->m, &a);
-	if (rc)
-		goto out;
-	rc = decode_row(a, k, rows, want, c);
 	if (rc)
 		goto out;
 	tbls = malloc((size_t)32 * k);
@@ -907,7 +899,6 @@ int ec_decode(const int *in, unsigned n, unsigned want, const struct ec_sink *si
 		rc = -ENOMEM;
 		goto out;
 	}
-	ec_init_tables((int)k, 1, c, tbls);
 	for (unsigned u = 0; u < k; u++)
 		src[u] = bufs + (size_t)u * g->seg;
 	outb = bufs + (size_t)k * g->seg;
@@ -922,9 +913,61 @@ int ec_decode(const int *in, unsigned n, unsigned want, const struct ec_sink *si
 			rc = -EINVAL;
 			goto out;
 		}
-	} else {
-		hdr = malloc(EC_HDR_LEN(k));
-		if (!hdr) {
+	}
+retry:
+	/* Pick k distinct members, `want` itself first if it is there. Into a
+	 * shard, the payload CRCs are checked while decoding and a corrupt
+	 * member costs a second decode (every block rewritten, then the zero
+	 * pages punched: stream_punch);
+	 * a stream cannot be rewritten, so for sink->fd each payload is
+	 * checked in a pass of its own before any byte goes out. */
+	nuse = 0;
+	for (int pass = 0; pass < 2 && nuse < k; pass++)
+		for (unsigned i = 0; i < n && nuse < k; i++) {
+			bool dup = false;
+			if (!ok[i] || (pass == 0) != (f[i].index == want))
+				continue;
+			if (!geom_eq(&f[i].g, g)) {
+				refused(err, errlen, "candidate", i, "from another codeword");
+				ok[i] = 0;
+				continue;
+			}
+			for (unsigned u = 0; u < nuse; u++)
+				dup |= use[u]->index == f[i].index;
+			if (dup)
+				continue;
+			rc = sink->shard ? 0 : frag_check_payload(&f[i], bufs, g->seg);
+			if (rc == -EBADMSG) {
+				refused(err, errlen, "fragment", f[i].index,
+					"payload CRC32C mismatch");
+				ok[i] = 0;
+				continue;
+			}
+			if (rc)
+				goto out;
+			rows[nuse] = f[i].index;
+			uidx[nuse] = i;
+			use[nuse++] = &f[i];
+		}
+	if (nuse < k) {
+		size_t used = strnlen(err, errlen);
+		snprintf(err + used, errlen - used,
+			 "%u good fragments of %u+%u, %u needed to rebuild member %u", nuse, k,
+			 g->m, k, want);
+		rc = -ENODATA;
+		goto out;
+	}
+	for (unsigned u = 0; u < nuse; u++)
+		if (want < k && (use[u]->t.mask >> want & 1)) {
+			want_crc = use[u]->t.crc[want];
+			want_crc_known = true;
+		}
+	rc = decode_row(a, k, rows, want, c);
+	if (rc)
+		goto out;
+	ec_init_tables((int)k, 1, c, tbls);
+	if (!sink->shard) {
+		if (!hdr && !(hdr = malloc(EC_HDR_LEN(k)))) {
 			rc = -ENOMEM;
 			goto out;
 		}
@@ -933,12 +976,17 @@ int ec_decode(const int *in, unsigned n, unsigned want, const struct ec_sink *si
 		if (rc)
 			goto out;
 	}
+	memset(icrc, 0, sizeof icrc);
+	ocrc = 0;
 	for (uint64_t pos = 0; pos < olen; pos += g->seg) {
 		size_t len = olen - pos < g->seg ? (size_t)(olen - pos) : g->seg;
 		for (unsigned u = 0; u < k; u++) {
 			rc = frag_read(use[u], pos, src[u], len);
 			if (rc)
 				goto out;
+			if (pos < use[u]->len)
+				icrc[u] = mf_crc32c(icrc[u], src[u],
+						    use[u]->len - pos < len ? (size_t)(use[u]->len - pos) : len);
 		}
 		ec_encode_data((int)len, (int)k, 1, tbls, src, &outb);
 		ocrc = mf_crc32c(ocrc, outb, len);
@@ -947,6 +995,39 @@ int ec_decode(const int *in, unsigned n, unsigned want, const struct ec_sink *si
 		if (rc)
 			goto out;
 	}
+	/* the rest of the survivors longer than the member, for their CRCs */
+	for (unsigned u = 0; u < k; u++)
+		for (uint64_t pos = olen; pos < use[u]->len; pos += g->seg) {
+			size_t len = use[u]->len - pos < g->seg ? (size_t)(use[u]->len - pos) : g->seg;
+			rc = frag_read(use[u], pos, src[u], len);
+			if (rc)
+				goto out;
+			icrc[u] = mf_crc32c(icrc[u], src[u], len);
+		}
+	{
+		bool bad = false;
+		for (unsigned u = 0; u < k; u++)
+			if (icrc[u] != use[u]->t.payload_crc) {
+				refused(err, errlen, "fragment", use[u]->index, "payload CRC32C mismatch");
+				ok[uidx[u]] = 0;
+				bad = true;
+			}
+		if (bad && sink->shard) {
+			s.rewrite = true;
+			want_crc_known = false;
+			goto retry;
+		}
+		if (bad) {
+			rc = -EBADMSG;   /* changed after its check: the stream is spoilt */
+			goto out;
+		}
+	}
+	if (sink->shard && s.rewrite) {
+		rc = stream_punch(&s, g->d[want].off, olen);
+		if (rc)
+			goto out;
+	}
+	err[0] = '\0';   /* rebuilt: what was refused on the way no longer matters */
 	if (want_crc_known && ocrc != want_crc) {
 		snprintf(err, errlen, "rebuilt member %u fails its CRC32C (%08x, fragments say %08x)",
 			 want, ocrc, want_crc);

@@ -189,9 +189,13 @@ static void assert_same_files(int a, int b, const struct manifest *mf)
 		assert_int_equal(fstat(fb, &sb), 0);
 		assert_int_equal(sa.st_size, sb.st_size);
 		assert_int_equal(sa.st_mode & 07777, sb.st_mode & 07777);
-		/* sparse stays sparse: at most the original's blocks + one 4 KiB
-		 * block per hole edge */
-		assert_true(sb.st_blocks <= sa.st_blocks + 16);
+		/* sparse stays sparse: a zero 4 KiB block is never written, so
+		 * never more blocks than the original */
+		if (sb.st_blocks > sa.st_blocks) {
+			print_error("%s: %lld blocks, the original %lld\n", e->path,
+				    (long long)sb.st_blocks, (long long)sa.st_blocks);
+			fail();
+		}
 		for (off_t off = 0; off < sa.st_size; off += (off_t)sizeof ba) {
 			ssize_t na = pread(fa, ba, sizeof ba, off), nb = pread(fb, bb, sizeof bb, off);
 			assert_int_equal(na, nb);
@@ -436,14 +440,17 @@ static void test_corrupt_fragment(void **state)
 	pg = &G.plan->g[0];
 	ecplan_piece(pg, (unsigned)G.plan->pos[x], 0, &cw, &slot);
 	geom_of(&G, cw, &g);
-	/* flip one payload byte of parity slot K in codeword cw */
+	/* flip one payload byte of parity slot K in codeword cw, where node
+	 * 0's piece 0 is a hole (stream offset 20000: sub/sparse.dat at
+	 * 19000), so the decode that used it wrote a block into the hole */
 	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 4)]],
 		       (frag_name(name, sizeof name, cw, 4), name), O_RDWR);
-	assert_int_equal(pread(fd, &b, 1, EC_HDR_LEN(4) + 7), 1);
+	assert_int_equal(pread(fd, &b, 1, EC_HDR_LEN(4) + 20000), 1);
 	b ^= 0x40;
-	assert_int_equal(pwrite(fd, &b, 1, EC_HDR_LEN(4) + 7), 1);
+	assert_int_equal(pwrite(fd, &b, 1, EC_HDR_LEN(4) + 20000), 1);
 	close(fd);
-	/* both parities survive: the other one is used, restore is exact */
+	/* both parities survive: the other one is used, restore is exact and
+	 * the hole a hole again */
 	assert_int_equal(restore_node(&G, x, lost, err, sizeof err), 0);
 	/* lose node 0 and the holder of the good parity (slot 5): only the
 	 * corrupt one is left for codeword cw */
