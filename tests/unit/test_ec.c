@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -503,7 +505,7 @@ static void test_corrupt_fragment(void **state)
 }
 
 /* A lost parity fragment is rebuilt byte for byte; a fragment of another
- * codeword among the candidates is ignored. */
+ * codeword among the candidates is ignored, a corrupt one passed over. */
 static void test_rebuild_parity(void **state)
 {
 	struct group G;
@@ -524,6 +526,17 @@ static void test_rebuild_parity(void **state)
 	fds[0] = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 2, 4)]],
 			   (frag_name(name, sizeof name, 2, 4), name), O_RDONLY);
 	n++;
+	/* and data slot 0 corrupt: checked before any byte goes out, passed
+	 * over for parity 4 */
+	{
+		uint8_t b;
+		int fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 3, 0)]],
+				   (frag_name(name, sizeof name, 3, 0), name), O_RDWR);
+		assert_int_equal(pread(fd, &b, 1, EC_HDR_LEN(4) + 100), 1);
+		b ^= 0x80;
+		assert_int_equal(pwrite(fd, &b, 1, EC_HDR_LEN(4) + 100), 1);
+		close(fd);
+	}
 	out = open_file(G.t->fd, "rebuilt", O_RDWR | O_CREAT | O_TRUNC);
 	sink = (struct ec_sink){ .shard = NULL, .fd = out };
 	assert_int_equal(ec_decode(fds, n, 5, &sink, err, sizeof err), 0);
@@ -547,6 +560,198 @@ static void test_rebuild_parity(void **state)
 	assert_int_equal(ec_decode(fds, n, 6, &sink, err, sizeof err), -EINVAL);
 	close_all(fds, n);
 	group_free(&G);
+}
+
+/* Every single-bit flip in a fragment's header or trailer, every
+ * truncation and an extension are refused by the parser, for a data and a
+ * parity fragment. */
+static void test_frag_damage(void **state)
+{
+	struct group G;
+	const struct ecplan_group *pg;
+	char name[64], err[200];
+
+	group_build(&G, *state, 2, 1, EC_SEG_MIN, NULL, 1);   /* empty shards: tiny fragments */
+	pg = &G.plan->g[0];
+	for (unsigned slot = 0; slot < 3; slot += 2) {
+		unsigned r = (unsigned)pg->unit[ecplan_slot_pos(pg, 0, slot)];
+		struct ec_geom g;
+		unsigned idx;
+		struct stat st;
+		uint8_t *buf;
+		int fd;
+		frag_name(name, sizeof name, 0, slot);
+		fd = open_file(G.node[r], name, O_RDWR);
+		assert_int_equal(fstat(fd, &st), 0);
+		assert_int_equal(ec_frag_info(fd, &g, &idx, err, sizeof err), 0);
+		assert_int_equal(idx, slot);
+		assert_int_equal(g.k, 2);
+		assert_int_equal(g.m, 1);
+		assert_int_equal(g.label[0], 0);
+		assert_memory_equal(g.label + 1, "test-step-7", 11);
+		buf = malloc((size_t)st.st_size);
+		assert_int_equal(pread(fd, buf, (size_t)st.st_size, 0), st.st_size);
+		for (off_t i = 0; i < st.st_size; i++)
+			for (int bit = 0; bit < 8; bit++) {
+				uint8_t b = buf[i] ^ (uint8_t)(1u << bit);
+				assert_int_equal(pwrite(fd, &b, 1, i), 1);
+				if (ec_frag_info(fd, NULL, NULL, err, sizeof err) != -EBADMSG) {
+					print_error("slot %u: flip of bit %d of byte %lld accepted\n", slot,
+						    bit, (long long)i);
+					fail();
+				}
+				assert_int_equal(pwrite(fd, buf + i, 1, i), 1);
+			}
+		for (off_t len = 0; len < st.st_size; len++) {
+			assert_int_equal(ftruncate(fd, len), 0);
+			assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
+		}
+		assert_int_equal(pwrite(fd, buf, (size_t)st.st_size, 0), st.st_size);
+		assert_int_equal(pwrite(fd, "x", 1, st.st_size), 1);
+		assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
+		assert_int_equal(ftruncate(fd, st.st_size), 0);
+		assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), 0);
+		free(buf);
+		close(fd);
+	}
+	group_free(&G);
+}
+
+/* A node lost during encoding leaves a parity fragment cut short: it is
+ * refused (by its size) and another used; a data fragment cut short (its
+ * sender died mid-stream) makes ec_encode refuse to produce parity. */
+static void test_lost_during_encoding(void **state)
+{
+	struct group G;
+	const struct ecplan_group *pg;
+	unsigned cw, slot, n;
+	int fds[EC_MAX_N], fd, in[4], out[2];
+	char name[64], err[400] = "";
+	struct stat st;
+
+	group_build(&G, *state, 4, 2, EC_SEG_MIN, NULL, 0);
+	pg = &G.plan->g[0];
+	ecplan_piece(pg, (unsigned)G.plan->pos[0], 1, &cw, &slot);
+	frag_name(name, sizeof name, cw, 4);
+	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 4)]], name, O_RDWR);
+	assert_int_equal(fstat(fd, &st), 0);
+	assert_int_equal(ftruncate(fd, st.st_size / 2), 0);
+	close(fd);
+	assert_int_equal(restore_node(&G, 0, 1u, err, sizeof err), 0);
+	/* and with only K candidates left, it says which one and why */
+	n = survivors(&G, cw, 1u | 1u << pg->unit[ecplan_slot_pos(pg, cw, 5)], fds);
+	{
+		struct ec_sink sink = { .shard = NULL, .fd = -1 };
+		assert_int_equal(n, 4);
+		sink.fd = open_file(G.t->fd, "out", O_RDWR | O_CREAT | O_TRUNC);
+		assert_int_equal(ec_decode(fds, n, slot, &sink, err, sizeof err), -ENODATA);
+		assert_non_null(strstr(err, "refused: fragment 4 is "));
+		assert_non_null(strstr(err, "3 good fragments of 4+2, 4 needed to rebuild member 1"));
+		close(sink.fd);
+	}
+	close_all(fds, n);
+	/* a data fragment cut short */
+	frag_name(name, sizeof name, cw, 2);
+	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 2)]], name, O_RDWR);
+	assert_int_equal(fstat(fd, &st), 0);
+	assert_int_equal(ftruncate(fd, st.st_size - 1), 0);
+	close(fd);
+	for (unsigned j = 0; j < 4; j++)
+		in[j] = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, j)]],
+				  (frag_name(name, sizeof name, cw, j), name), O_RDONLY);
+	out[0] = open_file(G.t->fd, "p0", O_RDWR | O_CREAT | O_TRUNC);
+	out[1] = open_file(G.t->fd, "p1", O_RDWR | O_CREAT | O_TRUNC);
+	assert_int_equal(ec_encode(in, out, 2, err, sizeof err), -EBADMSG);
+	assert_non_null(strstr(err, "fragment 2 is "));
+	close_all(in, 4);
+	close_all(out, 2);
+	group_free(&G);
+}
+
+/* Streaming in bounded memory: in a child whose address space may grow by
+ * only 24 MiB, four 16 MiB members (64 MiB of data) are encoded and one is
+ * decoded again. An implementation that held a member, let alone a shard,
+ * in memory would fail to allocate. (Not under ASan, whose shadow memory
+ * needs the address space.) */
+static void test_bounded_memory(void **state)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	(void)state;
+	skip();
+#else
+	struct tmp *t = *state;
+	char name[64];
+	pid_t pid;
+	int status;
+
+	for (unsigned r = 0; r < 4; r++) {
+		snprintf(name, sizeof name, "m%u", r);
+		make_file(t->fd, name, 0, 0600);
+		rng_state = r + 1;
+		put_bytes(t->fd, name, 0, 1u << 20);               /* data at the start */
+		make_file(t->fd, name, 16u << 20, 0600);          /* and 15 MiB of hole */
+		put_bytes(t->fd, name, (16u << 20) - 4096, 4096); /* and data at the end */
+	}
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		struct ec_geom g = { .k = 4, .m = 2, .seg = EC_SEG_DEFAULT };
+		struct manifest *mf[4];
+		int shard[4], in[4], out[2], dec[5], rc = 0;
+		FILE *f = fopen("/proc/self/statm", "r");
+		unsigned long pages = 0;
+		struct rlimit rl;
+		struct ec_shard dst;
+		struct ec_sink sink;
+		/* every member is a whole one-file shard: its own directory */
+		for (unsigned r = 0; r < 4 && !rc; r++) {
+			snprintf(name, sizeof name, "d%u", r);
+			rc |= mkdirat(t->fd, name, 0700);
+			shard[r] = openat(t->fd, name, O_RDONLY | O_DIRECTORY);
+			snprintf(name, sizeof name, "../m%u", r);
+			rc |= renameat(shard[r], name, shard[r], "f");
+			rc |= mf_build(shard[r], &mf[r]);
+			g.d[r].len = mf[r]->total;
+			memcpy(g.d[r].shard, mf[r]->hash, 32);
+		}
+		for (unsigned r = 0; r < 4 && !rc; r++) {
+			snprintf(name, sizeof name, "frag%u", r);
+			in[r] = openat(t->fd, name, O_RDWR | O_CREAT | O_TRUNC, 0600);
+		}
+		out[0] = openat(t->fd, "par0", O_RDWR | O_CREAT | O_TRUNC, 0600);
+		out[1] = openat(t->fd, "par1", O_RDWR | O_CREAT | O_TRUNC, 0600);
+		if (rc || !f || fscanf(f, "%lu", &pages) != 1)
+			_exit(10);
+		fclose(f);
+		rl.rlim_cur = rl.rlim_max = pages * (unsigned long)sysconf(_SC_PAGESIZE) + (24u << 20);
+		if (setrlimit(RLIMIT_AS, &rl))
+			_exit(11);
+		if (malloc(64u << 20))
+			_exit(12);   /* the limit works */
+		for (unsigned r = 0; r < 4; r++)
+			if (ec_frag_data(&g, r, &(struct ec_shard){ shard[r], mf[r] }, in[r], NULL, 0))
+				_exit(13);
+		if (ec_encode(in, out, 2, NULL, 0))
+			_exit(14);
+		/* member 0 lost: decode it from 1, 2, 3 and parity 0 */
+		if (mkdirat(t->fd, "r0", 0700))
+			_exit(15);
+		dst = (struct ec_shard){ openat(t->fd, "r0", O_RDONLY | O_DIRECTORY), mf[0] };
+		sink = (struct ec_sink){ .shard = &dst, .fd = -1 };
+		dec[0] = in[1];
+		dec[1] = in[2];
+		dec[2] = in[3];
+		dec[3] = out[0];
+		if (ec_shard_prepare(&dst) || ec_decode(dec, 4, 0, &sink, NULL, 0))
+			_exit(16);
+		if (ec_shard_finish(&dst, NULL, 0))
+			_exit(17);
+		_exit(0);
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+#endif
 }
 
 /* The RAM figure: each node holds its own shard S plus M parity fragments
@@ -607,6 +812,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_rs_mixed_sizes, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_corrupt_fragment, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_rebuild_parity, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_frag_damage, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_bounded_memory, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_lost_during_encoding, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_ram_figure, tmp_setup, tmp_teardown),
 	};
 
