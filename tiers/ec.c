@@ -283,43 +283,30 @@ struct frag {
 	uint64_t len;        /* payload bytes */
 };
 
-static int frag_read_info(int fd, struct frag *f, char *err, size_t errlen)
+/* The fixed start of a header: K and M, to know its length. */
+static int hdr_fixed(const uint8_t fixed[44], unsigned *k, unsigned *m, char *err, size_t errlen)
 {
-	uint8_t fixed[44], *h = NULL, tb[EC_TRL_LEN(EC_MAX_N)];
-	unsigned k, m;
-	struct stat st;
-	uint64_t want;
-	int rc;
-
-	memset(f, 0, sizeof *f);
-	f->fd = fd;
-	if (fstat(fd, &st) < 0)
-		return -errno;
-	rc = pread_full(fd, fixed, sizeof fixed, 0);
-	if (rc == -EBADMSG || (!rc && (memcmp(fixed, EC_MAGIC, 8) || fixed[8] != EC_VERSION ||
-				       fixed[9] != 0))) {
+	if (memcmp(fixed, EC_MAGIC, 8) || fixed[8] != EC_VERSION || fixed[9] != 0) {
 		snprintf(err, errlen, "not an mtcfs fragment (magic or version)");
 		return -EBADMSG;
 	}
-	if (rc)
-		return rc;
-	k = fixed[10];
-	m = fixed[11];
-	if (k < 1 || m < 1 || k + m > EC_MAX_N || fixed[12] >= k + m) {
-		snprintf(err, errlen, "fragment header: K %u, M %u, index %u out of range", k, m,
+	*k = fixed[10];
+	*m = fixed[11];
+	if (*k < 1 || *m < 1 || *k + *m > EC_MAX_N || fixed[12] >= *k + *m) {
+		snprintf(err, errlen, "fragment header: K %u, M %u, index %u out of range", *k, *m,
 			 fixed[12]);
 		return -EBADMSG;
 	}
-	h = malloc(EC_HDR_LEN(k));
-	if (!h)
-		return -ENOMEM;
-	rc = pread_full(fd, h, EC_HDR_LEN(k), 0);
-	if (rc)
-		goto short_or_rc;
+	return 0;
+}
+
+/* The whole header h[EC_HDR_LEN(k)] into f (geometry, index, len). */
+static int hdr_parse(const uint8_t *h, unsigned k, unsigned m, struct frag *f, char *err,
+		     size_t errlen)
+{
 	if (get32(h + EC_HDR_LEN(k) - 4) != mf_crc32c(0, h, EC_HDR_LEN(k) - 4)) {
 		snprintf(err, errlen, "fragment header CRC32C mismatch");
-		rc = -EBADMSG;
-		goto out;
+		return -EBADMSG;
 	}
 	f->index = h[12];
 	f->g.k = k;
@@ -334,10 +321,63 @@ static int frag_read_info(int fd, struct frag *f, char *err, size_t errlen)
 	}
 	if (!geom_ok(&f->g) || ec_cw_len(&f->g) != get64(h + 20)) {
 		snprintf(err, errlen, "fragment header: segment size or lengths inconsistent");
-		rc = -EBADMSG;
-		goto out;
+		return -EBADMSG;
 	}
 	f->len = member_len(&f->g, f->index);
+	return 0;
+}
+
+/* The trailer tb[EC_TRL_LEN(k)] of f (header parsed) into f->t. */
+static int trl_parse(const uint8_t *tb, struct frag *f, char *err, size_t errlen)
+{
+	unsigned k = f->g.k;
+
+	if (get32(tb + 8 + 4 * k) != mf_crc32c(0, tb, 8 + 4 * k)) {
+		snprintf(err, errlen, "fragment %u: trailer CRC32C mismatch", f->index);
+		return -EBADMSG;
+	}
+	f->t.mask = get32(tb);
+	for (unsigned j = 0; j < k; j++)
+		f->t.crc[j] = get32(tb + 4 + 4 * j);
+	f->t.payload_crc = get32(tb + 4 + 4 * k);
+	if (f->t.mask >> k || (f->index < k && !(f->t.mask >> f->index & 1)) ||
+	    (f->index < k && f->t.crc[f->index] != f->t.payload_crc)) {
+		snprintf(err, errlen, "fragment %u: trailer's member CRCs inconsistent", f->index);
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+static int frag_read_info(int fd, struct frag *f, char *err, size_t errlen)
+{
+	uint8_t fixed[44], *h = NULL, tb[EC_TRL_LEN(EC_MAX_N)];
+	unsigned k, m;
+	struct stat st;
+	uint64_t want;
+	int rc;
+
+	memset(f, 0, sizeof *f);
+	f->fd = fd;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	rc = pread_full(fd, fixed, sizeof fixed, 0);
+	if (rc == -EBADMSG) {
+		snprintf(err, errlen, "not an mtcfs fragment (magic or version)");
+		return rc;
+	}
+	if (!rc)
+		rc = hdr_fixed(fixed, &k, &m, err, errlen);
+	if (rc)
+		return rc;
+	h = malloc(EC_HDR_LEN(k));
+	if (!h)
+		return -ENOMEM;
+	rc = pread_full(fd, h, EC_HDR_LEN(k), 0);
+	if (rc)
+		goto short_or_rc;
+	rc = hdr_parse(h, k, m, f, err, errlen);
+	if (rc)
+		goto out;
 	want = ec_frag_size(&f->g, f->index);
 	if ((uint64_t)st.st_size != want) {
 		snprintf(err, errlen, "fragment %u is %lld bytes, its header says %llu", f->index,
@@ -348,22 +388,7 @@ static int frag_read_info(int fd, struct frag *f, char *err, size_t errlen)
 	rc = pread_full(fd, tb, EC_TRL_LEN(k), want - EC_TRL_LEN(k));
 	if (rc)
 		goto short_or_rc;
-	if (get32(tb + 8 + 4 * k) != mf_crc32c(0, tb, 8 + 4 * k)) {
-		snprintf(err, errlen, "fragment %u: trailer CRC32C mismatch", f->index);
-		rc = -EBADMSG;
-		goto out;
-	}
-	f->t.mask = get32(tb);
-	for (unsigned j = 0; j < k; j++)
-		f->t.crc[j] = get32(tb + 4 + 4 * j);
-	f->t.payload_crc = get32(tb + 4 + 4 * k);
-	if (f->t.mask >> k || (f->index < k && !(f->t.mask >> f->index & 1)) ||
-	    (f->index < k && f->t.crc[f->index] != f->t.payload_crc)) {
-		snprintf(err, errlen, "fragment %u: trailer's member CRCs inconsistent", f->index);
-		rc = -EBADMSG;
-		goto out;
-	}
-	rc = 0;
+	rc = trl_parse(tb, f, err, errlen);
 	goto out;
 short_or_rc:
 	if (rc == -EBADMSG)
