@@ -807,6 +807,224 @@ out:
 	return rc;
 }
 
+/* ---- incremental parity ---- */
+
+struct ec_enc {
+	struct ec_geom g;
+	int out[EC_MAX_N];
+	uint8_t *tbls;               /* 32 x K x M */
+	uint8_t *bufs;               /* (M + 1) x seg: one data, M parity segments */
+	uint32_t added;              /* bit j: member j folded in */
+	uint32_t crc[EC_MAX_N];      /* their payload CRCs */
+	int failed;                  /* a spoilt fold: returned ever after */
+};
+
+/* Reads exactly len bytes from the stream; an early end is -EBADMSG. */
+static int read_full(int fd, void *buf, size_t len)
+{
+	uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = read(fd, p, len);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return -EBADMSG;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+void ec_enc_free(struct ec_enc *e)
+{
+	if (!e)
+		return;
+	free(e->tbls);
+	free(e->bufs);
+	free(e);
+}
+
+int ec_enc_open(const struct ec_geom *g, const int *out, struct ec_enc **ep)
+{
+	struct ec_enc *e = NULL;
+	uint8_t *a = NULL, *hdr = NULL;
+	int rc = -ENOMEM;
+
+	if (!geom_ok(g) || !out || !ep)
+		return -EINVAL;
+	e = calloc(1, sizeof *e);
+	if (!e)
+		return -ENOMEM;
+	e->g = *g;
+	memcpy(e->out, out, g->m * sizeof *out);
+	e->tbls = malloc((size_t)32 * g->k * g->m);
+	e->bufs = seg_alloc((size_t)(g->m + 1) * g->seg);
+	hdr = malloc(EC_HDR_LEN(g->k));
+	if (!e->tbls || !e->bufs || !hdr || coding_matrix(g->k, g->m, &a))
+		goto out;
+	ec_init_tables((int)g->k, (int)g->m, a + (size_t)g->k * g->k, e->tbls);
+	for (unsigned j = 0; j < g->m; j++) {
+		/* the payload starts as zeros: holes, until members fold in */
+		if (ftruncate(out[j], 0) < 0 ||
+		    ftruncate(out[j], (off_t)ec_frag_size(g, g->k + j)) < 0) {
+			rc = -errno;
+			goto out;
+		}
+		hdr_encode(g, g->k + j, hdr);
+		rc = pwrite_full(out[j], hdr, EC_HDR_LEN(g->k), 0);
+		if (rc)
+			goto out;
+	}
+	rc = 0;
+out:
+	free(a);
+	free(hdr);
+	if (rc) {
+		ec_enc_free(e);
+		return rc;
+	}
+	*ep = e;
+	return 0;
+}
+
+int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
+{
+	const struct ec_geom *g;
+	uint8_t fixed[44], *h = NULL, tb[EC_TRL_LEN(EC_MAX_N)], *pp[EC_MAX_N];
+	struct frag f;
+	uint32_t crc = 0;
+	unsigned k, m;
+	char dummy[1];
+	int rc;
+
+	if (!err || !errlen) {
+		err = dummy;
+		errlen = sizeof dummy;
+	}
+	err[0] = '\0';
+	if (!e)
+		return -EINVAL;
+	if (e->failed)
+		return e->failed;
+	g = &e->g;
+	memset(&f, 0, sizeof f);
+	rc = read_full(fd, fixed, sizeof fixed);
+	if (rc == -EBADMSG)
+		snprintf(err, errlen, "data fragment: the stream ends inside its header");
+	if (!rc)
+		rc = hdr_fixed(fixed, &k, &m, err, errlen);
+	if (rc)
+		return rc;
+	if (k != g->k || m != g->m) {
+		snprintf(err, errlen, "data fragment for rs:%u+%u, the codeword is rs:%u+%u", k, m,
+			 g->k, g->m);
+		return -EBADMSG;
+	}
+	h = malloc(EC_HDR_LEN(k));
+	if (!h)
+		return -ENOMEM;
+	memcpy(h, fixed, sizeof fixed);
+	rc = read_full(fd, h + sizeof fixed, EC_HDR_LEN(k) - sizeof fixed);
+	if (rc == -EBADMSG)
+		snprintf(err, errlen, "data fragment: the stream ends inside its header");
+	if (!rc)
+		rc = hdr_parse(h, k, m, &f, err, errlen);
+	free(h);
+	if (rc)
+		return rc;
+	if (f.index >= k || !geom_eq(&f.g, g) || (e->added >> f.index & 1)) {
+		snprintf(err, errlen, "data fragment %u: %s", f.index,
+			 f.index >= k ? "is a parity fragment" :
+			 !geom_eq(&f.g, g) ? "from another codeword" : "added twice");
+		return -EBADMSG;
+	}
+	/* From here on the parity holds part of this member: a failure
+	 * spoils the encoder. */
+	for (unsigned j = 0; j < m; j++)
+		pp[j] = e->bufs + (size_t)(j + 1) * g->seg;
+	for (uint64_t pos = 0; !rc && pos < f.len; pos += g->seg) {
+		size_t n = f.len - pos < g->seg ? (size_t)(f.len - pos) : g->seg;
+		rc = read_full(fd, e->bufs, n);
+		if (rc == -EBADMSG)
+			snprintf(err, errlen, "data fragment %u: the stream ends inside its payload",
+				 f.index);
+		if (rc)
+			break;
+		crc = mf_crc32c(crc, e->bufs, n);
+		for (unsigned j = 0; !rc && j < m; j++)
+			rc = pread_full(e->out[j], pp[j], n, EC_HDR_LEN(k) + pos);
+		if (rc)
+			break;
+		ec_encode_data_update((int)n, (int)k, (int)m, (int)f.index, e->tbls, e->bufs, pp);
+		for (unsigned j = 0; !rc && j < m; j++)
+			rc = pwrite_full(e->out[j], pp[j], n, EC_HDR_LEN(k) + pos);
+	}
+	if (!rc) {
+		rc = read_full(fd, tb, EC_TRL_LEN(k));
+		if (rc == -EBADMSG)
+			snprintf(err, errlen, "data fragment %u: the stream ends inside its trailer",
+				 f.index);
+	}
+	if (!rc)
+		rc = trl_parse(tb, &f, err, errlen);
+	if (!rc && crc != f.t.payload_crc) {
+		snprintf(err, errlen, "data fragment %u: payload CRC32C mismatch", f.index);
+		rc = -EBADMSG;
+	}
+	if (rc) {
+		e->failed = rc;
+		return rc;
+	}
+	e->added |= 1u << f.index;
+	e->crc[f.index] = crc;
+	return 0;
+}
+
+int ec_enc_finish(struct ec_enc *e, char *err, size_t errlen)
+{
+	const struct ec_geom *g;
+	uint8_t tb[EC_TRL_LEN(EC_MAX_N)];
+	uint64_t cw;
+	char dummy[1];
+	int rc = 0;
+
+	if (!err || !errlen) {
+		err = dummy;
+		errlen = sizeof dummy;
+	}
+	err[0] = '\0';
+	if (!e)
+		return -EINVAL;
+	if (e->failed)
+		return e->failed;
+	g = &e->g;
+	for (unsigned j = 0; j < g->k; j++)
+		if (!(e->added >> j & 1)) {
+			snprintf(err, errlen, "data fragment %u was not added", j);
+			return -ENODATA;
+		}
+	cw = ec_cw_len(g);
+	for (unsigned j = 0; j < g->m && !rc; j++) {
+		struct trailer t = { .mask = g->k == 32 ? 0xffffffffu : (1u << g->k) - 1 };
+		for (uint64_t pos = 0; !rc && pos < cw; pos += g->seg) {
+			size_t n = cw - pos < g->seg ? (size_t)(cw - pos) : g->seg;
+			rc = pread_full(e->out[j], e->bufs, n, EC_HDR_LEN(g->k) + pos);
+			t.payload_crc = mf_crc32c(t.payload_crc, e->bufs, n);
+		}
+		memcpy(t.crc, e->crc, sizeof t.crc);
+		trl_encode(g->k, &t, tb);
+		if (!rc)
+			rc = pwrite_full(e->out[j], tb, EC_TRL_LEN(g->k), EC_HDR_LEN(g->k) + cw);
+	}
+	if (rc)
+		e->failed = rc;
+	return rc;
+}
+
 /* Row `want` of the code expressed in the survivors rows[0..k-1]: the
  * coefficients c such that member want = sum c[i] * member rows[i]. */
 static int decode_row(const uint8_t *a, unsigned k, const unsigned *rows, unsigned want,

@@ -104,6 +104,35 @@ int ec_frag_data(const struct ec_geom *g, unsigned index, const struct ec_shard 
  * codeword or an index twice: err says which), or -errno. */
 int ec_encode(const int *in, const int *out, unsigned m, char *err, size_t errlen);
 
+/* Incremental parity, for data fragments that arrive over the network one
+ * member at a time, in any order, and are never stored: each is read once,
+ * sequentially, and folded into the M parity files (GF(2^8) is linear:
+ * ISA-L's ec_encode_data_update). The parity holder's extra memory is
+ * (M + 1) x seg whatever the shard size, and no RAM holds the K data
+ * members (ec_encode needs them as files: S more on the node while a
+ * codeword is encoded).
+ *   ec_enc_open:   g is the codeword (ecplan_geom); out[0..M-1] regular
+ *                  files for parity K..K+M-1 (truncated, header written,
+ *                  payload zeros). *e owned by the caller. 0, -EINVAL
+ *                  (geometry), -ENOMEM or -errno.
+ *   ec_enc_add:    reads exactly one data fragment, ec_frag_size() bytes,
+ *                  from fd (a file at its current offset, a pipe or a
+ *                  socket), checks that it belongs to g and its CRCs, and
+ *                  folds it in. -EBADMSG (err says why): a header of another
+ *                  codeword or an index already added leaves the encoder as
+ *                  it was (nothing read past the header); a payload or
+ *                  trailer that fails after folding spoils it: it stays
+ *                  failed, every later call returns that error (start the
+ *                  codeword again). -errno of the read likewise.
+ *   ec_enc_finish: all K added: writes the trailers. -ENODATA (err names a
+ *                  missing member) or the failure.
+ *   ec_enc_free:   accepts NULL; does not close out[]. */
+struct ec_enc;
+int ec_enc_open(const struct ec_geom *g, const int *out, struct ec_enc **e);
+int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen);
+int ec_enc_finish(struct ec_enc *e, char *err, size_t errlen);
+void ec_enc_free(struct ec_enc *e);
+
 /* Where a rebuilt member goes. */
 struct ec_sink {
 	const struct ec_shard *shard;  /* a data member: into these files (prepared) */

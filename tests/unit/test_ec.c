@@ -669,8 +669,8 @@ static void test_lost_during_encoding(void **state)
 }
 
 /* Streaming in bounded memory: in a child whose address space may grow by
- * only 24 MiB, four 16 MiB members (64 MiB of data) are encoded and one is
- * decoded again. An implementation that held a member, let alone a shard,
+ * only 24 MiB, four 16 MiB members (64 MiB of data) are encoded (by
+ * ec_encode and by ec_enc_*) and one is decoded again. An implementation that held a member, let alone a shard,
  * in memory would fail to allocate. (Not under ASan, whose shadow memory
  * needs the address space.) */
 static void test_bounded_memory(void **state)
@@ -733,6 +733,20 @@ static void test_bounded_memory(void **state)
 				_exit(13);
 		if (ec_encode(in, out, 2, NULL, 0))
 			_exit(14);
+		{
+			/* the same parity folded in member by member */
+			int inc[2] = { openat(t->fd, "inc0", O_RDWR | O_CREAT | O_TRUNC, 0600),
+				       openat(t->fd, "inc1", O_RDWR | O_CREAT | O_TRUNC, 0600) };
+			struct ec_enc *e = NULL;
+			if (ec_enc_open(&g, inc, &e))
+				_exit(18);
+			for (unsigned r = 0; r < 4; r++)
+				if (lseek(in[r], 0, SEEK_SET) != 0 || ec_enc_add(e, in[r], NULL, 0))
+					_exit(19);
+			if (ec_enc_finish(e, NULL, 0))
+				_exit(20);
+			ec_enc_free(e);
+		}
 		/* member 0 lost: decode it from 1, 2, 3 and parity 0 */
 		if (mkdirat(t->fd, "r0", 0700))
 			_exit(15);
@@ -752,6 +766,108 @@ static void test_bounded_memory(void **state)
 	assert_true(WIFEXITED(status));
 	assert_int_equal(WEXITSTATUS(status), 0);
 #endif
+}
+
+static void assert_same_file(int a, int b)
+{
+	struct stat sa, sb;
+	uint8_t *x, *y;
+
+	assert_int_equal(fstat(a, &sa), 0);
+	assert_int_equal(fstat(b, &sb), 0);
+	assert_int_equal(sa.st_size, sb.st_size);
+	x = malloc((size_t)sa.st_size + 1);
+	y = malloc((size_t)sb.st_size + 1);
+	assert_int_equal(pread(a, x, (size_t)sa.st_size, 0), sa.st_size);
+	assert_int_equal(pread(b, y, (size_t)sb.st_size, 0), sb.st_size);
+	assert_memory_equal(x, y, (size_t)sa.st_size);
+	free(x);
+	free(y);
+}
+
+/* Incremental parity: the data fragments of a codeword folded in one at a
+ * time, in reverse order, one of them through a pipe from another process
+ * (as from a socket), give the very parity fragments ec_encode wrote. A
+ * fragment of another codeword or one added twice is refused and changes
+ * nothing; a missing one is -ENODATA; a corrupt payload spoils the encoder
+ * for good. */
+static void test_incremental_encode(void **state)
+{
+	struct group G;
+	const struct ecplan_group *pg;
+	struct ec_geom g;
+	struct ec_enc *e = NULL;
+	char name[64], err[200];
+	int out[2], in[4], stranger, pfd[2], status;
+	unsigned cw = 2;
+	pid_t pid;
+
+	group_build(&G, *state, 4, 2, EC_SEG_MIN, NULL, 0);
+	pg = &G.plan->g[0];
+	geom_of(&G, cw, &g);
+	for (unsigned j = 0; j < 4; j++)
+		in[j] = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, j)]],
+				  (frag_name(name, sizeof name, cw, j), name), O_RDONLY);
+	stranger = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw + 1, 0)]],
+			     (frag_name(name, sizeof name, cw + 1, 0), name), O_RDONLY);
+	out[0] = open_file(G.t->fd, "inc0", O_RDWR | O_CREAT | O_TRUNC);
+	out[1] = open_file(G.t->fd, "inc1", O_RDWR | O_CREAT | O_TRUNC);
+	assert_int_equal(ec_enc_open(&g, out, &e), 0);
+	for (int j = 3; j >= 1; j--)
+		assert_int_equal(ec_enc_add(e, in[j], err, sizeof err), 0);
+	assert_int_equal(ec_enc_finish(e, err, sizeof err), -ENODATA);
+	assert_string_equal(err, "data fragment 0 was not added");
+	assert_int_equal(ec_enc_add(e, stranger, err, sizeof err), -EBADMSG);
+	assert_string_equal(err, "data fragment 0: from another codeword");
+	assert_int_equal(lseek(in[2], 0, SEEK_SET), 0);
+	assert_int_equal(ec_enc_add(e, in[2], err, sizeof err), -EBADMSG);
+	assert_string_equal(err, "data fragment 2: added twice");
+	/* member 0 from a pipe, written by a child from node's shard */
+	assert_int_equal(pipe(pfd), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		unsigned r = (unsigned)pg->unit[ecplan_slot_pos(pg, cw, 0)];
+		struct ec_shard src = { G.shard[r], G.mf[r] };
+		close(pfd[0]);
+		_exit(ec_frag_data(&g, 0, &src, pfd[1], NULL, 0) ? 1 : 0);
+	}
+	close(pfd[1]);
+	assert_int_equal(ec_enc_add(e, pfd[0], err, sizeof err), 0);
+	close(pfd[0]);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	assert_int_equal(ec_enc_finish(e, err, sizeof err), 0);
+	for (unsigned j = 0; j < 2; j++) {
+		int orig = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 4 + j)]],
+				     (frag_name(name, sizeof name, cw, 4 + j), name), O_RDONLY);
+		assert_same_file(out[j], orig);
+		close(orig);
+	}
+	ec_enc_free(e);
+	/* a corrupt payload: failed, and stays failed */
+	{
+		uint8_t b;
+		int fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 1)]],
+				   (frag_name(name, sizeof name, cw, 1), name), O_RDWR);
+		assert_int_equal(pread(fd, &b, 1, EC_HDR_LEN(4) + 3), 1);
+		b ^= 4;
+		assert_int_equal(pwrite(fd, &b, 1, EC_HDR_LEN(4) + 3), 1);
+		close(fd);
+	}
+	assert_int_equal(ec_enc_open(&g, out, &e), 0);
+	assert_int_equal(lseek(in[1], 0, SEEK_SET), 0);
+	assert_int_equal(ec_enc_add(e, in[1], err, sizeof err), -EBADMSG);
+	assert_string_equal(err, "data fragment 1: payload CRC32C mismatch");
+	assert_int_equal(lseek(in[0], 0, SEEK_SET), 0);
+	assert_int_equal(ec_enc_add(e, in[0], err, sizeof err), -EBADMSG);
+	assert_int_equal(ec_enc_finish(e, err, sizeof err), -EBADMSG);
+	ec_enc_free(e);
+	ec_enc_free(NULL);
+	close_all(in, 4);
+	close_all(out, 2);
+	close(stranger);
+	group_free(&G);
 }
 
 /* The RAM figure: each node holds its own shard S plus M parity fragments
@@ -812,6 +928,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_rs_mixed_sizes, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_corrupt_fragment, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_rebuild_parity, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_incremental_encode, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_frag_damage, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_bounded_memory, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_lost_during_encoding, tmp_setup, tmp_teardown),
