@@ -11,7 +11,9 @@
  *            counted as K x 1 MiB of survivors read per second.
  *   files    a real group of K + M shards of --size MiB (one random file
  *            each) on DIR (tmpfs by default): data fragments (ec_frag_data),
- *            parity (ec_encode, GiB of data in per second), and the restore
+ *            parity (ec_encode, GiB of data in per second; and ec_enc_*,
+ *            the same folded in member by member as from the network),
+ *            and the restore
  *            of node 0's whole shard from the survivors' fragments after
  *            node 0 and M - 1 others are lost (K ec_decode calls into the
  *            shard's files, then ec_shard_finish's CRC check): its time and
@@ -123,7 +125,7 @@ static void kernel(unsigned k, unsigned m, int reps, struct stat3 *enc, struct s
 /* ---- through the files ---- */
 
 struct filebench {
-	struct stat3 enc, restore_ms, restore_gibs, copy_ms;
+	struct stat3 enc, inc, restore_ms, restore_gibs, copy_ms;
 	double ram_x;
 };
 
@@ -198,7 +200,7 @@ static void files(const char *dir, unsigned k, unsigned m, uint64_t size, int re
 	struct ecplan_in in = { .nodes = (int)n, .k = k, .m = m };
 	const struct ecplan_group *g;
 	char path[4096], name[64], err[512] = "";
-	double ev[64], rv[64], gv[64], cv[64];
+	double ev[64], iv[64], rv[64], gv[64], cv[64];
 	int rc;
 
 	snprintf(path, sizeof path, "%s/mtcfs-ecbench-%d-%u+%u", dir, (int)getpid(), k, m);
@@ -226,7 +228,7 @@ static void files(const char *dir, unsigned k, unsigned m, uint64_t size, int re
 		die("ecplan_build", rc, NULL);
 	g = &plan->g[0];
 	for (int rep = 0; rep < reps; rep++) {
-		double tenc = 0, t0;
+		double tenc = 0, tinc = 0, t0;
 		uint64_t encoded = 0;
 		/* protect the step: every codeword's data fragments, then parity */
 		for (unsigned cw = 0; cw < n; cw++) {
@@ -251,12 +253,40 @@ static void files(const char *dir, unsigned k, unsigned m, uint64_t size, int re
 			if ((rc = ec_encode(din, pout, m, err, sizeof err)))
 				die("ec_encode", rc, err);
 			tenc += now_s() - t0;
+			/* the same parity folded in member by member (ec_enc_*) */
+			{
+				struct ec_enc *e = NULL;
+				int iout[MAXR];
+				for (unsigned j = 0; j < m; j++) {
+					snprintf(name, sizeof name, "inc%u", j);
+					iout[j] = xopen(root, name, O_RDWR | O_CREAT | O_TRUNC);
+				}
+				t0 = now_s();
+				if ((rc = ec_enc_open(&geom, iout, &e)))
+					die("ec_enc_open", rc, NULL);
+				for (unsigned j = 0; j < k; j++) {
+					if (lseek(din[j], 0, SEEK_SET) != 0)
+						die("lseek", errno, NULL);
+					if ((rc = ec_enc_add(e, din[j], err, sizeof err)))
+						die("ec_enc_add", rc, err);
+				}
+				if ((rc = ec_enc_finish(e, err, sizeof err)))
+					die("ec_enc_finish", rc, err);
+				tinc += now_s() - t0;
+				ec_enc_free(e);
+				for (unsigned j = 0; j < m; j++) {
+					close(iout[j]);
+					snprintf(name, sizeof name, "inc%u", j);
+					unlinkat(root, name, 0);
+				}
+			}
 			for (unsigned j = 0; j < k; j++)
 				close(din[j]);
 			for (unsigned j = 0; j < m; j++)
 				close(pout[j]);
 		}
 		ev[rep] = (double)encoded / tenc / (1u << 30);
+		iv[rep] = (double)encoded / tinc / (1u << 30);
 		/* RAM: node 0's own shard and parity files (data fragments are
 		 * what peers stream; they are not kept) */
 		{
@@ -309,6 +339,7 @@ static void files(const char *dir, unsigned k, unsigned m, uint64_t size, int re
 		cv[rep] = copy_ms(shard[0], root, sz[0]);
 	}
 	fb->enc = summarize(ev, reps);
+	fb->inc = summarize(iv, reps);
 	fb->restore_ms = summarize(rv, reps);
 	fb->restore_gibs = summarize(gv, reps);
 	fb->copy_ms = summarize(cv, reps);
@@ -346,11 +377,11 @@ int main(int argc, char **argv)
 		}
 	}
 	printf("| redundancy | RAM per node (x S) | goal | kernel encode GiB/s/core | "
-	       "kernel decode GiB/s/core | ec_encode files GiB/s | restore lost shard (%llu MiB) ms | "
+	       "kernel decode GiB/s/core | ec_encode files GiB/s | ec_enc incremental GiB/s | restore lost shard (%llu MiB) ms | "
 	       "restore GiB/s | copy S on DIR ms (floor) |\n",
 	       (unsigned long long)size_mib);
-	printf("|---|---|---|---|---|---|---|---|---|\n");
-	printf("| replication (1 peer) | 2.00 | 2.00 | - | - | - | - | - | - |\n");
+	printf("|---|---|---|---|---|---|---|---|---|---|\n");
+	printf("| replication (1 peer) | 2.00 | 2.00 | - | - | - | - | - | - | - |\n");
 	snprintf(cfg, sizeof cfg, "%s", configs);
 	for (char *p = cfg, *next; p && *p; p = next) {
 		struct ec_redundancy red;
@@ -365,10 +396,10 @@ int main(int argc, char **argv)
 			die(spec, EINVAL, err);
 		kernel(red.k, red.m, (int)reps, &enc, &dec);
 		files(dir, red.k, red.m, size_mib << 20, (int)reps, &fb);
-		printf("| %s | %.3f | %.3f | %.2f (%.2f..%.2f) | %.2f (%.2f..%.2f) | %.2f (%.2f..%.2f) | "
+		printf("| %s | %.3f | %.3f | %.2f (%.2f..%.2f) | %.2f (%.2f..%.2f) | %.2f (%.2f..%.2f) | %.2f | "
 		       "%.0f (%.0f..%.0f) | %.2f | %.0f |\n",
 		       spec, fb.ram_x, 1.0 + (double)red.m / red.k, enc.med, enc.min, enc.max,
-		       dec.med, dec.min, dec.max, fb.enc.med, fb.enc.min, fb.enc.max,
+		       dec.med, dec.min, dec.max, fb.enc.med, fb.enc.min, fb.enc.max, fb.inc.med,
 		       fb.restore_ms.med, fb.restore_ms.min, fb.restore_ms.max,
 		       fb.restore_gibs.med, fb.copy_ms.med);
 		fflush(stdout);
