@@ -124,10 +124,17 @@ uint64_t ec_work_bytes(unsigned k, unsigned m, uint32_t seg)
 	return (uint64_t)(k + m) * seg;
 }
 
+/* Lengths and offsets bounded so that no sum of them (fragment size,
+ * stream end) can wrap around 2^64: a header from a peer is untrusted. */
 static bool geom_ok(const struct ec_geom *g)
 {
-	return g && g->k >= 1 && g->m >= 1 && g->k + g->m <= EC_MAX_N && g->seg >= EC_SEG_MIN &&
-	       g->seg <= EC_SEG_MAX;
+	if (!g || g->k < 1 || g->m < 1 || g->k + g->m > EC_MAX_N || g->seg < EC_SEG_MIN ||
+	    g->seg > EC_SEG_MAX)
+		return false;
+	for (unsigned j = 0; j < g->k; j++)
+		if (g->d[j].len > EC_MAX_MEMBER || g->d[j].off > EC_MAX_MEMBER)
+			return false;
+	return true;
 }
 
 static bool geom_eq(const struct ec_geom *a, const struct ec_geom *b)

@@ -46,6 +46,9 @@
 #define EC_SEG_DEFAULT (1u << 20)     /* 1 MiB: (K + M) x this is the working set */
 #define EC_SEG_MIN 4096u
 #define EC_SEG_MAX (64u << 20)
+/* A member's length and offset (64 PiB): far above any shard, low enough
+ * that no sum of them wraps. A geometry beyond it is -EINVAL/-EBADMSG. */
+#define EC_MAX_MEMBER (1ULL << 56)
 
 /* ---- the `redundancy` setting ---- */
 enum ec_kind { EC_REPLICATION = 0, EC_RS = 1 };

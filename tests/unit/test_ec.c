@@ -617,6 +617,55 @@ static void test_frag_damage(void **state)
 	group_free(&G);
 }
 
+static void put_le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A crafted header whose CRC is right and whose member length is 2^64 - 1:
+ * header + payload + trailer wraps to one byte less than header + trailer,
+ * so a file of that size would pass the size check and its "trailer" be
+ * read from inside the header. The label is ground until the header CRC's
+ * last byte is a valid trailer mask, the rest of the trailer is forged. */
+static void test_frag_huge_length(void **state)
+{
+	struct group G;
+	const struct ecplan_group *pg;
+	char name[64], err[200] = "";
+	enum { H = EC_HDR_LEN(2), T = EC_TRL_LEN(2) };
+	uint8_t f[H + T - 1];
+	uint8_t *tb = f + H - 1;
+	uint32_t crc = 0;
+	int fd;
+
+	group_build(&G, *state, 2, 1, EC_SEG_MIN, NULL, 1);   /* empty shards */
+	pg = &G.plan->g[0];
+	frag_name(name, sizeof name, 0, 0);
+	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 0, 0)]], name, O_RDWR);
+	assert_int_equal(pread(fd, f, H, 0), (ssize_t)H);
+	for (int i = 0; i < 8; i++) {
+		f[44 + i] = 0xff;   /* member 0's length */
+		f[20 + i] = 0xff;   /* so the codeword length */
+	}
+	for (unsigned salt = 0;; salt++) {
+		assert_true(salt < 1u << 20);
+		put_le32(f + 28 + 12, salt);   /* label bytes 12..15 */
+		crc = mf_crc32c(0, f, H - 4);
+		if ((crc >> 24) == 1)          /* mask: member 0 known, < 1 << K */
+			break;
+	}
+	put_le32(f + H - 4, crc);
+	memset(tb + 1, 0, T - 1);            /* mask 1; crc[0] = crc[1] = payload = 0 */
+	put_le32(tb + T - 4, mf_crc32c(0, tb, T - 4));
+	assert_int_equal(ftruncate(fd, 0), 0);
+	assert_int_equal(pwrite(fd, f, sizeof f, 0), (ssize_t)sizeof f);
+	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
+	assert_string_equal(err, "fragment header: segment size or lengths inconsistent");
+	close(fd);
+	group_free(&G);
+}
+
 /* A node lost during encoding leaves a parity fragment cut short: it is
  * refused (by its size) and another used; a data fragment cut short (its
  * sender died mid-stream) makes ec_encode refuse to produce parity. */
@@ -930,6 +979,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_rebuild_parity, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_incremental_encode, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_frag_damage, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_frag_huge_length, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_bounded_memory, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_lost_during_encoding, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_ram_figure, tmp_setup, tmp_teardown),
