@@ -40,9 +40,9 @@ int ec_parse_redundancy(const char *s, struct ec_redundancy *out, char *err, siz
 {
 	const char *p;
 	unsigned k, m;
+	char dummy[1];
 
 	if (!err || !errlen) {
-		static char dummy[1];
 		err = dummy;
 		errlen = sizeof dummy;
 	}
