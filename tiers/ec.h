@@ -147,10 +147,15 @@ struct ec_sink {
  * the majority, is treated as lost and the next one used. The rebuilt bytes
  * are checked against the member CRC the fragments carry.
  *   want < K with sink->shard: the member's slice is written into the
- *     shard's files (prepared with ec_shard_prepare); all-zero segments are
- *     not written, so holes stay holes.
+ *     shard's files (prepared with ec_shard_prepare); all-zero 4 KiB blocks
+ *     are not written, so holes stay holes. The survivors' payload CRCs are
+ *     checked while decoding (one read of each); a corrupt one costs a
+ *     second decode that rewrites the member and punches its zero pages.
+ *     One member of a shard at a time: the punch reads pages back.
  *   otherwise sink->fd receives the whole fragment `want` (a lost parity,
- *     or a data fragment to send to a peer).
+ *     or a data fragment to send to a peer), written in one pass (a socket
+ *     works); each survivor's payload is checked before the first byte.
+ * Memory: (K + 1) x seg.
  * 0; -ENODATA when fewer than K good fragments are left (err lists which
  * indices were found and why others were refused); -EBADMSG if the rebuilt
  * bytes fail their CRC (should not happen: a fragment lied); -EINVAL; or
