@@ -151,7 +151,8 @@ struct ec_sink {
  *     are not written, so holes stay holes. The survivors' payload CRCs are
  *     checked while decoding (one read of each); a corrupt one costs a
  *     second decode that rewrites the member and punches its zero pages.
- *     One member of a shard at a time: the punch reads pages back.
+ *     Members of one shard may be decoded in parallel: only pages wholly
+ *     inside this member are punched.
  *   otherwise sink->fd receives the whole fragment `want` (a lost parity,
  *     or a data fragment to send to a peer), written in one pass (a socket
  *     works); each survivor's payload is checked before the first byte.
