@@ -281,3 +281,38 @@ out:
 	free(ualive);
 	return rc;
 }
+
+/* A live node holding the unit's shard: the representative, else the
+ * lowest rank of the unit that has it; -1 if none. */
+static int data_holder(const struct ecplan *p, const bool *has_data, int unit)
+{
+	if (has_data[unit])
+		return unit;
+	for (int r = unit + 1; r < p->nodes; r++)
+		if (p->rep[r] == unit && has_data[r])
+			return r;
+	return -1;
+}
+
+int ecplan_piece_sources(const struct ecplan *p, const bool *has_data, const bool *has_parity,
+			 int rank, unsigned t, unsigned *cw, struct ecplan_src *out)
+{
+	const struct ecplan_group *g;
+	unsigned slot, n = 0;
+
+	if (!p || !has_data || !has_parity || !cw || !out || rank < 0 || rank >= p->nodes ||
+	    p->group[rank] < 0)
+		return -EINVAL;
+	g = &p->g[p->group[rank]];
+	if (t >= g->k)
+		return -EINVAL;
+	ecplan_piece(g, (unsigned)p->pos[rank], t, cw, &slot);
+	for (unsigned s = 0; s < g->k + g->m; s++) {
+		int unit = g->unit[ecplan_slot_pos(g, *cw, s)];
+		int from = s < g->k ? data_holder(p, has_data, unit) : (has_parity[unit] ? unit : -1);
+		if (s == slot || from < 0)
+			continue;
+		out[n++] = (struct ecplan_src){ .slot = s, .rank = from };
+	}
+	return (int)n;
+}

@@ -107,4 +107,19 @@ uint64_t ecplan_ram_bytes(const struct ecplan *p, int rank, const uint64_t *size
 int ecplan_restorable(const struct ecplan *p, const bool *has_data, const bool *has_parity,
 		      int rank, char *why, size_t whylen);
 
+/* Where the restoring node fetches piece t (0..k-1) of rank's shard from:
+ * *cw is the piece's codeword, and out[] (k + m entries) receives every
+ * member of it that survives, the piece's own slot excluded, as (slot,
+ * rank to ask): a data member from a node of its unit that has_data (the
+ * representative first, else the lowest such rank), a parity member from
+ * the representative that stores it if has_parity. Returns how many
+ * (fewer than k: not restorable; ask for more than k when there are, so a
+ * corrupt one costs no round trip), or -EINVAL (no group, bad arguments). */
+struct ecplan_src {
+	unsigned slot;
+	int rank;
+};
+int ecplan_piece_sources(const struct ecplan *p, const bool *has_data, const bool *has_parity,
+			 int rank, unsigned t, unsigned *cw, struct ecplan_src *out);
+
 #endif /* MTCFS_TIERS_ECPLAN_H */

@@ -352,8 +352,23 @@ static int restore_node(struct group *G, unsigned x, uint32_t lost, char *err, s
 		unsigned cw, slot, n;
 		int fds[EC_MAX_N];
 		struct ec_sink sink = { .shard = &dst, .fd = -1 };
+		struct ecplan_src src[EC_MAX_N];
+		bool has[EC_MAX_N];
+		int ns;
+		/* the sources the coordinator's plan would name */
+		for (unsigned r = 0; r < G->n; r++)
+			has[r] = !(lost >> r & 1);
+		ns = ecplan_piece_sources(G->plan, has, has, (int)x, t, &cw, src);
+		assert_true(ns >= 0);
 		ecplan_piece(pg, (unsigned)G->plan->pos[x], t, &cw, &slot);
 		n = survivors(G, cw, lost, fds);
+		assert_int_equal(n, (unsigned)ns);
+		close_all(fds, n);
+		for (int i = 0; i < ns; i++) {
+			char fname[64];
+			frag_name(fname, sizeof fname, cw, src[i].slot);
+			fds[i] = open_file(G->node[src[i].rank], fname, O_RDONLY);
+		}
 		rc = ec_decode(fds, n, slot, &sink, err, errlen);
 		close_all(fds, n);
 	}

@@ -284,6 +284,80 @@ static void test_data_parallel(void **state)
 	ecplan_free(p);
 }
 
+/* Sources for a piece: every surviving member once, the piece's own slot
+ * never, data from a live copy of the member's unit (its representative
+ * first), parity only from the representative that stores it; the count
+ * agrees with ecplan_restorable. */
+static void test_piece_sources(void **state)
+{
+	int same[8];
+	bool data[8], par[8];
+	struct ecplan_src src[EC_MAX_N];
+	struct ecplan *p;
+	unsigned cw;
+	bool all = true;
+	int n;
+
+	(void)state;
+	/* D = 2 over 8 nodes: units 0..3, nodes r and r + 4 identical; rs:3+1 */
+	assert_int_equal(ecplan_dp_same(8, 2, same), 0);
+	p = build(8, 2, 1, NULL, same);
+	/* column 1 lost entirely; node 2 (representative of column 2) too,
+	 * node 6 still holds column 2's shard */
+	for (int r = 0; r < 8; r++)
+		data[r] = par[r] = r != 1 && r != 5 && r != 2;
+	for (unsigned t = 0; t < p->g[0].k; t++) {
+		bool seen[EC_MAX_N] = { false };
+		unsigned slot;
+		n = ecplan_piece_sources(p, data, par, 5, t, &cw, src);
+		ecplan_piece(&p->g[0], 1, t, &cw, &slot);
+		/* 4 members, piece's own lost; column 2's parity (on node 2) lost
+		 * when it stores one of this codeword */
+		assert_true(n == 3 || n == 2);
+		for (int i = 0; i < n; i++) {
+			int unit = p->g[0].unit[ecplan_slot_pos(&p->g[0], cw, src[i].slot)];
+			assert_false(seen[src[i].slot]);
+			seen[src[i].slot] = true;
+			assert_int_not_equal(src[i].slot, slot);
+			if (src[i].slot < p->g[0].k)
+				assert_int_equal(src[i].rank, unit == 2 ? 6 : unit);
+			else
+				assert_int_equal(src[i].rank, unit);
+			assert_int_not_equal(src[i].rank, 2);
+		}
+		all &= n >= (int)p->g[0].k;
+	}
+	assert_int_equal(all, ecplan_restorable(p, data, par, 5, NULL, 0));
+	assert_false(all);   /* the piece whose parity was on node 2 is short */
+	assert_int_equal(ecplan_piece_sources(p, data, par, 5, 3, &cw, src), -EINVAL);
+	ecplan_free(p);
+	/* every loss pattern of rs:4+2: restorable iff every piece has >= k */
+	p = build(6, 4, 2, NULL, NULL);
+	for (uint32_t lost = 1; lost < 64; lost++) {
+		bool has[6];
+		for (int r = 0; r < 6; r++)
+			has[r] = !(lost >> r & 1);
+		for (int r = 0; r < 6; r++) {
+			all = true;
+			if (has[r])
+				continue;
+			for (unsigned t = 0; t < 4; t++) {
+				n = ecplan_piece_sources(p, has, has, r, t, &cw, src);
+				assert_true(n >= 0);
+				assert_int_equal(n, 6 - __builtin_popcount(lost));
+				all &= n >= 4;
+			}
+			assert_int_equal(all, ecplan_restorable(p, has, has, r, NULL, 0));
+		}
+	}
+	ecplan_free(p);
+	/* no group: nothing encoded */
+	assert_int_equal(ecplan_dp_same(8, 8, same), 0);
+	p = build(8, 2, 1, NULL, same);
+	assert_int_equal(ecplan_piece_sources(p, data, par, 0, 0, &cw, src), -EINVAL);
+	ecplan_free(p);
+}
+
 /* Over every loss pattern of a group: a lost shard is restorable exactly
  * when at most M of the group's units are lost; shards of survivors always
  * are. A node that lost only its parity (has_data, no has_parity) counts
@@ -361,6 +435,7 @@ int main(void)
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_domains),
 		cmocka_unit_test(test_data_parallel),
+		cmocka_unit_test(test_piece_sources),
 		cmocka_unit_test(test_restorable_exhaustive),
 		cmocka_unit_test(test_ram_figure),
 	};
