@@ -45,7 +45,10 @@
 #define EC_TRL_LEN(k) (12u + 4u * (unsigned)(k))
 #define EC_SEG_DEFAULT (1u << 20)     /* 1 MiB: (K + M) x this is the working set */
 #define EC_SEG_MIN 4096u
-#define EC_SEG_MAX (64u << 20)
+/* A reader sizes its buffers from the header's segment size, and headers
+ * come from peers: at most 1 MiB keeps any encode or decode within
+ * EC_MAX_N x 1 MiB (ISA-L is at full speed well below that). */
+#define EC_SEG_MAX EC_SEG_DEFAULT
 /* A member's length and offset (64 PiB): far above any shard, low enough
  * that no sum of them wraps. A geometry beyond it is -EINVAL/-EBADMSG. */
 #define EC_MAX_MEMBER (1ULL << 56)

@@ -681,6 +681,33 @@ static void test_frag_huge_length(void **state)
 	group_free(&G);
 }
 
+/* The segment size in a header sizes the reader's buffers ((K + 1) x seg
+ * in ec_decode): a peer claiming 64 MiB segments must not make a decode of
+ * rs:31+1 allocate 2 GiB. Headers beyond EC_SEG_MAX (1 MiB) are refused. */
+static void test_frag_huge_segment(void **state)
+{
+	struct group G;
+	const struct ecplan_group *pg;
+	char name[64], err[200] = "";
+	uint8_t h[EC_HDR_LEN(2)];
+	uint32_t crc;
+	int fd;
+
+	group_build(&G, *state, 2, 1, EC_SEG_MIN, NULL, 1);
+	pg = &G.plan->g[0];
+	frag_name(name, sizeof name, 0, 2);
+	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 0, 2)]], name, O_RDWR);
+	assert_int_equal(pread(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+	put_le32(h + 16, 64u << 20);
+	crc = mf_crc32c(0, h, sizeof h - 4);
+	put_le32(h + sizeof h - 4, crc);
+	assert_int_equal(pwrite(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
+	assert_string_equal(err, "fragment header: segment size or lengths inconsistent");
+	close(fd);
+	group_free(&G);
+}
+
 /* A node lost during encoding leaves a parity fragment cut short: it is
  * refused (by its size) and another used; a data fragment cut short (its
  * sender died mid-stream) makes ec_encode refuse to produce parity. */
@@ -995,6 +1022,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_incremental_encode, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_frag_damage, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_frag_huge_length, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_frag_huge_segment, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_bounded_memory, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_lost_during_encoding, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_ram_figure, tmp_setup, tmp_teardown),
