@@ -693,7 +693,7 @@ static int coding_matrix(unsigned k, unsigned m, uint8_t **a)
 	return 0;
 }
 
-int ec_encode(const int *in, const int *out, unsigned m, char *err, size_t errlen)
+int ec_encode(const int *in, unsigned k, const int *out, unsigned m, char *err, size_t errlen)
 {
 	struct frag *f = NULL, *byidx[EC_MAX_N] = { 0 };
 	uint8_t *a = NULL, *tbls = NULL, *bufs = NULL, *hdr = NULL;
@@ -702,7 +702,6 @@ int ec_encode(const int *in, const int *out, unsigned m, char *err, size_t errle
 	const struct ec_geom *g;
 	uint64_t cw;
 	char dummy[1];
-	unsigned k;
 	int rc;
 
 	if (!err || !errlen) {
@@ -710,20 +709,21 @@ int ec_encode(const int *in, const int *out, unsigned m, char *err, size_t errle
 		errlen = sizeof dummy;
 	}
 	err[0] = '\0';
-	if (!in || !out || m < 1 || m >= EC_MAX_N)
+	if (!in || !out || k < 1 || m < 1 || k + m > EC_MAX_N)
 		return -EINVAL;
 	f = calloc(EC_MAX_N, sizeof *f);
 	if (!f)
 		return -ENOMEM;
-	/* The first fragment tells K; every other one must agree. */
+	/* K and M are the caller's (in[] and out[] are that long); the
+	 * headers, untrusted, must agree. */
 	rc = frag_read_info(in[0], &f[0], err, errlen);
 	if (rc)
 		goto out;
-	k = f[0].g.k;
 	g = &f[0].g;
-	if (g->m != m) {
-		snprintf(err, errlen, "the data fragments are for M %u, asked for %u", g->m, m);
-		rc = -EINVAL;
+	if (g->k != k || g->m != m) {
+		snprintf(err, errlen, "data fragment 0 is for rs:%u+%u, the caller asked for rs:%u+%u",
+			 g->k, g->m, k, m);
+		rc = -EBADMSG;
 		goto out;
 	}
 	for (unsigned i = 0; i < k; i++) {

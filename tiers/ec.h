@@ -102,13 +102,15 @@ struct ec_shard {
 int ec_frag_data(const struct ec_geom *g, unsigned index, const struct ec_shard *src, int fd,
 		 char *err, size_t errlen);
 
-/* Parity: reads the K data fragments in[0..K-1] (regular files, any order;
+/* Parity: reads the k data fragments in[0..k-1] (regular files, any order;
  * their headers name their index), checks every header, payload and
- * trailer CRC, and writes parity fragment K + j to out[j] (regular files,
- * truncated and written from offset 0). Bounded memory: ec_work_bytes().
- * 0, -EBADMSG (a data fragment is malformed, corrupt, from another
- * codeword or an index twice: err says which), or -errno. */
-int ec_encode(const int *in, const int *out, unsigned m, char *err, size_t errlen);
+ * trailer CRC, and writes parity fragment k + j to out[j], j < m (regular
+ * files, truncated and written from offset 0). k and m are the caller's:
+ * headers saying otherwise are refused. Bounded memory: ec_work_bytes().
+ * 0, -EINVAL (k, m), -EBADMSG (a data fragment is malformed, corrupt, for
+ * another rs:K+M or codeword, or an index twice: err says which), or
+ * -errno. */
+int ec_encode(const int *in, unsigned k, const int *out, unsigned m, char *err, size_t errlen);
 
 /* Incremental parity, for data fragments that arrive over the network one
  * member at a time, in any order, and are never stored: each is read once,

@@ -250,7 +250,7 @@ static void files(const char *dir, unsigned k, unsigned m, uint64_t size, int re
 				pout[j] = xopen(node[r], name, O_RDWR | O_CREAT | O_TRUNC);
 			}
 			t0 = now_s();
-			if ((rc = ec_encode(din, pout, m, err, sizeof err)))
+			if ((rc = ec_encode(din, k, pout, m, err, sizeof err)))
 				die("ec_encode", rc, err);
 			tenc += now_s() - t0;
 			/* the same parity folded in member by member (ec_enc_*) */

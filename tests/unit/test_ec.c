@@ -289,7 +289,7 @@ static void group_build(struct group *G, struct tmp *t, unsigned k, unsigned m, 
 			frag_name(name, sizeof name, cw, k + j);
 			out_fd[j] = open_file(G->node[r], name, O_RDWR | O_CREAT | O_TRUNC);
 		}
-		assert_int_equal(ec_encode(in_fd, out_fd, m, NULL, 0), 0);
+		assert_int_equal(ec_encode(in_fd, k, out_fd, m, NULL, 0), 0);
 		for (unsigned j = 0; j < k; j++)
 			close(in_fd[j]);
 		for (unsigned j = 0; j < m; j++) {
@@ -511,7 +511,7 @@ static void test_corrupt_fragment(void **state)
 					  (frag_name(name, sizeof name, cw, j), name), O_RDONLY);
 		out[0] = open_file(G.t->fd, "p0", O_RDWR | O_CREAT | O_TRUNC);
 		out[1] = open_file(G.t->fd, "p1", O_RDWR | O_CREAT | O_TRUNC);
-		assert_int_equal(ec_encode(in, out, 2, err, sizeof err), -EBADMSG);
+		assert_int_equal(ec_encode(in, 4, out, 2, err, sizeof err), -EBADMSG);
 		assert_string_equal(err, "data fragment 0: payload CRC32C mismatch");
 		close_all(in, 4);
 		close_all(out, 2);
@@ -708,6 +708,30 @@ static void test_frag_huge_segment(void **state)
 	group_free(&G);
 }
 
+/* ec_encode is told K by its caller: a first data fragment whose header
+ * claims more members than the caller passed must be refused, not make it
+ * read descriptors past the end of in[]. */
+static void test_encode_k_from_caller(void **state)
+{
+	struct group G;
+	const struct ecplan_group *pg;
+	char name[64], err[200] = "";
+	int in[2], out[2];
+
+	group_build(&G, *state, 4, 2, EC_SEG_MIN, NULL, 0);
+	pg = &G.plan->g[0];
+	for (unsigned j = 0; j < 2; j++)
+		in[j] = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 0, j)]],
+				  (frag_name(name, sizeof name, 0, j), name), O_RDONLY);
+	out[0] = open_file(G.t->fd, "p0", O_RDWR | O_CREAT | O_TRUNC);
+	out[1] = open_file(G.t->fd, "p1", O_RDWR | O_CREAT | O_TRUNC);
+	assert_int_equal(ec_encode(in, 2, out, 2, err, sizeof err), -EBADMSG);
+	assert_string_equal(err, "data fragment 0 is for rs:4+2, the caller asked for rs:2+2");
+	close_all(in, 2);
+	close_all(out, 2);
+	group_free(&G);
+}
+
 /* A node lost during encoding leaves a parity fragment cut short: it is
  * refused (by its size) and another used; a data fragment cut short (its
  * sender died mid-stream) makes ec_encode refuse to produce parity. */
@@ -752,7 +776,7 @@ static void test_lost_during_encoding(void **state)
 				  (frag_name(name, sizeof name, cw, j), name), O_RDONLY);
 	out[0] = open_file(G.t->fd, "p0", O_RDWR | O_CREAT | O_TRUNC);
 	out[1] = open_file(G.t->fd, "p1", O_RDWR | O_CREAT | O_TRUNC);
-	assert_int_equal(ec_encode(in, out, 2, err, sizeof err), -EBADMSG);
+	assert_int_equal(ec_encode(in, 4, out, 2, err, sizeof err), -EBADMSG);
 	assert_non_null(strstr(err, "fragment 2 is "));
 	close_all(in, 4);
 	close_all(out, 2);
@@ -822,7 +846,7 @@ static void test_bounded_memory(void **state)
 		for (unsigned r = 0; r < 4; r++)
 			if (ec_frag_data(&g, r, &(struct ec_shard){ shard[r], mf[r] }, in[r], NULL, 0))
 				_exit(13);
-		if (ec_encode(in, out, 2, NULL, 0))
+		if (ec_encode(in, 4, out, 2, NULL, 0))
 			_exit(14);
 		{
 			/* the same parity folded in member by member */
@@ -1023,6 +1047,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_frag_damage, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_frag_huge_length, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_frag_huge_segment, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_encode_k_from_caller, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_bounded_memory, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_lost_during_encoding, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_ram_figure, tmp_setup, tmp_teardown),
