@@ -930,6 +930,9 @@ static void test_incremental_encode(void **state)
 	assert_int_equal(ec_enc_open(&g, out, &e), 0);
 	for (int j = 3; j >= 1; j--)
 		assert_int_equal(ec_enc_add(e, in[j], err, sizeof err), 0);
+	/* a holder that dies here leaves parity files no reader accepts */
+	assert_int_equal(ec_frag_info(out[0], NULL, NULL, err, sizeof err), -EBADMSG);
+	assert_string_equal(err, "fragment 4: trailer CRC32C mismatch");
 	assert_int_equal(ec_enc_finish(e, err, sizeof err), -ENODATA);
 	assert_string_equal(err, "data fragment 0 was not added");
 	assert_int_equal(ec_enc_add(e, stranger, err, sizeof err), -EBADMSG);
