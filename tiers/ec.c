@@ -463,7 +463,7 @@ struct stream {
 	size_t cur;          /* ent[] index of fd */
 	int fd;
 	bool wr;
-	bool rewrite;        /* writing again: zero blocks are written too */
+	bool rewrite;        /* writing again: zeros overwrite what a failed attempt wrote */
 };
 
 static int stream_open(struct stream *s, const struct ec_shard *sh, bool wr)
@@ -533,6 +533,18 @@ static bool all_zero(const uint8_t *p, size_t n)
 	return n == 0 || (p[0] == 0 && !memcmp(p, p + 1, n - 1));
 }
 
+/* zeros[0..len) are zeros; makes file bytes [off, off + len) zeros without
+ * writing where they already are (reading a hole allocates nothing). */
+static int zero_if_written(int fd, const uint8_t *zeros, size_t len, uint64_t off)
+{
+	uint8_t cur[HOLE_BLOCK];
+	int rc = pread_full(fd, cur, len, off);
+
+	if (rc)
+		return rc == -EBADMSG ? -EIO : rc;   /* inside the size: cannot be short */
+	return all_zero(cur, len) ? 0 : pwrite_full(fd, zeros, len, off);
+}
+
 /* Stream bytes [off, off + len) to or from buf. Reading, a file shorter
  * than its manifest entry is -EBADMSG (named in err). Writing, 4 KiB
  * blocks (in file offsets) that are all zeros are skipped: the files were
@@ -562,9 +574,13 @@ static int stream_io(struct stream *s, uint64_t off, uint8_t *buf, size_t len, c
 				size_t b = HOLE_BLOCK - (size_t)((foff + done) % HOLE_BLOCK);
 				if (b > n - done)
 					b = n - done;
-				if (!s->rewrite && all_zero(buf + done, b)) {
+				if (all_zero(buf + done, b)) {
 					if (done > run)
 						rc = pwrite_full(s->fd, buf + run, done - run, foff + run);
+					/* writing again: zeros only over what the failed
+					 * attempt wrote, so untouched holes stay holes */
+					if (!rc && s->rewrite)
+						rc = zero_if_written(s->fd, buf + done, b, foff + done);
 					run = done + b;
 				}
 				done += b;
@@ -583,8 +599,10 @@ static int stream_io(struct stream *s, uint64_t off, uint8_t *buf, size_t len, c
 
 /* After a rewrite: every 4 KiB page of the files that lies wholly inside
  * stream bytes [off, off + len) and reads as zeros is punched back into a
- * hole. Pages that straddle the range's ends are left alone: another
- * member may own their other part. */
+ * hole (zero_if_written had to write zeros over the failed attempt's
+ * bytes, in pieces where segments split a page). Pages that straddle the
+ * range's ends are left alone, since another member owns their other part.
+ * Such a page stays allocated only if the failed attempt wrote into it. */
 static int stream_punch(struct stream *s, uint64_t off, uint64_t len)
 {
 	uint8_t page[HOLE_BLOCK];
@@ -601,12 +619,15 @@ static int stream_punch(struct stream *s, uint64_t off, uint64_t len)
 		e = &s->mf->e[s->ent[fi]];
 		fa = off - s->start[fi];
 		fb = end - s->start[fi] < e->size ? end - s->start[fi] : e->size;
-		for (p = (fa + HOLE_BLOCK - 1) / HOLE_BLOCK * HOLE_BLOCK; p + HOLE_BLOCK <= fb;
-		     p += HOLE_BLOCK) {
-			ssize_t n = pread(s->fd, page, HOLE_BLOCK, (off_t)p);
-			if (n != (ssize_t)HOLE_BLOCK)
+		/* a file's last partial page is wholly ours when the range
+		 * reaches the file's end */
+		for (p = (fa + HOLE_BLOCK - 1) / HOLE_BLOCK * HOLE_BLOCK;
+		     p + HOLE_BLOCK <= fb || (p < fb && fb == e->size); p += HOLE_BLOCK) {
+			size_t want = fb - p < HOLE_BLOCK ? (size_t)(fb - p) : HOLE_BLOCK;
+			ssize_t n = pread(s->fd, page, want, (off_t)p);
+			if (n != (ssize_t)want)
 				return n < 0 ? -errno : -EIO;   /* inside the size: cannot be short */
-			if (!all_zero(page, HOLE_BLOCK))
+			if (!all_zero(page, want))
 				continue;
 			if (fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)p,
 				      HOLE_BLOCK) < 0 && errno != EOPNOTSUPP)
