@@ -155,7 +155,9 @@ struct ec_sink {
  *     shard's files (prepared with ec_shard_prepare); all-zero 4 KiB blocks
  *     are not written, so holes stay holes. The survivors' payload CRCs are
  *     checked while decoding (one read of each); a corrupt one costs a
- *     second decode that rewrites the member and punches its zero pages.
+ *     second decode that zeros what the first wrote wrongly and punches
+ *     the zero pages wholly inside the member (a page shared with the next
+ *     member that the wrong bytes hit stays allocated, as zeros).
  *     Members of one shard may be decoded in parallel: only pages wholly
  *     inside this member are punched.
  *   otherwise sink->fd receives the whole fragment `want` (a lost parity,
