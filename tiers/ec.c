@@ -451,6 +451,37 @@ static int frag_check_payload(const struct frag *f, uint8_t *buf, size_t seg)
 	return crc == f->t.payload_crc ? 0 : -EBADMSG;
 }
 
+int ec_frag_verify(int fd, struct ec_geom *g, unsigned *index, char *err, size_t errlen)
+{
+	struct frag f;
+	uint8_t *buf;
+	char dummy[1];
+	int rc;
+
+	if (!err || !errlen) {
+		err = dummy;
+		errlen = sizeof dummy;
+	}
+	err[0] = '\0';
+	rc = frag_read_info(fd, &f, err, errlen);
+	if (rc)
+		return rc;
+	buf = seg_alloc(f.g.seg);
+	if (!buf)
+		return -ENOMEM;
+	rc = frag_check_payload(&f, buf, f.g.seg);
+	free(buf);
+	if (rc == -EBADMSG)
+		snprintf(err, errlen, "fragment %u: payload CRC32C mismatch", f.index);
+	if (rc)
+		return rc;
+	if (g)
+		*g = f.g;
+	if (index)
+		*index = f.index;
+	return 0;
+}
+
 /* ---- a shard's byte stream ---- */
 
 struct stream {

@@ -174,6 +174,10 @@ int ec_decode(const int *in, unsigned n, unsigned want, const struct ec_sink *si
 /* Read and check one fragment's header and trailer (not its payload): fills
  * *g and *index. 0 or -EBADMSG (reason in err). */
 int ec_frag_info(int fd, struct ec_geom *g, unsigned *index, char *err, size_t errlen);
+/* The same and the payload's CRC32C too (mtcfs-admin verify, the start-up
+ * scan of stored fragments that a crash may have left half written).
+ * 0, -EBADMSG (reason in err), -ENOMEM or -errno. */
+int ec_frag_verify(int fd, struct ec_geom *g, unsigned *index, char *err, size_t errlen);
 
 /* Before decoding into a shard: creates under dirfd every directory,
  * symlink and FIFO of mf and every file at its final size with no data

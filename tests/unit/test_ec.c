@@ -578,6 +578,9 @@ static void test_corrupt_fragment(void **state)
 	assert_int_equal(pread(fd, &b, 1, EC_HDR_LEN(4) + 20000), 1);
 	b ^= 0x40;
 	assert_int_equal(pwrite(fd, &b, 1, EC_HDR_LEN(4) + 20000), 1);
+	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), 0);
+	assert_int_equal(ec_frag_verify(fd, NULL, NULL, err, sizeof err), -EBADMSG);
+	assert_string_equal(err, "fragment 4: payload CRC32C mismatch");
 	close(fd);
 	/* both parities survive: the other one is used, restore is exact and
 	 * the hole a hole again */
@@ -1046,6 +1049,7 @@ static void test_incremental_encode(void **state)
 	/* a holder that dies here leaves parity files no reader accepts */
 	assert_int_equal(ec_frag_info(out[0], NULL, NULL, err, sizeof err), -EBADMSG);
 	assert_string_equal(err, "fragment 4: trailer CRC32C mismatch");
+	assert_int_equal(ec_frag_verify(out[1], NULL, NULL, err, sizeof err), -EBADMSG);
 	assert_int_equal(ec_enc_finish(e, err, sizeof err), -ENODATA);
 	assert_string_equal(err, "data fragment 0 was not added");
 	assert_int_equal(ec_enc_add(e, stranger, err, sizeof err), -EBADMSG);
@@ -1072,7 +1076,10 @@ static void test_incremental_encode(void **state)
 	for (unsigned j = 0; j < 2; j++) {
 		int orig = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 4 + j)]],
 				     (frag_name(name, sizeof name, cw, 4 + j), name), O_RDONLY);
+		unsigned idx = 0;
 		assert_same_file(out[j], orig);
+		assert_int_equal(ec_frag_verify(out[j], NULL, &idx, err, sizeof err), 0);
+		assert_int_equal(idx, 4 + j);
 		close(orig);
 	}
 	ec_enc_free(e);
