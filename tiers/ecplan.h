@@ -24,7 +24,9 @@
  * Failure domains (placement.c's only one is the node itself; a domain
  * here is any label the caller gives: node, rack, zone) are dealt round
  * robin over the groups, largest domain first, so no domain has more than
- * M units in a group whenever ceil(|domain| / groups) <= M allows it. */
+ * M units in a group whenever ceil(|domain| / groups) <= M allows it. A
+ * unit counts in its representative's domain: that node stores its parity
+ * (its data twins elsewhere only make the unit harder to lose). */
 #ifndef MTCFS_TIERS_ECPLAN_H
 #define MTCFS_TIERS_ECPLAN_H
 
