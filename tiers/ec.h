@@ -109,7 +109,8 @@ int ec_frag_data(const struct ec_geom *g, unsigned index, const struct ec_shard 
  * headers saying otherwise are refused. Bounded memory: ec_work_bytes().
  * 0, -EINVAL (k, m), -EBADMSG (a data fragment is malformed, corrupt, for
  * another rs:K+M or codeword, or an index twice: err says which), or
- * -errno. */
+ * -errno. On an error out[] hold no fragment a reader accepts (the
+ * trailers are written last, after every member's CRC matched). */
 int ec_encode(const int *in, unsigned k, const int *out, unsigned m, char *err, size_t errlen);
 
 /* Incremental parity, for data fragments that arrive over the network one
