@@ -629,6 +629,9 @@ static void test_corrupt_fragment(void **state)
 		out[1] = open_file(G.t->fd, "p1", O_RDWR | O_CREAT | O_TRUNC);
 		assert_int_equal(ec_encode(in, 4, out, 2, err, sizeof err), -EBADMSG);
 		assert_string_equal(err, "data fragment 0: payload CRC32C mismatch");
+		/* and what it wrote is no fragment */
+		assert_int_equal(ec_frag_info(out[0], NULL, NULL, NULL, 0), -EBADMSG);
+		assert_int_equal(ec_frag_info(out[1], NULL, NULL, NULL, 0), -EBADMSG);
 		close_all(in, 4);
 		close_all(out, 2);
 	}
