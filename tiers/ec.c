@@ -870,9 +870,10 @@ out:
 
 struct ec_enc {
 	struct ec_geom g;
-	int out[EC_MAX_N];
-	uint8_t *tbls;               /* 32 x K x M */
-	uint8_t *bufs;               /* (M + 1) x seg: one data, M parity segments */
+	unsigned first, cnt;         /* parity slots K + first .. K + first + cnt - 1 */
+	int out[EC_MAX_N];           /* [cnt] */
+	uint8_t *tbls;               /* 32 x K x cnt */
+	uint8_t *bufs;               /* (cnt + 1) x seg: one data, cnt parity segments */
 	uint32_t added;              /* bit j: member j folded in */
 	uint32_t crc[EC_MAX_N];      /* their payload CRCs */
 	int failed;                  /* a spoilt fold: returned ever after */
@@ -907,33 +908,38 @@ void ec_enc_free(struct ec_enc *e)
 	free(e);
 }
 
-int ec_enc_open(const struct ec_geom *g, const int *out, struct ec_enc **ep)
+int ec_enc_open(const struct ec_geom *g, unsigned first, unsigned cnt, const int *out,
+		struct ec_enc **ep)
 {
 	struct ec_enc *e = NULL;
 	uint8_t *a = NULL, *hdr = NULL;
 	int rc = -ENOMEM;
 
-	if (!geom_ok(g) || !out || !ep)
+	if (!geom_ok(g) || !out || !ep || cnt < 1 || first >= g->m || cnt > g->m - first)
 		return -EINVAL;
 	e = calloc(1, sizeof *e);
 	if (!e)
 		return -ENOMEM;
 	e->g = *g;
-	memcpy(e->out, out, g->m * sizeof *out);
-	e->tbls = malloc((size_t)32 * g->k * g->m);
-	e->bufs = seg_alloc((size_t)(g->m + 1) * g->seg);
+	e->first = first;
+	e->cnt = cnt;
+	memcpy(e->out, out, cnt * sizeof *out);
+	e->tbls = malloc((size_t)32 * g->k * cnt);
+	e->bufs = seg_alloc((size_t)(cnt + 1) * g->seg);
 	hdr = malloc(EC_HDR_LEN(g->k));
 	if (!e->tbls || !e->bufs || !hdr || coding_matrix(g->k, g->m, &a))
 		goto out;
-	ec_init_tables((int)g->k, (int)g->m, a + (size_t)g->k * g->k, e->tbls);
-	for (unsigned j = 0; j < g->m; j++) {
+	/* only this holder's rows of the Cauchy matrix: a holder of one
+	 * parity slot does 1/M of the work of all M */
+	ec_init_tables((int)g->k, (int)cnt, a + (size_t)(g->k + first) * g->k, e->tbls);
+	for (unsigned j = 0; j < cnt; j++) {
 		/* the payload starts as zeros: holes, until members fold in */
 		if (ftruncate(out[j], 0) < 0 ||
-		    ftruncate(out[j], (off_t)ec_frag_size(g, g->k + j)) < 0) {
+		    ftruncate(out[j], (off_t)ec_frag_size(g, g->k + first + j)) < 0) {
 			rc = -errno;
 			goto out;
 		}
-		hdr_encode(g, g->k + j, hdr);
+		hdr_encode(g, g->k + first + j, hdr);
 		rc = pwrite_full(out[j], hdr, EC_HDR_LEN(g->k), 0);
 		if (rc)
 			goto out;
@@ -1003,7 +1009,7 @@ int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
 	}
 	/* From here on the parity holds part of this member: a failure
 	 * spoils the encoder. */
-	for (unsigned j = 0; j < m; j++)
+	for (unsigned j = 0; j < e->cnt; j++)
 		pp[j] = e->bufs + (size_t)(j + 1) * g->seg;
 	for (uint64_t pos = 0; !rc && pos < f.len; pos += g->seg) {
 		size_t n = f.len - pos < g->seg ? (size_t)(f.len - pos) : g->seg;
@@ -1014,12 +1020,13 @@ int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
 		if (rc)
 			break;
 		crc = mf_crc32c(crc, e->bufs, n);
-		for (unsigned j = 0; !rc && j < m; j++)
+		for (unsigned j = 0; !rc && j < e->cnt; j++)
 			rc = pread_full(e->out[j], pp[j], n, EC_HDR_LEN(k) + pos);
 		if (rc)
 			break;
-		ec_encode_data_update((int)n, (int)k, (int)m, (int)f.index, e->tbls, e->bufs, pp);
-		for (unsigned j = 0; !rc && j < m; j++)
+		ec_encode_data_update((int)n, (int)k, (int)e->cnt, (int)f.index, e->tbls, e->bufs,
+				      pp);
+		for (unsigned j = 0; !rc && j < e->cnt; j++)
 			rc = pwrite_full(e->out[j], pp[j], n, EC_HDR_LEN(k) + pos);
 	}
 	if (!rc) {
@@ -1067,7 +1074,7 @@ int ec_enc_finish(struct ec_enc *e, char *err, size_t errlen)
 			return -ENODATA;
 		}
 	cw = ec_cw_len(g);
-	for (unsigned j = 0; j < g->m && !rc; j++) {
+	for (unsigned j = 0; j < e->cnt && !rc; j++) {
 		struct trailer t = { .mask = g->k == 32 ? 0xffffffffu : (1u << g->k) - 1 };
 		for (uint64_t pos = 0; !rc && pos < cw; pos += g->seg) {
 			size_t n = cw - pos < g->seg ? (size_t)(cw - pos) : g->seg;

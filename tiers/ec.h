@@ -117,13 +117,15 @@ int ec_encode(const int *in, unsigned k, const int *out, unsigned m, char *err, 
  * member at a time, in any order, and are never stored: each is read once,
  * sequentially, and folded into the M parity files (GF(2^8) is linear:
  * ISA-L's ec_encode_data_update). The parity holder's extra memory is
- * (M + 1) x seg whatever the shard size, and no RAM holds the K data
+ * (cnt + 1) x seg whatever the shard size, and no RAM holds the K data
  * members (ec_encode needs them as files: S more on the node while a
  * codeword is encoded).
- *   ec_enc_open:   g is the codeword (ecplan_geom); out[0..M-1] regular
- *                  files for parity K..K+M-1 (truncated, header written,
- *                  payload zeros). *e owned by the caller. 0, -EINVAL
- *                  (geometry), -ENOMEM or -errno.
+ *   ec_enc_open:   g is the codeword (ecplan_geom); out[0..cnt-1] regular
+ *                  files for parity slots K + first .. K + first + cnt - 1
+ *                  (truncated, header written, payload zeros): a holder of
+ *                  one slot asks for that one (cnt 1, 1/M of the work of
+ *                  all M). *e owned by the caller. 0, -EINVAL (geometry,
+ *                  slots), -ENOMEM or -errno.
  *   ec_enc_add:    reads exactly one data fragment, ec_frag_size() bytes,
  *                  from fd (a file at its current offset, a pipe or a
  *                  socket), checks that it belongs to g and its CRCs, and
@@ -137,7 +139,8 @@ int ec_encode(const int *in, unsigned k, const int *out, unsigned m, char *err, 
  *                  missing member) or the failure.
  *   ec_enc_free:   accepts NULL; does not close out[]. */
 struct ec_enc;
-int ec_enc_open(const struct ec_geom *g, const int *out, struct ec_enc **e);
+int ec_enc_open(const struct ec_geom *g, unsigned first, unsigned cnt, const int *out,
+		struct ec_enc **e);
 int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen);
 int ec_enc_finish(struct ec_enc *e, char *err, size_t errlen);
 void ec_enc_free(struct ec_enc *e);

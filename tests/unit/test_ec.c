@@ -972,7 +972,7 @@ static void test_bounded_memory(void **state)
 			int inc[2] = { openat(t->fd, "inc0", O_RDWR | O_CREAT | O_TRUNC, 0600),
 				       openat(t->fd, "inc1", O_RDWR | O_CREAT | O_TRUNC, 0600) };
 			struct ec_enc *e = NULL;
-			if (ec_enc_open(&g, inc, &e))
+			if (ec_enc_open(&g, 0, 2, inc, &e))
 				_exit(18);
 			for (unsigned r = 0; r < 4; r++)
 				if (lseek(in[r], 0, SEEK_SET) != 0 || ec_enc_add(e, in[r], NULL, 0))
@@ -1046,7 +1046,7 @@ static void test_incremental_encode(void **state)
 			     (frag_name(name, sizeof name, cw + 1, 0), name), O_RDONLY);
 	out[0] = open_file(G.t->fd, "inc0", O_RDWR | O_CREAT | O_TRUNC);
 	out[1] = open_file(G.t->fd, "inc1", O_RDWR | O_CREAT | O_TRUNC);
-	assert_int_equal(ec_enc_open(&g, out, &e), 0);
+	assert_int_equal(ec_enc_open(&g, 0, 2, out, &e), 0);
 	for (int j = 3; j >= 1; j--)
 		assert_int_equal(ec_enc_add(e, in[j], err, sizeof err), 0);
 	/* a holder that dies here leaves parity files no reader accepts */
@@ -1086,6 +1086,25 @@ static void test_incremental_encode(void **state)
 		close(orig);
 	}
 	ec_enc_free(e);
+	/* two holders, one slot each, as the plan places them: the same bytes */
+	for (unsigned j = 0; j < 2; j++) {
+		int orig = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 4 + j)]],
+				     (frag_name(name, sizeof name, cw, 4 + j), name), O_RDONLY);
+		int one = open_file(G.t->fd, "one", O_RDWR | O_CREAT | O_TRUNC);
+		assert_int_equal(ec_enc_open(&g, j, 1, &one, &e), 0);
+		for (unsigned d = 0; d < 4; d++) {
+			assert_int_equal(lseek(in[d], 0, SEEK_SET), 0);
+			assert_int_equal(ec_enc_add(e, in[d], err, sizeof err), 0);
+		}
+		assert_int_equal(ec_enc_finish(e, err, sizeof err), 0);
+		assert_same_file(one, orig);
+		ec_enc_free(e);
+		close(one);
+		close(orig);
+	}
+	assert_int_equal(ec_enc_open(&g, 1, 2, out, &e), -EINVAL);
+	assert_int_equal(ec_enc_open(&g, 2, 1, out, &e), -EINVAL);
+	assert_int_equal(ec_enc_open(&g, 0, 0, out, &e), -EINVAL);
 	/* a corrupt payload: failed, and stays failed */
 	{
 		uint8_t b;
@@ -1096,7 +1115,7 @@ static void test_incremental_encode(void **state)
 		assert_int_equal(pwrite(fd, &b, 1, EC_HDR_LEN(4) + 3), 1);
 		close(fd);
 	}
-	assert_int_equal(ec_enc_open(&g, out, &e), 0);
+	assert_int_equal(ec_enc_open(&g, 0, 2, out, &e), 0);
 	assert_int_equal(lseek(in[1], 0, SEEK_SET), 0);
 	assert_int_equal(ec_enc_add(e, in[1], err, sizeof err), -EBADMSG);
 	assert_string_equal(err, "data fragment 1: payload CRC32C mismatch");
