@@ -18,16 +18,28 @@
  *            node 0 and M - 1 others are lost (K ec_decode calls into the
  *            shard's files, then ec_shard_finish's CRC check): its time and
  *            GiB of shard per second.
+ *   network  node 0's share of protecting the step, over loopback TCP: the
+ *            K data fragments of each of its M parity codewords streamed by
+ *            a sender thread (ec_frag_data into the socket) and folded in
+ *            as they arrive (ec_enc_add on the socket), M x S in all;
+ *            against replication (S sent with sendfile, received into a
+ *            tmpfs file) and raw TCP (S received and discarded). A second
+ *            table.
  *   RAM      bytes node 0 holds on DIR for the step (own shard + its parity
  *            files) / S, against replication with one peer (2 S) and the
  *            goal (1 + M/K).
  * Median of --reps (default 5) runs, min..max beside it. Not a test: the
  * machine's other load moves these numbers. */
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -125,7 +137,7 @@ static void kernel(unsigned k, unsigned m, int reps, struct stat3 *enc, struct s
 /* ---- through the files ---- */
 
 struct filebench {
-	struct stat3 enc, inc, restore_ms, restore_gibs, copy_ms;
+	struct stat3 enc, inc, restore_ms, restore_gibs, copy_ms, net_rs, net_rep, net_raw;
 	double ram_x;
 };
 
@@ -188,6 +200,162 @@ static void frag_name(char *buf, size_t len, unsigned cw, unsigned slot)
 	snprintf(buf, len, "cw%u.slot%u", cw, slot);
 }
 
+/* ---- over loopback TCP ---- */
+
+/* A connected loopback TCP pair: *a the sending end, *b the receiving. */
+static void tcp_pair(int *a, int *b)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof sa;
+	int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(l, 1) < 0 ||
+	    getsockname(l, (struct sockaddr *)&sa, &len) < 0)
+		die("listen", errno, NULL);
+	*a = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (*a < 0 || connect(*a, (struct sockaddr *)&sa, sizeof sa) < 0)
+		die("connect", errno, NULL);
+	*b = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+	if (*b < 0)
+		die("accept", errno, NULL);
+	close(l);
+}
+
+/* What the sending thread does: data fragments (ec_frag_data) of the
+ * codewords, or one whole file (sendfile), into fd. */
+struct sender {
+	int fd;
+	unsigned n;                      /* data fragments to send */
+	const struct ec_geom *geom[MAXR * MAXR];
+	unsigned index[MAXR * MAXR];
+	struct ec_shard shard[MAXR * MAXR];
+	int file;                        /* >= 0: sendfile this many bytes instead */
+	uint64_t file_len;
+	int rc;
+};
+
+static void *send_main(void *arg)
+{
+	struct sender *s = arg;
+
+	if (s->file >= 0) {
+		off_t off = 0;
+		while (!s->rc && (uint64_t)off < s->file_len) {
+			ssize_t n = sendfile(s->fd, s->file, &off, (size_t)(s->file_len - (uint64_t)off));
+			if (n <= 0)
+				s->rc = n < 0 ? -errno : -EIO;
+		}
+	}
+	for (unsigned i = 0; i < s->n && !s->rc; i++)
+		s->rc = ec_frag_data(s->geom[i], s->index[i], &s->shard[i], s->fd, NULL, 0);
+	shutdown(s->fd, SHUT_WR);
+	return NULL;
+}
+
+/* Receiving len bytes: into a new file on root (write) or discarded. */
+static void recv_bytes(int fd, int root, uint64_t len, bool keep)
+{
+	uint8_t *b = malloc(1u << 20);
+	int out = keep ? xopen(root, "recv.bin", O_WRONLY | O_CREAT | O_TRUNC) : -1;
+	uint64_t got = 0;
+
+	if (!b)
+		die("malloc", ENOMEM, NULL);
+	while (got < len) {
+		ssize_t n = read(fd, b, 1u << 20);
+		if (n <= 0)
+			die("recv", n < 0 ? errno : EIO, NULL);
+		if (keep && pwrite(out, b, (size_t)n, (off_t)got) != n)
+			die("pwrite", errno, NULL);
+		got += (uint64_t)n;
+	}
+	if (keep) {
+		close(out);
+		unlinkat(root, "recv.bin", 0);
+	}
+	free(b);
+}
+
+struct netbench {
+	double rs_ms, rep_ms, raw_ms;
+};
+
+/* Node 0's share of protecting a step: it stores parity for M codewords,
+ * each fed K data fragments (S/K each) over TCP and folded in as they
+ * arrive (ec_enc_add on the socket): M x S in. Against replication with one
+ * peer (S in, written to tmpfs) and raw TCP (S in, discarded). */
+static void net(int root, const struct ecplan *plan, const uint64_t *sz, const uint8_t (*hash)[32],
+		const int *shard, const struct manifest *const *mf, struct netbench *nb)
+{
+	const struct ecplan_group *g = &plan->g[0];
+	static struct ec_geom geom[MAXR];
+	static struct sender snd;
+	int iout[MAXR], a, b, rc;
+	pthread_t th;
+	double t0;
+	char name[64], err[512];
+
+	memset(&snd, 0, sizeof snd);
+	snd.file = -1;
+	for (unsigned j = 0; j < g->m; j++) {
+		unsigned cw = ecplan_parity_cw(g, 0, j);
+		ecplan_geom(plan, 0, cw, sz, hash, &geom[j]);
+		for (unsigned s = 0; s < g->k; s++) {
+			int r = g->unit[ecplan_slot_pos(g, cw, s)];
+			snd.geom[snd.n] = &geom[j];
+			snd.index[snd.n] = s;
+			snd.shard[snd.n++] = (struct ec_shard){ shard[r], mf[r] };
+		}
+		snprintf(name, sizeof name, "net%u", j);
+		iout[j] = xopen(root, name, O_RDWR | O_CREAT | O_TRUNC);
+	}
+	tcp_pair(&a, &b);
+	snd.fd = a;
+	t0 = now_s();
+	if (pthread_create(&th, NULL, send_main, &snd))
+		die("pthread_create", EAGAIN, NULL);
+	for (unsigned j = 0; j < g->m; j++) {
+		struct ec_enc *e = NULL;
+		if ((rc = ec_enc_open(&geom[j], j, 1, &iout[j], &e)))
+			die("ec_enc_open", rc, NULL);
+		for (unsigned s = 0; s < g->k; s++)
+			if ((rc = ec_enc_add(e, b, err, sizeof err)))
+				die("ec_enc_add", rc, err);
+		if ((rc = ec_enc_finish(e, err, sizeof err)))
+			die("ec_enc_finish", rc, err);
+		ec_enc_free(e);
+	}
+	pthread_join(th, NULL);
+	nb->rs_ms = (now_s() - t0) * 1e3;
+	if (snd.rc)
+		die("send", snd.rc, NULL);
+	close(a);
+	close(b);
+	for (unsigned j = 0; j < g->m; j++) {
+		close(iout[j]);
+		snprintf(name, sizeof name, "net%u", j);
+		unlinkat(root, name, 0);
+	}
+	for (int keep = 1; keep >= 0; keep--) {
+		memset(&snd, 0, sizeof snd);
+		snd.file = xopen(shard[0], "data.bin", O_RDONLY);
+		snd.file_len = sz[0];
+		tcp_pair(&a, &b);
+		snd.fd = a;
+		t0 = now_s();
+		if (pthread_create(&th, NULL, send_main, &snd))
+			die("pthread_create", EAGAIN, NULL);
+		recv_bytes(b, root, sz[0], keep);
+		pthread_join(th, NULL);
+		*(keep ? &nb->rep_ms : &nb->raw_ms) = (now_s() - t0) * 1e3;
+		if (snd.rc)
+			die("sendfile", snd.rc, NULL);
+		close(snd.file);
+		close(a);
+		close(b);
+	}
+}
+
 static void files(const char *dir, unsigned k, unsigned m, uint64_t size, int reps,
 		  struct filebench *fb)
 {
@@ -200,7 +368,7 @@ static void files(const char *dir, unsigned k, unsigned m, uint64_t size, int re
 	struct ecplan_in in = { .nodes = (int)n, .k = k, .m = m };
 	const struct ecplan_group *g;
 	char path[4096], name[64], err[512] = "";
-	double ev[64], iv[64], rv[64], gv[64], cv[64];
+	double ev[64], iv[64], rv[64], gv[64], cv[64], nrs[64], nrep[64], nraw[64];
 	int rc;
 
 	snprintf(path, sizeof path, "%s/mtcfs-ecbench-%d-%u+%u", dir, (int)getpid(), k, m);
@@ -262,7 +430,7 @@ static void files(const char *dir, unsigned k, unsigned m, uint64_t size, int re
 					iout[j] = xopen(root, name, O_RDWR | O_CREAT | O_TRUNC);
 				}
 				t0 = now_s();
-				if ((rc = ec_enc_open(&geom, iout, &e)))
+				if ((rc = ec_enc_open(&geom, 0, m, iout, &e)))
 					die("ec_enc_open", rc, NULL);
 				for (unsigned j = 0; j < k; j++) {
 					if (lseek(din[j], 0, SEEK_SET) != 0)
@@ -337,12 +505,23 @@ static void files(const char *dir, unsigned k, unsigned m, uint64_t size, int re
 			util_rmtree_at(root, name, NULL);
 		}
 		cv[rep] = copy_ms(shard[0], root, sz[0]);
+		{
+			struct netbench nb;
+			net(root, plan, sz, (const uint8_t(*)[32])hash, shard,
+			    (const struct manifest *const *)mf, &nb);
+			nrs[rep] = nb.rs_ms;
+			nrep[rep] = nb.rep_ms;
+			nraw[rep] = nb.raw_ms;
+		}
 	}
 	fb->enc = summarize(ev, reps);
 	fb->inc = summarize(iv, reps);
 	fb->restore_ms = summarize(rv, reps);
 	fb->restore_gibs = summarize(gv, reps);
 	fb->copy_ms = summarize(cv, reps);
+	fb->net_rs = summarize(nrs, reps);
+	fb->net_rep = summarize(nrep, reps);
+	fb->net_raw = summarize(nraw, reps);
 	for (unsigned r = 0; r < n; r++) {
 		close(shard[r]);
 		close(node[r]);
@@ -357,7 +536,8 @@ int main(int argc, char **argv)
 {
 	const char *dir = "/dev/shm", *configs = "4+1,4+2,8+2,10+4";
 	uint64_t size_mib = 64, reps = 5;
-	char cfg[256];
+	char cfg[256], netrow[16][512];
+	unsigned nnet = 0;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--dir") && i + 1 < argc)
@@ -387,7 +567,7 @@ int main(int argc, char **argv)
 		struct ec_redundancy red;
 		char spec[300], err[200];
 		struct stat3 enc, dec;
-		struct filebench fb;
+		struct filebench fb = { 0 };
 		next = strchr(p, ',');
 		if (next)
 			*next++ = '\0';
@@ -403,6 +583,17 @@ int main(int argc, char **argv)
 		       fb.restore_ms.med, fb.restore_ms.min, fb.restore_ms.max,
 		       fb.restore_gibs.med, fb.copy_ms.med);
 		fflush(stdout);
+		if (nnet < sizeof netrow / sizeof netrow[0])
+			snprintf(netrow[nnet++], sizeof netrow[0],
+				 "| %s | %.0f (%.0f..%.0f) | %.2f | %.0f (%.0f..%.0f) | %.0f (%.0f..%.0f) |",
+				 spec, fb.net_rs.med, fb.net_rs.min, fb.net_rs.max,
+				 fb.net_rs.med / fb.net_rep.med, fb.net_rep.med, fb.net_rep.min,
+				 fb.net_rep.max, fb.net_raw.med, fb.net_raw.min, fb.net_raw.max);
 	}
+	printf("\n| redundancy | time to redundancy, one node's share over loopback TCP ms "
+	       "(M x S folded in) | / replication | replication (1 peer): S over TCP into tmpfs ms | "
+	       "raw TCP: S discarded ms |\n|---|---|---|---|---|\n");
+	for (unsigned i = 0; i < nnet; i++)
+		printf("%s\n", netrow[i]);
 	return 0;
 }
