@@ -95,6 +95,15 @@ class CheckLayers(unittest.TestCase):
         self.put("fs/ctl.c", '#include "fs/nothere.h"\n')
         self.assert_fails_with('fs/ctl.c:1: #include "fs/nothere.h" names no file of the tree')
 
+    def test_generated_protobuf_header_stands_for_its_proto(self):
+        # csi/ includes csi/csi.pb-c.h, which protoc-c writes into the build
+        # tree: it resolves to csi/csi.proto; without the .proto it is missing
+        self.put("csi/main.c", '#include "csi/api.pb-c.h"\n#include "common/log.h"\n')
+        self.assert_fails_with('csi/main.c:1: #include "csi/api.pb-c.h" names no file of the tree')
+        self.put("csi/api.proto", 'syntax = "proto3";\n')
+        rc, out = self.run_tool()
+        self.assertEqual(rc, 0, out)
+
     def test_build_and_hidden_folders_are_skipped(self):
         self.put("build-asan/gen/x.c", '#include "tools/nothere.h"\n')
         self.put(".git/x.c", '#include "tools/nothere.h"\n')
