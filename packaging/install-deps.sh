@@ -11,6 +11,7 @@ PKGS=(
   libisal-dev libxxhash-dev libjansson-dev libmicrohttpd-dev libcmocka-dev
   python3 python3-venv python3-yaml iproute2 procps psmisc file dpkg-dev groff-base
   clang libclang-rt-14-dev gnuplot-nox curl openssl
+  lintian prometheus systemd
 )
 
 missing=()

@@ -892,6 +892,44 @@ class Sidecar(unittest.TestCase):
         self.assertNotRegex(text, harness.BAD_LOG)
 
 
+class DebLint(unittest.TestCase):
+    """The .deb that packaging/Packaging.cmake builds is lintian clean,
+    informational tags included: a copyright file (Apache-2.0, the common
+    licence), a changelog.gz for this native version, a Maintainer with a
+    mail host, the hardening that lintian checks in the binaries (PIE,
+    relro + bindnow, fortify, stack protector), man pages gzipped."""
+
+    def test_lintian_clean(self):
+        for tool in ("cpack", "dpkg-deb"):
+            if not shutil.which(tool):
+                self.skipTest("%s not installed" % tool)
+        if not shutil.which("lintian"):
+            self.fail("lintian is missing (apt-get install lintian; "
+                      "packaging/install-deps.sh lists it)")
+        tmp = tempfile.mkdtemp(prefix="mtcfs-lint-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        run(["cpack", "--config", os.path.join(BUILD, "CPackConfig.cmake"),
+             "-G", "DEB", "-B", tmp], timeout=300, check=True)
+        deb = [os.path.join(tmp, f) for f in os.listdir(tmp) if f.endswith(".deb")]
+        self.assertEqual(len(deb), 1, deb)
+        r = run(["lintian", "--tag-display-limit", "0", "-I", "-E",
+                 "--fail-on", "error,warning,info", deb[0]], timeout=300)
+        tags = [ln for ln in r.stdout.decode(errors="replace").splitlines()
+                if re.match(r"^[EWIXPO]: ", ln)]
+        self.assertEqual(tags, [], "lintian:\n" + "\n".join(tags))
+        self.assertEqual(r.returncode, 0, r.stdout.decode(errors="replace"))
+        files = run(["dpkg-deb", "-c", deb[0]], check=True).stdout.decode()
+        for f in ("usr/share/doc/mtcfs/copyright", "usr/share/doc/mtcfs/changelog.gz",
+                  "usr/share/man/man8/mtcfs.8.gz", "usr/share/man/man8/mtcfs-admin.8.gz"):
+            self.assertRegex(files, r"\s\./%s\n" % re.escape(f))
+        maint = run(["dpkg-deb", "-f", deb[0], "Maintainer"], check=True).stdout.decode()
+        self.assertRegex(maint.strip(), r"^[^<>]+ <[^@<>\s]+@[a-z0-9-]+(\.[a-z0-9-]+)+>$")
+        self.assertNotIn("localhost", maint)
+        # the licence in the repository is the one the package names
+        with open(os.path.join(REPO, "LICENSE")) as f:
+            self.assertIn("Apache License\n                           Version 2.0", f.read())
+
+
 # --- Dockerfile -------------------------------------------------------------------
 
 def dockerfile_instructions(path):
