@@ -16,8 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +31,67 @@ struct fs *g_fs;
  * missed the short window waited forever and the daemon never exited
  * (SIGTERM or fusermount3 -u on a mount that served nothing). */
 static _Atomic bool ra_stop;
+
+/* systemd's readiness protocol (sd_notify(3)), written here rather than
+ * linked from libsystemd: it is one datagram of "KEY=VALUE" lines to the
+ * unix socket named by $NOTIFY_SOCKET (a path, or '@' for the abstract
+ * namespace), a stable interface systemd documents, and the binaries and
+ * the container image then need no libsystemd. The address is read once,
+ * before anything else could change the environment; unset: no-op. */
+static struct sockaddr_un notify_addr;
+static socklen_t notify_len;
+
+static void notify_init(void)
+{
+	const char *e = getenv("NOTIFY_SOCKET");
+	size_t n;
+
+	if (!e || (e[0] != '/' && e[0] != '@'))
+		return;
+	n = strlen(e);
+	if (n < 2 || n >= sizeof(notify_addr.sun_path))
+		return;
+	notify_addr.sun_family = AF_UNIX;
+	memcpy(notify_addr.sun_path, e, n);
+	if (e[0] == '@')
+		notify_addr.sun_path[0] = '\0';
+	notify_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+}
+
+/* Best effort: a manager that is gone must not stop the daemon. */
+static void notify_send(const char *msg)
+{
+	int fd;
+
+	if (!notify_len)
+		return;
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return;
+	if (sendto(fd, msg, strlen(msg), MSG_NOSIGNAL, (const struct sockaddr *)&notify_addr,
+		   notify_len) < 0)
+		log_warn("main", "cannot notify systemd at %s: %s", getenv("NOTIFY_SOCKET"),
+			 strerror(errno));
+	close(fd);
+}
+
+/* The FUSE table with INIT wrapped: READY=1 goes out once the kernel's
+ * INIT is handled, i.e. the mount answers (the kernel holds every request
+ * until INIT's reply, which libfuse sends as this returns), the RAM tier,
+ * peers, control thread and metrics all being up before the loop starts. */
+static struct fuse_lowlevel_ops main_ll_ops;
+
+static void main_ll_init(void *userdata, struct fuse_conn_info *conn)
+{
+	struct fs *fs = userdata;
+	char msg[PATH_MAX + 64];
+
+	if (fs_ll_ops.init)
+		fs_ll_ops.init(userdata, conn);
+	if (snprintf(msg, sizeof(msg), "READY=1\nSTATUS=serving %s\nMAINPID=%d",
+		     fs->mountpoint, (int)getpid()) < (int)sizeof(msg))
+		notify_send(msg);
+}
 
 struct cmdline {
 	struct fs_opts o;
@@ -422,6 +485,7 @@ int fs_main(int argc, char **argv)
 	int lock_fd = -1;
 	int rc = 1;
 
+	notify_init();
 	fix_peer_options(argc, argv);
 	args.argv = argv;
 	if (fuse_opt_parse(&args, &c, opt_spec, opt_proc) < 0)
@@ -495,7 +559,9 @@ int fs_main(int argc, char **argv)
 	if (!fs->htab)
 		goto out;
 
-	fs->se = fuse_session_new(&args, &fs_ll_ops, sizeof(fs_ll_ops), fs);
+	main_ll_ops = fs_ll_ops;
+	main_ll_ops.init = main_ll_init;
+	fs->se = fuse_session_new(&args, &main_ll_ops, sizeof(main_ll_ops), fs);
 	if (!fs->se)
 		goto out;
 	if (fuse_set_signal_handlers(fs->se) != 0)
@@ -571,6 +637,7 @@ int fs_main(int argc, char **argv)
 	/* a signal (SIGTERM, SIGINT) ends the loop cleanly, as an unmount does */
 	rc = fuse_session_loop_mt(fs->se, lc) < 0 ? 1 : 0;
 	fuse_loop_cfg_destroy(lc);
+	notify_send("STOPPING=1\nSTATUS=unmounted, sealing and stopping");
 
 	mhttp_stop(mh);
 	atomic_store(&ra_stop, true);
