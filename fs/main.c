@@ -102,6 +102,7 @@ struct cmdline {
 	int show_help;
 	int show_version;
 	char *log_format;
+	char *log_file;
 };
 
 #define OPT(t, p) { t, offsetof(struct cmdline, p), 1 }
@@ -117,6 +118,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("tls_ca=%s", o.tls_ca),
 	OPT("metrics=%s", o.metrics),
 	OPT("log_format=%s", log_format),
+	OPT("log_file=%s", log_file),
 	OPT("gcs_endpoint=%s", o.gcs_endpoint),
 	OPT("gcs_key_file=%s", o.gcs_key_file),
 	OPT("jax_init_info", o.jax_init_info),
@@ -155,6 +157,7 @@ static void usage(const char *prog)
 	       "    -f                     stay in the foreground\n"
 	       "    -d                     debug log (default: INFO, one line per lifecycle event)\n"
 	       "    -o log_format=json     one JSON object per line (Cloud Logging); default text\n"
+	       "    -o log_file=PATH       append the log to PATH (default: stderr with -f, else syslog)\n"
 	       "    -o ram_size=SIZE       RAM tier capacity (512M, 4G, 200Gi); default: free space of RAMDIR\n"
 	       "    -o no_jax_init_info    do not write jax-init-info.txt (written by default)\n"
 	       "    -o jax_port=PORT       JAX coordinator port written there (default 8476)\n"
@@ -485,6 +488,19 @@ int fs_main(int argc, char **argv)
 	int lock_fd = -1;
 	int rc = 1;
 
+	/* Started by mount(8) or a supervisor with stdio closed, the first
+	 * files opened would take fds 0-2: the RAMDIR lock among them, which
+	 * fuse_daemonize() then replaces with /dev/null (the lock gone, a
+	 * second daemon let in) and log lines would land in it. */
+	for (;;) {
+		int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+		if (fd < 0 || fd > STDERR_FILENO) {
+			if (fd >= 0)
+				close(fd);
+			break;
+		}
+		fcntl(fd, F_SETFD, 0);   /* a std stream is inherited like one */
+	}
 	notify_init();
 	fix_peer_options(argc, argv);
 	args.argv = argv;
@@ -503,6 +519,13 @@ int fs_main(int argc, char **argv)
 	if (log_set_format_name(c.log_format) < 0) {
 		fprintf(stderr, "mtcfs: log_format=%s: give text or json\n", c.log_format);
 		goto out;
+	}
+	if (c.log_file) {
+		int e = log_open_file(c.log_file);
+		if (e < 0) {
+			fprintf(stderr, "mtcfs: log_file=%s: %s\n", c.log_file, strerror(-e));
+			goto out;
+		}
 	}
 	if (c.verbose) {
 		log_set_level(LOG_DEBUG);
@@ -569,6 +592,10 @@ int fs_main(int argc, char **argv)
 	if (fuse_session_mount(fs->se, fo.mountpoint) != 0)
 		goto out_handlers;
 	fuse_daemonize(fo.foreground);
+	/* detached, stderr is /dev/null now (mount(8), fstab, a mount unit):
+	 * the log goes to syslog, i.e. the journal, unless log_file= says */
+	if (!fo.foreground && log_to_stderr())
+		log_use_syslog();
 	ramdir_lock_note_pid(lock_fd);
 
 	/* From here on threads and LMDB are safe, and /proc/self is ours (it
@@ -679,6 +706,7 @@ out:
 	free(fo.mountpoint);
 	free(c.ramdir);
 	free(c.log_format);
+	free(c.log_file);
 	opts_free(&c.o);
 	fuse_opt_free_args(&args);
 	return rc;

@@ -318,6 +318,82 @@ class OneNode(unittest.TestCase):
         self.assertTrue([j for j in js if j["component"] == "metrics"
                          and "http://[::1]:%d/metrics" % port in j["message"]], js)
 
+    def detached(self, opts):
+        """mtcfs as mount(8) starts it for an fstab line or a mount unit: no
+        -f (it detaches), stdin/stdout/stderr closed. Returns (ramdir, mnt,
+        daemon pid); cleanup unmounts and reaps it."""
+        ram = tempfile.mkdtemp(prefix="mtcfs-det-ram-", dir="/dev/shm")
+        tmp = tempfile.mkdtemp(prefix="mtcfs-det-")
+        mnt = os.path.join(tmp, "mnt")
+        os.mkdir(mnt)
+        self.addCleanup(shutil.rmtree, ram, True)
+        self.addCleanup(shutil.rmtree, tmp, True)
+        pids = []
+
+        def reap():
+            harness.force_unmount(mnt)
+            for p in pids:
+                try:
+                    os.kill(p, 9)
+                except ProcessLookupError:
+                    pass
+            wait_until(lambda: not any(os.path.exists("/proc/%d" % p) for p in pids), 10,
+                       "detached mtcfs gone")
+        self.addCleanup(reap)
+        r = subprocess.run(["/bin/sh", "-c", 'exec "$0" -o "$1" "$2" "$3" <&- >&- 2>&-',
+                            harness.MTCFS_BIN, opts, ram, mnt], timeout=60)
+        self.assertEqual(r.returncode, 0)
+        wait_until(lambda: harness.mount_fstype(mnt) == "fuse.mtcfs", harness.READY_TIMEOUT,
+                   "detached mtcfs mounted")
+
+        def pid():
+            with open(os.path.join(ram, "mtcfs.lock")) as f:
+                t = f.read().strip()
+            return int(t) if t else None
+        pids.append(wait_until(pid, 10, "the daemon's PID in mtcfs.lock"))
+        return ram, mnt, pids[0], tmp
+
+    def test_detached_daemon_keeps_its_log_and_its_ramdir_lock(self):
+        """Started with stdio closed, the first files mtcfs opened took fds
+        0-2 and fuse_daemonize() put /dev/null over them: the log file and
+        the RAMDIR lock were gone (a second daemon got in). log_file= keeps
+        the log of a detached daemon (without it: syslog)."""
+        tmp0 = tempfile.mkdtemp(prefix="mtcfs-det-log-")
+        self.addCleanup(shutil.rmtree, tmp0, True)
+        log = os.path.join(tmp0, "mtcfs.log")
+        ram, mnt, pid, tmp = self.detached("ram_size=64M,log_file=" + log)
+        self.assertTrue(os.path.exists("/proc/%d" % pid))
+        with open(log) as f:
+            text = f.read()
+        self.assertRegex(text, r"INFO main: serving ramdir=%s mount=%s " % (
+            re.escape(os.path.realpath(ram)), re.escape(os.path.realpath(mnt))))
+        # the lock holds: a second daemon on the same RAMDIR is refused
+        mnt2 = os.path.join(tmp, "mnt2")
+        os.mkdir(mnt2)
+        self.addCleanup(harness.force_unmount, mnt2)
+        r = subprocess.run([harness.MTCFS_BIN, "-f", "-o", "ram_size=64M", ram, mnt2],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(("in use by another mtcfs (pid %d" % pid).encode(), r.stderr)
+        self.assertIsNone(harness.mount_fstype(mnt2))
+        # unmount: the daemon exits and its last lines are in the file too
+        subprocess.run(["fusermount3", "-u", mnt], check=True, timeout=30)
+        wait_until(lambda: not os.path.exists("/proc/%d" % pid), harness.EXIT_TIMEOUT,
+                   "detached mtcfs exited after the unmount")
+        with open(log) as f:
+            text = f.read()
+        self.assertNotRegex(text, harness.BAD_LOG)
+        self.assertGreater(len(text.splitlines()), 1)
+
+    def test_bad_log_file_is_refused(self):
+        d = harness.Daemon(opts="ram_size=64M,log_file=/nonexistent/dir/mtcfs.log")
+        self.addCleanup(d.close)
+        r = subprocess.run(d.argv(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(b"log_file=/nonexistent/dir/mtcfs.log: No such file or directory", r.stderr)
+        self.assertIsNone(harness.mount_fstype(d.mnt))
+
 
 if __name__ == "__main__":
     harness.main()
