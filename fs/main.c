@@ -348,6 +348,8 @@ static void gauges(void *arg, struct metrics_gauges *g)
 		g->peers_reachable = up ? 1 : 0;
 		if (eng_lkg(fs->eng, job, &lkg))
 			g->lkg_step = (int64_t)lkg;
+		if (eng_gc_step(fs->eng, job, &lkg))
+			g->replicated_lkg_step = (int64_t)lkg;
 	}
 	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) == 0) {
 		for (size_t i = 0; i < n; i++)

@@ -144,6 +144,7 @@ class Observability(unittest.TestCase):
         self.assertEqual(before["mtcfs_commits_total"], 0)
         self.assertEqual(before['mtcfs_build_info{version="%s"}' % project_version()], 1)
         self.assertEqual(before["mtcfs_last_backup_success_timestamp_seconds"], 0)
+        self.assertEqual(before["mtcfs_replicated_lkg_step"], -1)
         check_exposition(self, text)
         self.assertEqual(c.job_start(JOB), {0: 0, 1: 0})
         _, v = scrape(self.mports[0])
@@ -173,6 +174,10 @@ class Observability(unittest.TestCase):
         self.assertEqual(v["mtcfs_ram_size_bytes"], 512 << 20)
         self.assertEqual(v["mtcfs_last_commit_step"], 10)
         wait_until(lambda: scrape(self.mports[0])[1]["mtcfs_lkg_step"] == 10, 30, "LKG gauge")
+        # both nodes replicated step 10 to each other: GKE's "replicated-step"
+        for port in self.mports:
+            wait_until(lambda: scrape(port)[1]["mtcfs_replicated_lkg_step"] == 10, 30,
+                       "replicated LKG gauge on :%d" % port)
         self.assertEqual(v["mtcfs_peers"], 2)
         self.assertEqual(v["mtcfs_coordinator_reachable"], 1)
         self.assertLessEqual(abs(v["mtcfs_last_backup_success_timestamp_seconds"] - time.time()), 120)
