@@ -400,5 +400,38 @@ class OneNode(unittest.TestCase):
         self.assertIsNone(harness.mount_fstype(d.mnt))
 
 
+class OneErrorPerFailure(unittest.TestCase):
+    def test_failed_backup_is_one_error(self):
+        """A backup upload that fails logged an ERROR in the engine of the
+        node where it failed and another in the coordinator that abandons
+        it (both on rank 0 here). Now: one ERROR with the reason; the
+        coordinator's decision (retry in N s) is a WARN."""
+        tmp = tempfile.mkdtemp(prefix="mtcfs-onerr-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        bucket = os.path.join(tmp, "b")
+        os.mkdir(bucket)
+        c = Cluster(1, ram_size="256M", extra="bucket=file://" + bucket)
+        c.interval = "backup-interval-steps: 1"
+        self.addCleanup(c.close)
+        d = c.nodes[0]
+        d.expect_log(r"ERROR engine: backup \S+ of job onerr step 1 failed: ")
+        c.start()
+        c.job_start("onerr")
+        # an object named like the job's folder: a file:// bucket cannot
+        # hold it and the backup's objects below it, so the upload fails
+        open(os.path.join(bucket, "onerr"), "w").close()
+        c.save("onerr", 1, size=64 * 1024)
+
+        def abandoned():
+            ls = [ln for ln in log_lines(d) if "abandoned" in ln]
+            return ls or None
+        ab = wait_until(abandoned, 60, "the backup abandoned")
+        errors = [ln for ln in log_lines(d) if " ERROR " in ln]
+        self.assertEqual(len(errors), 1, "\n".join(errors))
+        self.assertRegex(errors[0], r"ERROR engine: backup \S+ of job onerr step 1 failed: file://")
+        self.assertRegex(ab[0], r"WARN coord: job onerr: backup \S+ of step 1 abandoned: node 0: "
+                         r".*; next attempt in 10 s$")
+
+
 if __name__ == "__main__":
     harness.main()
