@@ -602,6 +602,86 @@ static char *meta_str(struct idx *x, const char *name)
 	return v;   /* NUL-terminated by idx_get_meta */
 }
 
+static void human_bytes(uint64_t v, char *out, size_t len);
+
+/* "2026-12-01 13:15:02 UTC (4 min ago)" for Unix seconds t. */
+static void human_time(int64_t t, int64_t now, char *out, size_t len)
+{
+	time_t tt = (time_t)t;
+	struct tm tm;
+	char ago[48];
+	int64_t d = now - t;
+
+	if (!gmtime_r(&tt, &tm)) {
+		snprintf(out, len, "%lld", (long long)t);
+		return;
+	}
+	if (d < 0)
+		snprintf(ago, sizeof(ago), "in the future");
+	else if (d < 120)
+		snprintf(ago, sizeof(ago), "%lld s ago", (long long)d);
+	else if (d < 2 * 3600)
+		snprintf(ago, sizeof(ago), "%lld min ago", (long long)(d / 60));
+	else if (d < 2 * 86400)
+		snprintf(ago, sizeof(ago), "%lld h ago", (long long)(d / 3600));
+	else
+		snprintf(ago, sizeof(ago), "%lld days ago", (long long)(d / 86400));
+	snprintf(out, len, "%04d-%02d-%02d %02d:%02d:%02d UTC (%s)", tm.tm_year + 1900, tm.tm_mon + 1,
+		 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ago);
+}
+
+/* status for people: sizes in binary units, times as UTC dates with their
+ * age, peers as "rank up/down"; --json keeps the raw numbers. */
+static void status_print_human(json_t *root, int64_t now)
+{
+	static const char *const sizes[] = { "ram_size", "ram_used" };
+	static const char *const times[] = { "started", "last_commit_time" };
+	const char *k;
+	json_t *v;
+
+	json_object_foreach(root, k, v) {
+		char buf[128], *t = NULL;
+		bool done = false;
+
+		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && !done; i++)
+			if (!strcmp(k, sizes[i]) && json_is_integer(v)) {
+				human_bytes((uint64_t)json_integer_value(v), buf, sizeof(buf));
+				done = true;
+			}
+		for (size_t i = 0; i < sizeof(times) / sizeof(times[0]) && !done; i++)
+			if (!strcmp(k, times[i]) && json_is_integer(v)) {
+				human_time((int64_t)json_integer_value(v), now, buf, sizeof(buf));
+				done = true;
+			}
+		if (!done && !strcmp(k, "peers") && json_is_array(v)) {
+			size_t i, l = 0;
+			json_t *p;
+			buf[0] = '\0';
+			json_array_foreach(v, i, p)
+				if (l < sizeof(buf))
+					l += (size_t)snprintf(buf + l, sizeof(buf) - l, "%s%lld %s", i ? ", " : "",
+						(long long)json_integer_value(json_object_get(p, "rank")),
+						json_is_true(json_object_get(p, "connected")) ? "up" : "down");
+			if (!json_array_size(v))
+				snprintf(buf, sizeof(buf), "none");
+			done = true;
+		}
+		if (!done && json_is_null(v)) {
+			snprintf(buf, sizeof(buf), "-");
+			done = true;
+		}
+		if (!done && json_is_boolean(v)) {
+			snprintf(buf, sizeof(buf), "%s", json_is_true(v) ? "yes" : "no");
+			done = true;
+		}
+		if (!done)
+			t = json_is_string(v) ? strdup(json_string_value(v))
+					      : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+		printf("%-24s %s\n", k, done ? buf : t ? t : "");
+		free(t);
+	}
+}
+
 static int status_once(const char *ramdir)
 {
 	struct idx *x = NULL;
@@ -630,6 +710,8 @@ static int status_once(const char *ramdir)
 	}
 	json_object_set_new(root, "ramdir", json_string(ramdir));
 	json_object_set_new(root, "daemon_running", json_boolean(alive));
+	if (daemon && json_object_get(daemon, "started"))
+		json_object_set(root, "started", json_object_get(daemon, "started"));
 	json_object_set_new(root, "phase", json_string(alive ? (phase ? phase : "waiting-for-config") : "stopped"));
 	if (have_cfg) {
 		json_object_set_new(root, "job", json_string(cfg.job));
@@ -704,13 +786,7 @@ static int status_once(const char *ramdir)
 		json_dumpf(root, stdout, JSON_INDENT(1));
 		putchar('\n');
 	} else {
-		const char *k;
-		json_t *v;
-		json_object_foreach(root, k, v) {
-			char *t = json_is_string(v) ? strdup(json_string_value(v)) : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-			printf("%-24s %s\n", k, t ? t : "");
-			free(t);
-		}
+		status_print_human(root, (int64_t)time(NULL));
 	}
 	json_decref(root);
 	json_decref(daemon);

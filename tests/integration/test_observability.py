@@ -249,7 +249,22 @@ class Observability(unittest.TestCase):
         self.assertEqual(st["ram_size"], 512 << 20)
         h = admin("status", r0)
         self.assertEqual(h.returncode, 0)
-        self.assertRegex(h.stdout.decode(), r"phase\s+ready")
+        ht = h.stdout.decode()
+        self.assertRegex(ht, r"phase\s+ready")
+        # for people: sizes in binary units, times as UTC dates with their
+        # age, peers up/down; --json above keeps the raw numbers
+        self.assertRegex(ht, r"(?m)^ram_size\s+512\.0 MiB$")
+        self.assertRegex(ht, r"(?m)^ram_used\s+\d+\.\d (KiB|MiB)$")
+        self.assertRegex(ht, r"(?m)^last_commit_time\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC "
+                             r"\(\d+ s ago\)$")
+        self.assertRegex(ht, r"(?m)^started\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(")
+        self.assertRegex(ht, r"(?m)^peers\s+0 up, 1 up$")
+        self.assertRegex(ht, r"(?m)^daemon_running\s+yes$")
+        self.assertIsInstance(st["last_commit_time"], int)
+        self.assertLessEqual(abs(st["last_commit_time"] - time.time()), 300)
+        self.assertIsInstance(st["started"], int)
+        ts = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(st["last_commit_time"]))
+        self.assertIn("last_commit_time         " + ts, ht)
         # steps: both nodes' shards held on both nodes, step 20 is the LKG
         s = json.loads(admin("steps", r0, "--json").stdout)
         self.assertEqual(s["lkg"], 20)
