@@ -826,6 +826,9 @@ struct opts {
 	uint32_t nodes;
 	bool keep_set[PRUNE_NKINDS];
 	unsigned keep[PRUNE_NKINDS];
+	bool incomplete_set;            /* --incomplete-older-than given */
+	uint64_t incomplete_older_s;    /* its value in seconds */
+	const char *incomplete_arg;     /* as given, for the plan's words */
 	const char *args[8];
 	int nargs;
 };
@@ -1481,9 +1484,15 @@ static void policy_words(const struct opts *o, char *out, size_t len)
 		if (o->keep[k] && l < len)
 			l += (size_t)snprintf(out + l, len - l, "%skeep-%s %u", l ? ", " : "",
 					      prune_kind_name((enum prune_kind)k), o->keep[k]);
-	if (l < len)
-		snprintf(out + l, len - l, "; a period keeps its %s backup%s", o->prefer_recent ? "newest" : "oldest",
-			 o->prefer_recent ? " (--prefer-recent)" : "");
+	if (!l)
+		l += (size_t)snprintf(out, len, "every complete backup");
+	else if (l < len)
+		l += (size_t)snprintf(out + l, len - l, "; a period keeps its %s backup%s",
+				      o->prefer_recent ? "newest" : "oldest",
+				      o->prefer_recent ? " (--prefer-recent)" : "");
+	if (o->incomplete_set && l < len)
+		snprintf(out + l, len - l, "; incomplete backups that started more than %s ago go, "
+			 "but the newest", o->incomplete_arg);
 }
 
 static json_t *reasons_json(const struct prune_item *it)
@@ -1530,10 +1539,20 @@ static int cmd_prune(const struct opts *o)
 		pol.keep[k] = o->keep[k];
 		any |= o->keep[k] > 0;
 	}
-	if (!any) {
+	if (!any && !o->incomplete_set) {
 		fprintf(stderr, "mtcfs-admin prune: no --keep-* option above 0: the policy would keep nothing "
 			"(refusing; see mtcfs-admin prune --help)\n");
 		return 2;
+	}
+	/* --incomplete-older-than alone removes failed attempts only: every
+	 * complete backup stays */
+	if (!any)
+		pol.keep[PRUNE_LAST] = UINT_MAX;
+	if (o->incomplete_set) {
+		time_t now = time(NULL);
+		pol.incomplete_before = (int64_t)now - (int64_t)o->incomplete_older_s;
+		if (pol.incomplete_before < 1)
+			pol.incomplete_before = 1;
 	}
 	if ((rc = load_view(o, &w)) != 0) {
 		bview_free(&w);
@@ -1552,6 +1571,8 @@ static int cmd_prune(const struct opts *o)
 		"keep_daily", (int)o->keep[PRUNE_DAILY], "keep_weekly", (int)o->keep[PRUNE_WEEKLY],
 		"keep_monthly", (int)o->keep[PRUNE_MONTHLY], "keep_yearly", (int)o->keep[PRUNE_YEARLY],
 		"prefer_recent", o->prefer_recent));
+	json_object_set_new(json_object_get(root, "policy"), "incomplete_older_than_s",
+			    o->incomplete_set ? json_integer((json_int_t)o->incomplete_older_s) : json_null());
 	json_object_set_new(root, "dry_run", json_boolean(!o->del));
 	if (!want_json) {
 		printf("bucket %s, job %s: %zu backup%s, %s\n", bkt_url(w.b), o->job, w.n, w.n == 1 ? "" : "s",
@@ -1787,7 +1808,7 @@ static const struct command commands[] = {
 	{ "prune", O_JSON | O_JOB | O_BUCKET | O_NODES | O_DELETE | O_KEEP, 0, 0,
 	  "prune --bucket URL --job NAME [--keep-last N] [--keep-hourly N] [--keep-daily N]\n"
 	  "         [--keep-weekly N] [--keep-monthly N] [--keep-yearly N] [--prefer-recent]\n"
-	  "         [--delete] [--json]",
+	  "         [--incomplete-older-than AGE] [--delete] [--json]",
 	  "Retention policy for the job's backups (like restic/borg forget). Backup names are UTC\n"
 	  "timestamps YYYY-MM-DD_HH-MM[-N]. Only complete backups count for the policy; a backup is\n"
 	  "kept when any rule keeps it:\n"
@@ -1806,12 +1827,19 @@ static const struct command commands[] = {
 	  "(they may still be uploading), backups complete only for fewer nodes than --nodes\n"
 	  "defaults to, names that are not timestamps. Everything else is deleted: complete backups\n"
 	  "no rule keeps and incomplete backups older than the newest complete one.\n"
+	  "  --incomplete-older-than AGE\n"
+	  "                    failed attempts stop accumulating: incomplete backups that started\n"
+	  "                    (their name's minute) more than AGE ago (90s, 30m, 2h, 7d) are deleted\n"
+	  "                    even when newer than the newest complete one; never the newest of\n"
+	  "                    them (it may be uploading now), never a complete backup. Alone, it\n"
+	  "                    keeps every complete backup\n"
 	  "Dry run by default: prints each backup with keep/delete and the reasons.\n"
 	  "  --delete          delete the pruned backups, oldest first: every object under\n"
 	  "                    JOB/NAME/, the .meta files first (node 0 first), then the manifests,\n"
 	  "                    then the data, so a half-deleted backup is never complete-looking;\n"
 	  "                    progress (objects, bytes, rate, ETA) on stderr when it is a terminal\n"
-	  "At least one --keep-* above 0 is required.\n\n" BUCKET_OPTS NODES_OPT
+	  "At least one --keep-* above 0 (or --incomplete-older-than) is required.\n\n"
+	  BUCKET_OPTS NODES_OPT
 	  "exit: 0 planned (dry run) or deleted, 1 refused (restore.version changed meanwhile),\n"
 	  "      2 usage, 3 cannot read the bucket or a delete failed\n" },
 };
@@ -1859,6 +1887,31 @@ static int parse_count(const char *opt, const char *s, uint64_t max, uint64_t *v
 		return -EINVAL;
 	}
 	return 0;
+}
+
+/* "90s", "30m", "2h", "7d": seconds into *v; at least 1 s, at most 10 years. */
+static int parse_duration(const char *opt, const char *s, uint64_t *v)
+{
+	static const struct { char unit; uint64_t secs; } units[] = {
+		{ 's', 1 }, { 'm', 60 }, { 'h', 3600 }, { 'd', 86400 },
+	};
+	char num[24];
+	size_t l = s ? strlen(s) : 0;
+	uint64_t n;
+
+	for (size_t i = 0; l >= 2 && l - 1 < sizeof(num) && i < sizeof(units) / sizeof(units[0]); i++) {
+		if (s[l - 1] != units[i].unit)
+			continue;
+		memcpy(num, s, l - 1);
+		num[l - 1] = '\0';
+		if (util_parse_u64(num, 10ULL * 366 * 86400 / units[i].secs, &n) < 0 || n == 0)
+			break;
+		*v = n * units[i].secs;
+		return 0;
+	}
+	fprintf(stderr, "mtcfs-admin: %s needs a duration like 90s, 30m, 2h or 7d, not \"%s\"\n", opt,
+		s ? s : "");
+	return -EINVAL;
 }
 
 int main(int argc, char **argv)
@@ -1923,7 +1976,8 @@ int main(int argc, char **argv)
 			o.prefer_recent = true;
 			bit = O_KEEP;
 		} else if (!strcmp(a, "--job") || !strcmp(a, "--bucket") || !strcmp(a, "--gcs-endpoint") ||
-			   !strcmp(a, "--key-file") || !strcmp(a, "--nodes") || k < PRUNE_NKINDS) {
+			   !strcmp(a, "--key-file") || !strcmp(a, "--nodes") ||
+			   !strcmp(a, "--incomplete-older-than") || k < PRUNE_NKINDS) {
 			takes = true;
 		} else {
 			fprintf(stderr, "mtcfs-admin: unknown option %s\n", argv[i]);
@@ -1963,6 +2017,12 @@ int main(int argc, char **argv)
 			o.nodes_set = v > 0;       /* 0: as the .meta names show */
 			o.nodes = (uint32_t)v;
 			bit = O_NODES;
+		} else if (!strcmp(a, "--incomplete-older-than")) {
+			if (parse_duration(a, val, &o.incomplete_older_s) < 0)
+				return 2;
+			o.incomplete_set = true;
+			o.incomplete_arg = val;
+			bit = O_KEEP;
 		} else {
 			if (parse_count(a, val, 1000000, &v) < 0)
 				return 2;
@@ -2000,7 +2060,7 @@ int main(int argc, char **argv)
 		static const struct { unsigned bit; const char *words; } names[] = {
 			{ O_BUCKET, "--bucket/--gcs-endpoint/--key-file" }, { O_NODES, "--nodes" },
 			{ O_FORCE, "--force" }, { O_DELETE, "--delete" },
-			{ O_KEEP, "--keep-*/--prefer-recent" }, { O_WATCH, "--watch" }, { O_JOB, "--job" },
+			{ O_KEEP, "--keep-*/--prefer-recent/--incomplete-older-than" }, { O_WATCH, "--watch" }, { O_JOB, "--job" },
 		};
 		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 			if (used & ~c->opts & names[i].bit)

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import urllib.request
 
@@ -406,6 +407,52 @@ class AdminBucketTests:
                          sum(x["objects"] for x in js["deleted"]["backups"]))
         self.assertEqual(js["deleted"]["objects"], 2 * 8)   # 2 x (2 .meta, 2 manifests, 2 x 2 data files)
         self.assertEqual(self.names_left(url), ["2027-01-03_12-00", IN_PROGRESS])
+
+    def test_prune_incomplete_older_than(self):
+        """Failed attempts newer than the newest complete backup were kept
+        for ever ("may be in progress"). --incomplete-older-than 2h deletes
+        those that started more than 2 h ago, never the newest attempt nor a
+        complete backup; alone, it keeps every complete backup."""
+        url = self.url("stale")
+        b = self.b(url)
+        now = int(time.time()) // 60 * 60
+
+        def name(ago_s):
+            return time.strftime("%Y-%m-%d_%H-%M", time.gmtime(now - ago_s))
+        complete = [name(9 * 3600), name(6 * 3600)]
+        failed = [name(5 * 3600), name(3 * 3600), name(2 * 3600 + 300)]
+        young_attempt = name(5400)                                      # 1 h 30 min ago
+        recent = name(600)                                               # 10 min ago
+        for step, n in enumerate(complete, 1):
+            for node in (0, 1):
+                self.cli(url, "upload-shard", JOB, n, str(step), str(node), "0", self.shard[node])
+        for step, n in enumerate(failed + [young_attempt, recent], 10):
+            self.cli(url, "upload-shard", JOB, n, str(step), "0", "0", self.shard[0])
+        # without the option: every attempt newer than the newest complete stays
+        js = self.ajson("prune", "--keep-last", "1", "--nodes", "2", *b)
+        self.assertEqual({n for n, a in self.plan_of(js).items() if a == "delete"}, {complete[0]})
+        # with it, a dry run: the three failed attempts go, the two newest stay
+        js = self.ajson("prune", "--incomplete-older-than", "2h", "--nodes", "2", *b)
+        self.assertEqual(js["policy"]["incomplete_older_than_s"], 7200)
+        self.assertEqual({n for n, a in self.plan_of(js).items() if a == "delete"}, set(failed))
+        self.assertEqual((js["keep"], js["delete"]), (4, 3))
+        by = {x["name"]: x for x in js["backups"]}
+        self.assertIn("started before the age limit", by[failed[0]]["why"])
+        self.assertEqual(by[recent]["reasons"], ["in-progress"])
+        self.assertEqual(by[young_attempt]["reasons"], ["in-progress"])
+        out, _ = self.admin("prune", "--incomplete-older-than", "2h", "--nodes", "2", *b)
+        self.assertIn("policy: every complete backup; incomplete backups that started more than "
+                      "2h ago go, but the newest\n", out)
+        # 1 min: even the 1 h 30 min one goes, the newest (10 min) never
+        js = self.ajson("prune", "--incomplete-older-than", "1m", "--keep-last", "1",
+                        "--nodes", "2", "--delete", *b)
+        self.assertEqual(sorted(x["name"] for x in js["deleted"]["backups"]),
+                         sorted([complete[0]] + failed + [young_attempt]))
+        self.assertEqual(self.names_left(url), sorted([complete[1], recent]))
+        # bad ages are refused
+        for bad in ("2", "0h", "h", "-1h", "2w", "99999d"):
+            _, err = self.admin("prune", "--incomplete-older-than", bad, *b, rc=2)
+            self.assertIn("needs a duration like 90s, 30m, 2h or 7d", err)
 
     def check_delete_order(self, before, kept):
         """Per deleted backup: its .meta files first (node 0, then node 1),
