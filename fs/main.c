@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <limits.h>
 #include <signal.h>
 #include <stddef.h>
@@ -644,13 +645,27 @@ int fs_main(int argc, char **argv)
 		goto out_unmount;
 	fs->splice_ok = check_pipe_size();   /* before the loop: INIT reads it */
 	{
-		/* for mtcfs-admin status: where this daemon serves */
-		char meta[PATH_MAX + 128];
-		int n = snprintf(meta, sizeof(meta), "{\"pid\":%d,\"mountpoint\":\"%s\",\"ram_size\":%llu,\"started\":%lld}",
-				 (int)getpid(), fo.mountpoint, (unsigned long long)ram_cap(fs->ram),
-				 (long long)time(NULL));
-		if (n > 0 && (size_t)n < sizeof(meta))
-			idx_put_meta(ram_idx(fs->ram), "daemon", meta, (size_t)n);
+		/* for mtcfs-admin: where this daemon serves (status), and the
+		 * bucket options its bucket commands use when not given them.
+		 * jansson escapes what a path may hold ('"', '\\'). */
+		json_t *m = json_pack("{s:i,s:s,s:I,s:I}", "pid", (int)getpid(), "mountpoint",
+				      fo.mountpoint, "ram_size", (json_int_t)ram_cap(fs->ram),
+				      "started", (json_int_t)time(NULL));
+		char *meta;
+		if (m && fs->o.bucket)
+			json_object_set_new(m, "bucket", json_string(fs->o.bucket));
+		if (m && fs->o.gcs_endpoint)
+			json_object_set_new(m, "gcs_endpoint", json_string(fs->o.gcs_endpoint));
+		if (m && fs->o.gcs_key_file) {
+			char *abs = realpath(fs->o.gcs_key_file, NULL);
+			json_object_set_new(m, "gcs_key_file", json_string(abs ? abs : fs->o.gcs_key_file));
+			free(abs);
+		}
+		meta = m ? json_dumps(m, JSON_COMPACT) : NULL;
+		if (meta)
+			idx_put_meta(ram_idx(fs->ram), "daemon", meta, strlen(meta));
+		free(meta);
+		json_decref(m);
 	}
 	log_info("main", "serving ramdir=%s mount=%s ram_size=%llu used=%llu",
 		 ram_path(fs->ram), fo.mountpoint, (unsigned long long)ram_cap(fs->ram),

@@ -821,6 +821,7 @@ static int cmd_status(const char *ramdir, bool watch)
 
 struct opts {
 	const char *job, *bucket, *gcs_endpoint, *key_file;
+	const char *ramdir;             /* --ramdir: bucket and job from its configuration */
 	bool watch, force, del, prefer_recent;
 	bool nodes_set;
 	uint32_t nodes;
@@ -1747,6 +1748,10 @@ enum {
 	"  --gcs-endpoint URL    Cloud Storage endpoint (else STORAGE_EMULATOR_HOST, else Google's)\n" \
 	"  --key-file PATH       service-account JSON key (else GOOGLE_APPLICATION_CREDENTIALS, else\n" \
 	"                        the metadata server; none with STORAGE_EMULATOR_HOST)\n" \
+	"  --ramdir RAMDIR       a node's RAM tier: --bucket, --gcs-endpoint and --key-file\n" \
+	"                        default to the daemon's bucket=, gcs_endpoint=, gcs_key_file=\n" \
+	"                        (recorded in RAMDIR's catalog at mount), --job to the job-name\n" \
+	"                        of the last replicator.yaml the node accepted\n" \
 	"  --json                one JSON document on stdout\n"
 
 #define NODES_OPT \
@@ -1785,7 +1790,7 @@ static const struct command commands[] = {
 	  "A shard marked bad by mtcfs, or whose seal never finished, fails the check too.\n"
 	  "exit: 0 all good, 1 a shard is bad or not sealed, 2 usage, 3 cannot read the node\n" },
 	{ "backups", O_JSON | O_JOB | O_BUCKET | O_NODES, 0, 0,
-	  "backups --bucket URL --job NAME [--nodes N] [--json]",
+	  "backups {--bucket URL --job NAME | --ramdir RAMDIR} [--nodes N] [--json]",
 	  "The job's backups in the bucket, newest first: step, data bytes, how many nodes' shards\n"
 	  "are complete, and for an incomplete backup why, per node (a missing .meta, manifest or\n"
 	  "data file, a size or CRC32C mismatch, mixed steps). Says which backup a restore from the\n"
@@ -1796,7 +1801,7 @@ static const struct command commands[] = {
 	  "exit: 0 the bucket was read (whatever it holds; JSON \"restore\" is null when nothing\n"
 	  "      would be restored), 2 usage, 3 cannot read the bucket\n" },
 	{ "restore-version", O_JSON | O_JOB | O_BUCKET | O_NODES | O_FORCE, 1, 2,
-	  "restore-version set NAME | clear | show --bucket URL --job NAME [--force] [--json]",
+	  "restore-version set NAME | clear | show {--bucket URL --job NAME | --ramdir RAMDIR} [--force] [--json]",
 	  "JOB/restore.version names the backup the next restore must use (no fallback). The daemon\n"
 	  "deletes it after the first commit that follows a restore from it.\n"
 	  "  show        first line: the name, or \"none\"; then whether that backup is complete and\n"
@@ -1806,7 +1811,7 @@ static const struct command commands[] = {
 	  "  clear       delete it (exit 0 also when it was not set)\n\n" BUCKET_OPTS NODES_OPT
 	  "  --force               set even a missing or incomplete backup\n" EXIT_CODES },
 	{ "prune", O_JSON | O_JOB | O_BUCKET | O_NODES | O_DELETE | O_KEEP, 0, 0,
-	  "prune --bucket URL --job NAME [--keep-last N] [--keep-hourly N] [--keep-daily N]\n"
+	  "prune {--bucket URL --job NAME | --ramdir RAMDIR} [--keep-last N] [--keep-hourly N] [--keep-daily N]\n"
 	  "         [--keep-weekly N] [--keep-monthly N] [--keep-yearly N] [--prefer-recent]\n"
 	  "         [--incomplete-older-than AGE] [--delete] [--json]",
 	  "Retention policy for the job's backups (like restic/borg forget). Backup names are UTC\n"
@@ -1863,7 +1868,8 @@ static void usage(FILE *f)
 		"  status RAMDIR [--watch]  phase, job, rank, peers and their reachability, RAM use, last commit, replication lag\n"
 		"  verify RAMDIR [--job NAME] re-check the CRC32C of every local shard; exit 1 on any mismatch\n\n"
 		"bucket commands (--bucket gs://BUCKET[/PREFIX] | file:///PATH --job NAME; also\n"
-		"--gcs-endpoint URL, --key-file PATH; STORAGE_EMULATOR_HOST is honoured):\n"
+		"--gcs-endpoint URL, --key-file PATH; STORAGE_EMULATOR_HOST is honoured; or\n"
+		"--ramdir RAMDIR: the bucket options that node was mounted with and its job):\n"
 		"  backups [--nodes N]      the job's backups: step, size, completeness per node (why not),\n"
 		"                           and which one a restore would use\n"
 		"  restore-version set NAME [--force] | clear | show\n"
@@ -1912,6 +1918,55 @@ static int parse_duration(const char *opt, const char *s, uint64_t *v)
 	fprintf(stderr, "mtcfs-admin: %s needs a duration like 90s, 30m, 2h or 7d, not \"%s\"\n", opt,
 		s ? s : "");
 	return -EINVAL;
+}
+
+/* RAMDIR's configuration, for the bucket commands: the bucket=,
+ * gcs_endpoint= and gcs_key_file= mount options the daemon recorded in the
+ * catalog when it started (meta "daemon") and the job-name of the last
+ * replicator.yaml it accepted (meta "config"). Only what the command line
+ * left out is taken; endpoint and key only with the recorded bucket. The
+ * strings live in static storage until exit. 0, or an exit code. */
+static int opts_from_ramdir(const char *cmd, struct opts *o)
+{
+	static char bucket[4096], endpoint[1024], key[PATH_MAX], job[RCFG_JOB_MAX + 1];
+	struct idx *x = NULL;
+	struct rcfg cfg = { 0 };
+	char err[256], *config;
+	json_t *d;
+
+	if (open_catalog(o->ramdir, &x) < 0)
+		return 3;
+	d = meta_json(x, "daemon");
+	config = meta_str(x, "config");
+	idx_close(x);
+	if (!o->bucket) {
+		const char *b = json_string_value(json_object_get(d, "bucket"));
+		const char *ep = json_string_value(json_object_get(d, "gcs_endpoint"));
+		const char *kf = json_string_value(json_object_get(d, "gcs_key_file"));
+		if (b && snprintf(bucket, sizeof(bucket), "%s", b) < (int)sizeof(bucket)) {
+			o->bucket = bucket;
+			if (ep && !o->gcs_endpoint &&
+			    snprintf(endpoint, sizeof(endpoint), "%s", ep) < (int)sizeof(endpoint))
+				o->gcs_endpoint = endpoint;
+			if (kf && !o->key_file && snprintf(key, sizeof(key), "%s", kf) < (int)sizeof(key))
+				o->key_file = key;
+		} else {
+			fprintf(stderr, "mtcfs-admin %s: %s: %s; give --bucket URL\n", cmd, o->ramdir,
+				d ? "the node was mounted without bucket=" : "no daemon has recorded its options");
+		}
+	}
+	if (!o->job) {
+		if (config && rcfg_parse(config, strlen(config), NULL, &cfg, err, sizeof(err)) == 0 &&
+		    snprintf(job, sizeof(job), "%s", cfg.job) < (int)sizeof(job) && job[0])
+			o->job = job;
+		else
+			fprintf(stderr, "mtcfs-admin %s: %s: no replicator.yaml configured a job yet; "
+				"give --job NAME\n", cmd, o->ramdir);
+		rcfg_free(&cfg);
+	}
+	json_decref(d);
+	free(config);
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -1976,7 +2031,7 @@ int main(int argc, char **argv)
 			o.prefer_recent = true;
 			bit = O_KEEP;
 		} else if (!strcmp(a, "--job") || !strcmp(a, "--bucket") || !strcmp(a, "--gcs-endpoint") ||
-			   !strcmp(a, "--key-file") || !strcmp(a, "--nodes") ||
+			   !strcmp(a, "--key-file") || !strcmp(a, "--nodes") || !strcmp(a, "--ramdir") ||
 			   !strcmp(a, "--incomplete-older-than") || k < PRUNE_NKINDS) {
 			takes = true;
 		} else {
@@ -2010,6 +2065,9 @@ int main(int argc, char **argv)
 			bit = O_BUCKET;
 		} else if (!strcmp(a, "--key-file")) {
 			o.key_file = val;
+			bit = O_BUCKET;
+		} else if (!strcmp(a, "--ramdir")) {
+			o.ramdir = val;
 			bit = O_BUCKET;
 		} else if (!strcmp(a, "--nodes")) {
 			if (parse_count(a, val, NODES_MAX, &v) < 0)
@@ -2058,7 +2116,7 @@ int main(int argc, char **argv)
 	}
 	if (used & ~c->opts) {
 		static const struct { unsigned bit; const char *words; } names[] = {
-			{ O_BUCKET, "--bucket/--gcs-endpoint/--key-file" }, { O_NODES, "--nodes" },
+			{ O_BUCKET, "--bucket/--gcs-endpoint/--key-file/--ramdir" }, { O_NODES, "--nodes" },
 			{ O_FORCE, "--force" }, { O_DELETE, "--delete" },
 			{ O_KEEP, "--keep-*/--prefer-recent/--incomplete-older-than" }, { O_WATCH, "--watch" }, { O_JOB, "--job" },
 		};
@@ -2074,8 +2132,15 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (c->opts & O_BUCKET) {
+		if (o.ramdir && (!o.bucket || !o.job)) {
+			int e = opts_from_ramdir(c->name, &o);
+			if (e)
+				return e;
+		}
 		if (!o.bucket || !o.job) {
-			fprintf(stderr, "mtcfs-admin %s: --bucket URL and --job NAME are required\n"
+			fprintf(stderr, "mtcfs-admin %s: --bucket URL and --job NAME are required (or "
+				"--ramdir RAMDIR of a node mounted with bucket= and configured by a "
+				"replicator.yaml)\n"
 				"usage: mtcfs-admin %s\n", c->name, c->synopsis);
 			return 2;
 		}

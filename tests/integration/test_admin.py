@@ -703,5 +703,73 @@ class FileAdminTest(AdminBucketTests, unittest.TestCase):
                          ["2027-01-03_12-00", IN_PROGRESS])
 
 
+class RamdirConfiguration(unittest.TestCase):
+    """Bucket commands with --ramdir RAMDIR and no --bucket/--job: the
+    bucket is the one that node's daemon was mounted with (bucket=, recorded
+    in RAMDIR's catalog at mount), the job is the job-name of the last
+    replicator.yaml it accepted. What the command line gives wins."""
+
+    def run_admin(self, *args, rc=0):
+        p = subprocess.run([ADMIN] + list(args), capture_output=True, timeout=120)
+        self.assertNotRegex(p.stderr.decode(), SANITIZER)
+        self.assertEqual(p.returncode, rc, (args, p.stdout, p.stderr))
+        return p.stdout.decode(), p.stderr.decode()
+
+    def test_bucket_and_job_from_ramdir(self):
+        import harness
+        from cluster import Cluster
+        tmp = tempfile.mkdtemp(prefix="mtcfs-admin-rd-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        bucket = os.path.join(tmp, "bucket")
+        os.mkdir(bucket)
+        c = Cluster(1, ram_size="256M", extra="bucket=file://" + bucket)
+        c.interval = "backup-interval-steps: 1"
+        self.addCleanup(c.close)
+        c.start()
+        ram = c.nodes[0].ramdir
+        # no job configured yet: the bucket is known, the job is not
+        _, err = self.run_admin("backups", "--ramdir", ram, rc=2)
+        self.assertIn("no replicator.yaml configured a job yet; give --job NAME", err)
+        c.job_start("rdjob")
+        c.save("rdjob", 3, size=64 * 1024)
+
+        def backed_up():
+            out, _ = self.run_admin("backups", "--ramdir", ram, "--json")
+            js = json.loads(out)
+            return js if [b for b in js["backups"] if b["complete"]] else None
+        js = harness.wait_until(backed_up, 60, "a complete backup listed through --ramdir")
+        self.assertEqual((js["bucket"], js["job"]), ("file://" + bucket, "rdjob"))
+        self.assertEqual([b["step"] for b in js["backups"]], [3])
+        name = js["backups"][0]["name"]
+        # the same answer as with the options spelled out
+        out, _ = self.run_admin("backups", "--bucket", "file://" + bucket, "--job", "rdjob", "--json")
+        self.assertEqual(json.loads(out)["backups"], js["backups"])
+        # restore-version and prune too; human output names bucket and job
+        out, _ = self.run_admin("restore-version", "show", "--ramdir", ram)
+        self.assertTrue(out.startswith("none\n"), out)
+        out, _ = self.run_admin("prune", "--keep-last", "1", "--ramdir", ram)
+        self.assertIn("bucket file://%s, job rdjob: 1 backup" % bucket, out)
+        self.assertRegex(out, r"(?m)^keep\s+%s\s+3\s" % re.escape(name))
+        # the command line wins: another job, another bucket
+        out, _ = self.run_admin("backups", "--ramdir", ram, "--job", "other", "--json")
+        self.assertEqual((json.loads(out)["job"], json.loads(out)["backups"]), ("other", []))
+        other = os.path.join(tmp, "other")
+        os.mkdir(other)
+        out, _ = self.run_admin("backups", "--ramdir", ram, "--bucket", "file://" + other, "--json")
+        self.assertEqual((json.loads(out)["bucket"], json.loads(out)["job"]),
+                         ("file://" + other, "rdjob"))
+        # a node mounted without bucket=: said so, exit 2
+        d = harness.Daemon(opts="ram_size=64M")
+        self.addCleanup(d.close)
+        d.start()
+        _, err = self.run_admin("backups", "--ramdir", d.ramdir, "--job", "x", rc=2)
+        self.assertIn("the node was mounted without bucket=; give --bucket URL", err)
+        # not a RAMDIR at all
+        self.run_admin("backups", "--ramdir", os.path.join(tmp, "nothing"), rc=3)
+        # a node command does not take it
+        _, err = self.run_admin("ls", ram, "--ramdir", ram, rc=2)
+        self.assertIn("is not an option of this command", err)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
