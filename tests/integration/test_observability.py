@@ -447,6 +447,38 @@ class OneErrorPerFailure(unittest.TestCase):
         self.assertRegex(ab[0], r"WARN coord: job onerr: backup \S+ of step 1 abandoned: node 0: "
                          r".*; next attempt in 10 s$")
 
+    def test_denied_backup_is_one_error(self):
+        """Cloud Storage answers 403 to the uploads: the GCS client logged
+        the refusal as an ERROR and the engine the failed backup with the
+        same text as another. Now one ERROR (the engine's, with the 403 and
+        the permission); the client's line is a WARN."""
+        from test_backup_restore import GcsServer, GS_BUCKET, GCS_RETRY
+        srv = GcsServer()
+        self.addCleanup(srv.stop)
+        srv.call("/_reset", {"log": True, "faults": True, "data": True, "config": True})
+        c = Cluster(1, ram_size="256M", extra="bucket=gs://%s/onerr,gcs_endpoint=%s"
+                    % (GS_BUCKET, srv.base))
+        c.interval = "backup-interval-steps: 1"
+        self.addCleanup(c.close)
+        d = c.nodes[0]
+        for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS"):
+            d.env.pop(k, None)
+        d.env["GCE_METADATA_HOST"] = srv.host
+        d.env["MTCFS_GCS_RETRY"] = GCS_RETRY
+        d.expect_log(r"ERROR engine: backup \S+ of job denied step 1 failed: .*403 Forbidden")
+        srv.call("/_config", {"auth": "bearer", "deny": ["storage.objects.create"]})
+        c.start()
+        c.job_start("denied")
+        c.save("denied", 1, size=64 * 1024)
+        wait_until(lambda: [ln for ln in log_lines(d) if "abandoned" in ln] or None, 60,
+                   "the backup abandoned")
+        errors = [ln for ln in log_lines(d) if " ERROR " in ln]
+        self.assertEqual(len(errors), 1, "\n".join(errors))
+        self.assertRegex(errors[0], r"ERROR engine: backup \S+ of job denied step 1 failed: "
+                         r".*403 Forbidden: the caller lacks storage\.objects\.create")
+        self.assertTrue([ln for ln in log_lines(d)
+                         if re.search(r" WARN gcs: .*403 Forbidden", ln)], log_lines(d))
+
 
 if __name__ == "__main__":
     harness.main()
