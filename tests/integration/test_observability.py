@@ -48,15 +48,17 @@ def scrape(port, host="127.0.0.1"):
 
 
 def check_exposition(test, text):
-    """promtool check metrics when it is installed (Debian: prometheus), and
-    always a strict check of the text format: every sample belongs to a
-    family declared once with HELP and TYPE before its samples, histogram
-    buckets are cumulative and end in +Inf equal to _count."""
-    if shutil.which("promtool"):
-        r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
-        test.assertEqual(r.returncode, 0, r.stdout.decode())
-        test.assertEqual(r.stdout.decode().strip(), "", "promtool lint findings")
+    """promtool check metrics (Debian: prometheus; install-deps.sh brings
+    it, so its absence fails), and a strict check of the text format: every
+    sample belongs to a family declared once with HELP and TYPE before its
+    samples, histogram buckets are cumulative and end in +Inf equal to
+    _count."""
+    test.assertTrue(shutil.which("promtool"), "promtool is missing (apt-get install "
+                    "prometheus; packaging/install-deps.sh lists it)")
+    r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+    test.assertEqual(r.returncode, 0, r.stdout.decode())
+    test.assertEqual(r.stdout.decode().strip(), "", "promtool lint findings")
     test.assertTrue(text.endswith("\n"))
     types, helps, hist = {}, set(), {}
     for line in text.split("\n")[:-1]:
