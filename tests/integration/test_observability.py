@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -407,6 +408,69 @@ class OneNode(unittest.TestCase):
             text = f.read()
         self.assertNotRegex(text, harness.BAD_LOG)
         self.assertGreater(len(text.splitlines()), 1)
+
+    def test_detached_daemon_logs_to_syslog(self):
+        """Without log_file= a detached daemon logs to syslog: run in a
+        private mount namespace whose /dev/log is this test's datagram
+        socket (the machine's /dev is left alone), mtcfs sends its lines
+        there as "mtcfs[PID]", facility daemon."""
+        if not shutil.which("unshare"):
+            self.skipTest("unshare (util-linux) missing")
+        tmp = tempfile.mkdtemp(prefix="mtcfs-syslog-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, "log")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.addCleanup(sock.close)
+        sock.bind(sock_path)
+        ram = tempfile.mkdtemp(prefix="mtcfs-syslog-ram-", dir="/dev/shm")
+        self.addCleanup(shutil.rmtree, ram, True)
+        mnt = os.path.join(tmp, "mnt")
+        hostdev = os.path.join(tmp, "hostdev")
+        os.mkdir(mnt)
+        os.mkdir(hostdev)
+        # inside the namespace: a tmpfs /dev with the host's null, zero,
+        # urandom, fuse and shm (RAMDIR) bound in, and log -> the test's socket
+        script = ('set -e; mount --make-rprivate /; mount --rbind /dev "$1"; '
+                  'mount -t tmpfs -o mode=755 tmpfs /dev; '
+                  'for n in null zero urandom fuse; do touch /dev/$n; '
+                  'mount --bind "$1/$n" /dev/$n; done; mkdir /dev/shm; '
+                  'mount --bind "$1/shm" /dev/shm; ln -s "$2" /dev/log; '
+                  'exec "$3" -o ram_size=64M "$4" "$5" <&- >&- 2>&-')
+        pids = []
+
+        def reap():
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            wait_until(lambda: not any(os.path.exists("/proc/%d" % p) for p in pids), 10,
+                       "mtcfs in its namespace gone")
+        self.addCleanup(reap)
+        r = subprocess.run(["unshare", "-m", "/bin/sh", "-c", script, "sh", hostdev, sock_path,
+                            os.path.abspath(harness.MTCFS_BIN), ram, mnt],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout.decode(errors="replace"))
+
+        def pid():
+            with open(os.path.join(ram, "mtcfs.lock")) as f:
+                t = f.read().strip()
+            return int(t) if t else None
+        pids.append(wait_until(pid, harness.READY_TIMEOUT, "the daemon's PID in mtcfs.lock"))
+        sock.settimeout(harness.READY_TIMEOUT)
+        lines = []
+
+        def serving():
+            lines.append(sock.recv(8192).decode(errors="replace"))
+            return [ln for ln in lines if "main: serving ramdir=" in ln] or None
+        ln = wait_until(serving, harness.READY_TIMEOUT, "the serving line on syslog")[0]
+        self.assertRegex(ln, r"^<30>.*mtcfs\[%d\]: main: serving ramdir=%s mount=%s " % (
+            pids[0], re.escape(os.path.realpath(ram)), re.escape(mnt)))   # daemon.info
+        self.assertFalse([x for x in lines if harness.BAD_LOG.search(x)], lines)
+        os.kill(pids[0], signal.SIGTERM)     # ends it as an unmount does
+        wait_until(lambda: not os.path.exists("/proc/%d" % pids[0]), harness.EXIT_TIMEOUT,
+                   "mtcfs exited on SIGTERM")
 
     def test_bad_log_file_is_refused(self):
         d = harness.Daemon(opts="ram_size=64M,log_file=/nonexistent/dir/mtcfs.log")
