@@ -513,6 +513,34 @@ class OneErrorPerFailure(unittest.TestCase):
         self.assertRegex(ab[0], r"WARN coord: job onerr: backup \S+ of step 1 abandoned: node 0: "
                          r".*; next attempt in 10 s$")
 
+    def test_restore_without_coordinator_is_one_error(self):
+        """A node whose coordinator (rank 0) is down retries the restore
+        for about 20 s, and logged an ERROR per attempt (21) plus the final
+        one. Now each attempt is a WARN ("retrying in 1 s", then "giving
+        up") and the failed restore the one ERROR."""
+        c = Cluster(2, ram_size="256M", restore_timeout=3)
+        self.addCleanup(c.close)
+        c.start()
+        c.nodes[0].kill9()
+        d = c.nodes[1]
+        d.expect_log(r"ERROR ctl: replicator.yaml rejected: restore failed")
+        yaml = os.path.join(d.mnt, "replicator.yaml")
+        with open(yaml + ".tmp", "w") as f:
+            f.write(c.yaml("nocoord", 1))
+        os.rename(yaml + ".tmp", yaml)
+        wait_until(lambda: os.path.exists(os.path.join(d.mnt, "replicator.failed")), 60,
+                   "replicator.failed on node 1")
+        lines = log_lines(d)
+        errors = [ln for ln in lines if " ERROR " in ln]
+        self.assertEqual(len(errors), 1, "\n".join(errors))
+        self.assertRegex(errors[0], r"ERROR ctl: replicator.yaml rejected: restore failed: ")
+        tries = [ln for ln in lines if "restore: the coordinator at %s did not answer" % c.addrs[0]
+                 in ln]
+        self.assertGreater(len(tries), 1)
+        self.assertTrue(all(" WARN engine: " in ln for ln in tries), tries)
+        self.assertTrue(tries[0].endswith("; retrying in 1 s"), tries[0])
+        self.assertTrue(tries[-1].endswith("; giving up"), tries[-1])
+
     def test_denied_backup_is_one_error(self):
         """Cloud Storage answers 403 to the uploads: the GCS client logged
         the refusal as an ERROR and the engine the failed backup with the
