@@ -771,7 +771,8 @@ static void backup_start_run(void *arg)
 		else
 			snprintf(why, sizeof(why), "cannot name a backup in the bucket: %.600s",
 				 name[0] ? name : strerror(-rc));
-		bk_abandon(j, why, true);
+		/* a WARN: rank 0's engine logged the failure as an ERROR */
+		bk_abandon(j, why, false);
 		/* the other nodes' replicator.errors say it too (rank 0, where
 		 * the bucket call failed, reported it itself) */
 		for (uint32_t r = 1; r < j->nodes; r++) {
@@ -883,7 +884,8 @@ static void on_backup_done(struct coord *c, int rank, json_t *m)
 		char why[512];
 		net_json_str(m, "error", 4000, &err);
 		snprintf(why, sizeof(why), "node %d: %s", rank, err ? err : "failed");
-		bk_abandon(j, why, true);
+		/* a WARN: that node logged its failure as an ERROR already */
+		bk_abandon(j, why, false);
 		return;
 	}
 	j->bk_done[rank] = true;

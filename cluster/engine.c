@@ -1682,7 +1682,10 @@ restart:
 			 e->coord_addr, strerror(-rc));
 		if (rep)
 			rep(arg, line);
-		log_err("engine", "%s", line);
+		/* a WARN per attempt: the restore that fails in the end is the
+		 * one ERROR (ctl: "replicator.yaml rejected: restore failed") */
+		log_warn("engine", "%s%s", line, util_now_ns() < deadline && rounds < 20
+			 ? "; retrying in 1 s" : "; giving up");
 		if (util_now_ns() < deadline && rounds++ < 20) {
 			struct timespec ts;
 			pthread_mutex_lock(&e->ctl_mu);

@@ -132,6 +132,11 @@ int64_t prune_period(const struct prune_time *t, enum prune_kind k, char *label)
 	}
 }
 
+int64_t prune_time_unix(const struct prune_time *t)
+{
+	return days_from_civil(t->year, t->month, t->day) * 86400 + t->hour * 3600 + t->minute * 60;
+}
+
 int prune_name_cmp(const char *a, const char *b)
 {
 	struct prune_time ta = { 0 }, tb = { 0 };
@@ -196,15 +201,19 @@ int prune_plan(const struct prune_policy *p, const char *restore_version, bool r
 	       struct prune_item *v, size_t n, struct prune_result *r)
 {
 	struct ent *e = NULL, **cand = NULL;
+	bool *stale = NULL;          /* [index in v]: incomplete, past incomplete_before */
 	size_t nc = 0, newest = n;   /* newest: position in e[] of the newest complete backup */
+	size_t newest_ip = n;        /* position in e[] of the newest dated incomplete before it */
 	long pick;
 	struct prune_result res = { .restore_pick = -1, .newest_complete = -1 };
 
 	e = calloc(n ? n : 1, sizeof(*e));
 	cand = calloc(n ? n : 1, sizeof(*cand));
-	if (!e || !cand) {
+	stale = calloc(n ? n : 1, sizeof(*stale));
+	if (!e || !cand || !stale) {
 		free(e);
 		free(cand);
+		free(stale);
 		return -ENOMEM;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -225,6 +234,9 @@ int prune_plan(const struct prune_policy *p, const char *restore_version, bool r
 		if (e[i].it->complete && e[i].dated)
 			cand[nc++] = &e[i];
 	}
+	for (size_t i = 0; i < newest && newest_ip == n; i++)
+		if (!e[i].it->complete && e[i].dated)
+			newest_ip = i;
 
 	/* the policy, over complete timestamped backups, newest first */
 	for (size_t i = 0; i < nc && i < p->keep[PRUNE_LAST]; i++) {
@@ -265,8 +277,13 @@ int prune_plan(const struct prune_policy *p, const char *restore_version, bool r
 			it->flags |= PRUNE_NEWEST_COMPLETE;
 			res.newest_complete = it - v;
 		}
-		if (!it->complete && i < newest)
-			it->flags |= PRUNE_IN_PROGRESS;
+		if (!it->complete && i < newest) {
+			if (p->incomplete_before && e[i].dated && i != newest_ip &&
+			    prune_time_unix(&e[i].t) < p->incomplete_before)
+				stale[it - v] = true;
+			else
+				it->flags |= PRUNE_IN_PROGRESS;
+		}
 		if (!e[i].dated)
 			it->flags |= PRUNE_UNDATED;
 		if (it->hold)
@@ -303,7 +320,9 @@ int prune_plan(const struct prune_policy *p, const char *restore_version, bool r
 			add_why(it, it->hold_why ? it->hold_why : "held");
 		if (!it->keep)
 			add_why(it, it->complete ? "not kept by the policy"
-						       : "incomplete, older than the newest complete backup");
+				    : stale[i] ? "incomplete, started before the age limit "
+						 "(a failed attempt, not the newest)"
+					       : "incomplete, older than the newest complete backup");
 		if (it->keep)
 			res.kept++;
 		else
@@ -313,5 +332,6 @@ int prune_plan(const struct prune_policy *p, const char *restore_version, bool r
 		*r = res;
 	free(e);
 	free(cand);
+	free(stale);
 	return 0;
 }

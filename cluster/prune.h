@@ -22,6 +22,13 @@
  *     newer than the newest complete one (they may still be uploading; all
  *     incomplete ones when none is complete); names that are not timestamps;
  *     items the caller holds.
+ *   - incomplete_before (--incomplete-older-than): an incomplete backup that
+ *     started (its name's minute) before that Unix time loses the "may be
+ *     in progress" protection: failed attempts newer than the newest
+ *     complete backup (or with none complete) stop accumulating. Never a
+ *     complete one, and never the newest incomplete backup newer than the
+ *     newest complete one (the attempt that may be uploading now), nor one
+ *     the protections above keep (restore.version's, held, undated).
  *   - Everything else is pruned: complete backups no rule keeps, and
  *     incomplete ones older than the newest complete backup. */
 #ifndef MTCFS_TIERS_PRUNE_H
@@ -47,6 +54,7 @@ const char *prune_kind_name(enum prune_kind k);
 struct prune_policy {
 	unsigned keep[PRUNE_NKINDS];   /* periods (backups for LAST) to keep; 0: rule off */
 	bool prefer_recent;            /* a period's newest backup represents it, not its oldest */
+	int64_t incomplete_before;     /* Unix time (UTC); 0: rule off (see above) */
 };
 
 /* Why a backup is kept: bit (1u << kind) for each policy rule that keeps it,
@@ -96,6 +104,8 @@ bool prune_parse_name(const char *name, struct prune_time *t);
  * periods (larger = newer), and its label into label[PRUNE_LABEL_MAX]
  * (may be NULL). ISO weeks belong to their week-based year. */
 int64_t prune_period(const struct prune_time *t, enum prune_kind k, char *label);
+/* The Unix time (UTC) of t's minute (the "-N" suffix does not count). */
+int64_t prune_time_unix(const struct prune_time *t);
 /* Newest first: timestamp names by (minute, N) descending, then the other
  * names in descending byte order (the order of bk_list_backups). */
 int prune_name_cmp(const char *a, const char *b);

@@ -1,15 +1,46 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
 static volatile int cur_level = LOG_INFO;
 static volatile int cur_format = LOG_FMT_TEXT;
+/* set at startup, before threads: a log file's fd, else stderr; syslog wins
+ * over stderr (not over a file) */
+static int out_fd = STDERR_FILENO;
+static bool to_syslog;
+
+int log_open_file(const char *path)
+{
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+
+	if (fd < 0)
+		return -errno;
+	if (out_fd != STDERR_FILENO)
+		close(out_fd);
+	out_fd = fd;
+	return 0;
+}
+
+void log_use_syslog(void)
+{
+	if (out_fd != STDERR_FILENO)
+		return;
+	openlog("mtcfs", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+	to_syslog = true;
+}
+
+int log_to_stderr(void)
+{
+	return out_fd == STDERR_FILENO && !to_syslog;
+}
 
 void log_set_level(enum log_level lvl) { cur_level = lvl; }
 enum log_level log_get_level(void) { return (enum log_level)cur_level; }
@@ -248,10 +279,23 @@ void log_msg(enum log_level lvl, const char *mod, const char *fmt, ...)
 	if (vsnprintf(msg, sizeof(msg), fmt, ap) < 0)
 		msg[0] = '\0';
 	va_end(ap);
+	if (to_syslog) {
+		static const int prio[] = { LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG };
+		/* syslog stamps time and level itself; JSON stays one object */
+		if ((enum log_format)cur_format == LOG_FMT_JSON) {
+			n = log_format_line(line, sizeof(line), LOG_FMT_JSON, lvl, mod, msg,
+					    (long long)ts.tv_sec, ts.tv_nsec);
+			syslog(prio[(unsigned)lvl <= LOG_DEBUG ? lvl : LOG_DEBUG], "%.*s",
+			       (int)(n ? n - 1 : 0), line);
+		} else {
+			syslog(prio[(unsigned)lvl <= LOG_DEBUG ? lvl : LOG_DEBUG], "%s: %s", mod, msg);
+		}
+		return;
+	}
 	n = log_format_line(line, (enum log_format)cur_format == LOG_FMT_JSON ? sizeof(line) : 2048,
 			    (enum log_format)cur_format, lvl, mod, msg, (long long)ts.tv_sec,
 			    ts.tv_nsec);
-	if (write(STDERR_FILENO, line, n) < 0) {
+	if (write(out_fd, line, n) < 0) {
 		/* nowhere left to report it */
 	}
 }

@@ -1,6 +1,8 @@
-/* log: one line per event, to stderr. Called from every thread; each line
- * is written with a single write(2) so lines from different threads never
- * interleave.
+/* log: one line per event, to stderr (or the file of log_open_file(), or
+ * syslog after log_use_syslog()). Called from every thread; each line is
+ * written with a single write(2) (one syslog(3) call) so lines from
+ * different threads never interleave. The destination is chosen once at
+ * startup, before threads start.
  *
  * Text (default): "TIME LEVEL module: message key=value ...".
  * JSON (-o log_format=json): one object per line for Cloud Logging's agent,
@@ -26,6 +28,15 @@ enum log_level log_get_level(void);
 void log_set_format(enum log_format f);
 /* "text" or "json": 0, else -EINVAL (the format is left unchanged). */
 int log_set_format_name(const char *name);
+/* Append every later line to path (created 0640), from any process the
+ * caller forks into: 0, or -errno (the destination is left unchanged). */
+int log_open_file(const char *path);
+/* Send every later line to syslog(3) as "mtcfs[PID]" (facility daemon):
+ * for a daemon whose stderr is /dev/null (started by mount(8)). A
+ * log_open_file() destination takes precedence. */
+void log_use_syslog(void);
+/* True when lines go to stderr (no file, no syslog). */
+int log_to_stderr(void);
 void log_msg(enum log_level lvl, const char *mod, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 

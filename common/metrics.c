@@ -165,6 +165,12 @@ int metrics_render(const struct metrics_gauges *g, char **buf, size_t *len)
 	}
 	put(&o, "# HELP mtcfs_lkg_step Newest step complete across the job (-1 unknown)\n# TYPE mtcfs_lkg_step gauge\nmtcfs_lkg_step %lld\n",
 	    (long long)g->lkg_step);
+	/* GKE's coordinator answers "replicated-step": the newest step every
+	 * node has committed and copied to its peers, i.e. the step a loss of
+	 * any one node still restores from RAM */
+	put(&o, "# HELP mtcfs_replicated_lkg_step Newest step every node of the job has committed and replicated to its peers (-1 unknown)\n"
+	    "# TYPE mtcfs_replicated_lkg_step gauge\nmtcfs_replicated_lkg_step %lld\n",
+	    (long long)g->replicated_lkg_step);
 	put(&o, "# HELP mtcfs_last_commit_step Newest step committed on this node (-1 none)\n# TYPE mtcfs_last_commit_step gauge\nmtcfs_last_commit_step %lld\n",
 	    (long long)g->last_commit_step);
 	if (o.err) {

@@ -44,6 +44,7 @@ struct metrics_gauges {
 	uint64_t ram_used, ram_size;
 	int peers_total, peers_reachable;   /* -1 when there is no peer tier */
 	int64_t lkg_step;                   /* -1 when unknown */
+	int64_t replicated_lkg_step;        /* -1 when unknown or no peer tier */
 	int64_t last_commit_step;           /* -1 when none */
 };
 

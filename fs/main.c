@@ -10,14 +10,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <limits.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +33,67 @@ struct fs *g_fs;
  * (SIGTERM or fusermount3 -u on a mount that served nothing). */
 static _Atomic bool ra_stop;
 
+/* systemd's readiness protocol (sd_notify(3)), written here rather than
+ * linked from libsystemd: it is one datagram of "KEY=VALUE" lines to the
+ * unix socket named by $NOTIFY_SOCKET (a path, or '@' for the abstract
+ * namespace), a stable interface systemd documents, and the binaries and
+ * the container image then need no libsystemd. The address is read once,
+ * before anything else could change the environment; unset: no-op. */
+static struct sockaddr_un notify_addr;
+static socklen_t notify_len;
+
+static void notify_init(void)
+{
+	const char *e = getenv("NOTIFY_SOCKET");
+	size_t n;
+
+	if (!e || (e[0] != '/' && e[0] != '@'))
+		return;
+	n = strlen(e);
+	if (n < 2 || n >= sizeof(notify_addr.sun_path))
+		return;
+	notify_addr.sun_family = AF_UNIX;
+	memcpy(notify_addr.sun_path, e, n);
+	if (e[0] == '@')
+		notify_addr.sun_path[0] = '\0';
+	notify_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+}
+
+/* Best effort: a manager that is gone must not stop the daemon. */
+static void notify_send(const char *msg)
+{
+	int fd;
+
+	if (!notify_len)
+		return;
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return;
+	if (sendto(fd, msg, strlen(msg), MSG_NOSIGNAL, (const struct sockaddr *)&notify_addr,
+		   notify_len) < 0)
+		log_warn("main", "cannot notify systemd at %s: %s", getenv("NOTIFY_SOCKET"),
+			 strerror(errno));
+	close(fd);
+}
+
+/* The FUSE table with INIT wrapped: READY=1 goes out once the kernel's
+ * INIT is handled, i.e. the mount answers (the kernel holds every request
+ * until INIT's reply, which libfuse sends as this returns), the RAM tier,
+ * peers, control thread and metrics all being up before the loop starts. */
+static struct fuse_lowlevel_ops main_ll_ops;
+
+static void main_ll_init(void *userdata, struct fuse_conn_info *conn)
+{
+	struct fs *fs = userdata;
+	char msg[PATH_MAX + 64];
+
+	if (fs_ll_ops.init)
+		fs_ll_ops.init(userdata, conn);
+	if (snprintf(msg, sizeof(msg), "READY=1\nSTATUS=serving %s\nMAINPID=%d",
+		     fs->mountpoint, (int)getpid()) < (int)sizeof(msg))
+		notify_send(msg);
+}
+
 struct cmdline {
 	struct fs_opts o;
 	char *ramdir;
@@ -39,6 +103,7 @@ struct cmdline {
 	int show_help;
 	int show_version;
 	char *log_format;
+	char *log_file;
 };
 
 #define OPT(t, p) { t, offsetof(struct cmdline, p), 1 }
@@ -54,6 +119,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("tls_ca=%s", o.tls_ca),
 	OPT("metrics=%s", o.metrics),
 	OPT("log_format=%s", log_format),
+	OPT("log_file=%s", log_file),
 	OPT("gcs_endpoint=%s", o.gcs_endpoint),
 	OPT("gcs_key_file=%s", o.gcs_key_file),
 	OPT("jax_init_info", o.jax_init_info),
@@ -92,6 +158,7 @@ static void usage(const char *prog)
 	       "    -f                     stay in the foreground\n"
 	       "    -d                     debug log (default: INFO, one line per lifecycle event)\n"
 	       "    -o log_format=json     one JSON object per line (Cloud Logging); default text\n"
+	       "    -o log_file=PATH       append the log to PATH (default: stderr with -f, else syslog)\n"
 	       "    -o ram_size=SIZE       RAM tier capacity (512M, 4G, 200Gi); default: free space of RAMDIR\n"
 	       "    -o no_jax_init_info    do not write jax-init-info.txt (written by default)\n"
 	       "    -o jax_port=PORT       JAX coordinator port written there (default 8476)\n"
@@ -282,6 +349,8 @@ static void gauges(void *arg, struct metrics_gauges *g)
 		g->peers_reachable = up ? 1 : 0;
 		if (eng_lkg(fs->eng, job, &lkg))
 			g->lkg_step = (int64_t)lkg;
+		if (eng_gc_step(fs->eng, job, &lkg))
+			g->replicated_lkg_step = (int64_t)lkg;
 	}
 	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) == 0) {
 		for (size_t i = 0; i < n; i++)
@@ -422,6 +491,20 @@ int fs_main(int argc, char **argv)
 	int lock_fd = -1;
 	int rc = 1;
 
+	/* Started by mount(8) or a supervisor with stdio closed, the first
+	 * files opened would take fds 0-2: the RAMDIR lock among them, which
+	 * fuse_daemonize() then replaces with /dev/null (the lock gone, a
+	 * second daemon let in) and log lines would land in it. */
+	for (;;) {
+		int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+		if (fd < 0 || fd > STDERR_FILENO) {
+			if (fd >= 0)
+				close(fd);
+			break;
+		}
+		fcntl(fd, F_SETFD, 0);   /* a std stream is inherited like one */
+	}
+	notify_init();
 	fix_peer_options(argc, argv);
 	args.argv = argv;
 	if (fuse_opt_parse(&args, &c, opt_spec, opt_proc) < 0)
@@ -439,6 +522,13 @@ int fs_main(int argc, char **argv)
 	if (log_set_format_name(c.log_format) < 0) {
 		fprintf(stderr, "mtcfs: log_format=%s: give text or json\n", c.log_format);
 		goto out;
+	}
+	if (c.log_file) {
+		int e = log_open_file(c.log_file);
+		if (e < 0) {
+			fprintf(stderr, "mtcfs: log_file=%s: %s\n", c.log_file, strerror(-e));
+			goto out;
+		}
 	}
 	if (c.verbose) {
 		log_set_level(LOG_DEBUG);
@@ -495,7 +585,9 @@ int fs_main(int argc, char **argv)
 	if (!fs->htab)
 		goto out;
 
-	fs->se = fuse_session_new(&args, &fs_ll_ops, sizeof(fs_ll_ops), fs);
+	main_ll_ops = fs_ll_ops;
+	main_ll_ops.init = main_ll_init;
+	fs->se = fuse_session_new(&args, &main_ll_ops, sizeof(main_ll_ops), fs);
 	if (!fs->se)
 		goto out;
 	if (fuse_set_signal_handlers(fs->se) != 0)
@@ -503,6 +595,10 @@ int fs_main(int argc, char **argv)
 	if (fuse_session_mount(fs->se, fo.mountpoint) != 0)
 		goto out_handlers;
 	fuse_daemonize(fo.foreground);
+	/* detached, stderr is /dev/null now (mount(8), fstab, a mount unit):
+	 * the log goes to syslog, i.e. the journal, unless log_file= says */
+	if (!fo.foreground && log_to_stderr())
+		log_use_syslog();
 	ramdir_lock_note_pid(lock_fd);
 
 	/* From here on threads and LMDB are safe, and /proc/self is ours (it
@@ -549,13 +645,27 @@ int fs_main(int argc, char **argv)
 		goto out_unmount;
 	fs->splice_ok = check_pipe_size();   /* before the loop: INIT reads it */
 	{
-		/* for mtcfs-admin status: where this daemon serves */
-		char meta[PATH_MAX + 128];
-		int n = snprintf(meta, sizeof(meta), "{\"pid\":%d,\"mountpoint\":\"%s\",\"ram_size\":%llu,\"started\":%lld}",
-				 (int)getpid(), fo.mountpoint, (unsigned long long)ram_cap(fs->ram),
-				 (long long)time(NULL));
-		if (n > 0 && (size_t)n < sizeof(meta))
-			idx_put_meta(ram_idx(fs->ram), "daemon", meta, (size_t)n);
+		/* for mtcfs-admin: where this daemon serves (status), and the
+		 * bucket options its bucket commands use when not given them.
+		 * jansson escapes what a path may hold ('"', '\\'). */
+		json_t *m = json_pack("{s:i,s:s,s:I,s:I}", "pid", (int)getpid(), "mountpoint",
+				      fo.mountpoint, "ram_size", (json_int_t)ram_cap(fs->ram),
+				      "started", (json_int_t)time(NULL));
+		char *meta;
+		if (m && fs->o.bucket)
+			json_object_set_new(m, "bucket", json_string(fs->o.bucket));
+		if (m && fs->o.gcs_endpoint)
+			json_object_set_new(m, "gcs_endpoint", json_string(fs->o.gcs_endpoint));
+		if (m && fs->o.gcs_key_file) {
+			char *abs = realpath(fs->o.gcs_key_file, NULL);
+			json_object_set_new(m, "gcs_key_file", json_string(abs ? abs : fs->o.gcs_key_file));
+			free(abs);
+		}
+		meta = m ? json_dumps(m, JSON_COMPACT) : NULL;
+		if (meta)
+			idx_put_meta(ram_idx(fs->ram), "daemon", meta, strlen(meta));
+		free(meta);
+		json_decref(m);
 	}
 	log_info("main", "serving ramdir=%s mount=%s ram_size=%llu used=%llu",
 		 ram_path(fs->ram), fo.mountpoint, (unsigned long long)ram_cap(fs->ram),
@@ -571,6 +681,7 @@ int fs_main(int argc, char **argv)
 	/* a signal (SIGTERM, SIGINT) ends the loop cleanly, as an unmount does */
 	rc = fuse_session_loop_mt(fs->se, lc) < 0 ? 1 : 0;
 	fuse_loop_cfg_destroy(lc);
+	notify_send("STOPPING=1\nSTATUS=unmounted, sealing and stopping");
 
 	mhttp_stop(mh);
 	atomic_store(&ra_stop, true);
@@ -612,6 +723,7 @@ out:
 	free(fo.mountpoint);
 	free(c.ramdir);
 	free(c.log_format);
+	free(c.log_file);
 	opts_free(&c.o);
 	fuse_opt_free_args(&args);
 	return rc;

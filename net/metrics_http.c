@@ -24,7 +24,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
 	struct mhttp *m = cls;
 	struct MHD_Response *r;
 	struct metrics_gauges g = { .peers_total = -1, .peers_reachable = -1, .lkg_step = -1,
-				    .last_commit_step = -1 };
+				    .replicated_lkg_step = -1, .last_commit_step = -1 };
 	enum MHD_Result ret;
 	char *buf = NULL;
 	size_t len = 0;

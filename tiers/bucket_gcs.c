@@ -878,15 +878,17 @@ static int run(struct req *r)
 	return rc;
 }
 
-/* A refusal is logged at ERROR, then at DEBUG for a minute: a parallel
- * upload of a thousand files must not log a thousand times. */
+/* A refusal is logged at WARN, then at DEBUG for a minute: a parallel
+ * upload of a thousand files must not log a thousand times. A WARN, not an
+ * ERROR: the text is bkt_last_error(), which the caller reports as the one
+ * ERROR of the failed backup or restore. */
 static void log_refusal(struct gcs *g, long status)
 {
 	_Atomic uint64_t *t = &g->refusal_logged_ns[status == 403];
 	uint64_t now = util_now_ns(), last = atomic_load(t);
 
 	if ((!last || now - last >= AUTH_LOG_EVERY_NS) && atomic_compare_exchange_strong(t, &last, now))
-		log_err(MOD, "%s", bkt_last_error());
+		log_warn(MOD, "%s", bkt_last_error());
 	else
 		log_dbg(MOD, "%s", bkt_last_error());
 }

@@ -602,6 +602,86 @@ static char *meta_str(struct idx *x, const char *name)
 	return v;   /* NUL-terminated by idx_get_meta */
 }
 
+static void human_bytes(uint64_t v, char *out, size_t len);
+
+/* "2026-12-01 13:15:02 UTC (4 min ago)" for Unix seconds t. */
+static void human_time(int64_t t, int64_t now, char *out, size_t len)
+{
+	time_t tt = (time_t)t;
+	struct tm tm;
+	char ago[48];
+	int64_t d = now - t;
+
+	if (!gmtime_r(&tt, &tm)) {
+		snprintf(out, len, "%lld", (long long)t);
+		return;
+	}
+	if (d < 0)
+		snprintf(ago, sizeof(ago), "in the future");
+	else if (d < 120)
+		snprintf(ago, sizeof(ago), "%lld s ago", (long long)d);
+	else if (d < 2 * 3600)
+		snprintf(ago, sizeof(ago), "%lld min ago", (long long)(d / 60));
+	else if (d < 2 * 86400)
+		snprintf(ago, sizeof(ago), "%lld h ago", (long long)(d / 3600));
+	else
+		snprintf(ago, sizeof(ago), "%lld days ago", (long long)(d / 86400));
+	snprintf(out, len, "%04d-%02d-%02d %02d:%02d:%02d UTC (%s)", tm.tm_year + 1900, tm.tm_mon + 1,
+		 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ago);
+}
+
+/* status for people: sizes in binary units, times as UTC dates with their
+ * age, peers as "rank up/down"; --json keeps the raw numbers. */
+static void status_print_human(json_t *root, int64_t now)
+{
+	static const char *const sizes[] = { "ram_size", "ram_used" };
+	static const char *const times[] = { "started", "last_commit_time" };
+	const char *k;
+	json_t *v;
+
+	json_object_foreach(root, k, v) {
+		char buf[128], *t = NULL;
+		bool done = false;
+
+		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && !done; i++)
+			if (!strcmp(k, sizes[i]) && json_is_integer(v)) {
+				human_bytes((uint64_t)json_integer_value(v), buf, sizeof(buf));
+				done = true;
+			}
+		for (size_t i = 0; i < sizeof(times) / sizeof(times[0]) && !done; i++)
+			if (!strcmp(k, times[i]) && json_is_integer(v)) {
+				human_time((int64_t)json_integer_value(v), now, buf, sizeof(buf));
+				done = true;
+			}
+		if (!done && !strcmp(k, "peers") && json_is_array(v)) {
+			size_t i, l = 0;
+			json_t *p;
+			buf[0] = '\0';
+			json_array_foreach(v, i, p)
+				if (l < sizeof(buf))
+					l += (size_t)snprintf(buf + l, sizeof(buf) - l, "%s%lld %s", i ? ", " : "",
+						(long long)json_integer_value(json_object_get(p, "rank")),
+						json_is_true(json_object_get(p, "connected")) ? "up" : "down");
+			if (!json_array_size(v))
+				snprintf(buf, sizeof(buf), "none");
+			done = true;
+		}
+		if (!done && json_is_null(v)) {
+			snprintf(buf, sizeof(buf), "-");
+			done = true;
+		}
+		if (!done && json_is_boolean(v)) {
+			snprintf(buf, sizeof(buf), "%s", json_is_true(v) ? "yes" : "no");
+			done = true;
+		}
+		if (!done)
+			t = json_is_string(v) ? strdup(json_string_value(v))
+					      : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+		printf("%-24s %s\n", k, done ? buf : t ? t : "");
+		free(t);
+	}
+}
+
 static int status_once(const char *ramdir)
 {
 	struct idx *x = NULL;
@@ -630,6 +710,8 @@ static int status_once(const char *ramdir)
 	}
 	json_object_set_new(root, "ramdir", json_string(ramdir));
 	json_object_set_new(root, "daemon_running", json_boolean(alive));
+	if (daemon && json_object_get(daemon, "started"))
+		json_object_set(root, "started", json_object_get(daemon, "started"));
 	json_object_set_new(root, "phase", json_string(alive ? (phase ? phase : "waiting-for-config") : "stopped"));
 	if (have_cfg) {
 		json_object_set_new(root, "job", json_string(cfg.job));
@@ -704,13 +786,7 @@ static int status_once(const char *ramdir)
 		json_dumpf(root, stdout, JSON_INDENT(1));
 		putchar('\n');
 	} else {
-		const char *k;
-		json_t *v;
-		json_object_foreach(root, k, v) {
-			char *t = json_is_string(v) ? strdup(json_string_value(v)) : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-			printf("%-24s %s\n", k, t ? t : "");
-			free(t);
-		}
+		status_print_human(root, (int64_t)time(NULL));
 	}
 	json_decref(root);
 	json_decref(daemon);
@@ -745,11 +821,15 @@ static int cmd_status(const char *ramdir, bool watch)
 
 struct opts {
 	const char *job, *bucket, *gcs_endpoint, *key_file;
+	const char *ramdir;             /* --ramdir: bucket and job from its configuration */
 	bool watch, force, del, prefer_recent;
 	bool nodes_set;
 	uint32_t nodes;
 	bool keep_set[PRUNE_NKINDS];
 	unsigned keep[PRUNE_NKINDS];
+	bool incomplete_set;            /* --incomplete-older-than given */
+	uint64_t incomplete_older_s;    /* its value in seconds */
+	const char *incomplete_arg;     /* as given, for the plan's words */
 	const char *args[8];
 	int nargs;
 };
@@ -1407,9 +1487,15 @@ static void policy_words(const struct opts *o, char *out, size_t len)
 		if (o->keep[k] && l < len)
 			l += (size_t)snprintf(out + l, len - l, "%skeep-%s %u", l ? ", " : "",
 					      prune_kind_name((enum prune_kind)k), o->keep[k]);
-	if (l < len)
-		snprintf(out + l, len - l, "; a period keeps its %s backup%s", o->prefer_recent ? "newest" : "oldest",
-			 o->prefer_recent ? " (--prefer-recent)" : "");
+	if (!l)
+		l += (size_t)snprintf(out, len, "every complete backup");
+	else if (l < len)
+		l += (size_t)snprintf(out + l, len - l, "; a period keeps its %s backup%s",
+				      o->prefer_recent ? "newest" : "oldest",
+				      o->prefer_recent ? " (--prefer-recent)" : "");
+	if (o->incomplete_set && l < len)
+		snprintf(out + l, len - l, "; incomplete backups that started more than %s ago go, "
+			 "but the newest", o->incomplete_arg);
 }
 
 static json_t *reasons_json(const struct prune_item *it)
@@ -1456,10 +1542,20 @@ static int cmd_prune(const struct opts *o)
 		pol.keep[k] = o->keep[k];
 		any |= o->keep[k] > 0;
 	}
-	if (!any) {
+	if (!any && !o->incomplete_set) {
 		fprintf(stderr, "mtcfs-admin prune: no --keep-* option above 0: the policy would keep nothing "
 			"(refusing; see mtcfs-admin prune --help)\n");
 		return 2;
+	}
+	/* --incomplete-older-than alone removes failed attempts only: every
+	 * complete backup stays */
+	if (!any)
+		pol.keep[PRUNE_LAST] = UINT_MAX;
+	if (o->incomplete_set) {
+		time_t now = time(NULL);
+		pol.incomplete_before = (int64_t)now - (int64_t)o->incomplete_older_s;
+		if (pol.incomplete_before < 1)
+			pol.incomplete_before = 1;
 	}
 	if ((rc = load_view(o, &w)) != 0) {
 		bview_free(&w);
@@ -1478,6 +1574,8 @@ static int cmd_prune(const struct opts *o)
 		"keep_daily", (int)o->keep[PRUNE_DAILY], "keep_weekly", (int)o->keep[PRUNE_WEEKLY],
 		"keep_monthly", (int)o->keep[PRUNE_MONTHLY], "keep_yearly", (int)o->keep[PRUNE_YEARLY],
 		"prefer_recent", o->prefer_recent));
+	json_object_set_new(json_object_get(root, "policy"), "incomplete_older_than_s",
+			    o->incomplete_set ? json_integer((json_int_t)o->incomplete_older_s) : json_null());
 	json_object_set_new(root, "dry_run", json_boolean(!o->del));
 	if (!want_json) {
 		printf("bucket %s, job %s: %zu backup%s, %s\n", bkt_url(w.b), o->job, w.n, w.n == 1 ? "" : "s",
@@ -1652,6 +1750,10 @@ enum {
 	"  --gcs-endpoint URL    Cloud Storage endpoint (else STORAGE_EMULATOR_HOST, else Google's)\n" \
 	"  --key-file PATH       service-account JSON key (else GOOGLE_APPLICATION_CREDENTIALS, else\n" \
 	"                        the metadata server; none with STORAGE_EMULATOR_HOST)\n" \
+	"  --ramdir RAMDIR       a node's RAM tier: --bucket, --gcs-endpoint and --key-file\n" \
+	"                        default to the daemon's bucket=, gcs_endpoint=, gcs_key_file=\n" \
+	"                        (recorded in RAMDIR's catalog at mount), --job to the job-name\n" \
+	"                        of the last replicator.yaml the node accepted\n" \
 	"  --json                one JSON document on stdout\n"
 
 #define NODES_OPT \
@@ -1690,7 +1792,7 @@ static const struct command commands[] = {
 	  "A shard marked bad by mtcfs, or whose seal never finished, fails the check too.\n"
 	  "exit: 0 all good, 1 a shard is bad or not sealed, 2 usage, 3 cannot read the node\n" },
 	{ "backups", O_JSON | O_JOB | O_BUCKET | O_NODES, 0, 0,
-	  "backups --bucket URL --job NAME [--nodes N] [--json]",
+	  "backups {--bucket URL --job NAME | --ramdir RAMDIR} [--nodes N] [--json]",
 	  "The job's backups in the bucket, newest first: step, data bytes, how many nodes' shards\n"
 	  "are complete, and for an incomplete backup why, per node (a missing .meta, manifest or\n"
 	  "data file, a size or CRC32C mismatch, mixed steps). Says which backup a restore from the\n"
@@ -1701,7 +1803,7 @@ static const struct command commands[] = {
 	  "exit: 0 the bucket was read (whatever it holds; JSON \"restore\" is null when nothing\n"
 	  "      would be restored), 2 usage, 3 cannot read the bucket\n" },
 	{ "restore-version", O_JSON | O_JOB | O_BUCKET | O_NODES | O_FORCE, 1, 2,
-	  "restore-version set NAME | clear | show --bucket URL --job NAME [--force] [--json]",
+	  "restore-version set NAME | clear | show {--bucket URL --job NAME | --ramdir RAMDIR} [--force] [--json]",
 	  "JOB/restore.version names the backup the next restore must use (no fallback). The daemon\n"
 	  "deletes it after the first commit that follows a restore from it.\n"
 	  "  show        first line: the name, or \"none\"; then whether that backup is complete and\n"
@@ -1711,9 +1813,9 @@ static const struct command commands[] = {
 	  "  clear       delete it (exit 0 also when it was not set)\n\n" BUCKET_OPTS NODES_OPT
 	  "  --force               set even a missing or incomplete backup\n" EXIT_CODES },
 	{ "prune", O_JSON | O_JOB | O_BUCKET | O_NODES | O_DELETE | O_KEEP, 0, 0,
-	  "prune --bucket URL --job NAME [--keep-last N] [--keep-hourly N] [--keep-daily N]\n"
+	  "prune {--bucket URL --job NAME | --ramdir RAMDIR} [--keep-last N] [--keep-hourly N] [--keep-daily N]\n"
 	  "         [--keep-weekly N] [--keep-monthly N] [--keep-yearly N] [--prefer-recent]\n"
-	  "         [--delete] [--json]",
+	  "         [--incomplete-older-than AGE] [--delete] [--json]",
 	  "Retention policy for the job's backups (like restic/borg forget). Backup names are UTC\n"
 	  "timestamps YYYY-MM-DD_HH-MM[-N]. Only complete backups count for the policy; a backup is\n"
 	  "kept when any rule keeps it:\n"
@@ -1732,12 +1834,19 @@ static const struct command commands[] = {
 	  "(they may still be uploading), backups complete only for fewer nodes than --nodes\n"
 	  "defaults to, names that are not timestamps. Everything else is deleted: complete backups\n"
 	  "no rule keeps and incomplete backups older than the newest complete one.\n"
+	  "  --incomplete-older-than AGE\n"
+	  "                    failed attempts stop accumulating: incomplete backups that started\n"
+	  "                    (their name's minute) more than AGE ago (90s, 30m, 2h, 7d) are deleted\n"
+	  "                    even when newer than the newest complete one; never the newest of\n"
+	  "                    them (it may be uploading now), never a complete backup. Alone, it\n"
+	  "                    keeps every complete backup\n"
 	  "Dry run by default: prints each backup with keep/delete and the reasons.\n"
 	  "  --delete          delete the pruned backups, oldest first: every object under\n"
 	  "                    JOB/NAME/, the .meta files first (node 0 first), then the manifests,\n"
 	  "                    then the data, so a half-deleted backup is never complete-looking;\n"
 	  "                    progress (objects, bytes, rate, ETA) on stderr when it is a terminal\n"
-	  "At least one --keep-* above 0 is required.\n\n" BUCKET_OPTS NODES_OPT
+	  "At least one --keep-* above 0 (or --incomplete-older-than) is required.\n\n"
+	  BUCKET_OPTS NODES_OPT
 	  "exit: 0 planned (dry run) or deleted, 1 refused (restore.version changed meanwhile),\n"
 	  "      2 usage, 3 cannot read the bucket or a delete failed\n" },
 };
@@ -1761,7 +1870,8 @@ static void usage(FILE *f)
 		"  status RAMDIR [--watch]  phase, job, rank, peers and their reachability, RAM use, last commit, replication lag\n"
 		"  verify RAMDIR [--job NAME] re-check the CRC32C of every local shard; exit 1 on any mismatch\n\n"
 		"bucket commands (--bucket gs://BUCKET[/PREFIX] | file:///PATH --job NAME; also\n"
-		"--gcs-endpoint URL, --key-file PATH; STORAGE_EMULATOR_HOST is honoured):\n"
+		"--gcs-endpoint URL, --key-file PATH; STORAGE_EMULATOR_HOST is honoured; or\n"
+		"--ramdir RAMDIR: the bucket options that node was mounted with and its job):\n"
 		"  backups [--nodes N]      the job's backups: step, size, completeness per node (why not),\n"
 		"                           and which one a restore would use\n"
 		"  restore-version set NAME [--force] | clear | show\n"
@@ -1784,6 +1894,80 @@ static int parse_count(const char *opt, const char *s, uint64_t max, uint64_t *v
 			(unsigned long long)max, s ? s : "");
 		return -EINVAL;
 	}
+	return 0;
+}
+
+/* "90s", "30m", "2h", "7d": seconds into *v; at least 1 s, at most 10 years. */
+static int parse_duration(const char *opt, const char *s, uint64_t *v)
+{
+	static const struct { char unit; uint64_t secs; } units[] = {
+		{ 's', 1 }, { 'm', 60 }, { 'h', 3600 }, { 'd', 86400 },
+	};
+	char num[24];
+	size_t l = s ? strlen(s) : 0;
+	uint64_t n;
+
+	for (size_t i = 0; l >= 2 && l - 1 < sizeof(num) && i < sizeof(units) / sizeof(units[0]); i++) {
+		if (s[l - 1] != units[i].unit)
+			continue;
+		memcpy(num, s, l - 1);
+		num[l - 1] = '\0';
+		if (util_parse_u64(num, 10ULL * 366 * 86400 / units[i].secs, &n) < 0 || n == 0)
+			break;
+		*v = n * units[i].secs;
+		return 0;
+	}
+	fprintf(stderr, "mtcfs-admin: %s needs a duration like 90s, 30m, 2h or 7d, not \"%s\"\n", opt,
+		s ? s : "");
+	return -EINVAL;
+}
+
+/* RAMDIR's configuration, for the bucket commands: the bucket=,
+ * gcs_endpoint= and gcs_key_file= mount options the daemon recorded in the
+ * catalog when it started (meta "daemon") and the job-name of the last
+ * replicator.yaml it accepted (meta "config"). Only what the command line
+ * left out is taken; endpoint and key only with the recorded bucket. The
+ * strings live in static storage until exit. 0, or an exit code. */
+static int opts_from_ramdir(const char *cmd, struct opts *o)
+{
+	static char bucket[4096], endpoint[1024], key[PATH_MAX], job[RCFG_JOB_MAX + 1];
+	struct idx *x = NULL;
+	struct rcfg cfg = { 0 };
+	char err[256], *config;
+	json_t *d;
+
+	if (open_catalog(o->ramdir, &x) < 0)
+		return 3;
+	d = meta_json(x, "daemon");
+	config = meta_str(x, "config");
+	idx_close(x);
+	if (!o->bucket) {
+		const char *b = json_string_value(json_object_get(d, "bucket"));
+		const char *ep = json_string_value(json_object_get(d, "gcs_endpoint"));
+		const char *kf = json_string_value(json_object_get(d, "gcs_key_file"));
+		if (b && snprintf(bucket, sizeof(bucket), "%s", b) < (int)sizeof(bucket)) {
+			o->bucket = bucket;
+			if (ep && !o->gcs_endpoint &&
+			    snprintf(endpoint, sizeof(endpoint), "%s", ep) < (int)sizeof(endpoint))
+				o->gcs_endpoint = endpoint;
+			if (kf && !o->key_file && snprintf(key, sizeof(key), "%s", kf) < (int)sizeof(key))
+				o->key_file = key;
+		} else {
+			fprintf(stderr, "mtcfs-admin %s: %s: %s; give --bucket URL\n", cmd, o->ramdir,
+				d ? "the node was mounted without bucket=" : "no daemon has recorded its options");
+		}
+	}
+	if (!o->job) {
+		if (config && rcfg_parse(config, strlen(config), NULL, &cfg, err, sizeof(err)) == 0 &&
+		    snprintf(job, sizeof(job), "%s", cfg.job) < (int)sizeof(job) && job[0])
+			o->job = job;
+		else
+			fprintf(stderr, "mtcfs-admin %s: %s: no replicator.yaml configured a job yet; "
+				"give --job NAME\n", cmd, o->ramdir);
+		rcfg_free(&cfg);
+	}
+	json_decref(d);
+	free(config);
 	return 0;
 }
 
@@ -1849,7 +2033,8 @@ int main(int argc, char **argv)
 			o.prefer_recent = true;
 			bit = O_KEEP;
 		} else if (!strcmp(a, "--job") || !strcmp(a, "--bucket") || !strcmp(a, "--gcs-endpoint") ||
-			   !strcmp(a, "--key-file") || !strcmp(a, "--nodes") || k < PRUNE_NKINDS) {
+			   !strcmp(a, "--key-file") || !strcmp(a, "--nodes") || !strcmp(a, "--ramdir") ||
+			   !strcmp(a, "--incomplete-older-than") || k < PRUNE_NKINDS) {
 			takes = true;
 		} else {
 			fprintf(stderr, "mtcfs-admin: unknown option %s\n", argv[i]);
@@ -1883,12 +2068,21 @@ int main(int argc, char **argv)
 		} else if (!strcmp(a, "--key-file")) {
 			o.key_file = val;
 			bit = O_BUCKET;
+		} else if (!strcmp(a, "--ramdir")) {
+			o.ramdir = val;
+			bit = O_BUCKET;
 		} else if (!strcmp(a, "--nodes")) {
 			if (parse_count(a, val, NODES_MAX, &v) < 0)
 				return 2;
 			o.nodes_set = v > 0;       /* 0: as the .meta names show */
 			o.nodes = (uint32_t)v;
 			bit = O_NODES;
+		} else if (!strcmp(a, "--incomplete-older-than")) {
+			if (parse_duration(a, val, &o.incomplete_older_s) < 0)
+				return 2;
+			o.incomplete_set = true;
+			o.incomplete_arg = val;
+			bit = O_KEEP;
 		} else {
 			if (parse_count(a, val, 1000000, &v) < 0)
 				return 2;
@@ -1924,9 +2118,9 @@ int main(int argc, char **argv)
 	}
 	if (used & ~c->opts) {
 		static const struct { unsigned bit; const char *words; } names[] = {
-			{ O_BUCKET, "--bucket/--gcs-endpoint/--key-file" }, { O_NODES, "--nodes" },
+			{ O_BUCKET, "--bucket/--gcs-endpoint/--key-file/--ramdir" }, { O_NODES, "--nodes" },
 			{ O_FORCE, "--force" }, { O_DELETE, "--delete" },
-			{ O_KEEP, "--keep-*/--prefer-recent" }, { O_WATCH, "--watch" }, { O_JOB, "--job" },
+			{ O_KEEP, "--keep-*/--prefer-recent/--incomplete-older-than" }, { O_WATCH, "--watch" }, { O_JOB, "--job" },
 		};
 		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 			if (used & ~c->opts & names[i].bit)
@@ -1940,8 +2134,15 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (c->opts & O_BUCKET) {
+		if (o.ramdir && (!o.bucket || !o.job)) {
+			int e = opts_from_ramdir(c->name, &o);
+			if (e)
+				return e;
+		}
 		if (!o.bucket || !o.job) {
-			fprintf(stderr, "mtcfs-admin %s: --bucket URL and --job NAME are required\n"
+			fprintf(stderr, "mtcfs-admin %s: --bucket URL and --job NAME are required (or "
+				"--ramdir RAMDIR of a node mounted with bucket= and configured by a "
+				"replicator.yaml)\n"
 				"usage: mtcfs-admin %s\n", c->name, c->synopsis);
 			return 2;
 		}

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import urllib.request
 
@@ -407,6 +408,52 @@ class AdminBucketTests:
         self.assertEqual(js["deleted"]["objects"], 2 * 8)   # 2 x (2 .meta, 2 manifests, 2 x 2 data files)
         self.assertEqual(self.names_left(url), ["2027-01-03_12-00", IN_PROGRESS])
 
+    def test_prune_incomplete_older_than(self):
+        """Failed attempts newer than the newest complete backup were kept
+        for ever ("may be in progress"). --incomplete-older-than 2h deletes
+        those that started more than 2 h ago, never the newest attempt nor a
+        complete backup; alone, it keeps every complete backup."""
+        url = self.url("stale")
+        b = self.b(url)
+        now = int(time.time()) // 60 * 60
+
+        def name(ago_s):
+            return time.strftime("%Y-%m-%d_%H-%M", time.gmtime(now - ago_s))
+        complete = [name(9 * 3600), name(6 * 3600)]
+        failed = [name(5 * 3600), name(3 * 3600), name(2 * 3600 + 300)]
+        young_attempt = name(5400)                                      # 1 h 30 min ago
+        recent = name(600)                                               # 10 min ago
+        for step, n in enumerate(complete, 1):
+            for node in (0, 1):
+                self.cli(url, "upload-shard", JOB, n, str(step), str(node), "0", self.shard[node])
+        for step, n in enumerate(failed + [young_attempt, recent], 10):
+            self.cli(url, "upload-shard", JOB, n, str(step), "0", "0", self.shard[0])
+        # without the option: every attempt newer than the newest complete stays
+        js = self.ajson("prune", "--keep-last", "1", "--nodes", "2", *b)
+        self.assertEqual({n for n, a in self.plan_of(js).items() if a == "delete"}, {complete[0]})
+        # with it, a dry run: the three failed attempts go, the two newest stay
+        js = self.ajson("prune", "--incomplete-older-than", "2h", "--nodes", "2", *b)
+        self.assertEqual(js["policy"]["incomplete_older_than_s"], 7200)
+        self.assertEqual({n for n, a in self.plan_of(js).items() if a == "delete"}, set(failed))
+        self.assertEqual((js["keep"], js["delete"]), (4, 3))
+        by = {x["name"]: x for x in js["backups"]}
+        self.assertIn("started before the age limit", by[failed[0]]["why"])
+        self.assertEqual(by[recent]["reasons"], ["in-progress"])
+        self.assertEqual(by[young_attempt]["reasons"], ["in-progress"])
+        out, _ = self.admin("prune", "--incomplete-older-than", "2h", "--nodes", "2", *b)
+        self.assertIn("policy: every complete backup; incomplete backups that started more than "
+                      "2h ago go, but the newest\n", out)
+        # 1 min: even the 1 h 30 min one goes, the newest (10 min) never
+        js = self.ajson("prune", "--incomplete-older-than", "1m", "--keep-last", "1",
+                        "--nodes", "2", "--delete", *b)
+        self.assertEqual(sorted(x["name"] for x in js["deleted"]["backups"]),
+                         sorted([complete[0]] + failed + [young_attempt]))
+        self.assertEqual(self.names_left(url), sorted([complete[1], recent]))
+        # bad ages are refused
+        for bad in ("2", "0h", "h", "-1h", "2w", "99999d"):
+            _, err = self.admin("prune", "--incomplete-older-than", bad, *b, rc=2)
+            self.assertIn("needs a duration like 90s, 30m, 2h or 7d", err)
+
     def check_delete_order(self, before, kept):
         """Per deleted backup: its .meta files first (node 0, then node 1),
         then its manifests, then its data."""
@@ -654,6 +701,74 @@ class FileAdminTest(AdminBucketTests, unittest.TestCase):
         root = url[len("file://"):]
         self.assertEqual(sorted(os.listdir(os.path.join(root, JOB))),
                          ["2027-01-03_12-00", IN_PROGRESS])
+
+
+class RamdirConfiguration(unittest.TestCase):
+    """Bucket commands with --ramdir RAMDIR and no --bucket/--job: the
+    bucket is the one that node's daemon was mounted with (bucket=, recorded
+    in RAMDIR's catalog at mount), the job is the job-name of the last
+    replicator.yaml it accepted. What the command line gives wins."""
+
+    def run_admin(self, *args, rc=0):
+        p = subprocess.run([ADMIN] + list(args), capture_output=True, timeout=120)
+        self.assertNotRegex(p.stderr.decode(), SANITIZER)
+        self.assertEqual(p.returncode, rc, (args, p.stdout, p.stderr))
+        return p.stdout.decode(), p.stderr.decode()
+
+    def test_bucket_and_job_from_ramdir(self):
+        import harness
+        from cluster import Cluster
+        tmp = tempfile.mkdtemp(prefix="mtcfs-admin-rd-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        bucket = os.path.join(tmp, "bucket")
+        os.mkdir(bucket)
+        c = Cluster(1, ram_size="256M", extra="bucket=file://" + bucket)
+        c.interval = "backup-interval-steps: 1"
+        self.addCleanup(c.close)
+        c.start()
+        ram = c.nodes[0].ramdir
+        # no job configured yet: the bucket is known, the job is not
+        _, err = self.run_admin("backups", "--ramdir", ram, rc=2)
+        self.assertIn("no replicator.yaml configured a job yet; give --job NAME", err)
+        c.job_start("rdjob")
+        c.save("rdjob", 3, size=64 * 1024)
+
+        def backed_up():
+            out, _ = self.run_admin("backups", "--ramdir", ram, "--json")
+            js = json.loads(out)
+            return js if [b for b in js["backups"] if b["complete"]] else None
+        js = harness.wait_until(backed_up, 60, "a complete backup listed through --ramdir")
+        self.assertEqual((js["bucket"], js["job"]), ("file://" + bucket, "rdjob"))
+        self.assertEqual([b["step"] for b in js["backups"]], [3])
+        name = js["backups"][0]["name"]
+        # the same answer as with the options spelled out
+        out, _ = self.run_admin("backups", "--bucket", "file://" + bucket, "--job", "rdjob", "--json")
+        self.assertEqual(json.loads(out)["backups"], js["backups"])
+        # restore-version and prune too; human output names bucket and job
+        out, _ = self.run_admin("restore-version", "show", "--ramdir", ram)
+        self.assertTrue(out.startswith("none\n"), out)
+        out, _ = self.run_admin("prune", "--keep-last", "1", "--ramdir", ram)
+        self.assertIn("bucket file://%s, job rdjob: 1 backup" % bucket, out)
+        self.assertRegex(out, r"(?m)^keep\s+%s\s+3\s" % re.escape(name))
+        # the command line wins: another job, another bucket
+        out, _ = self.run_admin("backups", "--ramdir", ram, "--job", "other", "--json")
+        self.assertEqual((json.loads(out)["job"], json.loads(out)["backups"]), ("other", []))
+        other = os.path.join(tmp, "other")
+        os.mkdir(other)
+        out, _ = self.run_admin("backups", "--ramdir", ram, "--bucket", "file://" + other, "--json")
+        self.assertEqual((json.loads(out)["bucket"], json.loads(out)["job"]),
+                         ("file://" + other, "rdjob"))
+        # a node mounted without bucket=: said so, exit 2
+        d = harness.Daemon(opts="ram_size=64M")
+        self.addCleanup(d.close)
+        d.start()
+        _, err = self.run_admin("backups", "--ramdir", d.ramdir, "--job", "x", rc=2)
+        self.assertIn("the node was mounted without bucket=; give --bucket URL", err)
+        # not a RAMDIR at all
+        self.run_admin("backups", "--ramdir", os.path.join(tmp, "nothing"), rc=3)
+        # a node command does not take it
+        _, err = self.run_admin("ls", ram, "--ramdir", ram, rc=2)
+        self.assertIn("is not an option of this command", err)
 
 
 if __name__ == "__main__":

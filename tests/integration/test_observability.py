@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -48,15 +49,17 @@ def scrape(port, host="127.0.0.1"):
 
 
 def check_exposition(test, text):
-    """promtool check metrics when it is installed (Debian: prometheus), and
-    always a strict check of the text format: every sample belongs to a
-    family declared once with HELP and TYPE before its samples, histogram
-    buckets are cumulative and end in +Inf equal to _count."""
-    if shutil.which("promtool"):
-        r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
-        test.assertEqual(r.returncode, 0, r.stdout.decode())
-        test.assertEqual(r.stdout.decode().strip(), "", "promtool lint findings")
+    """promtool check metrics (Debian: prometheus; install-deps.sh brings
+    it, so its absence fails), and a strict check of the text format: every
+    sample belongs to a family declared once with HELP and TYPE before its
+    samples, histogram buckets are cumulative and end in +Inf equal to
+    _count."""
+    test.assertTrue(shutil.which("promtool"), "promtool is missing (apt-get install "
+                    "prometheus; packaging/install-deps.sh lists it)")
+    r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+    test.assertEqual(r.returncode, 0, r.stdout.decode())
+    test.assertEqual(r.stdout.decode().strip(), "", "promtool lint findings")
     test.assertTrue(text.endswith("\n"))
     types, helps, hist = {}, set(), {}
     for line in text.split("\n")[:-1]:
@@ -144,6 +147,7 @@ class Observability(unittest.TestCase):
         self.assertEqual(before["mtcfs_commits_total"], 0)
         self.assertEqual(before['mtcfs_build_info{version="%s"}' % project_version()], 1)
         self.assertEqual(before["mtcfs_last_backup_success_timestamp_seconds"], 0)
+        self.assertEqual(before["mtcfs_replicated_lkg_step"], -1)
         check_exposition(self, text)
         self.assertEqual(c.job_start(JOB), {0: 0, 1: 0})
         _, v = scrape(self.mports[0])
@@ -173,6 +177,10 @@ class Observability(unittest.TestCase):
         self.assertEqual(v["mtcfs_ram_size_bytes"], 512 << 20)
         self.assertEqual(v["mtcfs_last_commit_step"], 10)
         wait_until(lambda: scrape(self.mports[0])[1]["mtcfs_lkg_step"] == 10, 30, "LKG gauge")
+        # both nodes replicated step 10 to each other: GKE's "replicated-step"
+        for port in self.mports:
+            wait_until(lambda: scrape(port)[1]["mtcfs_replicated_lkg_step"] == 10, 30,
+                       "replicated LKG gauge on :%d" % port)
         self.assertEqual(v["mtcfs_peers"], 2)
         self.assertEqual(v["mtcfs_coordinator_reachable"], 1)
         self.assertLessEqual(abs(v["mtcfs_last_backup_success_timestamp_seconds"] - time.time()), 120)
@@ -244,7 +252,22 @@ class Observability(unittest.TestCase):
         self.assertEqual(st["ram_size"], 512 << 20)
         h = admin("status", r0)
         self.assertEqual(h.returncode, 0)
-        self.assertRegex(h.stdout.decode(), r"phase\s+ready")
+        ht = h.stdout.decode()
+        self.assertRegex(ht, r"phase\s+ready")
+        # for people: sizes in binary units, times as UTC dates with their
+        # age, peers up/down; --json above keeps the raw numbers
+        self.assertRegex(ht, r"(?m)^ram_size\s+512\.0 MiB$")
+        self.assertRegex(ht, r"(?m)^ram_used\s+\d+\.\d (KiB|MiB)$")
+        self.assertRegex(ht, r"(?m)^last_commit_time\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC "
+                             r"\(\d+ s ago\)$")
+        self.assertRegex(ht, r"(?m)^started\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(")
+        self.assertRegex(ht, r"(?m)^peers\s+0 up, 1 up$")
+        self.assertRegex(ht, r"(?m)^daemon_running\s+yes$")
+        self.assertIsInstance(st["last_commit_time"], int)
+        self.assertLessEqual(abs(st["last_commit_time"] - time.time()), 300)
+        self.assertIsInstance(st["started"], int)
+        ts = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(st["last_commit_time"]))
+        self.assertIn("last_commit_time         " + ts, ht)
         # steps: both nodes' shards held on both nodes, step 20 is the LKG
         s = json.loads(admin("steps", r0, "--json").stdout)
         self.assertEqual(s["lkg"], 20)
@@ -317,6 +340,238 @@ class OneNode(unittest.TestCase):
                          and j["message"].startswith("serving ramdir=")], js)
         self.assertTrue([j for j in js if j["component"] == "metrics"
                          and "http://[::1]:%d/metrics" % port in j["message"]], js)
+
+    def detached(self, opts):
+        """mtcfs as mount(8) starts it for an fstab line or a mount unit: no
+        -f (it detaches), stdin/stdout/stderr closed. Returns (ramdir, mnt,
+        daemon pid); cleanup unmounts and reaps it."""
+        ram = tempfile.mkdtemp(prefix="mtcfs-det-ram-", dir="/dev/shm")
+        tmp = tempfile.mkdtemp(prefix="mtcfs-det-")
+        mnt = os.path.join(tmp, "mnt")
+        os.mkdir(mnt)
+        self.addCleanup(shutil.rmtree, ram, True)
+        self.addCleanup(shutil.rmtree, tmp, True)
+        pids = []
+
+        def reap():
+            harness.force_unmount(mnt)
+            for p in pids:
+                try:
+                    os.kill(p, 9)
+                except ProcessLookupError:
+                    pass
+            wait_until(lambda: not any(os.path.exists("/proc/%d" % p) for p in pids), 10,
+                       "detached mtcfs gone")
+        self.addCleanup(reap)
+        r = subprocess.run(["/bin/sh", "-c", 'exec "$0" -o "$1" "$2" "$3" <&- >&- 2>&-',
+                            harness.MTCFS_BIN, opts, ram, mnt], timeout=60)
+        self.assertEqual(r.returncode, 0)
+        wait_until(lambda: harness.mount_fstype(mnt) == "fuse.mtcfs", harness.READY_TIMEOUT,
+                   "detached mtcfs mounted")
+
+        def pid():
+            with open(os.path.join(ram, "mtcfs.lock")) as f:
+                t = f.read().strip()
+            return int(t) if t else None
+        pids.append(wait_until(pid, 10, "the daemon's PID in mtcfs.lock"))
+        return ram, mnt, pids[0], tmp
+
+    def test_detached_daemon_keeps_its_log_and_its_ramdir_lock(self):
+        """Started with stdio closed, the first files mtcfs opened took fds
+        0-2 and fuse_daemonize() put /dev/null over them: the log file and
+        the RAMDIR lock were gone (a second daemon got in). log_file= keeps
+        the log of a detached daemon (without it: syslog)."""
+        tmp0 = tempfile.mkdtemp(prefix="mtcfs-det-log-")
+        self.addCleanup(shutil.rmtree, tmp0, True)
+        log = os.path.join(tmp0, "mtcfs.log")
+        ram, mnt, pid, tmp = self.detached("ram_size=64M,log_file=" + log)
+        self.assertTrue(os.path.exists("/proc/%d" % pid))
+        with open(log) as f:
+            text = f.read()
+        self.assertRegex(text, r"INFO main: serving ramdir=%s mount=%s " % (
+            re.escape(os.path.realpath(ram)), re.escape(os.path.realpath(mnt))))
+        # the lock holds: a second daemon on the same RAMDIR is refused
+        mnt2 = os.path.join(tmp, "mnt2")
+        os.mkdir(mnt2)
+        self.addCleanup(harness.force_unmount, mnt2)
+        r = subprocess.run([harness.MTCFS_BIN, "-f", "-o", "ram_size=64M", ram, mnt2],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(("in use by another mtcfs (pid %d" % pid).encode(), r.stderr)
+        self.assertIsNone(harness.mount_fstype(mnt2))
+        # unmount: the daemon exits and its last lines are in the file too
+        subprocess.run(["fusermount3", "-u", mnt], check=True, timeout=30)
+        wait_until(lambda: not os.path.exists("/proc/%d" % pid), harness.EXIT_TIMEOUT,
+                   "detached mtcfs exited after the unmount")
+        with open(log) as f:
+            text = f.read()
+        self.assertNotRegex(text, harness.BAD_LOG)
+        self.assertGreater(len(text.splitlines()), 1)
+
+    def test_detached_daemon_logs_to_syslog(self):
+        """Without log_file= a detached daemon logs to syslog: run in a
+        private mount namespace whose /dev/log is this test's datagram
+        socket (the machine's /dev is left alone), mtcfs sends its lines
+        there as "mtcfs[PID]", facility daemon."""
+        if not shutil.which("unshare"):
+            self.skipTest("unshare (util-linux) missing")
+        tmp = tempfile.mkdtemp(prefix="mtcfs-syslog-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, "log")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.addCleanup(sock.close)
+        sock.bind(sock_path)
+        ram = tempfile.mkdtemp(prefix="mtcfs-syslog-ram-", dir="/dev/shm")
+        self.addCleanup(shutil.rmtree, ram, True)
+        mnt = os.path.join(tmp, "mnt")
+        hostdev = os.path.join(tmp, "hostdev")
+        os.mkdir(mnt)
+        os.mkdir(hostdev)
+        # inside the namespace: a tmpfs /dev with the host's null, zero,
+        # urandom, fuse and shm (RAMDIR) bound in, and log -> the test's socket
+        script = ('set -e; mount --make-rprivate /; mount --rbind /dev "$1"; '
+                  'mount -t tmpfs -o mode=755 tmpfs /dev; '
+                  'for n in null zero urandom fuse; do touch /dev/$n; '
+                  'mount --bind "$1/$n" /dev/$n; done; mkdir /dev/shm; '
+                  'mount --bind "$1/shm" /dev/shm; ln -s "$2" /dev/log; '
+                  'exec "$3" -o ram_size=64M "$4" "$5" <&- >&- 2>&-')
+        pids = []
+
+        def reap():
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            wait_until(lambda: not any(os.path.exists("/proc/%d" % p) for p in pids), 10,
+                       "mtcfs in its namespace gone")
+        self.addCleanup(reap)
+        r = subprocess.run(["unshare", "-m", "/bin/sh", "-c", script, "sh", hostdev, sock_path,
+                            os.path.abspath(harness.MTCFS_BIN), ram, mnt],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout.decode(errors="replace"))
+
+        def pid():
+            with open(os.path.join(ram, "mtcfs.lock")) as f:
+                t = f.read().strip()
+            return int(t) if t else None
+        pids.append(wait_until(pid, harness.READY_TIMEOUT, "the daemon's PID in mtcfs.lock"))
+        sock.settimeout(harness.READY_TIMEOUT)
+        lines = []
+
+        def serving():
+            lines.append(sock.recv(8192).decode(errors="replace"))
+            return [ln for ln in lines if "main: serving ramdir=" in ln] or None
+        ln = wait_until(serving, harness.READY_TIMEOUT, "the serving line on syslog")[0]
+        self.assertRegex(ln, r"^<30>.*mtcfs\[%d\]: main: serving ramdir=%s mount=%s " % (
+            pids[0], re.escape(os.path.realpath(ram)), re.escape(mnt)))   # daemon.info
+        self.assertFalse([x for x in lines if harness.BAD_LOG.search(x)], lines)
+        os.kill(pids[0], signal.SIGTERM)     # ends it as an unmount does
+        wait_until(lambda: not os.path.exists("/proc/%d" % pids[0]), harness.EXIT_TIMEOUT,
+                   "mtcfs exited on SIGTERM")
+
+    def test_bad_log_file_is_refused(self):
+        d = harness.Daemon(opts="ram_size=64M,log_file=/nonexistent/dir/mtcfs.log")
+        self.addCleanup(d.close)
+        r = subprocess.run(d.argv(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(b"log_file=/nonexistent/dir/mtcfs.log: No such file or directory", r.stderr)
+        self.assertIsNone(harness.mount_fstype(d.mnt))
+
+
+class OneErrorPerFailure(unittest.TestCase):
+    def test_failed_backup_is_one_error(self):
+        """A backup upload that fails logged an ERROR in the engine of the
+        node where it failed and another in the coordinator that abandons
+        it (both on rank 0 here). Now: one ERROR with the reason; the
+        coordinator's decision (retry in N s) is a WARN."""
+        tmp = tempfile.mkdtemp(prefix="mtcfs-onerr-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        bucket = os.path.join(tmp, "b")
+        os.mkdir(bucket)
+        c = Cluster(1, ram_size="256M", extra="bucket=file://" + bucket)
+        c.interval = "backup-interval-steps: 1"
+        self.addCleanup(c.close)
+        d = c.nodes[0]
+        d.expect_log(r"ERROR engine: backup \S+ of job onerr step 1 failed: ")
+        c.start()
+        c.job_start("onerr")
+        # an object named like the job's folder: a file:// bucket cannot
+        # hold it and the backup's objects below it, so the upload fails
+        open(os.path.join(bucket, "onerr"), "w").close()
+        c.save("onerr", 1, size=64 * 1024)
+
+        def abandoned():
+            ls = [ln for ln in log_lines(d) if "abandoned" in ln]
+            return ls or None
+        ab = wait_until(abandoned, 60, "the backup abandoned")
+        errors = [ln for ln in log_lines(d) if " ERROR " in ln]
+        self.assertEqual(len(errors), 1, "\n".join(errors))
+        self.assertRegex(errors[0], r"ERROR engine: backup \S+ of job onerr step 1 failed: file://")
+        self.assertRegex(ab[0], r"WARN coord: job onerr: backup \S+ of step 1 abandoned: node 0: "
+                         r".*; next attempt in 10 s$")
+
+    def test_restore_without_coordinator_is_one_error(self):
+        """A node whose coordinator (rank 0) is down retries the restore
+        for about 20 s, and logged an ERROR per attempt (21) plus the final
+        one. Now each attempt is a WARN ("retrying in 1 s", then "giving
+        up") and the failed restore the one ERROR."""
+        c = Cluster(2, ram_size="256M", restore_timeout=3)
+        self.addCleanup(c.close)
+        c.start()
+        c.nodes[0].kill9()
+        d = c.nodes[1]
+        d.expect_log(r"ERROR ctl: replicator.yaml rejected: restore failed")
+        yaml = os.path.join(d.mnt, "replicator.yaml")
+        with open(yaml + ".tmp", "w") as f:
+            f.write(c.yaml("nocoord", 1))
+        os.rename(yaml + ".tmp", yaml)
+        wait_until(lambda: os.path.exists(os.path.join(d.mnt, "replicator.failed")), 60,
+                   "replicator.failed on node 1")
+        lines = log_lines(d)
+        errors = [ln for ln in lines if " ERROR " in ln]
+        self.assertEqual(len(errors), 1, "\n".join(errors))
+        self.assertRegex(errors[0], r"ERROR ctl: replicator.yaml rejected: restore failed: ")
+        tries = [ln for ln in lines if "restore: the coordinator at %s did not answer" % c.addrs[0]
+                 in ln]
+        self.assertGreater(len(tries), 1)
+        self.assertTrue(all(" WARN engine: " in ln for ln in tries), tries)
+        self.assertTrue(tries[0].endswith("; retrying in 1 s"), tries[0])
+        self.assertTrue(tries[-1].endswith("; giving up"), tries[-1])
+
+    def test_denied_backup_is_one_error(self):
+        """Cloud Storage answers 403 to the uploads: the GCS client logged
+        the refusal as an ERROR and the engine the failed backup with the
+        same text as another. Now one ERROR (the engine's, with the 403 and
+        the permission); the client's line is a WARN."""
+        from test_backup_restore import GcsServer, GS_BUCKET, GCS_RETRY
+        srv = GcsServer()
+        self.addCleanup(srv.stop)
+        srv.call("/_reset", {"log": True, "faults": True, "data": True, "config": True})
+        c = Cluster(1, ram_size="256M", extra="bucket=gs://%s/onerr,gcs_endpoint=%s"
+                    % (GS_BUCKET, srv.base))
+        c.interval = "backup-interval-steps: 1"
+        self.addCleanup(c.close)
+        d = c.nodes[0]
+        for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS"):
+            d.env.pop(k, None)
+        d.env["GCE_METADATA_HOST"] = srv.host
+        d.env["MTCFS_GCS_RETRY"] = GCS_RETRY
+        d.expect_log(r"ERROR engine: backup \S+ of job denied step 1 failed: .*403 Forbidden")
+        srv.call("/_config", {"auth": "bearer", "deny": ["storage.objects.create"]})
+        c.start()
+        c.job_start("denied")
+        c.save("denied", 1, size=64 * 1024)
+        wait_until(lambda: [ln for ln in log_lines(d) if "abandoned" in ln] or None, 60,
+                   "the backup abandoned")
+        errors = [ln for ln in log_lines(d) if " ERROR " in ln]
+        self.assertEqual(len(errors), 1, "\n".join(errors))
+        self.assertRegex(errors[0], r"ERROR engine: backup \S+ of job denied step 1 failed: "
+                         r".*403 Forbidden: the caller lacks storage\.objects\.create")
+        self.assertTrue([ln for ln in log_lines(d)
+                         if re.search(r" WARN gcs: .*403 Forbidden", ln)], log_lines(d))
 
 
 if __name__ == "__main__":

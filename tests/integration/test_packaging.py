@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -890,6 +891,163 @@ class Sidecar(unittest.TestCase):
                       % port, text)
         self.assertIn(",bucket=file://%s " % bucket, text)   # the empty key file is not used
         self.assertNotRegex(text, harness.BAD_LOG)
+
+
+class DebLint(unittest.TestCase):
+    """The .deb that packaging/Packaging.cmake builds is lintian clean,
+    informational tags included: a copyright file (Apache-2.0, the common
+    licence), a changelog.gz for this native version, a Maintainer with a
+    mail host, the hardening that lintian checks in the binaries (PIE,
+    relro + bindnow, fortify, stack protector), man pages gzipped."""
+
+    def test_lintian_clean(self):
+        for tool in ("cpack", "dpkg-deb"):
+            if not shutil.which(tool):
+                self.skipTest("%s not installed" % tool)
+        if not shutil.which("lintian"):
+            self.fail("lintian is missing (apt-get install lintian; "
+                      "packaging/install-deps.sh lists it)")
+        tmp = tempfile.mkdtemp(prefix="mtcfs-lint-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        run(["cpack", "--config", os.path.join(BUILD, "CPackConfig.cmake"),
+             "-G", "DEB", "-B", tmp], timeout=300, check=True)
+        deb = [os.path.join(tmp, f) for f in os.listdir(tmp) if f.endswith(".deb")]
+        self.assertEqual(len(deb), 1, deb)
+        r = run(["lintian", "--tag-display-limit", "0", "-I", "-E",
+                 "--fail-on", "error,warning,info", deb[0]], timeout=300)
+        tags = [ln for ln in r.stdout.decode(errors="replace").splitlines()
+                if re.match(r"^[EWIXPO]: ", ln)]
+        self.assertEqual(tags, [], "lintian:\n" + "\n".join(tags))
+        self.assertEqual(r.returncode, 0, r.stdout.decode(errors="replace"))
+        files = run(["dpkg-deb", "-c", deb[0]], check=True).stdout.decode()
+        for f in ("usr/share/doc/mtcfs/copyright", "usr/share/doc/mtcfs/changelog.gz",
+                  "usr/share/man/man8/mtcfs.8.gz", "usr/share/man/man8/mtcfs-admin.8.gz"):
+            self.assertRegex(files, r"\s\./%s\n" % re.escape(f))
+        maint = run(["dpkg-deb", "-f", deb[0], "Maintainer"], check=True).stdout.decode()
+        self.assertRegex(maint.strip(), r"^[^<>]+ <[^@<>\s]+@[a-z0-9-]+(\.[a-z0-9-]+)+>$")
+        self.assertNotIn("localhost", maint)
+        # the licence in the repository is the one the package names
+        with open(os.path.join(REPO, "LICENSE")) as f:
+            self.assertIn("Apache License\n                           Version 2.0", f.read())
+
+
+# --- systemd ----------------------------------------------------------------------
+
+SYSTEMD_DIR = os.path.join(PKG, "systemd")
+# directives that give a unit's processes a mount namespace of their own: a
+# FUSE mount made in one stays there, invisible to the host
+MOUNT_NS_DIRECTIVES = ("ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices",
+                       "ReadWritePaths", "ReadOnlyPaths", "InaccessiblePaths",
+                       "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
+                       "ProtectControlGroups", "ProtectProc", "ProcSubset", "PrivateMounts",
+                       "BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem",
+                       "ProtectHostname", "ProtectClock", "RootDirectory", "MountFlags")
+
+
+def unit_directives(path):
+    """{section: [(key, value)]} of a unit file, comments skipped."""
+    out, sec = {}, None
+    with open(path) as f:
+        for ln in f:
+            ln = ln.strip()
+            if not ln or ln[0] in "#;":
+                continue
+            if ln.startswith("[") and ln.endswith("]"):
+                sec = ln[1:-1]
+                out.setdefault(sec, [])
+                continue
+            k, _, v = ln.partition("=")
+            out[sec].append((k.strip(), v.strip()))
+    return out
+
+
+class Systemd(unittest.TestCase):
+    def units(self):
+        us = sorted(f for f in os.listdir(SYSTEMD_DIR)
+                    if f.endswith((".service", ".mount", ".socket", ".timer")))
+        self.assertIn("mtcfs-ckpt.service", us)
+        self.assertIn("ckpt.mount", us)
+        return us
+
+    def test_units_verify(self):
+        """systemd-analyze verify is silent on every shipped unit. Where
+        /usr/bin/mtcfs is not installed, a copy of the unit names the built
+        binary instead (verify checks that ExecStart= is executable)."""
+        if not shutil.which("systemd-analyze"):
+            self.fail("systemd-analyze is missing (apt-get install systemd; "
+                      "packaging/install-deps.sh lists it)")
+        tmp = tempfile.mkdtemp(prefix="mtcfs-units-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        for u in self.units():
+            with open(os.path.join(SYSTEMD_DIR, u)) as f:
+                text = f.read()
+            if not os.access(DEB_BIN, os.X_OK):
+                text = text.replace(DEB_BIN + " ", os.path.abspath(harness.MTCFS_BIN) + " ")
+            with open(os.path.join(tmp, u), "w") as f:
+                f.write(text)
+        for u in self.units():
+            r = run(["systemd-analyze", "verify", "--man=no", os.path.join(tmp, u)],
+                    timeout=60)
+            self.assertEqual((r.returncode, r.stdout.decode(errors="replace")), (0, ""),
+                             "systemd-analyze verify %s" % u)
+
+    def test_service_notify_and_hardening(self):
+        svc = unit_directives(os.path.join(SYSTEMD_DIR, "mtcfs-ckpt.service"))["Service"]
+        d = dict(svc)
+        self.assertEqual(d.get("Type"), "notify")
+        self.assertEqual(d.get("NotifyAccess"), "main")
+        self.assertRegex(d["ExecStart"], r"^/usr/bin/mtcfs -f ")   # -f: the main PID notifies
+        for k, v in (("NoNewPrivileges", "yes"), ("DevicePolicy", "closed"),
+                     ("DeviceAllow", "/dev/fuse rw"), ("RestrictSUIDSGID", "yes"),
+                     ("RestrictNamespaces", "yes"), ("LockPersonality", "yes"),
+                     ("MemoryDenyWriteExecute", "yes"), ("RestrictRealtime", "yes"),
+                     ("SystemCallArchitectures", "native")):
+            self.assertEqual(d.get(k), v, k)
+        self.assertIn("CAP_SYS_ADMIN", d["CapabilityBoundingSet"].split())
+        for u in self.units():
+            for sec in unit_directives(os.path.join(SYSTEMD_DIR, u)).values():
+                bad = [k for k, _ in sec if k in MOUNT_NS_DIRECTIVES]
+                self.assertEqual(bad, [], "%s: mount-namespace directives" % u)
+
+    def test_notify_ready_after_mount_answers(self):
+        """A fake NOTIFY_SOCKET: mtcfs sends READY=1 (with its MAINPID) only
+        when the mount is there and answers, and STOPPING=1 at unmount."""
+        need_root(self)
+        tmp = tempfile.mkdtemp(prefix="mtcfs-notify-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        path = os.path.join(tmp, "notify")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.addCleanup(sock.close)
+        sock.bind(path)
+        d = harness.Daemon(env=dict(os.environ, NOTIFY_SOCKET=path))
+        self.addCleanup(d.close)
+        started = []
+        t = threading.Thread(target=lambda: started.append(d.start()), daemon=True)
+        t.start()
+        self.addCleanup(t.join, harness.READY_TIMEOUT)
+        sock.settimeout(harness.READY_TIMEOUT)
+        msg = sock.recv(4096).decode()
+        # at this moment the mount is in the table and answers a lookup
+        self.assertEqual(mount_fstype(d.mnt), "fuse.mtcfs")
+        res = []
+        st = threading.Thread(target=lambda: res.append(os.listdir(d.mnt)), daemon=True)
+        st.start()
+        st.join(5)
+        self.assertEqual(len(res), 1, "the mount did not answer within 5 s of READY=1")
+        fields = dict(ln.split("=", 1) for ln in msg.split("\n") if "=" in ln)
+        self.assertEqual(fields.get("READY"), "1", msg)
+        t.join(harness.READY_TIMEOUT)
+        self.assertTrue(started, "the daemon did not start")
+        self.assertEqual(int(fields["MAINPID"]), d.proc.pid)
+        self.assertIn(d.mnt, fields.get("STATUS", ""))
+        self.assertIn("serving ramdir=", d.log_text())
+        sock.settimeout(0.2)
+        with self.assertRaises(socket.timeout):      # READY=1 is sent once
+            sock.recv(4096)
+        d.stop()
+        sock.settimeout(5)
+        msg = sock.recv(4096).decode()
+        self.assertIn("STOPPING=1", msg.split("\n"))
 
 
 # --- Dockerfile -------------------------------------------------------------------

@@ -483,6 +483,71 @@ static void test_no_local_time(void **state)
 	tzset();
 }
 
+/* --incomplete-older-than: failed attempts stop accumulating; never a
+ * complete backup, never the newest attempt that may be uploading, never
+ * restore.version's or a held one; a start exactly at the cutoff stays. */
+static void test_incomplete_older_than(void **state)
+{
+	(void)state;
+	struct run r;
+	struct prune_time t;
+	struct prune_policy p = { .keep = { [PRUNE_LAST] = 1 } };
+	const char *const names[] = { "2027-01-01_00-00", "!2027-01-01_01-00", "!2027-01-01_02-00",
+				      "!2027-01-01_02-00-2", "!2027-01-01_03-00", NULL };
+
+	assert_true(prune_parse_name("2027-01-01_02-30", &t));
+	assert_int_equal(prune_time_unix(&t), 1798770600);   /* date -u -d '2027-01-01 02:30' +%s */
+	/* rule off: every attempt newer than the newest complete is kept */
+	plan(&r, &p, names);
+	assert_string_equal(r.kept, "2027-01-01_00-00 2027-01-01_01-00 2027-01-01_02-00 "
+			    "2027-01-01_02-00-2 2027-01-01_03-00");
+	/* cutoff 02:30: 01-00 and both 02-00 go, 03-00 is newer */
+	p.incomplete_before = prune_time_unix(&t);
+	plan(&r, &p, names);
+	assert_string_equal(r.kept, "2027-01-01_00-00 2027-01-01_03-00");
+	assert_int_equal(r.res.pruned, 3);
+	assert_non_null(strstr(find(&r, "2027-01-01_01-00")->why, "started before the age limit"));
+	assert_false(find(&r, "2027-01-01_03-00")->flags & ~PRUNE_IN_PROGRESS);
+	/* cutoff exactly 02:00: a start at the cutoff is not older than it */
+	assert_true(prune_parse_name("2027-01-01_02-00", &t));
+	p.incomplete_before = prune_time_unix(&t);
+	plan(&r, &p, names);
+	assert_string_equal(r.kept, "2027-01-01_00-00 2027-01-01_02-00 2027-01-01_02-00-2 "
+			    "2027-01-01_03-00");
+	/* everything old: the newest attempt still stays, the complete one too */
+	assert_true(prune_parse_name("2030-01-01_00-00", &t));
+	p.incomplete_before = prune_time_unix(&t);
+	plan(&r, &p, names);
+	assert_string_equal(r.kept, "2027-01-01_00-00 2027-01-01_03-00");
+	assert_true(find(&r, "2027-01-01_03-00")->flags & PRUNE_IN_PROGRESS);
+	/* no complete backup at all: only the newest attempt is kept */
+	{
+		const char *const inc[] = { "!2027-01-01_01-00", "!2027-01-01_03-00",
+					    "!2027-01-01_02-00", NULL };
+		plan(&r, &p, inc);
+		assert_string_equal(r.kept, "2027-01-01_03-00");
+	}
+	/* complete backups are the policy's alone: keep-last 3 keeps all 3 */
+	{
+		const char *const comp[] = { "2027-01-01_01-00", "2027-01-01_02-00",
+					     "2027-01-01_03-00", NULL };
+		struct prune_policy p3 = p;
+		p3.keep[PRUNE_LAST] = 3;
+		plan(&r, &p3, comp);
+		assert_string_equal(r.kept, "2027-01-01_01-00 2027-01-01_02-00 2027-01-01_03-00");
+	}
+	/* restore.version's, a held one and an undated name stay */
+	{
+		const char *const prot[] = { "2027-01-01_00-00", "!2027-01-01_01-00",
+					     "!^2027-01-01_02-00", "!manual", "!2027-01-01_03-00",
+					     "!2027-01-01_04-00", NULL };
+		plan_rv(&r, &p, "2027-01-01_01-00", false, prot);
+		assert_string_equal(r.kept, "2027-01-01_00-00 2027-01-01_01-00 2027-01-01_02-00 "
+				    "manual 2027-01-01_04-00");
+		assert_false(find(&r, "2027-01-01_03-00")->keep);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -500,6 +565,7 @@ int main(void)
 		cmocka_unit_test(test_protections),
 		cmocka_unit_test(test_restore_pick_order),
 		cmocka_unit_test(test_no_local_time),
+		cmocka_unit_test(test_incomplete_older_than),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
