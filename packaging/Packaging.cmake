@@ -16,19 +16,30 @@ include(GNUInstallDirs)
 # gives with hardening=+all (lintian checks each): stack protector,
 # _FORTIFY_SOURCE=2 (needs -O1 or more: not in Debug, where glibc warns and
 # -Werror fails; not under the sanitizers, which replace those checks), PIE,
-# full RELRO (relro + bindnow). Applied to mtcfs_core too: the binaries
-# are mostly that library. The .comment section (compiler idents, also from
+# full RELRO (relro + bindnow). Applied to the layer libraries too: the
+# binaries are mostly them. The .comment section (compiler idents, also from
 # the C runtime's objects) is taken out after the link, as dh_strip does.
 option(MTCFS_HARDEN "Build with Debian's hardening flags" ON)
 if(MTCFS_HARDEN)
   set(_mtcfs_fortify $<$<NOT:$<OR:$<CONFIG:Debug>,$<BOOL:${MTCFS_SANITIZE}>,$<BOOL:${MTCFS_TSAN}>>>:-U_FORTIFY_SOURCE;-D_FORTIFY_SOURCE=2>)
-  foreach(_t mtcfs_core mtcfs mtcfs-admin)
+  # the layer libraries (the binaries are mostly them) and every shipped
+  # program; mtcfs-csi only where gRPC was found
+  set(_mtcfs_shipped mtcfs mtcfs-admin)
+  if(TARGET mtcfs-csi)
+    list(APPEND _mtcfs_shipped mtcfs-csi)
+  endif()
+  foreach(_t ${MTCFS_LAYERS})
+    target_compile_options(mtcfs_${_t} PRIVATE -fstack-protector-strong -fPIE
+                           -Wformat -Werror=format-security "${_mtcfs_fortify}")
+  endforeach()
+  foreach(_t ${_mtcfs_shipped})
     target_compile_options(${_t} PRIVATE -fstack-protector-strong -fPIE
                            -Wformat -Werror=format-security "${_mtcfs_fortify}")
   endforeach()
-  foreach(_t mtcfs mtcfs-admin)
+  foreach(_t ${_mtcfs_shipped})
     target_link_options(${_t} PRIVATE -pie -Wl,-z,relro -Wl,-z,now)
-    if(CMAKE_OBJCOPY)
+    get_target_property(_dir ${_t} SOURCE_DIR)
+    if(CMAKE_OBJCOPY AND _dir STREQUAL CMAKE_SOURCE_DIR)   # csi/ strips its own
       add_custom_command(TARGET ${_t} POST_BUILD
         COMMAND ${CMAKE_OBJCOPY} --remove-section=.comment $<TARGET_FILE:${_t}>
         VERBATIM)
