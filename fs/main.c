@@ -26,13 +26,6 @@
 
 struct fs *g_fs;
 
-/* Set once the FUSE loop has returned: the read-ahead tuner must not wait
- * for a first request any more. fuse_session_exited() cannot tell it:
- * fuse_session_loop_mt() resets the flag before returning, so a tuner that
- * missed the short window waited forever and the daemon never exited
- * (SIGTERM or fusermount3 -u on a mount that served nothing). */
-static _Atomic bool ra_stop;
-
 /* systemd's readiness protocol (sd_notify(3)), written here rather than
  * linked from libsystemd: it is one datagram of "KEY=VALUE" lines to the
  * unix socket named by $NOTIFY_SOCKET (a path, or '@' for the abstract
@@ -204,55 +197,6 @@ static bool check_pipe_size(void)
 	else
 		log_info("fuse", "pipes can hold a 1 MiB request: splice requested");
 	return ok;
-}
-
-/* Kernel read-ahead on a FUSE mount defaults to 128 KiB; 1 MiB matches the
- * largest request: a cold 1 GiB read went from 2.3 to 3.6 GB/s. Best
- * effort. Processing INIT's reply sets read-ahead to min(current, what
- * INIT offered = 128 KiB), so raising it before then is undone: wait for
- * the first request after INIT. */
-static void *tune_readahead(void *arg)
-{
-	struct fs *fs = arg;
-	char path[128], line[4096];
-	unsigned maj = 0, mnr = 0;
-	bool found = false;
-	FILE *f;
-	int fd;
-
-	while (!atomic_load(&fs->served)) {
-		if (atomic_load(&ra_stop) || fuse_session_exited(fs->se))
-			return NULL;
-		usleep(20000);
-	}
-
-	/* Find our device number in mountinfo: a stat() of our own mount
-	 * would be a FUSE request to ourselves, and a kill -9 while it is in
-	 * flight leaves an unkillable thread and a hung mount. */
-	f = fopen("/proc/self/mountinfo", "re");
-	if (!f)
-		return NULL;
-	while (!found && fgets(line, sizeof(line), f)) {
-		char mp[4096];
-		unsigned a, b;
-		if (sscanf(line, "%*u %*u %u:%u %*s %4095s", &a, &b, mp) == 3 &&
-		    !strcmp(mp, fs->mountpoint) && strstr(line, " fuse.mtcfs ")) {
-			maj = a;
-			mnr = b;
-			found = true;
-		}
-	}
-	fclose(f);
-	if (!found)
-		return NULL;
-	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb", maj, mnr);
-	fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd >= 0) {
-		if (write(fd, "1024", 4) != 4)
-			log_dbg("fuse", "cannot set %s", path);
-		close(fd);
-	}
-	return NULL;
 }
 
 #define LOCK_NAME "mtcfs.lock"
@@ -485,8 +429,6 @@ int fs_main(int argc, char **argv)
 	struct fs *fs = NULL;
 	struct stat st;
 	uint64_t cap;
-	pthread_t ra;
-	bool ra_started = false;
 	struct mhttp *mh = NULL;
 	int lock_fd = -1;
 	int rc = 1;
@@ -670,7 +612,6 @@ int fs_main(int argc, char **argv)
 	log_info("main", "serving ramdir=%s mount=%s ram_size=%llu used=%llu",
 		 ram_path(fs->ram), fo.mountpoint, (unsigned long long)ram_cap(fs->ram),
 		 (unsigned long long)ram_used(fs->ram));
-	ra_started = pthread_create(&ra, NULL, tune_readahead, fs) == 0;
 	if (fs->o.metrics && mhttp_start(fs->o.metrics, gauges, fs, &mh) < 0)
 		goto out_unmount;
 
@@ -684,9 +625,6 @@ int fs_main(int argc, char **argv)
 	notify_send("STOPPING=1\nSTATUS=unmounted, sealing and stopping");
 
 	mhttp_stop(mh);
-	atomic_store(&ra_stop, true);
-	if (ra_started)
-		pthread_join(ra, NULL);   /* it reads fs->mountpoint */
 	ctl_stop(fs);
 	workq_stop(fs->sealq);
 	fs->sealq = NULL;
