@@ -436,6 +436,7 @@ static void usage(FILE *f)
 		"                       checkpoint RAM, data included) and exit; no driver may run\n"
 		"  --watch-config KIND/NAME  checkpointconfiguration/NAME or configmap/NS/NAME: poll it\n"
 		"                       in the cluster; deleted -> refuse publishes, free the RAM tier\n"
+		"                       (@FILE: the KIND/NAME written in FILE; empty: no watch)\n"
 		"  --watch-interval S   seconds between polls (default 10)\n"
 		"  --watch-grace N      not-found polls in a row that mean deleted (default 2)\n"
 		"  --kube-api URL       API server (default https://$KUBERNETES_SERVICE_HOST:$..._PORT)\n"
@@ -444,6 +445,28 @@ static void usage(FILE *f)
 		"  --log-format FMT     text (default) or json (also for the job mounts)\n"
 		"  -d                   debug log (also for the job mounts)\n"
 		"  --version\n");
+}
+
+/* --watch-config @FILE: the KIND/NAME in FILE (the DaemonSet's init
+ * container writes which object it read the configuration from); an empty
+ * file is no watch. */
+static int read_watch_file(const char *path, const char **out)
+{
+	static char buf[600];
+	FILE *f = fopen(path, "re");
+	size_t n;
+
+	if (!f) {
+		fprintf(stderr, "mtcfs-csi: --watch-config @%s: %s\n", path, strerror(errno));
+		return -errno;
+	}
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' ' || buf[n - 1] == '\r'))
+		n--;
+	buf[n] = 0;
+	*out = n ? buf : NULL;
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -522,6 +545,8 @@ int main(int argc, char **argv)
 			goto bad;
 		wo.grace = (unsigned)u;
 	}
+	if (wo.what && wo.what[0] == '@' && read_watch_file(wo.what + 1, &wo.what) < 0)
+		return 2;
 	o.watch = wo.what;
 	if (release) {
 		if (csi_node_release(&o, err, sizeof(err)) < 0) {

@@ -279,7 +279,11 @@ class CsiWatchTest(unittest.TestCase):
         self.api.set(CM_PATH, {"apiVersion": "v1", "kind": "ConfigMap",
                                "metadata": {"name": "mtcfs-config", "namespace": "mtcfs-system"},
                                "data": {"config.yaml": spec}})
-        d = self.driver(spec, what="configmap/mtcfs-system/mtcfs-config")
+        # the DaemonSet's form: the init container writes which object it read
+        wf = os.path.join(self.tmp, "watch")
+        with open(wf, "w") as f:
+            f.write("configmap/mtcfs-system/mtcfs-config\n")
+        d = self.driver(spec, what="@" + wf)
         self.assertEqual(tmpfs_size(d.ram), "131072k")
         self.api.wait_gets(2)
         self.assertEqual(mount_fstype(d.ram), "tmpfs")
