@@ -449,13 +449,20 @@ static void usage(FILE *f)
 
 /* --watch-config @FILE: the KIND/NAME in FILE (the DaemonSet's init
  * container writes which object it read the configuration from); an empty
- * file is no watch. */
+ * or missing file is no watch (a WARN: the driver still serves, as it did
+ * before the watch existed, e.g. outside a cluster). */
 static int read_watch_file(const char *path, const char **out)
 {
 	static char buf[600];
 	FILE *f = fopen(path, "re");
 	size_t n;
 
+	if (!f && errno == ENOENT) {
+		log_warn(MOD, "--watch-config @%s: no such file: not watching the configuration "
+			 "(deleting it will not free the RAM tier)", path);
+		*out = NULL;
+		return 0;
+	}
 	if (!f) {
 		fprintf(stderr, "mtcfs-csi: --watch-config @%s: %s\n", path, strerror(errno));
 		return -errno;
