@@ -15,7 +15,10 @@ driver polls it every second, two not-found polls in a row mean deleted.
 - 500s, 401s (a wrong token) and single 404s between them free nothing.
 - inMemoryVolumeSize grows: the tmpfs is remounted bigger; a size below
   what the tmpfs holds is refused with a WARN and the size kept.
-- The ConfigMap form: deleted -> the idle RAM tier goes at once.
+- Deleted while a pod holds a file open: at its unpublish the bind is
+  detached lazily and the job mount and the tmpfs still leave the mount table.
+- The ConfigMap form (named through @FILE): deleted -> the idle RAM tier
+  goes at once.
 
 Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin MTCFS_BUILD=build \\
      MTCFS_TEST_PY=/path/to/venv/bin/python /usr/bin/python3 tests/integration/test_csi_watch.py
@@ -292,6 +295,34 @@ class CsiWatchTest(unittest.TestCase):
         r = d.publish(d.target("c1"), pod_ctx("cm-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port))
         self.assertEqual(r["code"], "FAILED_PRECONDITION", r)
         self.assertIn("configmap/mtcfs-system/mtcfs-config is deleted", r["details"])
+
+    def test_deleted_busy_job_goes_lazily_at_its_unpublish(self):
+        port = free_ports(1)[0]
+        self.api.set(CRD_PATH, crd("64Mi", port))
+        d = self.driver(json.dumps(crd("64Mi", port)))
+        d.expected.append(r"busy, detached lazily")
+        key = "default.busy"
+        t = d.target("b1")
+        ctx = pod_ctx("busy-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port)
+        self.assertEqual(d.publish(t, ctx)["code"], "OK")
+        f = open(os.path.join(t, "open-file"), "wb")
+        try:
+            self.api.set(CRD_PATH, None)
+            wait_until(lambda: re.search(r"deleted: refusing new publishes", d.log()), TIMEOUT,
+                       "deletion noticed")
+            self.assertEqual(mount_fstype(d.job_mnt(key)), "fuse.mtcfs")
+            r = d.unpublish(t)
+            self.assertEqual(r["code"], "OK", r)
+            self.assertRegex(d.log(), r"busy, detached lazily")
+            # nothing of it is left in the mount table, open file or not
+            self.assertIsNone(mount_fstype(t))
+            self.assertIsNone(mount_fstype(d.job_mnt(key)))
+            self.assertIsNone(mount_fstype(d.ram))
+        finally:
+            try:
+                f.close()
+            except OSError:
+                pass      # its mount is gone: ENOTCONN on the flush is expected
 
     def test_bad_watch_option_refused(self):
         r = subprocess.run([test_csi.CSI_BIN, "--endpoint", "unix://" + self.tmp + "/x.sock",
