@@ -7,8 +7,10 @@
  * message, status, close). */
 #include "csi/csi_cfg.h"
 #include "csi/csi_node.h"
+#include "csi/csi_watch.h"
 #include "csi/csi.pb-c.h"
 #include "common/log.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <grpc/byte_buffer.h>
@@ -432,9 +434,46 @@ static void usage(FILE *f)
 		"  --no-tmpfs           use --ram-root as it is, mount nothing there\n"
 		"  --release            unmount the job mounts and the RAM tier (frees the node's\n"
 		"                       checkpoint RAM, data included) and exit; no driver may run\n"
+		"  --watch-config KIND/NAME  checkpointconfiguration/NAME or configmap/NS/NAME: poll it\n"
+		"                       in the cluster; deleted -> refuse publishes, free the RAM tier\n"
+		"                       (@FILE: the KIND/NAME written in FILE; empty: no watch)\n"
+		"  --watch-interval S   seconds between polls (default 10)\n"
+		"  --watch-grace N      not-found polls in a row that mean deleted (default 2)\n"
+		"  --kube-api URL       API server (default https://$KUBERNETES_SERVICE_HOST:$..._PORT)\n"
+		"  --kube-token FILE    bearer token (default the service account's)\n"
+		"  --kube-ca FILE       CA of the API server (default the service account's ca.crt)\n"
 		"  --log-format FMT     text (default) or json (also for the job mounts)\n"
 		"  -d                   debug log (also for the job mounts)\n"
 		"  --version\n");
+}
+
+/* --watch-config @FILE: the KIND/NAME in FILE (the DaemonSet's init
+ * container writes which object it read the configuration from); an empty
+ * or missing file is no watch (a WARN: the driver still serves, as it did
+ * before the watch existed, e.g. outside a cluster). */
+static int read_watch_file(const char *path, const char **out)
+{
+	static char buf[600];
+	FILE *f = fopen(path, "re");
+	size_t n;
+
+	if (!f && errno == ENOENT) {
+		log_warn(MOD, "--watch-config @%s: no such file: not watching the configuration "
+			 "(deleting it will not free the RAM tier)", path);
+		*out = NULL;
+		return 0;
+	}
+	if (!f) {
+		fprintf(stderr, "mtcfs-csi: --watch-config @%s: %s\n", path, strerror(errno));
+		return -errno;
+	}
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' ' || buf[n - 1] == '\r'))
+		n--;
+	buf[n] = 0;
+	*out = n ? buf : NULL;
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -453,6 +492,10 @@ int main(int argc, char **argv)
 	int rc = 1, sig;
 	bool release = false;
 	grpc_server_credentials *creds = NULL;
+	struct csi_watch_opts wo = { .interval_s = 10, .grace = 2 };
+	struct csi_watch *watch = NULL;
+	const char *interval = NULL, *grace = NULL;
+	uint64_t u;
 
 	csi_cfg_init(&cfg);
 	o.node_address = getenv("NODE_IP") && *getenv("NODE_IP") ? getenv("NODE_IP") : "127.0.0.1";
@@ -466,6 +509,12 @@ int main(int argc, char **argv)
 		ARG("--state-dir", o.state_dir);
 		ARG("--node-address", o.node_address);
 		ARG("--mtcfs", o.mtcfs_bin);
+		ARG("--watch-config", wo.what);
+		ARG("--watch-interval", interval);
+		ARG("--watch-grace", grace);
+		ARG("--kube-api", wo.api_url);
+		ARG("--kube-token", wo.token_file);
+		ARG("--kube-ca", wo.ca_file);
 #undef ARG
 		if (!strcmp(a, "--log-format") && v) {
 			if (log_set_format_name(v) < 0)
@@ -493,6 +542,19 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mtcfs-csi: --ram-root and --state-dir must be absolute\n");
 		return 2;
 	}
+	if (interval) {
+		if (util_parse_u64(interval, 86400, &u) < 0 || !u)
+			goto bad;
+		wo.interval_s = (unsigned)u;
+	}
+	if (grace) {
+		if (util_parse_u64(grace, 1000, &u) < 0 || !u)
+			goto bad;
+		wo.grace = (unsigned)u;
+	}
+	if (wo.what && wo.what[0] == '@' && read_watch_file(wo.what + 1, &wo.what) < 0)
+		return 2;
+	o.watch = wo.what;
 	if (release) {
 		if (csi_node_release(&o, err, sizeof(err)) < 0) {
 			log_err(MOD, "release: %s", err);
@@ -529,6 +591,12 @@ int main(int argc, char **argv)
 
 	if (csi_node_create(&o, &g_node, err, sizeof(err)) < 0) {
 		log_err(MOD, "%s", err);
+		goto out_cfg;
+	}
+	/* before the RPC threads: the first poll may find it gone already */
+	if (wo.what && csi_watch_start(&wo, g_node, &watch, err, sizeof(err)) < 0) {
+		log_err(MOD, "%s", err);
+		csi_node_destroy(g_node);
 		goto out_cfg;
 	}
 	gpr_set_log_function(grpc_log);
@@ -602,6 +670,7 @@ out_grpc:
 	if (creds)
 		grpc_server_credentials_release(creds);
 	grpc_shutdown();
+	csi_watch_stop(watch);      /* before the node it calls into */
 	csi_node_destroy(g_node);
 	unlink(sock);
 out_cfg:

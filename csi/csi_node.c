@@ -53,6 +53,9 @@ struct csi_node {
 	struct csi_node_opts o;
 	pthread_mutex_t mu;
 	struct job *jobs;           /* protected by mu */
+	uint64_t ram_bytes;         /* tmpfs size= (mu): the config's, then the watch's */
+	bool cfg_gone;              /* (mu) the watched configuration is deleted */
+	bool ram_freed;             /* (mu) we unmounted the tmpfs for that */
 };
 
 static int fail(char *err, size_t cap, int rc, const char *fmt, ...)
@@ -121,7 +124,7 @@ static int mount_point(const char *path, dev_t *dev)
 
 static int ram_tier(struct csi_node *n, char *err, size_t cap)
 {
-	const struct csi_cfg *c = n->o.cfg;
+	const uint64_t ram_bytes = n->ram_bytes;
 	char opts[128];
 	struct statfs sf;
 	int rc;
@@ -139,9 +142,9 @@ static int ram_tier(struct csi_node *n, char *err, size_t cap)
 	}
 	if (rc == 1)
 		return fail(err, cap, -EEXIST, "%s is a mount point but not a tmpfs", n->o.ram_root);
-	if (c->ram_bytes)
+	if (ram_bytes)
 		snprintf(opts, sizeof(opts), "huge=always,mode=0700,size=%llu",
-			 (unsigned long long)c->ram_bytes);
+			 (unsigned long long)ram_bytes);
 	else
 		snprintf(opts, sizeof(opts), "huge=always,mode=0700");
 	if (mount("mtcfs-ram", n->o.ram_root, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
@@ -150,9 +153,9 @@ static int ram_tier(struct csi_node *n, char *err, size_t cap)
 			return fail(err, cap, rc, "mount tmpfs on %s: %s", n->o.ram_root, strerror(-rc));
 		/* a kernel without transparent huge pages for shmem refuses huge= */
 		log_warn(MOD, "tmpfs huge=always refused (no THP for shmem?): mounting without it");
-		if (c->ram_bytes)
+		if (ram_bytes)
 			snprintf(opts, sizeof(opts), "mode=0700,size=%llu",
-				 (unsigned long long)c->ram_bytes);
+				 (unsigned long long)ram_bytes);
 		else
 			snprintf(opts, sizeof(opts), "mode=0700");
 		if (mount("mtcfs-ram", n->o.ram_root, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
@@ -174,6 +177,7 @@ int csi_node_create(const struct csi_node_opts *o, struct csi_node **out, char *
 	if (!n)
 		return -ENOMEM;
 	n->o = *o;
+	n->ram_bytes = o->cfg->ram_bytes;
 	pthread_mutex_init(&n->mu, NULL);
 	rc = mkdirs(o->state_dir, 0755);
 	if (rc < 0) {
@@ -693,6 +697,8 @@ static int bind_target(struct job *j, const char *target, bool ro, char *err, si
 	return 0;
 }
 
+static void free_ram(struct csi_node *n);
+
 int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err, size_t errcap)
 {
 	struct csi_pod p;
@@ -706,7 +712,15 @@ int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err
 	if (rc < 0)
 		return rc;
 	pthread_mutex_lock(&n->mu);
-	rc = job_ensure(n, &p, &j, err, errcap);
+	rc = 0;
+	if (n->cfg_gone)
+		rc = fail(err, errcap, -EBUSY, "the node's checkpoint configuration %s is deleted "
+			  "(its RAM tier is freed): re-create it to publish",
+			  n->o.watch ? n->o.watch : "");
+	else if (n->ram_freed && (rc = ram_tier(n, err, errcap)) == 0)
+		n->ram_freed = false;   /* the configuration came back: a new tmpfs */
+	if (rc == 0)
+		rc = job_ensure(n, &p, &j, err, errcap);
 	if (rc == 0)
 		rc = bind_target(j, rq->target, rq->readonly, err, errcap);
 	if (rc == 0)
@@ -755,6 +769,8 @@ int csi_node_unpublish(struct csi_node *n, const char *volume_id, const char *ta
 		target_remove(n, target);
 		if (rmdir(target) < 0 && errno != ENOENT)
 			log_warn(MOD, "unpublish %s: rmdir: %s", target, strerror(errno));
+		if (n->cfg_gone)
+			free_ram(n);    /* its last pod gone: what waited for it goes now */
 	}
 	pthread_mutex_unlock(&n->mu);
 	if (rc < 0)
@@ -810,4 +826,101 @@ int csi_node_release(const struct csi_node_opts *o, char *err, size_t errcap)
 	else if (r > 0)
 		log_info(MOD, "released the RAM tier at %s", o->ram_root);
 	return rc;
+}
+
+/* The configuration is deleted: stop and forget every job mount no target
+ * uses (its RAMDIR goes with the tmpfs), then unmount the tmpfs if no job
+ * is left. Called with mu held; again at each unpublish while gone. */
+static void free_ram(struct csi_node *n)
+{
+	struct job **pp = &n->jobs, *j;
+	int r;
+
+	while ((j = *pp)) {
+		if (j->n_targets) {
+			pp = &j->next;
+			continue;
+		}
+		log_info(MOD, "job %s: configuration deleted: stopping its mtcfs, freeing its RAM",
+			 j->key);
+		job_stop(j);
+		r = unmount_any(j->mnt);        /* an adopted mount is not our child */
+		if (r < 0)
+			log_warn(MOD, "job %s: unmount %s: %s", j->key, j->mnt, strerror(-r));
+		*pp = j->next;
+		job_free(j);
+	}
+	if (n->jobs || n->ram_freed || n->o.no_tmpfs)
+		return;
+	r = unmount_any(n->o.ram_root);
+	if (r < 0) {
+		log_warn(MOD, "configuration deleted: unmount the RAM tier %s: %s", n->o.ram_root,
+			 strerror(-r));
+		return;
+	}
+	n->ram_freed = true;
+	log_info(MOD, "configuration %s deleted: the RAM tier at %s is unmounted (its "
+		 "checkpoints with it)", n->o.watch ? n->o.watch : "", n->o.ram_root);
+}
+
+void csi_node_config_gone(struct csi_node *n)
+{
+	pthread_mutex_lock(&n->mu);
+	if (!n->cfg_gone) {
+		n->cfg_gone = true;
+		log_info(MOD, "configuration %s deleted: refusing new publishes, freeing the RAM "
+			 "tier (job mounts still published go at their last unpublish)",
+			 n->o.watch ? n->o.watch : "");
+		free_ram(n);
+	}
+	pthread_mutex_unlock(&n->mu);
+}
+
+/* Resize the mounted tmpfs to n->ram_bytes: never below what it holds
+ * (the kernel would refuse, and a smaller size would fail the next save). */
+static void ram_resize(struct csi_node *n)
+{
+	struct statfs sf;
+	uint64_t cur, used;
+	char opts[64];
+
+	if (n->o.no_tmpfs || n->ram_freed || !n->ram_bytes)
+		return;
+	if (mount_point(n->o.ram_root, NULL) != 1 || statfs(n->o.ram_root, &sf) < 0 ||
+	    sf.f_type != TMPFS_MAGIC_)
+		return;
+	cur = (uint64_t)sf.f_blocks * (uint64_t)sf.f_bsize;
+	used = (uint64_t)(sf.f_blocks - sf.f_bfree) * (uint64_t)sf.f_bsize;
+	if (cur == n->ram_bytes)
+		return;
+	if (n->ram_bytes < used) {
+		log_warn(MOD, "inMemoryVolumeSize %llu is below the %llu bytes the RAM tier %s holds: "
+			 "not shrunk (still %llu)", (unsigned long long)n->ram_bytes,
+			 (unsigned long long)used, n->o.ram_root, (unsigned long long)cur);
+		return;
+	}
+	snprintf(opts, sizeof(opts), "size=%llu", (unsigned long long)n->ram_bytes);
+	if (mount(NULL, n->o.ram_root, NULL, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts) < 0) {
+		log_warn(MOD, "remount %s %s: %s", n->o.ram_root, opts, strerror(errno));
+		return;
+	}
+	log_info(MOD, "RAM tier %s resized %llu -> %llu bytes (inMemoryVolumeSize changed)",
+		 n->o.ram_root, (unsigned long long)cur, (unsigned long long)n->ram_bytes);
+}
+
+void csi_node_config_present(struct csi_node *n, uint64_t ram_bytes)
+{
+	pthread_mutex_lock(&n->mu);
+	if (n->cfg_gone) {
+		n->cfg_gone = false;
+		log_info(MOD, "configuration %s is back: publishes work again%s",
+			 n->o.watch ? n->o.watch : "",
+			 n->ram_freed ? " (the RAM tier is mounted at the next)" : "");
+	}
+	/* 0 (no size, or a spec that does not parse): keep what runs */
+	if (ram_bytes && ram_bytes != n->ram_bytes) {
+		n->ram_bytes = ram_bytes;
+		ram_resize(n);
+	}
+	pthread_mutex_unlock(&n->mu);
 }

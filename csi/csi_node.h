@@ -26,6 +26,7 @@ struct csi_node_opts {
 	bool log_json;              /* pass log_format=json to the job mounts */
 	bool debug;                 /* pass -d to the job mounts */
 	const struct csi_cfg *cfg;  /* borrowed; outlives the node */
+	const char *watch;          /* --watch-config's KIND/NAME, named in refusals; or NULL */
 };
 
 struct csi_node;
@@ -61,5 +62,16 @@ int csi_node_unpublish(struct csi_node *n, const char *volume_id, const char *ta
  * it. For when the configuration is deleted, with no driver running
  * (mtcfs-csi --release). 0, or the first -errno (reason in err). */
 int csi_node_release(const struct csi_node_opts *o, char *err, size_t errcap);
+
+/* The watched configuration is deleted (csi_watch): refuse new publishes
+ * (-EBUSY), stop the job mounts nobody publishes, and unmount the RAM tier
+ * once none is left (the rest go at their last unpublish). Logs once. */
+void csi_node_config_gone(struct csi_node *n);
+
+/* The watched configuration exists with inMemoryVolumeSize ram_bytes (0:
+ * none given). Publishes work again (a freed RAM tier is mounted anew at
+ * the next one, with this size); a mounted tmpfs is resized to it unless
+ * that is below what it holds (WARN). */
+void csi_node_config_present(struct csi_node *n, uint64_t ram_bytes);
 
 #endif
