@@ -95,6 +95,10 @@ struct fs {
 	int proc_self_fd;
 
 	pthread_mutex_t mu;
+	/* every open file handle (fs_ll.c), so that a daemon stopped with files
+	 * still open frees them: the kernel sends no RELEASE after unmount */
+	pthread_mutex_t hmu;
+	struct fhandle *handles;
 	pthread_cond_t sealed_cv;   /* a step finished sealing */
 	struct fnode root;
 	struct fnode **htab;        /* protected by mu */

@@ -32,7 +32,10 @@ struct fhandle {
 	bool cached;                /* read-write open: through the page cache */
 	bool pt;                    /* reads go to the backing file in the kernel */
 	_Atomic bool kill_priv;     /* the next write clears set-id bits */
+	struct fhandle *prev, *next; /* fs->handles, under fs->hmu */
 };
+
+static void free_handle(struct fs *fs, struct fhandle *h);
 
 struct dhandle {
 	DIR *dp;
@@ -309,9 +312,12 @@ void fs_forget_name(struct fs *fs, const char *name)
 		free(j);
 }
 
-/* At unmount the kernel sends no FORGET for what it still holds. */
+/* At unmount the kernel sends no FORGET for what it still holds, nor a
+ * RELEASE for files still open: both are freed here, after the loop. */
 void fs_nodes_free(struct fs *fs)
 {
+	while (fs->handles)
+		free_handle(fs, fs->handles);
 	for (size_t i = 0; i < fs->hsize; i++) {
 		struct fnode *n = fs->htab[i];
 		while (n) {
@@ -1311,7 +1317,7 @@ static void handle_detach(fuse_req_t req, struct fhandle *h)
 	pthread_mutex_unlock(&n->amu);
 }
 
-static struct fhandle *new_handle(int fd, struct fnode *n, int flags)
+static struct fhandle *new_handle(struct fs *fs, int fd, struct fnode *n, int flags)
 {
 	struct fhandle *h = calloc(1, sizeof(*h));
 	if (!h)
@@ -1321,7 +1327,29 @@ static struct fhandle *new_handle(int fd, struct fnode *n, int flags)
 	h->writable = (flags & O_ACCMODE) != O_RDONLY;
 	if (h->writable)
 		atomic_fetch_add(&n->writers, 1);
+	pthread_mutex_lock(&fs->hmu);
+	h->next = fs->handles;
+	if (h->next)
+		h->next->prev = h;
+	fs->handles = h;
+	pthread_mutex_unlock(&fs->hmu);
 	return h;
+}
+
+/* Closes the handle's file and frees it (its node's counters are the
+ * caller's business). */
+static void free_handle(struct fs *fs, struct fhandle *h)
+{
+	pthread_mutex_lock(&fs->hmu);
+	if (h->prev)
+		h->prev->next = h->next;
+	else
+		fs->handles = h->next;
+	if (h->next)
+		h->next->prev = h->prev;
+	pthread_mutex_unlock(&fs->hmu);
+	close(h->fd);
+	free(h);
 }
 
 static void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
@@ -1369,7 +1397,7 @@ static void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	h = new_handle(fd, node_of(fs, e.ino), fi->flags);
+	h = new_handle(fs, fd, node_of(fs, e.ino), fi->flags);
 	if (!h) {
 		close(fd);
 		node_unref(fs, node_of(fs, e.ino), 1);
@@ -1384,8 +1412,7 @@ static void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		handle_detach(NULL, h);
 		if (h->writable)
 			atomic_fetch_sub(&h->node->writers, 1);
-		close(fd);
-		free(h);
+		free_handle(fs, h);
 		node_unref(fs, node_of(fs, e.ino), 1);
 	}
 }
@@ -1410,7 +1437,7 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	if (fi->flags & O_TRUNC)
 		account_after(fs, n, fd, 0);
-	h = new_handle(fd, n, fi->flags);
+	h = new_handle(fs, fd, n, fi->flags);
 	if (!h) {
 		close(fd);
 		fuse_reply_err(req, ENOMEM);
@@ -1424,8 +1451,7 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		handle_detach(NULL, h);
 		if (h->writable)
 			atomic_fetch_sub(&n->writers, 1);
-		close(fd);
-		free(h);
+		free_handle(fs, h);
 	}
 }
 
@@ -1449,8 +1475,7 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	if (writable)
 		yaml = atomic_fetch_sub(&n->writers, 1) == 1 && (atomic_load(&n->flags) & FN_YAML);
 	handle_detach(req, h);
-	close(h->fd);
-	free(h);
+	free_handle(fs, h);
 	fuse_reply_err(req, 0);
 	if (cached)
 		forget_pages(fs, ino);
