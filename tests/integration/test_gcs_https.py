@@ -14,7 +14,8 @@ test server serving HTTPS (--tls-cert/--tls-key); the token comes from a
 second test server over plain HTTP, as GKE's metadata server is.
 
  1. the Debian layout with the test CA: a step's backup goes over HTTPS and
-    restores on a wiped node byte for byte;
+    restores on a wiped node byte for byte; (1b) with 9 MiB files, as
+    resumable uploads;
  2. an empty /etc/ssl/certs: the backup fails with one ERROR naming the
     certificate problem and what to do (over several coordinator ticks:
     no ERROR each tick); the committed step stays, byte for byte;
@@ -31,15 +32,18 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
      /usr/bin/python3 tests/integration/test_gcs_https.py [-k NAME]
 """
 
+import json
 import os
 import re
 import select
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 NS_MARK = "MTCFS_TEST_HTTPS_NS"
 CERTS = "/etc/ssl/certs"
@@ -211,13 +215,13 @@ class HttpsBase(unittest.TestCase):
             return m.group(1) if m else None
         return wait_until(done, 60, "backup of step %d complete" % step)
 
-    def backup_restores(self, srv, env=None):
+    def backup_restores(self, srv, env=None, size=SIZE):
         """Step 5 is backed up over HTTPS; a wiped node restores it exactly."""
         d = self.node(srv, env=env)
         d.srv_host = srv.host
         d.start()
         self.assertEqual(start_job(d.mnt, self.YAML), 0)
-        save_step(d.mnt, JOB, 5, 0)
+        save_step(d.mnt, JOB, 5, 0, size=size)
         name = self.wait_backup(d, 5)
         d.kill9()
         d.wipe_ramdir()
@@ -225,7 +229,7 @@ class HttpsBase(unittest.TestCase):
         self.assertEqual(start_job(d.mnt, self.YAML), 5)
         self.assertEqual(read_text(os.path.join(d.mnt, "replicator.prerestore")),
                          "restore-backup: %s\nrestore-step: 5\n" % name)
-        verify_restore(d.mnt, JOB, 5, 0)
+        verify_restore(d.mnt, JOB, 5, 0, size=size)
         d.stop()
         return d
 
@@ -271,6 +275,20 @@ class HttpsTest(HttpsBase):
     def test_1_debian_layout_backup_restore(self):
         self.bind_certs(self.certs("debian"))
         self.backup_restores(self.server())
+
+    def test_1b_resumable_uploads(self):
+        """9 MiB files go as resumable uploads: the session URL the server
+        hands out is https:// too, and every chunk goes over it."""
+        self.bind_certs(self.certs("debian"))
+        srv = self.server()
+        self.backup_restores(srv, size=9 << 20)
+        ctx = ssl.create_default_context(cafile=self.ca)
+        with urllib.request.urlopen(srv.base + "/_log", timeout=30, context=ctx) as r:
+            log = json.loads(r.read())
+        puts = [e for e in log if e["method"] == "PUT" and e["class"] == "upload"]
+        self.assertTrue(puts, "no resumable chunk PUT in the server's log")
+        self.assertTrue(all(e["status"] in (200, 201) for e in puts if
+                            e["query"].get("upload_id")), puts[:5])
 
     def test_2_no_ca_certificates(self):
         self.empty_certs()
