@@ -59,6 +59,9 @@ struct gcs {
 	char *bucket;
 	char *prefix;              /* "" or "dir/sub/" */
 	char *endpoint;            /* no trailing '/' */
+	char *ca_file, *ca_dir;    /* the CA bundle and hashed dir in use, for messages */
+	bool ca_file_env, ca_dir_env;  /* from SSL_CERT_FILE / SSL_CERT_DIR */
+	bool set_cainfo;           /* CURLOPT_CAINFO = ca_file (NULL: none) per handle */
 	struct gcs_auth *auth;
 	unsigned base_ms, cap_ms, attempts;
 	long connect_ms, stall_s;
@@ -710,6 +713,10 @@ static int attempt(struct req *r, char *tok, CURLcode *cc)
 	r->has_hash = false;
 	curl_easy_setopt(h, CURLOPT_URL, url.p);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+	if (g->set_cainfo)
+		curl_easy_setopt(h, CURLOPT_CAINFO, g->ca_file);
+	if (g->ca_dir_env)
+		curl_easy_setopt(h, CURLOPT_CAPATH, g->ca_dir);
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(h, CURLOPT_USERAGENT, USER_AGENT);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, g->connect_ms);
@@ -760,6 +767,19 @@ out:
 		OPENSSL_cleanse(hv.p, hv.n);
 	free(hv.p);
 	return rc;
+}
+
+/* What to do about a certificate failure: libcurl's own words say what
+ * failed, not with which CA certificates nor how to supply them. */
+static void tls_hint(const struct gcs *g, CURLcode cc, char *buf, size_t n)
+{
+	buf[0] = '\0';
+	if (cc == CURLE_SSL_CACERT_BADFILE)
+		snprintf(buf, n, " (no CA certificates to verify %s with: install ca-certificates, "
+			 "or name a PEM bundle in SSL_CERT_FILE)", g->endpoint);
+	else if (cc == CURLE_PEER_FAILED_VERIFICATION)
+		snprintf(buf, n, " (verified with CA file %s, CA path %s)",
+			 g->ca_file ? g->ca_file : "none", g->ca_dir ? g->ca_dir : "none");
 }
 
 static uint64_t rng_next(void)
@@ -841,9 +861,11 @@ static int run(struct req *r)
 			break;
 		}
 		if (cc != CURLE_OK && !curl_retryable(cc)) {
+			char hint[1024];
 			rc = gcs_errno(cc, 0);
-			bkt_set_error("%s: %s %s: %s", r->what, r->method, g->endpoint,
-				      r->errbuf[0] ? r->errbuf : curl_easy_strerror(cc));
+			tls_hint(g, cc, hint, sizeof(hint));
+			bkt_set_error("%s: %s %s: %s%s", r->what, r->method, g->endpoint,
+				      r->errbuf[0] ? r->errbuf : curl_easy_strerror(cc), hint);
 			break;
 		}
 		if (cc == CURLE_OK)
@@ -1948,6 +1970,42 @@ static bool bucket_name_ok(const char *s, size_t n)
 	return true;
 }
 
+/* libcurl reads only its built-in CA file and path (Debian's:
+ * /etc/ssl/certs/ca-certificates.crt and /etc/ssl/certs, which the
+ * ca-certificates package fills). SSL_CERT_FILE and SSL_CERT_DIR replace
+ * them as they do for OpenSSL's defaults and Go (so gcsfuse): a private
+ * endpoint's CA without rebuilding the image. */
+static int ca_setup(struct gcs *g)
+{
+	const char *f = getenv("SSL_CERT_FILE"), *d = getenv("SSL_CERT_DIR");
+	char *def_f = NULL, *def_d = NULL;
+	CURL *h;
+
+	g->ca_file_env = f && *f;
+	g->ca_dir_env = d && *d;
+	h = curl_easy_init();
+#if LIBCURL_VERSION_NUM >= 0x075400     /* CURLINFO_CAINFO/CAPATH: 7.84 */
+	if (h) {
+		curl_easy_getinfo(h, CURLINFO_CAINFO, &def_f);
+		curl_easy_getinfo(h, CURLINFO_CAPATH, &def_d);
+	}
+#endif
+	f = g->ca_file_env ? f : def_f;
+	d = g->ca_dir_env ? d : def_d;
+	/* a missing CA file fails the handshake even with a good CA path:
+	 * with SSL_CERT_DIR alone, an absent built-in bundle is not used */
+	if (g->ca_dir_env && !g->ca_file_env && f && access(f, R_OK) != 0)
+		f = NULL;
+	g->set_cainfo = g->ca_file_env || (g->ca_dir_env && !f);
+	g->ca_file = f ? strdup(f) : NULL;
+	g->ca_dir = d ? strdup(d) : NULL;
+	if (h)
+		curl_easy_cleanup(h);
+	if ((f && !g->ca_file) || (d && !g->ca_dir))
+		return -ENOMEM;
+	return 0;
+}
+
 static void gcs_close(void *priv);
 
 static int gcs_open(struct bkt *b, const char *loc, void **priv)
@@ -2011,6 +2069,9 @@ static int gcs_open(struct bkt *b, const char *loc, void **priv)
 		rc = -ENOMEM;
 		goto fail;
 	}
+	rc = ca_setup(g);
+	if (rc < 0)
+		goto fail;
 	g->base_ms = DEF_BASE_MS;
 	g->cap_ms = DEF_CAP_MS;
 	g->attempts = DEF_ATTEMPTS;
@@ -2041,8 +2102,14 @@ static int gcs_open(struct bkt *b, const char *loc, void **priv)
 		bkt_set_error("%s: credentials: %s", bkt_url(b), err[0] ? err : strerror(-rc));
 		goto fail;
 	}
-	log_info(MOD, "%s: endpoint %s, credentials: %s, retry %u ms..%u ms x%u", bkt_url(b),
-		 g->endpoint, gcs_auth_describe(g->auth), g->base_ms, g->cap_ms, g->attempts);
+	if (!strncmp(g->endpoint, "https://", 8))
+		snprintf(err, sizeof(err), ", CA file %s%s, CA path %s%s",
+			 g->ca_file ? g->ca_file : "none", g->ca_file_env ? " (SSL_CERT_FILE)" : "",
+			 g->ca_dir ? g->ca_dir : "none", g->ca_dir_env ? " (SSL_CERT_DIR)" : "");
+	else
+		err[0] = '\0';
+	log_info(MOD, "%s: endpoint %s%s, credentials: %s, retry %u ms..%u ms x%u", bkt_url(b),
+		 g->endpoint, err, gcs_auth_describe(g->auth), g->base_ms, g->cap_ms, g->attempts);
 	*priv = g;
 	return 0;
 fail:
@@ -2061,6 +2128,8 @@ static void gcs_close(void *priv)
 	free(g->bucket);
 	free(g->prefix);
 	free(g->endpoint);
+	free(g->ca_file);
+	free(g->ca_dir);
 	free(g);
 }
 

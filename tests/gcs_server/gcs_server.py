@@ -41,6 +41,7 @@ Control endpoints (never logged, never faulted, never authenticated):
   GET  /_objects the stored objects' metadata (for test assertions)
 
 Run: /usr/bin/python3 gcs_server.py --port 0 [--host H] [--dir D] [--verbose]
+     [--tls-cert CERT.pem --tls-key KEY.pem]   (HTTPS instead of HTTP)
 The first line on stdout is "PORT=NNNN". With --exit-on-eof the server
 exits when its stdin closes (its parent test died). Standard library only;
 CRC32C uses ISA-L through ctypes when libisal is installed, else the
@@ -59,6 +60,7 @@ import os
 import secrets
 import socket
 import socketserver
+import ssl
 import struct
 import sys
 import tempfile
@@ -417,6 +419,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     disable_nagle_algorithm = True      # headers and body go out as separate writes
     st = None                       # State, set by main()
     verbose = False
+    scheme = "http"                 # "https" with --tls-cert: in the URLs it hands out
 
     def log_message(self, fmt, *args):
         if self.verbose:
@@ -795,7 +798,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         elif "devstorage" not in claims.get("scope", "") and \
                 "cloud-platform" not in claims.get("scope", ""):
             why = "scope"
-        elif claims.get("aud") != "http://%s/token" % host:
+        elif claims.get("aud") != "%s://%s/token" % (self.scheme, host):
             why = "aud"
         elif not (claims.get("iat", 0) <= now + 60 and claims.get("exp", 0) > now and
                   claims.get("exp", 0) - claims.get("iat", 0) <= 3600):
@@ -848,8 +851,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             with st.lock:
                 st.sessions[sid] = s
             host = self.headers.get("Host", "")
-            loc = "http://%s/upload/storage/v1/b/%s/o?uploadType=resumable&name=%s&upload_id=%s" % (
-                host, urllib.parse.quote(bucket, safe=""), urllib.parse.quote(name, safe=""), sid)
+            loc = "%s://%s/upload/storage/v1/b/%s/o?uploadType=resumable&name=%s&upload_id=%s" % (
+                self.scheme, host, urllib.parse.quote(bucket, safe=""), urllib.parse.quote(name, safe=""), sid)
             e["upload_id"] = sid
             return self.send(200, b"", headers={"Location": loc, "X-GUploader-UploadID": sid})
         if utype == "multipart":
@@ -1257,12 +1260,24 @@ def main():
                     help="no md5Hash (saves the server's CPU in benchmarks)")
     ap.add_argument("--exit-on-eof", action="store_true",
                     help="exit when stdin reaches EOF (the parent died)")
+    ap.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (chain)")
+    ap.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     args = ap.parse_args()
+    if bool(args.tls_cert) != bool(args.tls_key):
+        ap.error("--tls-cert and --tls-key go together")
     crc32c, CRC_IMPL = _pick_crc(args.pure_crc)
     MD5 = not args.no_md5
     Handler.st = State(args.dir)
     Handler.verbose = args.verbose
     srv = Server((args.host, args.port), Handler)
+    if args.tls_cert:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        # the handshake runs on the handler's first read, in its own thread:
+        # a client that never completes one cannot stall accept()
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True,
+                                     do_handshake_on_connect=False)
+        Handler.scheme = "https"
     sys.stdout.write("PORT=%d\n" % srv.server_address[1])
     sys.stdout.flush()
     if args.verbose:
