@@ -1222,9 +1222,9 @@ static void repl_run(void *arg)
 			metrics_add(MC_REPL_SHARDS, 1);
 			metrics_add(MC_REPL_BYTES, rc == 1 ? 0 : mf->total);
 			metrics_observe(MH_REPL_SECONDS, secs);
-			log_info("engine", "replicated job=%s step=%llu worker=%u to rank %d bytes=%llu secs=%.3f",
-				 j->key.job, (unsigned long long)j->key.step, j->key.worker, peers[i],
-				 (unsigned long long)mf->total, secs);
+			log_info("engine", "replicated job=%s step=%llu to rank %d bytes=%llu secs=%.3f worker=%u",
+				 j->key.job, (unsigned long long)j->key.step, peers[i],
+				 (unsigned long long)mf->total, secs, j->key.worker);
 		}
 	}
 	if (!failed) {
@@ -1663,9 +1663,9 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 		if (rc == 0) {
 			ram_recount(e->ram);
 			metrics_add(MC_RESTORE_BYTES, mf->total);
-			log_info("engine", "restored job=%s step=%llu worker=%u from backup %s bytes=%llu",
-				 c->job, (unsigned long long)p->step, w, p->backup,
-				 (unsigned long long)mf->total);
+			log_info("engine", "restored job=%s step=%llu from backup %s bytes=%llu worker=%u",
+				 c->job, (unsigned long long)p->step, p->backup,
+				 (unsigned long long)mf->total, w);
 		}
 		if (st.fd >= 0 || st.rel[0])
 			ram_stage_abort(e->ram, &st);
@@ -1744,9 +1744,9 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 	if (rc == 0)
 		metrics_add(MC_RESTORE_BYTES, mf->total);
 	if (rc == 0)
-		log_info("engine", "restored job=%s step=%llu worker=%u from rank %u bytes=%llu",
-			 c->job, (unsigned long long)p->step, w, p->holder,
-			 (unsigned long long)mf->total);
+		log_info("engine", "restored job=%s step=%llu from rank %u bytes=%llu worker=%u",
+			 c->job, (unsigned long long)p->step, p->holder,
+			 (unsigned long long)mf->total, w);
 out:
 	if (st.fd >= 0 || st.rel[0])
 		ram_stage_abort(e->ram, &st);

@@ -388,9 +388,9 @@ static void seal_job(void *arg)
 	metrics_add(MC_COMMITS, 1);
 	metrics_observe(MH_SEAL_SECONDS, (double)(util_now_ns() - t0) / 1e9);
 	eng_committed(fs->eng, &k, mf->hash);
-	log_info("commit", "committed job=%s step=%s rank=%u worker=%u files=%u bytes=%llu hash=%s seal_ms=%.1f",
-		 k.job, name, k.rank, k.worker, mf->nfiles,
-		 (unsigned long long)mf->total, hex, (double)(util_now_ns() - t0) / 1e6);
+	log_info("commit", "committed job=%s step=%s rank=%u files=%u bytes=%llu hash=%s seal_ms=%.1f worker=%u",
+		 k.job, name, k.rank, mf->nfiles,
+		 (unsigned long long)mf->total, hex, (double)(util_now_ns() - t0) / 1e6, k.worker);
 out:
 	if (dfd >= 0)
 		close(dfd);
@@ -566,8 +566,8 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	if (in_ns)
 		fs_forget_name(fs, name);
 	fs_forget_name(fs, ".mtcfs");
-	log_info("gc", "dropped job=%s step=%llu rank=%u worker=%u freed=%llu", k->job,
-		 (unsigned long long)k->step, k->rank, k->worker, (unsigned long long)freed);
+	log_info("gc", "dropped job=%s step=%llu rank=%u freed=%llu worker=%u", k->job,
+		 (unsigned long long)k->step, k->rank, (unsigned long long)freed, k->worker);
 	return freed;
 }
 
@@ -578,8 +578,8 @@ static uint64_t drop_replica(struct fs *fs, const struct shard_key *k)
 	ram_drop(fs->ram, k, &freed);
 	metrics_add(MC_GC_DROPPED, 1);
 	fs_forget_name(fs, ".mtcfs");
-	log_info("gc", "dropped replica job=%s step=%llu node=%u worker=%u freed=%llu", k->job,
-		 (unsigned long long)k->step, k->rank, k->worker, (unsigned long long)freed);
+	log_info("gc", "dropped replica job=%s step=%llu node=%u freed=%llu worker=%u", k->job,
+		 (unsigned long long)k->step, k->rank, (unsigned long long)freed, k->worker);
 	return freed;
 }
 

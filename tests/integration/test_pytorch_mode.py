@@ -331,7 +331,7 @@ class TwoNodes(harness.unittest.TestCase):
                 assert_markers(self, c.nodes[r].mnt, job, step, r, files[r])
             log = c.nodes[1].log_text()
             for w in (0, 1):
-                self.assertTrue(re.search(r"restored job=%s step=%d worker=%d from rank 0"
+                self.assertTrue(re.search(r"(?m)restored job=%s step=%d from rank 0 .* worker=%d$"
                                           % (job, step, w), log),
                                 "node 1 did not restore worker %d from its peer: %s" % (
                                     w, "\n".join(l for l in log.splitlines()
@@ -409,7 +409,7 @@ class TwoNodes(harness.unittest.TestCase):
                                  files[1])
             log = c.nodes[1].log_text()
             for w in (0, 1):
-                self.assertRegex(log, r"restored job=%s step=%d worker=%d from rank 0"
+                self.assertRegex(log, r"(?m)restored job=%s step=%d from rank 0 .* worker=%d$"
                                  % (job, step, w))
 
     def test_data_parallel_node_without_its_step_takes_its_column_mates_files(self):
