@@ -1,7 +1,7 @@
 /* coord.c — see coord.h. Protocol (JSON over NT_REQ/NT_RESP/NT_EVENT):
  *   register {rank, addr}                       -> {ok, addrs:[...]}
  *   table {}                                    -> {addrs:[...]}
- *   catalog {job, nodes, dp, holds:[[owner, step, hash]...]}
+ *   catalog {job, nodes, dp, [workers], holds:[[owner, step, hash, [worker, [content]]]...]}
  *                                               -> (when planned) plan entry
  *   fetch_failed {job, plan, holder, owner, step} -> a new plan entry
  *   ready {job, plan}                           -> (barrier) {op:"go"} or a new plan entry
@@ -619,6 +619,17 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 			return;
 		}
 		lh.worker = wk ? (uint32_t)json_integer_value(wk) : 0;
+		{
+			/* the content key of a worker's file (its name apart) */
+			json_t *ck = json_array_get(h, 4);
+			if (ck && (!json_is_string(ck) ||
+				   net_hex_decode(json_string_value(ck), json_string_length(ck),
+						  lh.content, 32) < 0)) {
+				reply_err(c, conn, req_id, EINVAL, "bad holding in catalog");
+				return;
+			}
+			lh.has_content = ck != NULL;
+		}
 		if (!json_is_integer(o) || !json_is_integer(s) || !json_is_string(hx) ||
 		    json_integer_value(o) < 0 || json_integer_value(o) >= (json_int_t)nodes ||
 		    json_integer_value(s) < 0 ||

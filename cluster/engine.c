@@ -1489,6 +1489,36 @@ static int parse_plan(json_t *m, struct plan_entry *p)
 	return 0;
 }
 
+/* A worker shard's content key (framework: pytorch): its one .save file
+ * apart from the name, which carries the rank: SHA-256 over a tag, the
+ * size and the CRC32C. Column mates under D agree on it when their
+ * workers saved the same bytes (GKE compares the files' BLAKE3). 0, or
+ * -ENODATA when the shard is not one worker file. */
+static int content_key(const struct shard_rec *r, uint8_t out[32])
+{
+	static const char tag[] = "mtcfs-worker-file-v1";
+	struct manifest *mf = NULL;
+	uint8_t buf[sizeof(tag) + 12];
+	unsigned int hl = 0;
+	int rc = -ENODATA;
+
+	if (!r->mf || mf_decode(r->mf, r->mflen, &mf) < 0)
+		return -ENODATA;
+	if (mf->n == 1 && mf->e[0].type == MF_FILE &&
+	    save_worker(mf->e[0].path, r->key.job, r->key.rank, r->key.step) ==
+	    (int64_t)r->key.worker) {
+		memcpy(buf, tag, sizeof(tag));
+		for (int i = 0; i < 8; i++)
+			buf[sizeof(tag) + i] = (uint8_t)(mf->e[0].size >> (8 * i));
+		for (int i = 0; i < 4; i++)
+			buf[sizeof(tag) + 8 + i] = (uint8_t)(mf->e[0].crc32c >> (8 * i));
+		if (EVP_Digest(buf, sizeof(buf), out, &hl, EVP_sha256(), NULL) && hl == 32)
+			rc = 0;
+	}
+	mf_free(mf);
+	return rc;
+}
+
 /* Shards per node and step of job c: one per worker in framework:
  * pytorch, else one. */
 static uint32_t job_workers(const struct rcfg *c)
@@ -1517,10 +1547,18 @@ static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
 			    recs[i].key.worker >= W || recs[i].key.rank >= (uint32_t)c->nodes)
 				continue;
 			net_hex_encode(recs[i].hash, 32, hex);
-			if (W > 1)
-				json_array_append_new(holds, json_pack("[i,I,s,i]", (int)recs[i].key.rank,
-								       (json_int_t)recs[i].key.step, hex,
-								       (int)recs[i].key.worker));
+			if (W > 1) {
+				uint8_t ck[32];
+				char ckhex[65];
+				json_t *x = json_pack("[i,I,s,i]", (int)recs[i].key.rank,
+						      (json_int_t)recs[i].key.step, hex,
+						      (int)recs[i].key.worker);
+				if (content_key(&recs[i], ck) == 0) {
+					net_hex_encode(ck, 32, ckhex);
+					json_array_append_new(x, json_string(ckhex));
+				}
+				json_array_append_new(holds, x);
+			}
 			else
 				json_array_append_new(holds, json_pack("[i,I,s]", (int)recs[i].key.rank,
 								       (json_int_t)recs[i].key.step, hex));

@@ -86,21 +86,23 @@ static const struct lkg_hold *pick(const struct lkg_input *in, struct lkg_hold *
 
 /* With D, may rank r's worker-w shard be taken from another owner of its
  * column? Only when every usable worker-w shard of that column at this
- * step has the same content: Orbax's processes write per-process files, so
+ * step has the same content (the content key where both holds carry one,
+ * else the hash): Orbax's processes write per-process files, so
  * the shards of one column often differ, and then nothing says which one r
  * had. Per worker, as GKE compares each worker's file hash. */
 static bool column_agrees(const struct lkg_input *in, struct lkg_hold **run, size_t n,
 			  uint32_t r, uint32_t w, uint32_t P)
 {
-	const uint8_t *first = NULL;
+	const struct lkg_hold *first = NULL;
 
 	for (size_t i = 0; i < n; i++) {
 		const struct lkg_hold *h = run[i];
 		if (h->owner % P != r % P || h->worker != w || !usable(in, h))
 			continue;
 		if (!first)
-			first = h->hash;
-		else if (memcmp(first, h->hash, 32))
+			first = h;
+		else if (first->has_content && h->has_content ?
+			 memcmp(first->content, h->content, 32) : memcmp(first->hash, h->hash, 32))
 			return false;
 	}
 	return true;

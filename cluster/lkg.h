@@ -19,6 +19,11 @@ struct lkg_hold {
 	uint32_t worker;
 	uint64_t step;
 	uint8_t hash[32];
+	/* The shard's data apart from its names, when the node says it
+	 * (framework: pytorch: a worker's file, whose name carries the rank):
+	 * column mates agree on it where their hashes cannot. */
+	bool has_content;
+	uint8_t content[32];
 };
 
 struct lkg_input {

@@ -412,6 +412,36 @@ class TwoNodes(harness.unittest.TestCase):
                 self.assertRegex(log, r"(?m)restored job=%s step=%d from rank 0 .* worker=%d$"
                                  % (job, step, w))
 
+    def test_data_parallel_column_agrees_per_worker_content(self):
+        """assume-data-parallelism: 3 over 3 nodes (one column), 2 workers.
+        Nodes 0 and 1 save step 30 with the same bytes per worker (data
+        parallel replicas); node 2 never saves it. Their shards' names
+        carry the rank, so the shards' hashes differ: the column agrees on
+        each worker's content (GKE compares per-worker file hashes), and
+        node 2 restores worker w's bytes under its own names."""
+        job, step, dp = "ptdp3", 30, "assume-data-parallelism: 3\n"
+        c = PtCluster(3)
+        for d in c.nodes:
+            d.extra_args.append("-d")
+        self.daemons = list(c.nodes)
+        with c:
+            self.assertEqual(c.job_start(job, extra=dp), {0: 0, 1: 0, 2: 0})
+            for r in range(3):
+                for n in markers(c.nodes[r].mnt):
+                    os.unlink(os.path.join(c.nodes[r].mnt, n))
+            files = [body(job, step, 0, w) for w in (0, 1)]   # one column's bytes
+            for r in (0, 1):
+                for w in (0, 1):
+                    write_file(os.path.join(c.nodes[r].mnt, save_name(job, step, r, w)),
+                               files[w])
+            for r in (0, 1):
+                for w in (0, 1):
+                    harness.wait_committed(c.nodes[r].ramdir, step, job=job, rank=r,
+                                           worker=w, daemon=c.nodes[r])
+            self.assertEqual(c.job_start(job, extra=dp), {0: step, 1: step, 2: step})
+            for r in range(3):
+                assert_markers(self, c.nodes[r].mnt, job, step, r, files)
+
     def test_data_parallel_node_without_its_step_takes_its_column_mates_files(self):
         self.column_mate_case(wipe=True)
 

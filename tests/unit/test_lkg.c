@@ -386,6 +386,44 @@ static void test_workers_out_of_range(void **s)
 	lkg_plan_free(&p);
 }
 
+/* framework: pytorch: a worker's file names its rank, so column mates'
+ * shard hashes always differ; their content keys agree when the bytes do.
+ * Node 2 (D=3, one column) never saved: it borrows each worker's shard. */
+static void test_workers_column_agrees_on_content(void **s)
+{
+	struct lkg_hold h[4];
+	struct lkg_plan p;
+
+	for (uint32_t r = 0; r < 2; r++)
+		for (uint32_t w = 0; w < 2; w++) {
+			struct lkg_hold *x = &h[r * 2 + w];
+			*x = HW(r, r, w, 6, (uint8_t)(10 * r + w + 1));   /* hashes differ */
+			x->has_content = true;
+			memset(x->content, 0x70 + (int)w, 32);                /* bytes agree */
+		}
+	plan_w(3, 3, 2, h, 4, NULL, NULL, 0, &p);
+	assert_true(p.found);
+	assert_int_equal(p.step, 6);
+	assert_true(p.src[2 * 2 + 0].owner < 2);
+	assert_int_equal(p.src[2 * 2 + 1].worker, 1);
+	lkg_plan_free(&p);
+
+	/* without content keys the hashes decide: they differ, no borrowing */
+	for (int i = 0; i < 4; i++)
+		h[i].has_content = false;
+	plan_w(3, 3, 2, h, 4, NULL, NULL, 0, &p);
+	assert_false(p.found);
+	lkg_plan_free(&p);
+
+	/* worker 1's bytes differ between the mates: worker 1 cannot borrow */
+	for (int i = 0; i < 4; i++)
+		h[i].has_content = true;
+	memset(h[3].content, 0x7f, 32);
+	plan_w(3, 3, 2, h, 4, NULL, NULL, 0, &p);
+	assert_false(p.found);
+	lkg_plan_free(&p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -407,6 +445,7 @@ int main(void)
 		cmocka_unit_test(test_workers_column_agrees_per_worker),
 		cmocka_unit_test(test_workers_column_disagrees_on_one_worker),
 		cmocka_unit_test(test_workers_out_of_range),
+		cmocka_unit_test(test_workers_column_agrees_on_content),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
