@@ -1,7 +1,7 @@
 /* coord.c — see coord.h. Protocol (JSON over NT_REQ/NT_RESP/NT_EVENT):
  *   register {rank, addr}                       -> {ok, addrs:[...]}
  *   table {}                                    -> {addrs:[...]}
- *   catalog {job, nodes, dp, holds:[[owner, step, hash]...]}
+ *   catalog {job, nodes, dp, [workers], holds:[[owner, step, hash, [worker, [content]]]...]}
  *                                               -> (when planned) plan entry
  *   fetch_failed {job, plan, holder, owner, step} -> a new plan entry
  *   ready {job, plan}                           -> (barrier) {op:"go"} or a new plan entry
@@ -30,26 +30,38 @@
 #include <unistd.h>
 
 #define COORD_MAX_NODES 65536
-#define COORD_MAX_HOLDS 64        /* per node and catalog */
+#define COORD_MAX_HOLDS 4096      /* per node and catalog: 64 (steps, owners) x workers */
 #define COMMITS_KEPT    4         /* newest steps remembered per owner */
+#define COORD_MAX_WORKERS 64      /* RCFG_WORKERS_MAX: shards per node */
 
 struct pending { uint64_t conn; uint32_t req_id; bool waiting; };
+
+/* The newest commits of one (node, worker) shard: a node keeps one shard
+ * per step, or (framework: pytorch) one per worker, each committed and
+ * replicated on its own; a step is the job's when every (node, worker)
+ * has it. */
+struct wlog {
+	uint64_t commits[COMMITS_KEPT];  /* +1, 0 empty; slot 0 newest */
+	uint8_t commit_hash[COMMITS_KEPT][32];
+	uint64_t repl[COMMITS_KEPT];     /* of those, replicated to every peer; +1, 0 empty */
+	uint8_t repl_hash[COMMITS_KEPT][32];
+};
 
 struct cnode {
 	uint64_t conn;            /* 0 = not connected */
 	bool reported;            /* catalog received in this round */
 	bool ready;               /* at the barrier of the current plan */
 	struct pending cat, rdy;
-	uint64_t commits[COMMITS_KEPT];
-	uint8_t commit_hash[COMMITS_KEPT][32];
-	uint64_t repl[COMMITS_KEPT];     /* of those, replicated to every peer; +1, 0 empty */
-	uint8_t repl_hash[COMMITS_KEPT][32];
+	struct wlog lg;           /* worker 0 */
+	struct wlog *lgx;         /* workers 1..nlgx, grown as they report */
+	uint32_t nlgx;
 };
 
 struct cjob {
 	struct cjob *next;
 	char name[129];
 	uint32_t nodes, dp;
+	uint32_t workers;             /* shards per node (>= 1), as the nodes say */
 	struct cnode *n;
 	bool has_lkg;
 	uint64_t lkg;
@@ -129,8 +141,30 @@ static const char *addr_of(struct coord *c, uint32_t rank)
 	return rank < c->naddrs && c->addrs[rank] ? c->addrs[rank] : "";
 }
 
+/* Worker w's log of node n; NULL when it has none and create is false
+ * (or memory ran out). */
+static struct wlog *wlog_of(struct cnode *n, uint32_t w, bool create)
+{
+	if (w == 0)
+		return &n->lg;
+	if (w > n->nlgx) {
+		struct wlog *nv;
+		if (!create || w >= COORD_MAX_WORKERS)
+			return NULL;
+		nv = realloc(n->lgx, (size_t)w * sizeof(*nv));
+		if (!nv)
+			return NULL;
+		memset(nv + n->nlgx, 0, (size_t)(w - n->nlgx) * sizeof(*nv));
+		n->lgx = nv;
+		n->nlgx = w;
+	}
+	return &n->lgx[w - 1];
+}
+
 static void job_free(struct cjob *j)
 {
+	for (uint32_t r = 0; j->n && r < j->nodes; r++)
+		free(j->n[r].lgx);
 	lkg_plan_free(&j->plan);
 	free(j->holds);
 	free(j->bad);
@@ -173,6 +207,7 @@ static struct cjob *job_get(struct coord *c, const char *name, uint32_t nodes, u
 	snprintf(j->name, sizeof(j->name), "%s", name);
 	j->nodes = nodes;
 	j->dp = dp;
+	j->workers = 1;
 	j->next = c->jobs;
 	c->jobs = j;
 	return j;
@@ -193,13 +228,28 @@ static json_t *plan_entry(struct coord *c, struct cjob *j, uint32_t rank)
 		json_object_set_new(m, "source", json_string("bucket"));
 		json_object_set_new(m, "backup", json_string(j->bucket_name));
 	} else if (j->plan.found && rank < j->plan.nodes) {
-		const struct lkg_src *s = &j->plan.src[rank];
+		uint32_t W = j->plan.workers ? j->plan.workers : 1;
+		const struct lkg_src *s = &j->plan.src[(size_t)rank * W];
 		net_hex_encode(s->hash, 32, hex);
 		json_object_set_new(m, "step", json_integer((json_int_t)j->plan.step));
 		json_object_set_new(m, "holder", json_integer(s->holder));
 		json_object_set_new(m, "owner", json_integer(s->owner));
 		json_object_set_new(m, "hash", json_string(hex));
 		json_object_set_new(m, "addr", json_string(addr_of(c, s->holder)));
+		if (W > 1) {
+			/* one source per worker shard; worker 0's is also the
+			 * entry's own fields above */
+			json_t *a = json_array();
+			for (uint32_t w = 0; w < W; w++) {
+				const struct lkg_src *x = &j->plan.src[(size_t)rank * W + w];
+				net_hex_encode(x->hash, 32, hex);
+				json_array_append_new(a, json_pack("{s:i,s:i,s:i,s:s,s:s}", "worker",
+								   (int)w, "holder", (int)x->holder,
+								   "owner", (int)x->owner, "hash", hex,
+								   "addr", addr_of(c, x->holder)));
+			}
+			json_object_set_new(m, "shards", a);
+		}
 	}
 	return m;
 }
@@ -237,7 +287,8 @@ static void bucket_plan_run(void *arg)
 			break;
 	if (j) {
 		bool *live = calloc(j->nodes, sizeof(bool));
-		struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .h = j->holds, .nh = j->nholds,
+		struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .workers = j->workers,
+					.h = j->holds, .nh = j->nholds,
 					.live = live, .bad = j->bad, .nbad = j->nbad };
 		struct lkg_plan tmp;
 		if (live) {
@@ -341,7 +392,8 @@ direct:
 static void compute_plan(struct coord *c, struct cjob *j)
 {
 	bool *live = calloc(j->nodes, sizeof(bool));
-	struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .h = j->holds, .nh = j->nholds,
+	struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .workers = j->workers,
+				.h = j->holds, .nh = j->nholds,
 				.live = live, .bad = j->bad, .nbad = j->nbad };
 	uint64_t t0 = util_now_ns(), old_step = j->plan.step;
 	bool was_planned = j->plan_round == j->round && j->plan_id, old_found = j->plan.found;
@@ -407,15 +459,18 @@ static void release_barrier(struct coord *c, struct cjob *j)
 	 * left: from now on every node's history starts at the restored step */
 	for (uint32_t r = 0; r < j->nodes; r++) {
 		struct cnode *n = &j->n[r];
-		memset(n->commits, 0, sizeof(n->commits));
-		memset(n->commit_hash, 0, sizeof(n->commit_hash));
-		memset(n->repl, 0, sizeof(n->repl));
-		memset(n->repl_hash, 0, sizeof(n->repl_hash));
-		if (j->plan.found) {
-			n->commits[0] = n->repl[0] = j->plan.step + 1;
-			if (!j->bucket_plan && r < j->plan.nodes)
-				memcpy(n->commit_hash[0], j->plan.src[r].hash, 32);
-			memcpy(n->repl_hash[0], n->commit_hash[0], 32);
+		memset(&n->lg, 0, sizeof(n->lg));
+		if (n->nlgx)
+			memset(n->lgx, 0, (size_t)n->nlgx * sizeof(*n->lgx));
+		for (uint32_t w = 0; j->plan.found && w < j->workers; w++) {
+			struct wlog *l = wlog_of(n, w, true);
+			uint32_t W = j->plan.workers ? j->plan.workers : 1;
+			if (!l)
+				break;
+			l->commits[0] = l->repl[0] = j->plan.step + 1;
+			if (!j->bucket_plan && r < j->plan.nodes && w < W)
+				memcpy(l->commit_hash[0], j->plan.src[(size_t)r * W + w].hash, 32);
+			memcpy(l->repl_hash[0], l->commit_hash[0], 32);
 		}
 	}
 	j->has_lkg = false;
@@ -501,6 +556,11 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 		return;
 	}
 	j->dp = dp;
+	{
+		uint64_t w;
+		if (net_json_u64(m, "workers", COORD_MAX_WORKERS, &w) == 0 && w > 0)
+			j->workers = (uint32_t)w;
+	}
 	if (j->state == R_IDLE || j->n[rank].reported) {
 		/* A new restore round: abandon the previous one.  A rank that
 		 * reports twice in one round is a new incarnation of the job
@@ -552,6 +612,24 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 	json_array_foreach(holds, i, h) {
 		struct lkg_hold lh = { .holder = (uint32_t)rank };
 		json_t *o = json_array_get(h, 0), *s = json_array_get(h, 1), *hx = json_array_get(h, 2);
+		json_t *wk = json_array_get(h, 3);   /* absent: worker 0 */
+		if (wk && (!json_is_integer(wk) || json_integer_value(wk) < 0 ||
+			   json_integer_value(wk) >= COORD_MAX_WORKERS)) {
+			reply_err(c, conn, req_id, EINVAL, "bad holding in catalog");
+			return;
+		}
+		lh.worker = wk ? (uint32_t)json_integer_value(wk) : 0;
+		{
+			/* the content key of a worker's file (its name apart) */
+			json_t *ck = json_array_get(h, 4);
+			if (ck && (!json_is_string(ck) ||
+				   net_hex_decode(json_string_value(ck), json_string_length(ck),
+						  lh.content, 32) < 0)) {
+				reply_err(c, conn, req_id, EINVAL, "bad holding in catalog");
+				return;
+			}
+			lh.has_content = ck != NULL;
+		}
 		if (!json_is_integer(o) || !json_is_integer(s) || !json_is_string(hx) ||
 		    json_integer_value(o) < 0 || json_integer_value(o) >= (json_int_t)nodes ||
 		    json_integer_value(s) < 0 ||
@@ -641,6 +719,11 @@ static void on_fetch_failed(struct coord *c, uint64_t conn, int rank, uint32_t r
 	b.holder = (uint32_t)holder;
 	b.owner = (uint32_t)owner;
 	b.step = step;
+	{
+		uint64_t w;
+		if (net_json_u64(m, "worker", COORD_MAX_WORKERS - 1, &w) == 0)
+			b.worker = (uint32_t)w;
+	}
 	if (j->nbad == j->capbad) {
 		size_t nc = j->capbad ? j->capbad * 2 : 16;
 		struct lkg_hold *nb = realloc(j->bad, nc * sizeof(*nb));
@@ -709,14 +792,20 @@ struct bk_job {
 
 static void bk_abandon(struct cjob *j, const char *why, bool is_error);
 
-static bool hash_at(struct cnode *n, uint64_t step, uint8_t out[32])
+static bool hash_at_w(struct cnode *n, uint32_t w, uint64_t step, uint8_t out[32])
 {
-	for (int k = 0; k < COMMITS_KEPT; k++)
-		if (n->commits[k] == step + 1) {
-			memcpy(out, n->commit_hash[k], 32);
+	struct wlog *l = wlog_of(n, w, false);
+	for (int k = 0; l && k < COMMITS_KEPT; k++)
+		if (l->commits[k] == step + 1) {
+			memcpy(out, l->commit_hash[k], 32);
 			return true;
 		}
 	return false;
+}
+
+static bool hash_at(struct cnode *n, uint64_t step, uint8_t out[32])
+{
+	return hash_at_w(n, 0, step, out);
 }
 
 static void backup_start_run(void *arg)
@@ -916,30 +1005,34 @@ static void clear_rv_run(void *arg)
  * it also reported replicated). */
 static bool newest_of(struct cjob *j, bool replicated, uint64_t *step)
 {
-	struct lkg_hold *h = calloc((size_t)j->nodes * COMMITS_KEPT, sizeof(*h));
+	uint32_t W = j->workers ? j->workers : 1;
+	struct lkg_hold *h = calloc((size_t)j->nodes * W * COMMITS_KEPT, sizeof(*h));
 	size_t nh = 0;
 	bool found;
 
 	if (!h)
 		return false;
 	for (uint32_t r = 0; r < j->nodes; r++) {
-		const struct cnode *n = &j->n[r];
-		for (int k = 0; k < COMMITS_KEPT; k++) {
-			uint64_t s1 = replicated ? n->repl[k] : n->commits[k];
-			if (!s1)
-				continue;
-			h[nh].holder = r;
-			h[nh].owner = r;
-			h[nh].step = s1 - 1;
-			memcpy(h[nh].hash, replicated ? n->repl_hash[k] : n->commit_hash[k], 32);
-			nh++;
+		for (uint32_t w = 0; w < W; w++) {
+			const struct wlog *l = wlog_of(&j->n[r], w, false);
+			for (int k = 0; l && k < COMMITS_KEPT; k++) {
+				uint64_t s1 = replicated ? l->repl[k] : l->commits[k];
+				if (!s1)
+					continue;
+				h[nh].holder = r;
+				h[nh].owner = r;
+				h[nh].worker = w;
+				h[nh].step = s1 - 1;
+				memcpy(h[nh].hash, replicated ? l->repl_hash[k] : l->commit_hash[k], 32);
+				nh++;
+			}
 		}
 	}
 	/* every node itself, as GKE's sync gathers each node's replicated step:
 	 * borrowing a column mate's shard under D is for restores only (a step
 	 * counted complete before a node had it sent that node backups of a
 	 * step it did not hold, and let GC move past its newest step) */
-	found = lkg_newest_complete(j->nodes, 0, h, nh, step);
+	found = lkg_newest_complete_w(j->nodes, 0, W, h, nh, step);
 	free(h);
 	return found;
 }
@@ -965,17 +1058,24 @@ static void send_lkg(struct coord *c, struct cjob *j)
 /* A node's event about one of its steps ({job, nodes, dp, step}): its job
  * (made if new) and node, whose connection is noted. false: malformed. */
 static bool event_node(struct coord *c, uint64_t conn, int rank, json_t *m, struct cjob **jp,
-		       struct cnode **np, uint64_t *step)
+		       struct cnode **np, uint64_t *step, uint32_t *worker)
 {
 	const char *name;
 	uint32_t nodes, dp;
+	uint64_t w = 0, nw = 1;
 
 	if (parse_job(m, &name, &nodes, &dp) < 0 || rank < 0 || (uint32_t)rank >= nodes ||
 	    net_json_u64(m, "step", UINT64_MAX >> 1, step) < 0)
 		return false;
+	/* worker, workers: absent from a node keeping one shard per step */
+	if (net_json_u64(m, "workers", COORD_MAX_WORKERS, &nw) == -EBADMSG || nw == 0 ||
+	    net_json_u64(m, "worker", COORD_MAX_WORKERS - 1, &w) == -EBADMSG || w >= nw)
+		return false;
 	*jp = job_get(c, name, nodes, dp);
 	if (!*jp)
 		return false;
+	(*jp)->workers = (uint32_t)nw;
+	*worker = (uint32_t)w;
 	*np = &(*jp)->n[rank];
 	(*np)->conn = conn;
 	return true;
@@ -988,9 +1088,12 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 	uint8_t hash[32];
 	struct cjob *j;
 	struct cnode *n;
+	struct wlog *l;
 	uint64_t newest;
+	uint32_t w;
 
-	if (net_json_hex(m, "hash", hash, 32) < 0 || !event_node(c, conn, rank, m, &j, &n, &step))
+	if (net_json_hex(m, "hash", hash, 32) < 0 ||
+	    !event_node(c, conn, rank, m, &j, &n, &step, &w) || !(l = wlog_of(n, w, true)))
 		return;
 	{
 		uint64_t v;
@@ -1000,11 +1103,11 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 			j->bi_steps = (uint32_t)v;
 	}
 	/* keep the newest COMMITS_KEPT steps, slot 0 newest */
-	if (step + 1 > n->commits[0]) {
-		memmove(&n->commits[1], &n->commits[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
-		memmove(&n->commit_hash[1], &n->commit_hash[0], (COMMITS_KEPT - 1) * 32);
-		n->commits[0] = step + 1;   /* stored +1: 0 is empty */
-		memcpy(n->commit_hash[0], hash, 32);
+	if (step + 1 > l->commits[0]) {
+		memmove(&l->commits[1], &l->commits[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
+		memmove(&l->commit_hash[1], &l->commit_hash[0], (COMMITS_KEPT - 1) * 32);
+		l->commits[0] = step + 1;   /* stored +1: 0 is empty */
+		memcpy(l->commit_hash[0], hash, 32);
 	}
 	if (newest_of(j, false, &newest) && (!j->has_lkg || newest > j->lkg)) {
 		j->has_lkg = true;
@@ -1035,16 +1138,18 @@ static void on_replicated(struct coord *c, uint64_t conn, int rank, json_t *m)
 	uint8_t hash[32];
 	struct cjob *j;
 	struct cnode *n;
+	struct wlog *l;
+	uint32_t w;
 
-	if (!event_node(c, conn, rank, m, &j, &n, &step))
+	if (!event_node(c, conn, rank, m, &j, &n, &step, &w))
 		return;
-	if (!hash_at(n, step, hash))
+	if (!hash_at_w(n, w, step, hash) || !(l = wlog_of(n, w, false)))
 		return;   /* not a commit we know (a timeline left by a restore) */
-	if (step + 1 > n->repl[0]) {
-		memmove(&n->repl[1], &n->repl[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
-		memmove(&n->repl_hash[1], &n->repl_hash[0], (COMMITS_KEPT - 1) * 32);
-		n->repl[0] = step + 1;
-		memcpy(n->repl_hash[0], hash, 32);
+	if (step + 1 > l->repl[0]) {
+		memmove(&l->repl[1], &l->repl[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
+		memmove(&l->repl_hash[1], &l->repl_hash[0], (COMMITS_KEPT - 1) * 32);
+		l->repl[0] = step + 1;
+		memcpy(l->repl_hash[0], hash, 32);
 	}
 	if (newest_of(j, true, &safe) && (!j->has_safe || safe > j->safe)) {
 		j->has_safe = true;
@@ -1131,8 +1236,8 @@ static void on_status(struct coord *c, uint64_t conn, uint32_t req_id, json_t *m
 	for (uint32_t x = 0; x < j->nodes; x++) {
 		json_t *n = json_object(), *cm = json_array();
 		for (int k = 0; k < COMMITS_KEPT; k++)
-			if (j->n[x].commits[k])
-				json_array_append_new(cm, json_integer((json_int_t)(j->n[x].commits[k] - 1)));
+			if (j->n[x].lg.commits[k])
+				json_array_append_new(cm, json_integer((json_int_t)(j->n[x].lg.commits[k] - 1)));
 		json_object_set_new(n, "rank", json_integer(x));
 		json_object_set_new(n, "connected", json_boolean(j->n[x].conn != 0));
 		json_object_set_new(n, "commits", cm);

@@ -69,8 +69,10 @@ struct eng {
 				       * with another node-rank is refused */
 	char job[RCFG_JOB_MAX + 1];
 	uint32_t nodes, dp;
-	uint32_t workers;             /* shards per node in a backup: workers-per-node
-				       * with framework: pytorch, else 1 */
+	uint32_t workers;             /* shards per node and step, in the cluster and
+				       * in a backup: workers-per-node with framework:
+				       * pytorch (each worker's .save is its own
+				       * shard), else 1 */
 	bool save_files;              /* framework: pytorch: backups per worker file */
 	int peers[MAX_PEERS];
 	int npeers;
@@ -602,38 +604,65 @@ static int64_t save_worker(const char *path, const char *job, uint32_t rank, uin
 	return (int64_t)w;
 }
 
+/* Worker w's .save entry of shard mf, or NULL. */
+static const struct mf_entry *save_entry(const struct manifest *mf, const struct shard_key *k,
+					 uint32_t w, bool *any)
+{
+	const struct mf_entry *r = NULL;
+	for (size_t i = 0; i < mf->n; i++) {
+		int64_t x = mf->e[i].type == MF_FILE ?
+			    save_worker(mf->e[i].path, k->job, k->rank, k->step) : -1;
+		if (x < 0)
+			continue;
+		*any = true;
+		if ((uint64_t)x == w)
+			r = &mf->e[i];
+	}
+	return r;
+}
+
 /* framework: pytorch: each worker's file is its own shard in the bucket,
  * as GKE's replicator backs them up (one .meta per worker, <hash>.data one
- * object).  -ENODATA when the shard has no .save file at all (a step
- * directory committed in pytorch mode): the caller backs it up whole. */
+ * object). In the cluster too each worker's file is its own shard (k is
+ * worker 0's, open as fd with manifest mf); a worker-0 shard holding every
+ * worker's file (restored from a backup of the older layout, or written by
+ * an earlier mtcfs) serves them all. -ENODATA when the shard has no .save
+ * file at all (a step directory committed in pytorch mode): the caller
+ * backs it up whole. */
 static int upload_workers(struct eng *e, const struct bk_upload *u, const struct shard_key *k,
 			  int fd, const struct manifest *mf, uint32_t workers, char *err,
 			  size_t errlen)
 {
-	const struct mf_entry *ent[RCFG_WORKERS_MAX] = { 0 };
 	bool any = false;
 	int rc;
 
-	for (size_t i = 0; i < mf->n; i++) {
-		int64_t w = mf->e[i].type == MF_FILE ?
-			    save_worker(mf->e[i].path, k->job, k->rank, k->step) : -1;
-		if (w < 0)
-			continue;
-		any = true;
-		if ((uint64_t)w < workers)
-			ent[w] = &mf->e[i];
-	}
-	if (!any)
-		return -ENODATA;
+	if (!save_entry(mf, k, 0, &any) || !any)
+		return any ? -ENOENT : -ENODATA;
 	for (uint32_t w = 0; w < workers; w++) {
 		struct shard_key wk = *k;
-		if (!ent[w]) {
+		struct shard_rec rec = { 0 };
+		struct manifest *wmf = NULL;
+		const struct mf_entry *ent = save_entry(mf, k, w, &any);
+		int wfd = -1;
+
+		wk.worker = w;
+		if (!ent && idx_get_shard(ram_idx(e->ram), &wk, &rec) == 0 && rec.mf &&
+		    rec.state >= SH_COMMITTED && rec.state != SH_BAD &&
+		    mf_decode(rec.mf, rec.mflen, &wmf) == 0 &&
+		    (ent = save_entry(wmf, k, w, &any)) != NULL &&
+		    (wfd = ram_shard_open(e->ram, &wk)) < 0)
+			ent = NULL;
+		idx_rec_clear(&rec);
+		if (!ent) {
 			snprintf(err, errlen, "the shard of step %llu has no .save file of worker %u",
 				 (unsigned long long)k->step, w);
+			mf_free(wmf);
 			return -ENOENT;
 		}
-		wk.worker = w;
-		rc = bk_upload_file(e->bkt, u->job, u->name, &wk, fd, ent[w], u->data);
+		rc = bk_upload_file(e->bkt, u->job, u->name, &wk, wfd >= 0 ? wfd : fd, ent, u->data);
+		if (wfd >= 0)
+			close(wfd);
+		mf_free(wmf);
 		if (rc < 0) {
 			snprintf(err, errlen, "%s", bkt_last_error());
 			return rc;
@@ -1140,7 +1169,7 @@ static void repl_run(void *arg)
 	struct shard_rec rec = { 0 };
 	struct manifest *mf = NULL;
 	int peers[MAX_PEERS], npeers, failed = 0;
-	uint32_t nodes, dp;
+	uint32_t nodes, dp, workers;
 	char hex[65];
 	json_t *ev;
 
@@ -1149,6 +1178,7 @@ static void repl_run(void *arg)
 	memcpy(peers, e->peers, sizeof(peers));
 	nodes = e->nodes;
 	dp = e->dp;
+	workers = e->workers ? e->workers : 1;
 	pthread_mutex_unlock(&e->mu);
 
 	/* tell the coordinator first: it decides the job-wide LKG */
@@ -1161,6 +1191,12 @@ static void repl_run(void *arg)
 		json_object_set_new(ev, "dp", json_integer(dp));
 		json_object_set_new(ev, "step", json_integer((json_int_t)j->key.step));
 		json_object_set_new(ev, "hash", json_string(hex));
+		if (workers > 1) {
+			/* one shard per worker: the step is the job's once
+			 * every (node, worker) committed it */
+			json_object_set_new(ev, "worker", json_integer(j->key.worker));
+			json_object_set_new(ev, "workers", json_integer(workers));
+		}
 		pthread_mutex_lock(&e->mu);
 		json_object_set_new(ev, "bi_min", json_integer(e->bi_min));
 		json_object_set_new(ev, "bi_steps", json_integer(e->bi_steps));
@@ -1186,9 +1222,9 @@ static void repl_run(void *arg)
 			metrics_add(MC_REPL_SHARDS, 1);
 			metrics_add(MC_REPL_BYTES, rc == 1 ? 0 : mf->total);
 			metrics_observe(MH_REPL_SECONDS, secs);
-			log_info("engine", "replicated job=%s step=%llu to rank %d bytes=%llu secs=%.3f",
+			log_info("engine", "replicated job=%s step=%llu to rank %d bytes=%llu secs=%.3f worker=%u",
 				 j->key.job, (unsigned long long)j->key.step, peers[i],
-				 (unsigned long long)mf->total, secs);
+				 (unsigned long long)mf->total, secs, j->key.worker);
 		}
 	}
 	if (!failed) {
@@ -1202,6 +1238,10 @@ static void repl_run(void *arg)
 		json_object_set_new(ev, "nodes", json_integer(nodes));
 		json_object_set_new(ev, "dp", json_integer(dp));
 		json_object_set_new(ev, "step", json_integer((json_int_t)j->key.step));
+		if (workers > 1) {
+			json_object_set_new(ev, "worker", json_integer(j->key.worker));
+			json_object_set_new(ev, "workers", json_integer(workers));
+		}
 		if (ctl_event(e, ev) < 0)
 			log_warn("engine", "cannot report step %llu as replicated to the coordinator at %s",
 				 (unsigned long long)j->key.step, e->coord_addr);
@@ -1365,6 +1405,13 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 
 /* ---------- restore ---------- */
 
+/* The source of one worker's shard (framework: pytorch, workers > 1). */
+struct plan_src {
+	uint32_t holder, owner;
+	uint8_t hash[32];
+	char addr[256];
+};
+
 struct plan_entry {
 	uint32_t plan;
 	bool found;
@@ -1372,9 +1419,11 @@ struct plan_entry {
 	char backup[64];
 	char notes[1024];
 	uint64_t step;
-	uint32_t holder, owner;
+	uint32_t holder, owner;       /* worker 0's shard (the only one, mostly) */
 	uint8_t hash[32];
 	char addr[256];
+	uint32_t nsrc;                /* > 0: one source per worker in src[] */
+	struct plan_src src[RCFG_WORKERS_MAX];
 };
 
 static int parse_plan(json_t *m, struct plan_entry *p)
@@ -1414,28 +1463,105 @@ static int parse_plan(json_t *m, struct plan_entry *p)
 	p->owner = (uint32_t)v;
 	net_json_str(m, "addr", 255, &addr);
 	snprintf(p->addr, sizeof(p->addr), "%s", addr);
+	{
+		json_t *a = json_object_get(m, "shards"), *x;
+		size_t i;
+		if (!a)
+			return 0;
+		if (!json_is_array(a) || json_array_size(a) > RCFG_WORKERS_MAX)
+			return -EPROTO;
+		json_array_foreach(a, i, x) {
+			struct plan_src *ps = &p->src[i];
+			const char *xa = "";
+			if (net_json_u64(x, "worker", RCFG_WORKERS_MAX - 1, &v) < 0 || v != i ||
+			    net_json_u64(x, "holder", RCFG_NODES_MAX - 1, &v) < 0)
+				return -EPROTO;
+			ps->holder = (uint32_t)v;
+			if (net_json_u64(x, "owner", RCFG_NODES_MAX - 1, &v) < 0 ||
+			    net_json_hex(x, "hash", ps->hash, 32) < 0)
+				return -EPROTO;
+			ps->owner = (uint32_t)v;
+			net_json_str(x, "addr", 255, &xa);
+			snprintf(ps->addr, sizeof(ps->addr), "%s", xa);
+		}
+		p->nsrc = (uint32_t)json_array_size(a);
+	}
 	return 0;
+}
+
+/* A worker shard's content key (framework: pytorch): its one .save file
+ * apart from the name, which carries the rank: SHA-256 over a tag, the
+ * size and the CRC32C. Column mates under D agree on it when their
+ * workers saved the same bytes (GKE compares the files' BLAKE3). 0, or
+ * -ENODATA when the shard is not one worker file. */
+static int content_key(const struct shard_rec *r, uint8_t out[32])
+{
+	static const char tag[] = "mtcfs-worker-file-v1";
+	struct manifest *mf = NULL;
+	uint8_t buf[sizeof(tag) + 12];
+	unsigned int hl = 0;
+	int rc = -ENODATA;
+
+	if (!r->mf || mf_decode(r->mf, r->mflen, &mf) < 0)
+		return -ENODATA;
+	if (mf->n == 1 && mf->e[0].type == MF_FILE &&
+	    save_worker(mf->e[0].path, r->key.job, r->key.rank, r->key.step) ==
+	    (int64_t)r->key.worker) {
+		memcpy(buf, tag, sizeof(tag));
+		for (int i = 0; i < 8; i++)
+			buf[sizeof(tag) + i] = (uint8_t)(mf->e[0].size >> (8 * i));
+		for (int i = 0; i < 4; i++)
+			buf[sizeof(tag) + 8 + i] = (uint8_t)(mf->e[0].crc32c >> (8 * i));
+		if (EVP_Digest(buf, sizeof(buf), out, &hl, EVP_sha256(), NULL) && hl == 32)
+			rc = 0;
+	}
+	mf_free(mf);
+	return rc;
+}
+
+/* Shards per node and step of job c: one per worker in framework:
+ * pytorch, else one. */
+static uint32_t job_workers(const struct rcfg *c)
+{
+	return c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
+	       (uint32_t)c->workers_per_node : 1;
 }
 
 static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
 {
 	struct shard_rec *recs = NULL;
 	size_t n = 0, k = 0;
+	uint32_t W = job_workers(c);
 	json_t *m = json_object(), *holds = json_array();
 
 	json_object_set_new(m, "op", json_string("catalog"));
 	json_object_set_new(m, "job", json_string(c->job));
 	json_object_set_new(m, "nodes", json_integer(c->nodes));
 	json_object_set_new(m, "dp", json_integer(c->assume_dp));
+	if (W > 1)
+		json_object_set_new(m, "workers", json_integer(W));
 	if (idx_list_shards(ram_idx(e->ram), c->job, &recs, &n) == 0) {
-		for (size_t i = n; i-- > 0 && k < MAX_HOLDS;) {
+		for (size_t i = n; i-- > 0 && k < (size_t)MAX_HOLDS * W;) {
 			char hex[65];
 			if (recs[i].state < SH_COMMITTED || recs[i].state == SH_BAD || !recs[i].mf ||
-			    recs[i].key.worker != 0 || recs[i].key.rank >= (uint32_t)c->nodes)
+			    recs[i].key.worker >= W || recs[i].key.rank >= (uint32_t)c->nodes)
 				continue;
 			net_hex_encode(recs[i].hash, 32, hex);
-			json_array_append_new(holds, json_pack("[i,I,s]", (int)recs[i].key.rank,
-							       (json_int_t)recs[i].key.step, hex));
+			if (W > 1) {
+				uint8_t ck[32];
+				char ckhex[65];
+				json_t *x = json_pack("[i,I,s,i]", (int)recs[i].key.rank,
+						      (json_int_t)recs[i].key.step, hex,
+						      (int)recs[i].key.worker);
+				if (content_key(&recs[i], ck) == 0) {
+					net_hex_encode(ck, 32, ckhex);
+					json_array_append_new(x, json_string(ckhex));
+				}
+				json_array_append_new(holds, x);
+			}
+			else
+				json_array_append_new(holds, json_pack("[i,I,s]", (int)recs[i].key.rank,
+								       (json_int_t)recs[i].key.step, hex));
 			k++;
 		}
 		idx_recs_free(recs, n);
@@ -1456,6 +1582,7 @@ static int fetch_backup(struct eng *e, const struct rcfg *c, const struct plan_e
 	int rc = -EMEDIUMTYPE;
 
 	if (c->framework == RCFG_FW_PYTORCH) {
+		/* with one shard per worker, fetch_backup_w() */
 		for (uint32_t w = 0; w < (uint32_t)c->workers_per_node; w++) {
 			char fn[NAME_MAX + 1];
 			if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", c->job,
@@ -1470,6 +1597,30 @@ static int fetch_backup(struct eng *e, const struct rcfg *c, const struct plan_e
 		if (rc == 0)
 			return mf_build(dirfd, mf);
 	}
+	return bk_fetch_shard(e->bkt, c->job, p->backup, rank, 0, dirfd, mf);
+}
+
+/* Worker w's file of backup p->backup into dirfd, as that worker's own
+ * shard (one shard per worker). *whole: the backup is of the older mtcfs
+ * layout (one shard holding every worker's file): it was fetched whole
+ * into dirfd, as worker 0's shard. */
+static int fetch_backup_w(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
+			  uint32_t w, int dirfd, struct manifest **mf, bool *whole)
+{
+	uint32_t rank = (uint32_t)c->node_rank;
+	char fn[NAME_MAX + 1];
+	int rc;
+
+	*whole = false;
+	if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", c->job,
+			     (unsigned long long)p->step, rank, w) >= sizeof(fn))
+		return -ENAMETOOLONG;
+	rc = bk_fetch_file(e->bkt, c->job, p->backup, rank, w, dirfd, fn);
+	if (rc == 0)
+		return mf_build(dirfd, mf);
+	if (rc != -EMEDIUMTYPE || w != 0)
+		return rc;
+	*whole = true;
 	return bk_fetch_shard(e->bkt, c->job, p->backup, rank, 0, dirfd, mf);
 }
 
@@ -1510,9 +1661,12 @@ static int adopt_mate_files(const struct rcfg *c, int dirfd, uint64_t step, uint
 	return 0;
 }
 
-/* Make this node's shard of plan p present under its own key. */
-static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
-		  char *why, size_t whylen)
+/* Make this node's shard of plan p of worker w (0 unless one shard per
+ * worker; p's holder, owner, hash and addr are that worker's) present
+ * under its own key. *whole: a bucket restore brought every worker's file
+ * in worker 0's shard (a backup of the older layout). */
+static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *p, uint32_t w,
+		  bool *whole, char *why, size_t whylen)
 {
 	struct shard_key mine = { 0 }, src = { 0 };
 	struct ram_stage st = { .fd = -1 };
@@ -1522,9 +1676,11 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 	char addr[256];
 	int rc;
 
+	*whole = false;
 	snprintf(mine.job, sizeof(mine.job), "%s", c->job);
 	mine.step = p->step;
 	mine.rank = (uint32_t)c->node_rank;
+	mine.worker = w;
 	src = mine;
 	src.rank = p->owner;
 
@@ -1536,7 +1692,8 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 		}
 		rc = ram_stage_begin(e->ram, &mine, &st);
 		if (rc == 0)
-			rc = fetch_backup(e, c, p, st.fd, &mf);
+			rc = job_workers(c) > 1 ? fetch_backup_w(e, c, p, w, st.fd, &mf, whole) :
+			     fetch_backup(e, c, p, st.fd, &mf);
 		if (rc < 0)
 			snprintf(why, whylen, "backup %s: %s", p->backup, bkt_last_error());
 		if (rc == 0)
@@ -1544,8 +1701,9 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 		if (rc == 0) {
 			ram_recount(e->ram);
 			metrics_add(MC_RESTORE_BYTES, mf->total);
-			log_info("engine", "restored job=%s step=%llu from backup %s bytes=%llu", c->job,
-				 (unsigned long long)p->step, p->backup, (unsigned long long)mf->total);
+			log_info("engine", "restored job=%s step=%llu from backup %s bytes=%llu worker=%u",
+				 c->job, (unsigned long long)p->step, p->backup,
+				 (unsigned long long)mf->total, w);
 		}
 		if (st.fd >= 0 || st.rel[0])
 			ram_stage_abort(e->ram, &st);
@@ -1624,8 +1782,9 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 	if (rc == 0)
 		metrics_add(MC_RESTORE_BYTES, mf->total);
 	if (rc == 0)
-		log_info("engine", "restored job=%s step=%llu from rank %u bytes=%llu", c->job,
-			 (unsigned long long)p->step, p->holder, (unsigned long long)mf->total);
+		log_info("engine", "restored job=%s step=%llu from rank %u bytes=%llu worker=%u",
+			 c->job, (unsigned long long)p->step, p->holder,
+			 (unsigned long long)mf->total, w);
 out:
 	if (st.fd >= 0 || st.rel[0])
 		ram_stage_abort(e->ram, &st);
@@ -1720,7 +1879,40 @@ restart:
 		if (prerestore)
 			prerestore(arg, plan);
 		if (p.found) {
-			rc = obtain(e, c, &p, why, sizeof(why));
+			/* each worker's shard from its own source (one shard
+			 * per worker), as GKE restores each worker's file */
+			uint32_t W = job_workers(c), fw = 0;
+			struct plan_entry *pw = NULL;
+			rc = 0;
+			for (uint32_t w = 0; w < W && rc == 0; w++) {
+				bool whole = false;
+				if (w > 0 && !p.bucket && w >= p.nsrc) {
+					rc = -EPROTO;
+					snprintf(why, sizeof(why), "the plan names no source for worker %u", w);
+					break;
+				}
+				if (w > 0 && !p.bucket) {
+					if (!pw && !(pw = malloc(sizeof(*pw)))) {
+						rc = -ENOMEM;
+						break;
+					}
+					*pw = p;
+					pw->holder = p.src[w].holder;
+					pw->owner = p.src[w].owner;
+					memcpy(pw->hash, p.src[w].hash, 32);
+					snprintf(pw->addr, sizeof(pw->addr), "%s", p.src[w].addr);
+				}
+				fw = w;
+				rc = obtain(e, c, w > 0 && !p.bucket ? pw : &p, w, &whole, why,
+					    sizeof(why));
+				if (whole)
+					break;   /* every worker's file came in worker 0's shard */
+			}
+			if (rc < 0 && fw > 0 && pw) {
+				p.holder = pw->holder;   /* the failed source, for fetch_failed */
+				p.owner = pw->owner;
+			}
+			free(pw);
 			if (rc < 0) {
 				json_t *ff;
 				char line[800];
@@ -1742,6 +1934,8 @@ restart:
 				json_object_set_new(ff, "holder", json_integer(p.holder));
 				json_object_set_new(ff, "owner", json_integer(p.owner));
 				json_object_set_new(ff, "step", json_integer((json_int_t)p.step));
+				if (fw > 0)
+					json_object_set_new(ff, "worker", json_integer(fw));
 				if (p.bucket)
 					json_object_set_new(ff, "bucket", json_true());
 				rc = ctl_call(e, ff, &resp, call_ms);

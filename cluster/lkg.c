@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Holdings sorted by (step descending, owner, holder): one step's shards
- * are a contiguous run and one owner's holders a sub-run, so a plan over
- * thousands of nodes costs O(n log n). */
+/* Holdings sorted by (step descending, owner, worker, holder): one step's
+ * shards are a contiguous run and one (owner, worker)'s holders a sub-run,
+ * so a plan over thousands of nodes costs O(n log n). */
 static int cmp_hold(const void *a, const void *b)
 {
 	const struct lkg_hold *x = *(const struct lkg_hold *const *)a;
@@ -15,6 +15,8 @@ static int cmp_hold(const void *a, const void *b)
 		return x->step < y->step ? 1 : -1;
 	if (x->owner != y->owner)
 		return x->owner < y->owner ? -1 : 1;
+	if (x->worker != y->worker)
+		return x->worker < y->worker ? -1 : 1;
 	return x->holder < y->holder ? -1 : x->holder > y->holder;
 }
 
@@ -22,44 +24,51 @@ static bool is_bad(const struct lkg_input *in, const struct lkg_hold *h)
 {
 	for (size_t i = 0; i < in->nbad; i++)
 		if (in->bad[i].holder == h->holder && in->bad[i].owner == h->owner &&
-		    in->bad[i].step == h->step)
+		    in->bad[i].worker == h->worker && in->bad[i].step == h->step)
 			return true;
 	return false;
 }
 
+static uint32_t nworkers(const struct lkg_input *in)
+{
+	return in->workers ? in->workers : 1;
+}
+
 static bool usable(const struct lkg_input *in, const struct lkg_hold *h)
 {
-	if (h->holder >= in->nodes || h->owner >= in->nodes)
+	if (h->holder >= in->nodes || h->owner >= in->nodes || h->worker >= nworkers(in))
 		return false;
 	if (in->live && !in->live[h->holder])
 		return false;
 	return !is_bad(in, h);
 }
 
-/* Within run[0..n) (one step, sorted by owner), the sub-run of owner. */
-static size_t owner_run(struct lkg_hold **run, size_t n, uint32_t owner, size_t *len)
+/* Within run[0..n) (one step, sorted by owner, worker), the sub-run of
+ * (owner, worker). */
+static size_t slot_run(struct lkg_hold **run, size_t n, uint32_t owner, uint32_t w, size_t *len)
 {
 	size_t lo = 0, hi = n, b;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		if (run[mid]->owner < owner)
+		if (run[mid]->owner < owner || (run[mid]->owner == owner && run[mid]->worker < w))
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
 	b = lo;
-	while (lo < n && run[lo]->owner == owner)
+	while (lo < n && run[lo]->owner == owner && run[lo]->worker == w)
 		lo++;
 	*len = lo - b;
 	return b;
 }
 
-/* Pick a source for rank r among the holders of owner o. */
+/* Pick a source for rank r's worker w among the holders of (o, w). */
 static const struct lkg_hold *pick(const struct lkg_input *in, struct lkg_hold **run, size_t n,
-				   uint32_t o, uint32_t r, const uint32_t *load, bool *self)
+				   uint32_t o, uint32_t w, uint32_t r, const uint32_t *load,
+				   bool *self)
 {
 	const struct lkg_hold *best = NULL;
-	size_t len, b = owner_run(run, n, o, &len);
+	size_t len, b = slot_run(run, n, o, w, &len);
 
 	for (size_t i = b; i < b + len; i++) {
 		const struct lkg_hold *h = run[i];
@@ -75,22 +84,25 @@ static const struct lkg_hold *pick(const struct lkg_input *in, struct lkg_hold *
 	return best;
 }
 
-/* With D, may rank r's shard be taken from another owner of its column?
- * Only when every usable shard of that column at this step has the same
- * content: Orbax's processes write per-process files, so the shards of one
- * column often differ, and then nothing says which one r had. */
+/* With D, may rank r's worker-w shard be taken from another owner of its
+ * column? Only when every usable worker-w shard of that column at this
+ * step has the same content (the content key where both holds carry one,
+ * else the hash): Orbax's processes write per-process files, so
+ * the shards of one column often differ, and then nothing says which one r
+ * had. Per worker, as GKE compares each worker's file hash. */
 static bool column_agrees(const struct lkg_input *in, struct lkg_hold **run, size_t n,
-			  uint32_t r, uint32_t P)
+			  uint32_t r, uint32_t w, uint32_t P)
 {
-	const uint8_t *first = NULL;
+	const struct lkg_hold *first = NULL;
 
 	for (size_t i = 0; i < n; i++) {
 		const struct lkg_hold *h = run[i];
-		if (h->owner % P != r % P || !usable(in, h))
+		if (h->owner % P != r % P || h->worker != w || !usable(in, h))
 			continue;
 		if (!first)
-			first = h->hash;
-		else if (memcmp(first, h->hash, 32))
+			first = h;
+		else if (first->has_content && h->has_content ?
+			 memcmp(first->content, h->content, 32) : memcmp(first->hash, h->hash, 32))
 			return false;
 	}
 	return true;
@@ -104,26 +116,31 @@ static bool cover(const struct lkg_input *in, struct lkg_hold **run, size_t n,
 		  struct lkg_src *src, uint32_t *load)
 {
 	uint32_t P = (in->dp > 0 && in->nodes % in->dp == 0) ? in->nodes / in->dp : in->nodes;
+	uint32_t W = nworkers(in);
 
 	memset(load, 0, in->nodes * sizeof(*load));
 	for (uint32_t r = 0; r < in->nodes; r++) {
-		const struct lkg_hold *best;
-		bool self = false;
+		for (uint32_t w = 0; w < W; w++) {
+			struct lkg_src *s = &src[(size_t)r * W + w];
+			const struct lkg_hold *best;
+			bool self = false;
 
-		memset(&src[r], 0, sizeof(src[r]));
-		best = pick(in, run, n, r, r, load, &self);
-		if (!best && P != in->nodes && column_agrees(in, run, n, r, P))
-			for (uint32_t o = r % P; !best && o < in->nodes; o += P)
-				if (o != r)
-					best = pick(in, run, n, o, r, load, &self);
-		if (!best)
-			return false;
-		src[r].found = true;
-		src[r].holder = best->holder;
-		src[r].owner = best->owner;
-		memcpy(src[r].hash, best->hash, 32);
-		if (!self)
-			load[best->holder]++;
+			memset(s, 0, sizeof(*s));
+			best = pick(in, run, n, r, w, r, load, &self);
+			if (!best && P != in->nodes && column_agrees(in, run, n, r, w, P))
+				for (uint32_t o = r % P; !best && o < in->nodes; o += P)
+					if (o != r)
+						best = pick(in, run, n, o, w, r, load, &self);
+			if (!best)
+				return false;
+			s->found = true;
+			s->holder = best->holder;
+			s->owner = best->owner;
+			s->worker = w;
+			memcpy(s->hash, best->hash, 32);
+			if (!self)
+				load[best->holder]++;
+		}
 	}
 	return true;
 }
@@ -131,14 +148,15 @@ static bool cover(const struct lkg_input *in, struct lkg_hold **run, size_t n,
 int lkg_plan(const struct lkg_input *in, struct lkg_plan *out)
 {
 	struct lkg_hold **idx = NULL;
-	uint32_t *load = NULL;
+	uint32_t *load = NULL, W = nworkers(in);
 	int rc = 0;
 
 	memset(out, 0, sizeof(*out));
-	if (in->nodes == 0)
+	if (in->nodes == 0 || (size_t)in->nodes * W > SIZE_MAX / sizeof(*out->src))
 		return -EINVAL;
 	out->nodes = in->nodes;
-	out->src = calloc(in->nodes, sizeof(*out->src));
+	out->workers = W;
+	out->src = calloc((size_t)in->nodes * W, sizeof(*out->src));
 	load = calloc(in->nodes, sizeof(*load));
 	idx = malloc((in->nh ? in->nh : 1) * sizeof(*idx));
 	if (!out->src || !load || !idx) {
@@ -160,7 +178,7 @@ int lkg_plan(const struct lkg_input *in, struct lkg_plan *out)
 		b = e;
 	}
 	if (!out->found)
-		memset(out->src, 0, in->nodes * sizeof(*out->src));
+		memset(out->src, 0, (size_t)in->nodes * W * sizeof(*out->src));
 out:
 	free(idx);
 	free(load);
@@ -180,7 +198,13 @@ void lkg_plan_free(struct lkg_plan *p)
 bool lkg_newest_complete(uint32_t nodes, uint32_t dp, const struct lkg_hold *h, size_t nh,
 			 uint64_t *step)
 {
-	struct lkg_input in = { .nodes = nodes, .dp = dp, .h = h, .nh = nh };
+	return lkg_newest_complete_w(nodes, dp, 1, h, nh, step);
+}
+
+bool lkg_newest_complete_w(uint32_t nodes, uint32_t dp, uint32_t workers,
+			   const struct lkg_hold *h, size_t nh, uint64_t *step)
+{
+	struct lkg_input in = { .nodes = nodes, .dp = dp, .workers = workers, .h = h, .nh = nh };
 	struct lkg_plan p;
 	bool found;
 

@@ -10,17 +10,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* One complete shard some node holds: holder has (owner, step) with hash. */
+/* One complete shard some node holds: holder has (owner, worker, step)
+ * with hash. worker is 0 unless the job keeps one shard per worker
+ * (framework: pytorch with workers-per-node > 1, lkg_input.workers). */
 struct lkg_hold {
 	uint32_t holder;
 	uint32_t owner;
+	uint32_t worker;
 	uint64_t step;
 	uint8_t hash[32];
+	/* The shard's data apart from its names, when the node says it
+	 * (framework: pytorch: a worker's file, whose name carries the rank):
+	 * column mates agree on it where their hashes cannot. */
+	bool has_content;
+	uint8_t content[32];
 };
 
 struct lkg_input {
 	uint32_t nodes;            /* ranks 0..nodes-1 */
 	uint32_t dp;               /* assume-data-parallelism D, 0 = none */
+	uint32_t workers;          /* shards per node: 0 or 1 = one (worker 0) */
 	const struct lkg_hold *h;
 	size_t nh;
 	const bool *live;          /* live[rank]: reported and reachable; NULL = all */
@@ -33,6 +42,7 @@ struct lkg_src {
 	bool found;
 	uint32_t holder;           /* node to fetch from (== rank: already local) */
 	uint32_t owner;            /* whose shard it is (!= rank only with D) */
+	uint32_t worker;           /* == the slot's worker */
 	uint8_t hash[32];
 };
 
@@ -40,15 +50,22 @@ struct lkg_plan {
 	bool found;                /* false: no step is complete in the cluster */
 	uint64_t step;
 	uint32_t nodes;
-	struct lkg_src *src;       /* [nodes], the source of each rank's shard */
+	uint32_t workers;          /* >= 1 */
+	/* [nodes * workers], the source of rank r's worker w shard at
+	 * src[r * workers + w] (src[r] when there is one shard per node) */
+	struct lkg_src *src;
 };
 
-/* Highest step S such that every owner 0..nodes-1 has a complete shard on
- * some live node (with D, a rank without its own shard may take one of the
- * same column r mod (nodes/D), when every usable shard of that column at S
- * has the same hash), plus a source
- * per rank: itself if it holds its own shard, else the live holder with the
- * fewest assignments so far. 0 or -ENOMEM / -EINVAL. */
+/* Highest step S such that every (owner, worker) of 0..nodes-1 x
+ * 0..workers-1 has a complete shard on some live node (with D, a rank
+ * without its own shard of worker w may take worker w's shard of another
+ * owner of the same column r mod (nodes/D), when every usable worker-w
+ * shard of that column at S has the same hash: GKE compares per-worker
+ * hashes), plus a source per (rank, worker): itself if it holds that
+ * shard, else the live holder with the fewest assignments so far. Each
+ * worker's shard is planned on its own, as GKE restores each worker's file
+ * on its own. Holds with worker >= workers are ignored.
+ * 0 or -ENOMEM / -EINVAL. */
 int  lkg_plan(const struct lkg_input *in, struct lkg_plan *out);
 void lkg_plan_free(struct lkg_plan *p);
 
@@ -56,5 +73,10 @@ void lkg_plan_free(struct lkg_plan *p);
  * reports are (owner, step) pairs. Returns false if none. */
 bool lkg_newest_complete(uint32_t nodes, uint32_t dp, const struct lkg_hold *h, size_t nh,
 			 uint64_t *step);
+
+/* The same for per-worker shards: every (owner, worker) of nodes x
+ * workers committed the step. */
+bool lkg_newest_complete_w(uint32_t nodes, uint32_t dp, uint32_t workers,
+			   const struct lkg_hold *h, size_t nh, uint64_t *step);
 
 #endif

@@ -22,6 +22,11 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The table holds one entry per (step, worker): a step directory is
+ * worker 0; in framework: pytorch each worker's .save file is its own
+ * shard, committed, replicated and restored on its own (as GKE's
+ * replicator treats each <job>-s<S>-n<r>-w<w>.save). commit_find() is any
+ * entry of the step (what fs_ll.c asks about a directory or a file of it). */
 struct fs_step *commit_find(struct fs *fs, uint64_t step)
 {
 	for (size_t i = 0; i < fs->nsteps; i++)
@@ -30,9 +35,17 @@ struct fs_step *commit_find(struct fs *fs, uint64_t step)
 	return NULL;
 }
 
-static struct fs_step *step_add(struct fs *fs, uint64_t step)
+static struct fs_step *find_w(struct fs *fs, uint64_t step, uint32_t w)
 {
-	struct fs_step *s = commit_find(fs, step);
+	for (size_t i = 0; i < fs->nsteps; i++)
+		if (fs->steps[i].step == step && fs->steps[i].worker == w)
+			return &fs->steps[i];
+	return NULL;
+}
+
+static struct fs_step *step_add(struct fs *fs, uint64_t step, uint32_t w)
+{
+	struct fs_step *s = find_w(fs, step, w);
 	if (s)
 		return s;
 	if (fs->nsteps == fs->capsteps) {
@@ -46,13 +59,14 @@ static struct fs_step *step_add(struct fs *fs, uint64_t step)
 	s = &fs->steps[fs->nsteps++];
 	memset(s, 0, sizeof(*s));
 	s->step = step;
+	s->worker = w;
 	return s;
 }
 
-static void step_remove(struct fs *fs, uint64_t step)
+static void step_remove(struct fs *fs, uint64_t step, uint32_t w)
 {
 	for (size_t i = 0; i < fs->nsteps; i++) {
-		if (fs->steps[i].step == step) {
+		if (fs->steps[i].step == step && fs->steps[i].worker == w) {
 			free(fs->steps[i].files);
 			fs->steps[i] = fs->steps[--fs->nsteps];
 			return;
@@ -66,7 +80,7 @@ static void key_of(const struct fs_step *s, struct shard_key *k)
 	snprintf(k->job, sizeof(k->job), "%s", s->job);
 	k->step = s->step;
 	k->rank = s->rank;
-	k->worker = 0;
+	k->worker = s->worker;
 }
 
 /* A step's spelling ("05", "00000100") is kept in the catalog beside its
@@ -74,7 +88,11 @@ static void key_of(const struct fs_step *s, struct shard_key *k)
  * with the next clean, and the .restore marker still needs it. */
 static void name_meta_key(const struct shard_key *k, char *buf, size_t len)
 {
-	snprintf(buf, len, "stepname/%s/%u/%" PRIu64, k->job, k->rank, k->step);
+	if (k->worker)
+		snprintf(buf, len, "stepname/%s/%u/%" PRIu64 "/w%u", k->job, k->rank, k->step,
+			 k->worker);
+	else
+		snprintf(buf, len, "stepname/%s/%u/%" PRIu64, k->job, k->rank, k->step);
 }
 
 static void name_store(struct fs *fs, const struct shard_key *k, const char *name)
@@ -130,10 +148,10 @@ bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
 }
 
 /* Record step `step` (spelled `name`) as SEALING: a directory (dir_ino)
- * or, with files != NULL, the nfiles .save files (ownership of files
+ * or, with files != NULL, worker w's .save file (ownership of files
  * passes to the step table in every case). */
 static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
-		 ino_t *files, uint32_t nfiles)
+		 ino_t *files, uint32_t nfiles, uint32_t w)
 {
 	struct shard_rec rec = { 0 };
 	struct fs_step *s;
@@ -144,23 +162,26 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 		return -ENAMETOOLONG;
 	}
 	pthread_mutex_lock(&fs->mu);
-	s = commit_find(fs, step);
+	s = find_w(fs, step, w);
 	if (s && s->visible && !s->sealed) {
 		/* the previous commit of this name is still sealing */
 		pthread_mutex_unlock(&fs->mu);
 		free(files);
 		return -EBUSY;
 	}
-	if (s && s->visible && strcmp(s->name, name)) {
-		/* "5" and "05" are the same step of the job: one shard, one
-		 * name; the first stays until the app deletes it */
+	for (size_t i = 0; i < fs->nsteps; i++) {
+		s = &fs->steps[i];
+		if (s->step != step || !s->visible || !strcmp(s->name, name))
+			continue;
+		/* "5" and "05" are the same step of the job: one shard (per
+		 * worker), one name; the first stays until the app deletes it */
 		log_warn("commit", "step %s is already committed as %s: %s is not committed",
 			 name, s->name, name);
 		pthread_mutex_unlock(&fs->mu);
 		free(files);
 		return -EEXIST;
 	}
-	s = step_add(fs, step);
+	s = step_add(fs, step, w);
 	if (!s) {
 		pthread_mutex_unlock(&fs->mu);
 		free(files);
@@ -190,7 +211,7 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 		log_err("commit", "cannot record step %llu in the catalog: %s",
 			(unsigned long long)step, strerror(-rc));
 		pthread_mutex_lock(&fs->mu);
-		step_remove(fs, step);
+		step_remove(fs, step, w);
 		pthread_mutex_unlock(&fs->mu);
 		atomic_fetch_sub(&fs->sealing, 1);
 		return -EIO;
@@ -200,26 +221,31 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 
 int commit_begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino)
 {
-	return begin(fs, step, name, dir_ino, NULL, 0);
+	return begin(fs, step, name, dir_ino, NULL, 0, 0);
 }
 
-void commit_abort(struct fs *fs, uint64_t step)
+static void abort_w(struct fs *fs, uint64_t step, uint32_t w)
 {
 	struct shard_key k;
 	struct fs_step *s;
 
 	pthread_mutex_lock(&fs->mu);
-	s = commit_find(fs, step);
+	s = find_w(fs, step, w);
 	if (!s) {
 		pthread_mutex_unlock(&fs->mu);
 		return;
 	}
 	key_of(s, &k);
-	step_remove(fs, step);
+	step_remove(fs, step, w);
 	pthread_mutex_unlock(&fs->mu);
 	atomic_fetch_sub(&fs->sealing, 1);
 	idx_del_shard(ram_idx(fs->ram), &k);
 	name_forget(fs, &k);
+}
+
+void commit_abort(struct fs *fs, uint64_t step)
+{
+	abort_w(fs, step, 0);
 }
 
 /* The .save file of worker w of a step, as GKE's pytorch mode names it. */
@@ -238,7 +264,7 @@ static int gather_files(struct fs *fs, const struct shard_key *k, const char *st
 {
 	int rootfd = ram_root_fd(fs->ram), nsfd = ram_ns_fd(fs->ram), dfd = -1, rc = 0;
 
-	snprintf(scratch, slen, ".seal-%s-n%u-%" PRIu64, k->job, k->rank, k->step);
+	snprintf(scratch, slen, ".seal-%s-n%u-w%u-%" PRIu64, k->job, k->rank, k->worker, k->step);
 	util_rmtree_at(rootfd, scratch, NULL);
 	if (mkdirat(rootfd, scratch, 0755) < 0)
 		return -errno;
@@ -250,7 +276,7 @@ static int gather_files(struct fs *fs, const struct shard_key *k, const char *st
 	for (uint32_t w = 0; w < nfiles; w++) {
 		char fn[NAME_MAX + 1];
 		struct stat st;
-		save_name(k, stepname, w, fn, sizeof(fn));
+		save_name(k, stepname, k->worker + w, fn, sizeof(fn));
 		if (linkat(nsfd, fn, dfd, fn, 0) < 0) {
 			rc = -errno;
 			goto out;
@@ -272,10 +298,17 @@ out:
 	return dfd;
 }
 
+struct seal_arg {
+	uint64_t step;
+	uint32_t worker;
+};
+
 static void seal_job(void *arg)
 {
 	struct fs *fs = g_fs;
-	uint64_t step = (uint64_t)(uintptr_t)arg, t0 = util_now_ns();
+	struct seal_arg *sa = arg;
+	uint64_t step = sa->step, t0 = util_now_ns();
+	uint32_t worker = sa->worker;
 	struct manifest *mf = NULL;
 	struct fs_step *s;
 	struct shard_key k;
@@ -286,8 +319,9 @@ static void seal_job(void *arg)
 	int dfd = -1, rc;
 	bool frozen = false;
 
+	free(sa);
 	pthread_mutex_lock(&fs->mu);
-	s = commit_find(fs, step);
+	s = find_w(fs, step, worker);
 	if (!s || s->sealed) {
 		pthread_mutex_unlock(&fs->mu);
 		atomic_fetch_sub(&fs->sealing, 1);
@@ -354,9 +388,9 @@ static void seal_job(void *arg)
 	metrics_add(MC_COMMITS, 1);
 	metrics_observe(MH_SEAL_SECONDS, (double)(util_now_ns() - t0) / 1e9);
 	eng_committed(fs->eng, &k, mf->hash);
-	log_info("commit", "committed job=%s step=%s rank=%u files=%u bytes=%llu hash=%s seal_ms=%.1f",
+	log_info("commit", "committed job=%s step=%s rank=%u files=%u bytes=%llu hash=%s seal_ms=%.1f worker=%u",
 		 k.job, name, k.rank, mf->nfiles,
-		 (unsigned long long)mf->total, hex, (double)(util_now_ns() - t0) / 1e6);
+		 (unsigned long long)mf->total, hex, (double)(util_now_ns() - t0) / 1e6, k.worker);
 out:
 	if (dfd >= 0)
 		close(dfd);
@@ -369,7 +403,7 @@ out:
 	if (rc < 0)
 		metrics_add(MC_COMMIT_FAILURES, 1);
 	pthread_mutex_lock(&fs->mu);
-	s = commit_find(fs, step);
+	s = find_w(fs, step, worker);
 	if (s && s->dir_ino == ino) {
 		s->sealed = true;
 		s->failed = rc < 0;
@@ -381,39 +415,61 @@ out:
 		commit_gc(fs);
 }
 
-int commit_queue(struct fs *fs, uint64_t step)
+static int queue_w(struct fs *fs, uint64_t step, uint32_t w)
 {
-	int rc = workq_submit(fs->sealq, seal_job, (void *)(uintptr_t)step);
+	struct seal_arg *sa = malloc(sizeof(*sa));
+	int rc = -ENOMEM;
+
+	if (sa) {
+		sa->step = step;
+		sa->worker = w;
+		rc = workq_submit(fs->sealq, seal_job, sa);
+		if (rc < 0)
+			free(sa);
+	}
 	if (rc < 0)
 		log_err("commit", "cannot queue sealing of step %llu: %s",
 			(unsigned long long)step, strerror(-rc));
 	return rc;
 }
 
+int commit_queue(struct fs *fs, uint64_t step)
+{
+	return queue_w(fs, step, 0);
+}
+
+static bool any_unsealed_locked(struct fs *fs, uint64_t step)
+{
+	for (size_t i = 0; i < fs->nsteps; i++)
+		if (fs->steps[i].step == step && !fs->steps[i].sealed)
+			return true;
+	return false;
+}
+
 void commit_wait_sealed(struct fs *fs, uint64_t step)
 {
-	struct fs_step *s;
 	pthread_mutex_lock(&fs->mu);
-	while ((s = commit_find(fs, step)) != NULL && !s->sealed)
+	while (any_unsealed_locked(fs, step))
 		pthread_cond_wait(&fs->sealed_cv, &fs->mu);
 	pthread_mutex_unlock(&fs->mu);
 }
 
 void commit_hide(struct fs *fs, uint64_t step)
 {
-	struct shard_key k;
-	struct fs_step *s;
+	struct shard_key k[RCFG_WORKERS_MAX];
+	size_t n = 0;
 
 	pthread_mutex_lock(&fs->mu);
-	s = commit_find(fs, step);
-	if (!s) {
-		pthread_mutex_unlock(&fs->mu);
-		return;
+	for (size_t i = 0; i < fs->nsteps && n < RCFG_WORKERS_MAX; i++) {
+		struct fs_step *s = &fs->steps[i];
+		if (s->step != step)
+			continue;
+		s->visible = false;
+		key_of(s, &k[n++]);
 	}
-	s->visible = false;
-	key_of(s, &k);
 	pthread_mutex_unlock(&fs->mu);
-	idx_set_state(ram_idx(fs->ram), &k, 0, SHF_HIDDEN, 0);
+	for (size_t i = 0; i < n; i++)
+		idx_set_state(ram_idx(fs->ram), &k[i], 0, SHF_HIDDEN, 0);
 }
 
 /* Top-level symlinks into a shard's store directory (a renamed .restore
@@ -487,11 +543,11 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	name[0] = '\0';
 	pthread_mutex_lock(&fs->mu);
 	{
-		struct fs_step *s = commit_find(fs, k->step);
+		struct fs_step *s = find_w(fs, k->step, k->worker);
 		if (s && !strcmp(s->job, k->job) && s->rank == k->rank) {
 			in_ns = s->visible && s->dir_ino == ns_ino && ns_ino != 0;
 			snprintf(name, sizeof(name), "%s", s->name);
-			step_remove(fs, k->step);
+			step_remove(fs, k->step, k->worker);
 		}
 	}
 	pthread_mutex_unlock(&fs->mu);
@@ -510,8 +566,8 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	if (in_ns)
 		fs_forget_name(fs, name);
 	fs_forget_name(fs, ".mtcfs");
-	log_info("gc", "dropped job=%s step=%llu rank=%u freed=%llu", k->job,
-		 (unsigned long long)k->step, k->rank, (unsigned long long)freed);
+	log_info("gc", "dropped job=%s step=%llu rank=%u freed=%llu worker=%u", k->job,
+		 (unsigned long long)k->step, k->rank, (unsigned long long)freed, k->worker);
 	return freed;
 }
 
@@ -522,9 +578,34 @@ static uint64_t drop_replica(struct fs *fs, const struct shard_key *k)
 	ram_drop(fs->ram, k, &freed);
 	metrics_add(MC_GC_DROPPED, 1);
 	fs_forget_name(fs, ".mtcfs");
-	log_info("gc", "dropped replica job=%s step=%llu node=%u freed=%llu", k->job,
-		 (unsigned long long)k->step, k->rank, (unsigned long long)freed);
+	log_info("gc", "dropped replica job=%s step=%llu node=%u freed=%llu worker=%u", k->job,
+		 (unsigned long long)k->step, k->rank, (unsigned long long)freed, k->worker);
 	return freed;
+}
+
+/* framework: pytorch, one shard per worker: has every worker 0..W-1 of
+ * this node committed step (or is it a restored worker-0 shard holding
+ * every worker's file, as a bucket restore writes it, or a directory)? */
+static bool step_complete(const struct shard_rec *recs, size_t n, uint32_t rank, uint64_t step,
+			  uint32_t workers)
+{
+	uint64_t seen = 0;   /* workers <= RCFG_WORKERS_MAX (64) */
+	bool restored0 = false;
+
+	for (size_t i = 0; i < n; i++) {
+		const struct shard_rec *r = &recs[i];
+		if (r->key.step != step || r->key.rank != rank || !(r->flags & SHF_OWN) ||
+		    r->state < SH_COMMITTED || r->state == SH_BAD || r->key.worker >= workers)
+			continue;
+		seen |= 1ull << r->key.worker;
+		/* a directory step is worker 0's alone (GKE's pytorch mode has
+		 * none: an mtcfs extra, complete on the node) */
+		if (r->key.worker == 0 && ((r->flags & SHF_RESTORED) || r->ns_ino != 0))
+			restored0 = true;
+	}
+	if (workers >= 64 ? seen == UINT64_MAX : seen == (1ull << workers) - 1)
+		return true;
+	return restored0 && seen == 1;
 }
 
 /* Which shards of the current job may go (DESIGN §4-5):
@@ -540,13 +621,14 @@ static uint64_t gc_own(struct fs *fs, uint64_t want)
 	uint64_t newest = 0, freed = 0, keep_restored, lkg = 0;
 	bool have_newest = false, have_restored, cluster;
 	char job[129];
-	uint32_t rank;
+	uint32_t rank, workers;
 
 	pthread_mutex_lock(&fs->mu);
 	snprintf(job, sizeof(job), "%s", fs->job);
 	keep_restored = fs->restored_step;
 	have_restored = fs->have_restored;
 	rank = fs->rank;
+	workers = fs->save_files && fs->workers > 1 ? fs->workers : 1;
 	pthread_mutex_unlock(&fs->mu);
 	cluster = fs->eng != NULL;
 	/* Routine GC keeps every step from the newest one that is committed and
@@ -559,7 +641,8 @@ static uint64_t gc_own(struct fs *fs, uint64_t want)
 	for (i = 0; i < n; i++) {
 		if ((recs[i].flags & SHF_OWN) && recs[i].key.rank == rank &&
 		    recs[i].state >= SH_COMMITTED && recs[i].state != SH_BAD &&
-		    (!have_newest || recs[i].key.step > newest)) {
+		    (!have_newest || recs[i].key.step > newest) &&
+		    (workers == 1 || step_complete(recs, n, rank, recs[i].key.step, workers))) {
 			newest = recs[i].key.step;
 			have_newest = true;
 		}
@@ -800,7 +883,7 @@ int commit_init(struct fs *fs)
 		if (in_ns) {
 			struct fs_step *s;
 			pthread_mutex_lock(&fs->mu);
-			s = step_add(fs, r->key.step);
+			s = step_add(fs, r->key.step, r->key.worker);
 			if (s) {
 				snprintf(s->job, sizeof(s->job), "%s", r->key.job);
 				snprintf(s->name, sizeof(s->name), "%s", name);
@@ -813,7 +896,7 @@ int commit_init(struct fs *fs)
 			if (r->state == SH_SEALING) {
 				log_info("commit", "resuming the seal of step %llu", (unsigned long long)r->key.step);
 				atomic_fetch_add(&fs->sealing, 1);
-				if (commit_queue(fs, r->key.step) < 0)
+				if (queue_w(fs, r->key.step, r->key.worker) < 0)
 					atomic_fetch_sub(&fs->sealing, 1);
 			}
 		}
@@ -904,7 +987,10 @@ static bool parse_save(const char *fn, const char *job, uint32_t rank, uint64_t 
 
 /* At start-up: a committed framework: pytorch shard whose .save files are
  * still in the app's view (same inodes) is a step of the table again, so
- * the files stay read-only across a restart of mtcfs. */
+ * the files stay read-only across a restart of mtcfs. A shard of worker
+ * w > 0 holds that worker's file only; a worker-0 shard holds worker 0's
+ * file, or (written by an earlier mtcfs, or restored from the bucket) the
+ * files of every worker. */
 static void adopt_files(struct fs *fs, const struct shard_key *k)
 {
 	int sfd = ram_shard_open(fs->ram, k), nsfd = ram_ns_fd(fs->ram);
@@ -927,8 +1013,10 @@ static void adopt_files(struct fs *fs, const struct shard_key *k)
 		uint64_t step;
 		uint32_t w;
 		if (!parse_save(de->d_name, k->job, k->rank, &step, sn, sizeof(sn), &w) ||
-		    step != k->step || w >= RCFG_WORKERS_MAX)
+		    step != k->step || w >= RCFG_WORKERS_MAX || (k->worker && w != k->worker))
 			continue;
+		if (k->worker)
+			w = 0;   /* files[0] is the shard's one file */
 		if (fstatat(sfd, de->d_name, &a, AT_SYMLINK_NOFOLLOW) < 0 ||
 		    fstatat(nsfd, de->d_name, &b, AT_SYMLINK_NOFOLLOW) < 0 || a.st_ino != b.st_ino)
 			continue;
@@ -949,7 +1037,7 @@ static void adopt_files(struct fs *fs, const struct shard_key *k)
 	if (!nf)
 		goto out;
 	pthread_mutex_lock(&fs->mu);
-	s = step_add(fs, k->step);
+	s = step_add(fs, k->step, k->worker);
 	if (s) {
 		snprintf(s->job, sizeof(s->job), "%s", k->job);
 		snprintf(s->name, sizeof(s->name), "%s", stepname);
@@ -986,64 +1074,66 @@ static int cmp_save(const void *a, const void *b)
 
 #define SAVE_SCAN_MAX 65536u   /* top-level .save files looked at per scan */
 
-/* The group g[0..W) is this node's shard of the step, already sealed:
- * nothing to do (also after a restart of mtcfs: the catalog says so).
- * A group that shares a file with the committed step (one worker's file
- * replaced, the others still the committed ones) is not a new save
- * either: committing it would mix two saves in one shard. */
-static bool group_committed(struct fs *fs, const struct save_ent *g, uint32_t nw,
-			    const char *job, uint32_t rank)
+/* Worker e->w's file e is this node's committed shard of its step
+ * already: nothing to do (also after a restart of mtcfs: the catalog says
+ * so). A file of another inode under the name is a new save of that
+ * worker: it replaces the worker's shard. */
+static bool file_committed(struct fs *fs, const struct save_ent *e, const char *job,
+			   uint32_t rank)
 {
 	struct shard_rec rec = { 0 };
 	struct shard_key k = { 0 };
-	struct fs_step *s;
-	bool same = false;
+	bool same = false, known = false;
+	char fn[NAME_MAX + 1];
+	struct stat st;
 	int sfd;
 
 	pthread_mutex_lock(&fs->mu);
-	s = commit_find(fs, g[0].step);
-	if (s && s->nfiles && !strcmp(s->job, job) && s->rank == rank) {
-		for (uint32_t w = 0; w < nw && !same; w++)
-			for (uint32_t x = 0; x < s->nfiles && !same; x++)
-				same = s->files[x] == g[w].ino;
+	for (size_t i = 0; i < fs->nsteps && !same; i++) {
+		struct fs_step *s = &fs->steps[i];
+		if (s->step != e->step || !s->nfiles || strcmp(s->job, job) || s->rank != rank)
+			continue;
+		if (s->worker == e->w)
+			known = true;
+		for (uint32_t x = 0; x < s->nfiles && !same; x++)
+			same = s->files[x] == e->ino;
 	}
 	pthread_mutex_unlock(&fs->mu);
-	if (same || s)
+	if (same || known)
 		return same;
 	snprintf(k.job, sizeof(k.job), "%s", job);
-	k.step = g[0].step;
+	k.step = e->step;
 	k.rank = rank;
-	if (idx_get_shard(ram_idx(fs->ram), &k, &rec) < 0)
-		return false;
+	k.worker = e->w;
+	if (idx_get_shard(ram_idx(fs->ram), &k, &rec) < 0) {
+		/* a worker-0 shard holding every worker's file (restored from
+		 * the bucket, or written by an earlier mtcfs) */
+		k.worker = 0;
+		if (e->w == 0 || idx_get_shard(ram_idx(fs->ram), &k, &rec) < 0)
+			return false;
+	}
 	same = rec.state >= SH_COMMITTED && rec.state != SH_BAD;
 	idx_rec_clear(&rec);
 	if (!same || (sfd = ram_shard_open(fs->ram, &k)) < 0)
 		return false;
-	same = false;
-	for (uint32_t w = 0; w < nw && !same; w++) {
-		char fn[NAME_MAX + 1];
-		struct stat st;
-		save_name(&k, g[w].name, w, fn, sizeof(fn));
-		same = fstatat(sfd, fn, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_ino == g[w].ino;
-	}
+	save_name(&k, e->name, e->w, fn, sizeof(fn));
+	same = fstatat(sfd, fn, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_ino == e->ino;
 	close(sfd);
 	return same;
 }
 
-static void commit_group(struct fs *fs, const struct save_ent *g, uint32_t nw)
+static void commit_file(struct fs *fs, const struct save_ent *e)
 {
-	ino_t *files = malloc(nw * sizeof(*files));
+	ino_t *files = malloc(sizeof(*files));
 
 	if (!files)
 		return;
-	for (uint32_t w = 0; w < nw; w++)
-		files[w] = g[w].ino;
-	if (begin(fs, g[0].step, g[0].name, 0, files, nw) < 0)
+	files[0] = e->ino;
+	if (begin(fs, e->step, e->name, 0, files, 1, e->w) < 0)
 		return;
-	for (uint32_t w = 0; w < nw; w++)
-		fs_node_set_frozen(fs, g[w].ino, g[w].dev, g[0].step);
-	if (commit_queue(fs, g[0].step) < 0)
-		commit_abort(fs, g[0].step);
+	fs_node_set_frozen(fs, e->ino, e->dev, e->step);
+	if (queue_w(fs, e->step, e->w) < 0)
+		abort_w(fs, e->step, e->w);
 }
 
 void commit_top_file_done(struct fs *fs)
@@ -1098,21 +1188,18 @@ void commit_top_file_done(struct fs *fs)
 	closedir(d);
 	if (n > 1)
 		qsort(v, n, sizeof(*v), cmp_save);
-	/* A step is complete when every worker 0..W-1 has exactly one file,
-	 * spelled alike, and none is still open for writing (GKE waits for
-	 * the close of each). */
+	/* Each worker's file commits on its own once it is closed (GKE waits
+	 * for the close of each, and replicates each as it comes): the job's
+	 * step is complete when every (node, worker) has committed it, which
+	 * the coordinator decides. Two spellings of one (step, worker) ("5",
+	 * "05") are ambiguous: neither commits. */
 	for (size_t i = 0; i < n;) {
 		size_t j = i;
-		bool ok = true;
-		while (j < n && v[j].step == v[i].step)
+		while (j < n && v[j].step == v[i].step && v[j].w == v[i].w)
 			j++;
-		if (j - i != workers)
-			ok = false;
-		for (size_t x = i; ok && x < j; x++)
-			ok = v[x].w == x - i && !strcmp(v[x].name, v[i].name) &&
-			     fs_node_writers(fs, v[x].ino, v[x].dev) == 0;
-		if (ok && !group_committed(fs, &v[i], workers, job, rank))
-			commit_group(fs, &v[i], workers);
+		if (j - i == 1 && fs_node_writers(fs, v[i].ino, v[i].dev) == 0 &&
+		    !file_committed(fs, &v[i], job, rank))
+			commit_file(fs, &v[i]);
 		i = j;
 	}
 	free(v);
@@ -1187,6 +1274,20 @@ int commit_marker(struct fs *fs, const char *job, int rank, const struct restore
 	pthread_mutex_unlock(&fs->mu);
 	/* framework: pytorch restores a file per worker: the marker points at
 	 * that worker's file, as GKE's points at its <hash>.data */
+	rc = -ENODATA;
+	if (save_files && w > 0) {
+		/* worker w's own shard; a worker-0 shard holding every worker's
+		 * file (a bucket restore, an earlier mtcfs) is looked at next */
+		struct shard_key wk = p->key;
+		char wrel[512];
+		wk.worker = (uint32_t)w;
+		rc = find_save(fs, &wk, (uint32_t)w, fn, sizeof(fn), stepname, sizeof(stepname));
+		if (rc == 0 && ram_shard_relpath(&wk, wrel, sizeof(wrel)) == 0) {
+			if ((size_t)snprintf(target, tlen, ".mtcfs/%s/%s", wrel, fn) >= tlen)
+				return -ENAMETOOLONG;
+			goto named;
+		}
+	}
 	rc = save_files ? find_save(fs, &p->key, (uint32_t)w, fn, sizeof(fn), stepname,
 				    sizeof(stepname)) : -ENODATA;
 	if (rc == 0) {
@@ -1201,6 +1302,7 @@ int commit_marker(struct fs *fs, const char *job, int rank, const struct restore
 			(unsigned long long)p->step, w);
 		return rc;
 	}
+named:
 	if ((size_t)snprintf(name, nlen, "%s-s%s-n%d-w%d.restore", job, stepname, rank, w) >= nlen)
 		return -ENAMETOOLONG;
 	return 0;

@@ -301,8 +301,9 @@ static void process_yaml(struct fs *fs)
 			return;
 		}
 	} else {
-		rc = restore_plan_local(fs->ram, c.job, (uint32_t)c.node_rank, ctl_report_error, fs,
-					&plan);
+		rc = restore_plan_local_w(fs->ram, c.job, (uint32_t)c.node_rank,
+					  c.framework == RCFG_FW_PYTORCH && c.workers_per_node > 1 ?
+					  (uint32_t)c.workers_per_node : 1, ctl_report_error, fs, &plan);
 		if (rc < 0) {
 			snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
 				 strerror(-rc));

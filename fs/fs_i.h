@@ -60,6 +60,7 @@ struct fs_step {
 	char job[129];     /* the job it was committed under */
 	char name[65];     /* the step as the app spelled it ("05"), UTIL_STEP_NAME_MAX */
 	uint32_t rank;
+	uint32_t worker;   /* framework pytorch: the worker whose .save file this is */
 	uint64_t step;
 	ino_t dir_ino;     /* the step directory in ns/; 0 for .save files */
 	ino_t *files;      /* framework pytorch: the .save file of each worker, owned */

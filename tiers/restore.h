@@ -31,6 +31,15 @@ typedef void (*restore_report_fn)(void *arg, const char *line);
 int restore_plan_local(struct ram_tier *t, const char *job, uint32_t rank,
 		       restore_report_fn report, void *arg, struct restore_plan *plan);
 
+/* The same when the node keeps `workers` shards per step (framework:
+ * pytorch, one per worker's .save file): the newest step of which every
+ * worker 0..workers-1 has an own shard that verifies (or a restored
+ * worker-0 shard alone, which holds every worker's file as a restore of
+ * a backup in the older layout writes it). plan->key is worker 0's.
+ * workers 0 or 1: restore_plan_local(). */
+int restore_plan_local_w(struct ram_tier *t, const char *job, uint32_t rank, uint32_t workers,
+			 restore_report_fn report, void *arg, struct restore_plan *plan);
+
 const char *restore_source_name(enum restore_source s);
 
 #endif

@@ -1,10 +1,12 @@
 """GKE's `framework: pytorch` mode (DESIGN §3.3).
 
 The application writes one file per worker at the top of the mount,
-`<job>-s<S>-n<rank>-w<w>.save`. Step S of the node is committed when the
-files of all `workers-per-node` workers are closed; after a restart of the
-job each worker's `<job>-s<S>-n<rank>-w<w>.restore` marker is a relative
-symlink to that worker's file. GKE's replicator (src/replicator/framework/
+`<job>-s<S>-n<rank>-w<w>.save`. Each worker's file is its own shard
+(rank, worker, step), committed when it is closed and replicated at once;
+step S is the node's (and, with the coordinator, the job's) once every
+(node, worker) committed it. After a restart of the job each worker's
+`<job>-s<S>-n<rank>-w<w>.restore` marker is a relative symlink to that
+worker's file. GKE's replicator (src/replicator/framework/
 pytorch.py, file_naming.py, restore.py) behaves the same way, except that
 it renames the .save files to <hash>.data where mtcfs leaves them in place,
 read-only.
@@ -14,6 +16,7 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \
 """
 
 import errno
+import json
 import os
 import random
 import re
@@ -40,6 +43,21 @@ def pt_yaml(job, rank=0, nodes=1, workers=2, peers=1):
     return ("job-name: %s\nframework: pytorch\nnode-rank: %d\nnodes: %d\n"
             "peers-per-node: %d\nworkers-per-node: %d\n"
             "backup-interval-minutes: 30\n" % (job, rank, nodes, peers, workers))
+
+
+def steps_of(ramdir, job):
+    """Sorted distinct steps mtcfs-admin ls lists for job (a step has one
+    shard per worker)."""
+    return sorted({s["step"] for s in admin_ls(ramdir).get("shards", [])
+                   if s.get("job") == job})
+
+
+def assert_worker_shards(tc, ls, job, step, rank, files):
+    """Worker w's shard of (rank, step) holds exactly w's file, its bytes."""
+    for w, data in enumerate(files):
+        sh = harness.find_shard(ls, int(step), job=job, rank=rank, worker=w)
+        tc.assertIsNotNone(sh, "no shard of %s step %s n%d-w%d" % (job, step, rank, w))
+        assert_manifest(tc, sh, {save_name(job, step, rank, w): data})
 
 
 def markers(mnt):
@@ -128,18 +146,22 @@ class SingleNode(harness.MountTestCase):
             os.unlink(self.m(n))
         files, fd = self.save(job, 10, keep_open=1)
         try:
-            # worker 1's file is still open: nothing is committed, even
-            # after a later step of this node is
+            # worker 0's file is its own shard, committed once closed;
+            # worker 1's is still open: not committed, even after a later
+            # step of this node is
+            assert_manifest(self, self.committed(job, 10),
+                            {save_name(job, 10, 0, 0): files[0]})
             os.mkdir(self.m("3.tmp"))
             write_file(self.m("3.tmp", "x"), b"barrier")
             os.rename(self.m("3.tmp"), self.m("3"))
             self.committed(job, 3)
-            self.assertEqual(harness.shard_steps(self.ramdir, job), [3])
+            self.assertIsNone(harness.find_shard(admin_ls(self.ramdir), 10, job=job,
+                                                 worker=1))
         finally:
             os.close(fd)
-        s = self.committed(job, 10)
-        assert_manifest(self, s, {save_name(job, 10, 0, w): files[w]
-                                  for w in (0, 1)})
+        harness.wait_committed(self.ramdir, 10, job=job, worker=1,
+                               daemon=self.fs)
+        assert_worker_shards(self, admin_ls(self.ramdir), job, 10, 0, files)
         # committed files are read-only to the app
         self.assertEqual(read_file(self.m(save_name(job, 10, 0, 0))), files[0])
         for w in (0, 1):
@@ -163,7 +185,7 @@ class SingleNode(harness.MountTestCase):
         self.committed(job, 20)
         # the older step goes with its .save names (policy keeps the newest)
         wait_until(lambda: not os.path.exists(self.m(save_name(job, 10, 0, 0)))
-                   and harness.shard_steps(self.ramdir, job) == [20],
+                   and steps_of(self.ramdir, job) == [20],
                    TIMEOUT, "step 10 dropped with its .save files")
         self.fs.restart(kill=True)
         # still read-only after the restart of mtcfs: the bytes are the shard's
@@ -174,7 +196,11 @@ class SingleNode(harness.MountTestCase):
         self.start(job)
         assert_markers(self, self.mnt, job, 20, 0, files)
 
-    def test_incomplete_step_is_not_committed(self):
+    def test_incomplete_step_is_not_restored(self):
+        """Worker 0's step 7 and worker 1's step 8 are each their worker's
+        own shard, committed; neither step has every worker: the restore
+        takes step 2. Files of another job, node or a worker >= W are not
+        this node's: not committed."""
         job = "pti"
         self.start(job)
         write_file(self.m(save_name(job, 7, 0, 0)), b"only worker 0")
@@ -188,8 +214,17 @@ class SingleNode(harness.MountTestCase):
         write_file(self.m("2.tmp", "x"), b"barrier")
         os.rename(self.m("2.tmp"), self.m("2"))
         self.committed(job, 2)
-        self.assertEqual(harness.shard_steps(self.ramdir, job), [2])
-        write_file(self.m(save_name(job, 7, 0, 0)), b"still writable")
+        harness.wait_committed(self.ramdir, 7, job=job, worker=0, daemon=self.fs)
+        harness.wait_committed(self.ramdir, 8, job=job, worker=1, daemon=self.fs)
+        self.assertEqual(sorted((s["step"], s["rank"], s["worker"])
+                                for s in admin_ls(self.ramdir)["shards"]
+                                if s["job"] == job), [(2, 0, 0), (7, 0, 0), (8, 0, 1)])
+        self.assertEqual(steps_of(self.ramdir, "other"), [])
+        write_file(self.m(save_name(job, 9, 0, 2)), b"still writable")
+        write_file(self.m(save_name(job, 9, 1, 0)), b"still writable")
+        self.start(job)
+        self.assertEqual(read_file(self.m("replicator.prerestore")),
+                         b"restore-step: 2\n")
 
     def test_save_file_renamed_into_place(self):
         # GKE's watcher also takes a .save name that appears by rename
@@ -200,39 +235,32 @@ class SingleNode(harness.MountTestCase):
         write_file(self.m(save_name(job, 40, 0, 0)), w0)
         write_file(self.m("w1.partial"), w1)
         os.rename(self.m("w1.partial"), self.m(save_name(job, 40, 0, 1)))
-        s = self.committed(job, 40)
-        assert_manifest(self, s, {save_name(job, 40, 0, 0): w0,
-                                  save_name(job, 40, 0, 1): w1})
+        self.committed(job, 40)
+        harness.wait_committed(self.ramdir, 40, job=job, worker=1, daemon=self.fs)
+        assert_worker_shards(self, admin_ls(self.ramdir), job, 40, 0, [w0, w1])
 
-    def test_replacing_one_file_does_not_mix_two_saves(self):
+    def test_replacing_one_workers_file_replaces_its_shard_only(self):
+        """Each worker's file is its own unit (GKE's replicator): a new
+        worker-0 file over the committed name is a new save of worker 0,
+        which replaces worker 0's shard; worker 1's shard stays as it was."""
         job = "ptx"
         self.start(job)
         old, _ = self.save(job, 50)
-        want = {save_name(job, 50, 0, w): old[w] for w in (0, 1)}
-        assert_manifest(self, self.committed(job, 50), want)
-        # a new worker-0 file over the committed name: worker 1's is still
-        # the committed one, so this is no complete save of its own
+        self.committed(job, 50)
+        harness.wait_committed(self.ramdir, 50, job=job, worker=1, daemon=self.fs)
+        assert_worker_shards(self, admin_ls(self.ramdir), job, 50, 0, old)
         write_file(self.m("w0.new"), b"new worker 0")
         os.rename(self.m("w0.new"), self.m(save_name(job, 50, 0, 0)))
-        # barrier: a later commit (policy drops it at once, being older
-        # than 50, so it is seen in the log)
-        os.mkdir(self.m("2.tmp"))
-        write_file(self.m("2.tmp", "x"), b"barrier")
-        os.rename(self.m("2.tmp"), self.m("2"))
-        self.wait_log(r"committed job=%s step=2 " % job)
-        sh = harness.find_shard(admin_ls(self.ramdir), 50, job=job)
-        assert_manifest(self, sh, want)
-        # both files new: a save of step 50 again, which replaces the shard
-        write_file(self.m("w1.new"), b"new worker 1")
-        os.rename(self.m("w1.new"), self.m(save_name(job, 50, 0, 1)))
-        new = {save_name(job, 50, 0, 0): b"new worker 0",
-               save_name(job, 50, 0, 1): b"new worker 1"}
 
         def replaced():
-            sh = harness.find_shard(admin_ls(self.ramdir), 50, job=job)
+            sh = harness.find_shard(admin_ls(self.ramdir), 50, job=job, worker=0)
             return sh if sh and sh["state"] in harness.COMMITTED_STATES and \
-                sh["bytes"] == 24 else None
-        assert_manifest(self, wait_until(replaced, TIMEOUT, "step 50 again"), new)
+                sh["bytes"] == 12 else None
+        wait_until(replaced, TIMEOUT, "worker 0's shard of step 50 again")
+        assert_worker_shards(self, admin_ls(self.ramdir), job, 50, 0,
+                             [b"new worker 0", old[1]])
+        self.start(job)
+        assert_markers(self, self.mnt, job, 50, 0, [b"new worker 0", old[1]])
 
     def test_kill9_right_after_the_last_close(self):
         # the close's release (and so the commit) may not even have been
@@ -245,9 +273,9 @@ class SingleNode(harness.MountTestCase):
             write_file(self.m(save_name(job, 60, 0, w)), files[w])
         self.fs.kill9()
         self.fs.start()
-        s = self.wait_committed(60, job=job, timeout=120)
-        assert_manifest(self, s, {save_name(job, 60, 0, w): files[w]
-                                  for w in (0, 1)})
+        for w in (0, 1):
+            self.wait_committed(60, job=job, worker=w, timeout=120)
+        assert_worker_shards(self, admin_ls(self.ramdir), job, 60, 0, files)
         with self.assertRaises(OSError) as cm:
             os.close(os.open(self.m(save_name(job, 60, 0, 1)), os.O_WRONLY))
         self.assertEqual(cm.exception.errno, errno.EROFS)
@@ -290,9 +318,11 @@ class TwoNodes(harness.unittest.TestCase):
                                files[r][w])
             c.wait_replicated(job, step, timeout=TIMEOUT)
             for r in range(2):
-                assert_manifest(self, harness.find_shard(
-                    admin_ls(c.nodes[r].ramdir), step, job=job, rank=r),
-                    {save_name(job, step, r, w): files[r][w] for w in (0, 1)})
+                wait_until(lambda: all(harness.find_shard(
+                    admin_ls(c.nodes[r].ramdir), step, job=job, rank=r, worker=w)
+                    for w in (0, 1)), TIMEOUT, "node %d: both workers' shards" % r)
+                assert_worker_shards(self, admin_ls(c.nodes[r].ramdir), job, step, r,
+                                     files[r])
             c.nodes[1].kill9()
             c.nodes[1].wipe_ramdir()
             c.nodes[1].start()
@@ -300,10 +330,117 @@ class TwoNodes(harness.unittest.TestCase):
             for r in range(2):
                 assert_markers(self, c.nodes[r].mnt, job, step, r, files[r])
             log = c.nodes[1].log_text()
-            self.assertTrue(re.search(r"restored job=%s step=%d from rank 0"
-                                      % (job, step), log),
-                            "node 1 did not restore from its peer: %s" % "\n".join(
-                                l for l in log.splitlines() if "restor" in l))
+            for w in (0, 1):
+                self.assertTrue(re.search(r"(?m)restored job=%s step=%d from rank 0 .* worker=%d$"
+                                          % (job, step, w), log),
+                                "node 1 did not restore worker %d from its peer: %s" % (
+                                    w, "\n".join(l for l in log.splitlines()
+                                                  if "restor" in l)))
+
+    def test_each_workers_shard_replicated_on_its_own(self):
+        """2 nodes x 2 workers (GKE: each worker's .save is its own unit).
+        Worker 0 of node 0 saves step 40 before anyone else: its shard is
+        replicated to node 1 at once, while step 40 is not the job's (not
+        the LKG: three (node, worker) shards are missing). Once all four
+        are in, step 40 is the job's last good step. Node 1 is then wiped:
+        each of its workers' exact bytes come back from node 0."""
+        job, step = "ptw", 40
+        c = PtCluster(2)
+        for d in c.nodes:
+            d.extra_args.append("-d")
+        self.daemons = list(c.nodes)
+        with c:
+            self.assertEqual(c.job_start(job), {0: 0, 1: 0})
+            for r in range(2):
+                for n in markers(c.nodes[r].mnt):
+                    os.unlink(os.path.join(c.nodes[r].mnt, n))
+            files = {r: [body(job, step, r, w) for w in (0, 1)] for r in range(2)}
+
+            def put(r, w):
+                write_file(os.path.join(c.nodes[r].mnt, save_name(job, step, r, w)),
+                           files[r][w])
+
+            def steps_row():
+                out = harness.admin("steps", c.nodes[0].ramdir, "--job", job, "--json")
+                rows = [x for x in json.loads(out)["steps"] if x["step"] == step]
+                return rows[0] if rows else None
+
+            put(0, 0)
+            held = wait_until(lambda: harness.find_shard(
+                admin_ls(c.nodes[1].ramdir), step, job=job, rank=0, worker=0),
+                TIMEOUT, "node 0's worker-0 shard of step %d held by node 1" % step)
+            assert_manifest(self, held, {save_name(job, step, 0, 0): files[0][0]})
+            # in node 1's RAMDIR, the file itself
+            found = [os.path.join(d, f) for d, _, fs in os.walk(c.nodes[1].ramdir)
+                     for f in fs if f == save_name(job, step, 0, 0)]
+            self.assertEqual(len(found), 1, found)
+            self.assertEqual(read_file(found[0]), files[0][0])
+            self.assertIsNone(harness.find_shard(admin_ls(c.nodes[1].ramdir), step,
+                                                 job=job, rank=0, worker=1))
+            row = steps_row()
+            self.assertIsNotNone(row)
+            self.assertFalse(row["lkg"], "step %d is the LKG with one of 4 shards" % step)
+            self.assertNotRegex(c.nodes[0].log_text(),
+                                r"job %s: step %d is complete" % (job, step))
+            put(1, 0)
+            put(1, 1)
+            harness.wait_committed(c.nodes[1].ramdir, step, job=job, rank=1, worker=1,
+                                   daemon=c.nodes[1])
+            self.assertFalse(steps_row()["lkg"], "step %d is the LKG without "
+                             "node 0's worker 1" % step)
+            put(0, 1)
+            wait_until(lambda: (steps_row() or {}).get("lkg"), TIMEOUT,
+                       "step %d the job's last good step" % step)
+            for r in range(2):
+                o = 1 - r
+                wait_until(lambda: all(harness.find_shard(
+                    admin_ls(c.nodes[o].ramdir), step, job=job, rank=r, worker=w)
+                    for w in (0, 1)), TIMEOUT,
+                    "node %d's two shards held by node %d" % (r, o))
+                assert_worker_shards(self, admin_ls(c.nodes[o].ramdir), job, step, r,
+                                     files[r])
+            c.nodes[1].kill9()
+            c.nodes[1].wipe_ramdir()
+            c.nodes[1].start()
+            self.assertEqual(c.job_start(job), {0: step, 1: step})
+            for r in range(2):
+                assert_markers(self, c.nodes[r].mnt, job, step, r, files[r])
+            assert_worker_shards(self, admin_ls(c.nodes[1].ramdir), job, step, 1,
+                                 files[1])
+            log = c.nodes[1].log_text()
+            for w in (0, 1):
+                self.assertRegex(log, r"(?m)restored job=%s step=%d from rank 0 .* worker=%d$"
+                                 % (job, step, w))
+
+    def test_data_parallel_column_agrees_per_worker_content(self):
+        """assume-data-parallelism: 3 over 3 nodes (one column), 2 workers.
+        Nodes 0 and 1 save step 30 with the same bytes per worker (data
+        parallel replicas); node 2 never saves it. Their shards' names
+        carry the rank, so the shards' hashes differ: the column agrees on
+        each worker's content (GKE compares per-worker file hashes), and
+        node 2 restores worker w's bytes under its own names."""
+        job, step, dp = "ptdp3", 30, "assume-data-parallelism: 3\n"
+        c = PtCluster(3)
+        for d in c.nodes:
+            d.extra_args.append("-d")
+        self.daemons = list(c.nodes)
+        with c:
+            self.assertEqual(c.job_start(job, extra=dp), {0: 0, 1: 0, 2: 0})
+            for r in range(3):
+                for n in markers(c.nodes[r].mnt):
+                    os.unlink(os.path.join(c.nodes[r].mnt, n))
+            files = [body(job, step, 0, w) for w in (0, 1)]   # one column's bytes
+            for r in (0, 1):
+                for w in (0, 1):
+                    write_file(os.path.join(c.nodes[r].mnt, save_name(job, step, r, w)),
+                               files[w])
+            for r in (0, 1):
+                for w in (0, 1):
+                    harness.wait_committed(c.nodes[r].ramdir, step, job=job, rank=r,
+                                           worker=w, daemon=c.nodes[r])
+            self.assertEqual(c.job_start(job, extra=dp), {0: step, 1: step, 2: step})
+            for r in range(3):
+                assert_markers(self, c.nodes[r].mnt, job, step, r, files)
 
     def test_data_parallel_node_without_its_step_takes_its_column_mates_files(self):
         self.column_mate_case(wipe=True)

@@ -222,6 +222,208 @@ static void test_scale_4096(void **s)
 	free(h);
 }
 
+/* ---- one shard per worker (framework: pytorch, workers-per-node > 1) ---- */
+
+static struct lkg_hold HW(uint32_t holder, uint32_t owner, uint32_t w, uint64_t step, uint8_t hb)
+{
+	struct lkg_hold h = H(holder, owner, step, hb);
+	h.worker = w;
+	return h;
+}
+
+static void plan_w(uint32_t nodes, uint32_t dp, uint32_t workers, const struct lkg_hold *h,
+		   size_t nh, const bool *live, const struct lkg_hold *bad, size_t nbad,
+		   struct lkg_plan *p)
+{
+	struct lkg_input in = { .nodes = nodes, .dp = dp, .workers = workers, .h = h, .nh = nh,
+				.live = live, .bad = bad, .nbad = nbad };
+	assert_int_equal(lkg_plan(&in, p), 0);
+	assert_int_equal(p->workers, workers);
+}
+
+/* 2 nodes x 2 workers: worker 0 of node 0 saved step 20 (and replicated
+ * it), worker 1 did not yet: 20 is not the job's step, 10 is; once the
+ * fourth shard is in, 20 is. */
+static void test_workers_step_needs_every_worker(void **s)
+{
+	struct lkg_hold h[] = { HW(0, 0, 0, 10, 1), HW(0, 0, 1, 10, 2), HW(1, 1, 0, 10, 3),
+				HW(1, 1, 1, 10, 4),
+				HW(0, 0, 0, 20, 5), HW(1, 0, 0, 20, 5), HW(1, 1, 0, 20, 6),
+				HW(1, 1, 1, 20, 7), HW(0, 1, 0, 20, 6), HW(0, 1, 1, 20, 7),
+				HW(0, 0, 1, 20, 8) };
+	struct lkg_plan p;
+	uint64_t step = 0;
+
+	plan_w(2, 0, 2, h, 10, NULL, NULL, 0, &p);
+	assert_true(p.found);
+	assert_int_equal(p.step, 10);
+	lkg_plan_free(&p);
+	assert_true(lkg_newest_complete_w(2, 0, 2, h, 10, &step));
+	assert_int_equal(step, 10);
+	/* one shard per node would have called 20 complete */
+	assert_true(lkg_newest_complete(2, 0, h, 10, &step));
+	assert_int_equal(step, 20);
+
+	plan_w(2, 0, 2, h, 11, NULL, NULL, 0, &p);
+	assert_true(p.found);
+	assert_int_equal(p.step, 20);
+	for (uint32_t r = 0; r < 2; r++)
+		for (uint32_t w = 0; w < 2; w++) {
+			assert_true(p.src[r * 2 + w].found);
+			assert_int_equal(p.src[r * 2 + w].holder, r);
+			assert_int_equal(p.src[r * 2 + w].owner, r);
+			assert_int_equal(p.src[r * 2 + w].worker, w);
+		}
+	assert_int_equal(p.src[0 * 2 + 1].hash[0], 8);
+	lkg_plan_free(&p);
+}
+
+/* node 1 wiped: each of its workers' shards comes from the node holding
+ * that worker's replica, on its own. */
+static void test_workers_wiped_node_per_worker_sources(void **s)
+{
+	struct lkg_hold h[] = { HW(0, 0, 0, 7, 1), HW(0, 0, 1, 7, 2), HW(2, 2, 0, 7, 3),
+				HW(2, 2, 1, 7, 4),
+				HW(0, 1, 0, 7, 5),     /* rank 1 worker 0 on node 0 */
+				HW(2, 1, 1, 7, 6) };   /* rank 1 worker 1 on node 2 */
+	struct lkg_plan p;
+
+	plan_w(3, 0, 2, h, 6, NULL, NULL, 0, &p);
+	assert_true(p.found);
+	assert_int_equal(p.step, 7);
+	assert_int_equal(p.src[1 * 2 + 0].holder, 0);
+	assert_int_equal(p.src[1 * 2 + 0].owner, 1);
+	assert_int_equal(p.src[1 * 2 + 0].hash[0], 5);
+	assert_int_equal(p.src[1 * 2 + 1].holder, 2);
+	assert_int_equal(p.src[1 * 2 + 1].worker, 1);
+	assert_int_equal(p.src[1 * 2 + 1].hash[0], 6);
+	lkg_plan_free(&p);
+
+	/* without worker 1's replica, rank 1 cannot be restored at 7 */
+	plan_w(3, 0, 2, h, 5, NULL, NULL, 0, &p);
+	assert_false(p.found);
+	lkg_plan_free(&p);
+}
+
+/* A bad source is one (holder, owner, worker, step): worker 1's failed
+ * copy does not rule out worker 0's copy on the same holder. */
+static void test_workers_bad_is_per_worker(void **s)
+{
+	struct lkg_hold h[] = { HW(0, 0, 0, 5, 1), HW(0, 0, 1, 5, 2), HW(0, 1, 0, 5, 3),
+				HW(0, 1, 1, 5, 4), HW(2, 1, 1, 5, 4), HW(2, 2, 0, 5, 5),
+				HW(2, 2, 1, 5, 6) };
+	struct lkg_hold bad[] = { HW(0, 1, 1, 5, 4) };
+	struct lkg_plan p;
+
+	plan_w(3, 0, 2, h, 7, NULL, bad, 1, &p);
+	assert_true(p.found);
+	assert_int_equal(p.src[1 * 2 + 0].holder, 0);
+	assert_int_equal(p.src[1 * 2 + 1].holder, 2);
+	lkg_plan_free(&p);
+}
+
+/* Data parallelism: a column agrees per worker shard. Workers' files of
+ * one node differ from each other (w0 != w1) but each equals the column
+ * mate's file of the same worker: a node without its shards borrows both. */
+static void test_workers_column_agrees_per_worker(void **s)
+{
+	/* 4 nodes, D=2: columns {0,2} and {1,3}; node 3 lost everything */
+	struct lkg_hold h[] = { HW(0, 0, 0, 9, 1), HW(0, 0, 1, 9, 2), HW(2, 2, 0, 9, 1),
+				HW(2, 2, 1, 9, 2), HW(1, 1, 0, 9, 3), HW(1, 1, 1, 9, 4) };
+	struct lkg_plan p;
+
+	plan_w(4, 2, 2, h, 6, NULL, NULL, 0, &p);
+	assert_true(p.found);
+	assert_int_equal(p.step, 9);
+	assert_int_equal(p.src[3 * 2 + 0].owner, 1);
+	assert_int_equal(p.src[3 * 2 + 0].hash[0], 3);
+	assert_int_equal(p.src[3 * 2 + 1].owner, 1);
+	assert_int_equal(p.src[3 * 2 + 1].worker, 1);
+	assert_int_equal(p.src[3 * 2 + 1].hash[0], 4);
+	lkg_plan_free(&p);
+}
+
+/* ... and a column whose worker-1 shards disagree lends no worker-1 shard,
+ * even where its worker-0 shards agree. */
+static void test_workers_column_disagrees_on_one_worker(void **s)
+{
+	/* 6 nodes, D=3: columns {0,2,4}, {1,3,5}; node 5 lost everything */
+	struct lkg_hold h[12];
+	size_t k = 0;
+	struct lkg_plan p;
+
+	for (uint32_t r = 0; r < 5; r++) {
+		h[k++] = HW(r, r, 0, 4, (uint8_t)(10 + r % 2));
+		/* worker 1: ranks 1 and 3 differ */
+		h[k++] = HW(r, r, 1, 4, (uint8_t)(r == 3 ? 30 : 20 + r % 2));
+	}
+	plan_w(6, 3, 2, h, k, NULL, NULL, 0, &p);
+	assert_false(p.found);
+	lkg_plan_free(&p);
+
+	h[7] = HW(3, 3, 1, 4, 21);   /* now rank 3's worker 1 agrees with rank 1's */
+	plan_w(6, 3, 2, h, k, NULL, NULL, 0, &p);
+	assert_true(p.found);
+	assert_int_equal(p.src[5 * 2 + 0].hash[0], 11);
+	assert_int_equal(p.src[5 * 2 + 1].hash[0], 21);
+	assert_true(p.src[5 * 2 + 1].owner == 1 || p.src[5 * 2 + 1].owner == 3);
+	lkg_plan_free(&p);
+}
+
+/* A shard of a worker the job does not have (workers-per-node lowered)
+ * covers nothing, and with workers = 0 or 1 only worker 0 counts. */
+static void test_workers_out_of_range(void **s)
+{
+	struct lkg_hold h[] = { HW(0, 0, 0, 3, 1), HW(0, 0, 2, 3, 2), HW(0, 0, 1, 8, 3) };
+	struct lkg_plan p;
+
+	plan_w(1, 0, 2, h, 3, NULL, NULL, 0, &p);
+	assert_false(p.found);
+	lkg_plan_free(&p);
+	plan_w(1, 0, 1, h, 3, NULL, NULL, 0, &p);
+	assert_true(p.found);
+	assert_int_equal(p.step, 3);
+	lkg_plan_free(&p);
+}
+
+/* framework: pytorch: a worker's file names its rank, so column mates'
+ * shard hashes always differ; their content keys agree when the bytes do.
+ * Node 2 (D=3, one column) never saved: it borrows each worker's shard. */
+static void test_workers_column_agrees_on_content(void **s)
+{
+	struct lkg_hold h[4];
+	struct lkg_plan p;
+
+	for (uint32_t r = 0; r < 2; r++)
+		for (uint32_t w = 0; w < 2; w++) {
+			struct lkg_hold *x = &h[r * 2 + w];
+			*x = HW(r, r, w, 6, (uint8_t)(10 * r + w + 1));   /* hashes differ */
+			x->has_content = true;
+			memset(x->content, 0x70 + (int)w, 32);                /* bytes agree */
+		}
+	plan_w(3, 3, 2, h, 4, NULL, NULL, 0, &p);
+	assert_true(p.found);
+	assert_int_equal(p.step, 6);
+	assert_true(p.src[2 * 2 + 0].owner < 2);
+	assert_int_equal(p.src[2 * 2 + 1].worker, 1);
+	lkg_plan_free(&p);
+
+	/* without content keys the hashes decide: they differ, no borrowing */
+	for (int i = 0; i < 4; i++)
+		h[i].has_content = false;
+	plan_w(3, 3, 2, h, 4, NULL, NULL, 0, &p);
+	assert_false(p.found);
+	lkg_plan_free(&p);
+
+	/* worker 1's bytes differ between the mates: worker 1 cannot borrow */
+	for (int i = 0; i < 4; i++)
+		h[i].has_content = true;
+	memset(h[3].content, 0x7f, 32);
+	plan_w(3, 3, 2, h, 4, NULL, NULL, 0, &p);
+	assert_false(p.found);
+	lkg_plan_free(&p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -237,6 +439,13 @@ int main(void)
 		cmocka_unit_test(test_nothing),
 		cmocka_unit_test(test_out_of_range_ignored),
 		cmocka_unit_test(test_scale_4096),
+		cmocka_unit_test(test_workers_step_needs_every_worker),
+		cmocka_unit_test(test_workers_wiped_node_per_worker_sources),
+		cmocka_unit_test(test_workers_bad_is_per_worker),
+		cmocka_unit_test(test_workers_column_agrees_per_worker),
+		cmocka_unit_test(test_workers_column_disagrees_on_one_worker),
+		cmocka_unit_test(test_workers_out_of_range),
+		cmocka_unit_test(test_workers_column_agrees_on_content),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
