@@ -165,7 +165,7 @@ static int cmd_ls(const char *ramdir, const char *job)
 
 /* ---- steps: the step x node matrix, from the cluster when reachable ---- */
 
-struct holding { uint64_t step; uint32_t owner, holder; bool ok; };
+struct holding { uint64_t step; uint32_t owner, worker, holder; bool ok; };
 
 struct view {
 	char job[RCFG_JOB_MAX + 1];
@@ -177,7 +177,8 @@ struct view {
 	size_t nh, cap;
 };
 
-static void add_holding(struct view *v, uint64_t step, uint32_t owner, uint32_t holder, bool ok)
+static void add_holding(struct view *v, uint64_t step, uint32_t owner, uint32_t worker,
+			uint32_t holder, bool ok)
 {
 	if (v->nh == v->cap) {
 		size_t nc = v->cap ? v->cap * 2 : 64;
@@ -187,7 +188,7 @@ static void add_holding(struct view *v, uint64_t step, uint32_t owner, uint32_t 
 		v->h = nh;
 		v->cap = nc;
 	}
-	v->h[v->nh++] = (struct holding){ step, owner, holder, ok };
+	v->h[v->nh++] = (struct holding){ step, owner, worker, holder, ok };
 }
 
 static bool state_ok(const char *st)
@@ -278,7 +279,8 @@ static void query_cluster(struct view *v, struct idx *x, int my_rank)
 			json_array_foreach(json_object_get(lresp, "shards"), i, sh) {
 				const char *st = json_string_value(json_object_get(sh, "state"));
 				add_holding(v, (uint64_t)json_integer_value(json_object_get(sh, "step")),
-					    (uint32_t)json_integer_value(json_object_get(sh, "owner")), r,
+					    (uint32_t)json_integer_value(json_object_get(sh, "owner")),
+					    (uint32_t)json_integer_value(json_object_get(sh, "worker")), r,
 					    st && state_ok(st));
 			}
 		}
@@ -311,6 +313,7 @@ static int cmd_steps(const char *ramdir, const char *job)
 	size_t len, n = 0, ns = 0;
 	uint64_t *steps = NULL;
 	int my_rank = 0, rc = 0;
+	uint32_t workers = 1;   /* shards per node: one per worker in framework: pytorch */
 
 	if (open_catalog(ramdir, &x) < 0)
 		return 3;
@@ -319,6 +322,8 @@ static int cmd_steps(const char *ramdir, const char *job)
 			snprintf(v.job, sizeof(v.job), "%s", cfg.job);
 			v.nodes = (uint32_t)cfg.nodes;
 			my_rank = cfg.node_rank;
+			if (cfg.framework == RCFG_FW_PYTORCH && cfg.workers_per_node > 1)
+				workers = (uint32_t)cfg.workers_per_node;
 		}
 		free(val);
 	}
@@ -335,8 +340,8 @@ static int cmd_steps(const char *ramdir, const char *job)
 	if (idx_list_shards(x, v.job, &recs, &n) == 0) {
 		for (size_t i = 0; i < n; i++)
 			if (recs[i].key.rank < v.nodes)
-				add_holding(&v, recs[i].key.step, recs[i].key.rank, (uint32_t)my_rank,
-					    state_ok(shard_state_name(recs[i].state)));
+				add_holding(&v, recs[i].key.step, recs[i].key.rank, recs[i].key.worker,
+					    (uint32_t)my_rank, state_ok(shard_state_name(recs[i].state)));
 		idx_recs_free(recs, n);
 	}
 	if ((uint32_t)my_rank < v.nodes)
@@ -374,7 +379,8 @@ static int cmd_steps(const char *ramdir, const char *job)
 		printf("job %s, %u node%s, last complete step (LKG): %s%s\n", v.job, v.nodes,
 		       v.nodes == 1 ? "" : "s", lkg,
 		       v.coord_ok ? " (coordinator's view)" : " (this node's view only)");
-		printf("cells: the ranks holding a verified copy of that node's shard in RAM\n");
+		printf("cells: the ranks holding a verified copy of that node's shard in RAM%s\n",
+		       workers > 1 ? " (one per worker; *: some worker's shard has no copy)" : "");
 		printf("%-10s", "STEP");
 		for (uint32_t r = 0; r < v.nodes; r++) {
 			char hd[16];
@@ -394,8 +400,22 @@ static int cmd_steps(const char *ramdir, const char *job)
 			json_t *hs = json_array();
 			char cell[64] = "";
 			size_t cl = 0;
+			uint64_t have = 0;   /* workers (< 64 shown) with a verified copy */
+			uint32_t nw = 0;
 			for (size_t k = 0; k < v.nh; k++) {
-				if (v.h[k].step != steps[i] || v.h[k].owner != o || !v.h[k].ok)
+				bool seen = false;
+				if (v.h[k].step != steps[i] || v.h[k].owner != o || !v.h[k].ok ||
+				    v.h[k].worker >= workers)
+					continue;
+				if (v.h[k].worker < 64 && !(have >> v.h[k].worker & 1)) {
+					have |= 1ull << v.h[k].worker;
+					nw++;
+				}
+				/* a holder of several of the node's worker shards shows once */
+				for (size_t j = 0; j < json_array_size(hs); j++)
+					seen |= json_integer_value(json_array_get(hs, j)) ==
+						(json_int_t)v.h[k].holder;
+				if (seen)
 					continue;
 				json_array_append_new(hs, json_integer(v.h[k].holder));
 				cl += (size_t)snprintf(cell + cl, sizeof(cell) - cl, "%s%u",
@@ -403,10 +423,14 @@ static int cmd_steps(const char *ramdir, const char *job)
 				if (cl >= sizeof(cell))
 					cl = sizeof(cell) - 1;
 			}
-			if (json_array_size(hs) == 0) {
+			/* complete: a copy of each of the node's shards (every worker's) */
+			if (nw < (workers < 64 ? workers : 64)) {
 				complete = false;
 				json_array_append_new(missing, json_integer(o));
-				snprintf(cell, sizeof(cell), "-");
+				if (json_array_size(hs) == 0)
+					snprintf(cell, sizeof(cell), "-");
+				else if (cl + 1 < sizeof(cell))
+					snprintf(cell + cl, sizeof(cell) - cl, "*");
 			}
 			char key[16];
 			snprintf(key, sizeof(key), "%u", o);

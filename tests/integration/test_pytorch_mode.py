@@ -380,17 +380,25 @@ class TwoNodes(harness.unittest.TestCase):
             row = steps_row()
             self.assertIsNotNone(row)
             self.assertFalse(row["lkg"], "step %d is the LKG with one of 4 shards" % step)
+            # mtcfs-admin steps judges each node's shards per worker: node 0
+            # holds only worker 0's, so the step is not complete (it said
+            # complete when any one worker's shard was held)
+            self.assertFalse(row["complete"], row)
+            self.assertIn(0, row["missing"], row)
             self.assertNotRegex(c.nodes[0].log_text(),
                                 r"job %s: step %d is complete" % (job, step))
             put(1, 0)
             put(1, 1)
             harness.wait_committed(c.nodes[1].ramdir, step, job=job, rank=1, worker=1,
                                    daemon=c.nodes[1])
-            self.assertFalse(steps_row()["lkg"], "step %d is the LKG without "
+            row = steps_row()
+            self.assertFalse(row["lkg"], "step %d is the LKG without "
                              "node 0's worker 1" % step)
+            self.assertEqual((row["complete"], row["missing"]), (False, [0]), row)
             put(0, 1)
             wait_until(lambda: (steps_row() or {}).get("lkg"), TIMEOUT,
                        "step %d the job's last good step" % step)
+            self.assertTrue(steps_row()["complete"])
             for r in range(2):
                 o = 1 - r
                 wait_until(lambda: all(harness.find_shard(
