@@ -32,7 +32,7 @@ import sys
 CREATORS = {"node_get", "new_handle", "ll_opendir"}
 ALLOC = {"calloc", "malloc", "realloc", "strdup", "opendir", "fdopendir"}
 RELEASERS = {"ll_release", "ll_releasedir"}
-FREEING = {"free", "close", "closedir"}
+FREEING = {"free", "close", "closedir", "pthread_mutex_destroy"}   # the end of an object
 
 
 def frames(section):
