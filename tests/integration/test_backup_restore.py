@@ -96,10 +96,12 @@ class GcsServer:
     """tests/gcs_server/gcs_server.py on a loopback port. --exit-on-eof:
     the server also goes when this process dies (its stdin closes)."""
 
-    def __init__(self):
+    def __init__(self, cert=None, key=None):
+        argv = ["/usr/bin/python3", SERVER, "--port", "0", "--exit-on-eof"]
+        if cert:                      # HTTPS with this certificate and key
+            argv += ["--tls-cert", cert, "--tls-key", key]
         self.p = subprocess.Popen(
-            ["/usr/bin/python3", SERVER, "--port", "0", "--exit-on-eof"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             r, _, _ = select.select([self.p.stdout], [], [], 30)
@@ -111,7 +113,7 @@ class GcsServer:
             self.stop()
             raise
         self.host = "127.0.0.1:%d" % self.port
-        self.base = "http://" + self.host
+        self.base = ("https://" if cert else "http://") + self.host
 
     def stop(self):
         if self.p is None:

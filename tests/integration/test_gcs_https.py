@@ -35,7 +35,6 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
 import json
 import os
 import re
-import select
 import shutil
 import ssl
 import subprocess
@@ -57,6 +56,7 @@ if __name__ == "__main__" and os.environ.get(NS_MARK) != "1":
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import test_backup_restore as tbr  # noqa: E402
 from harness import Daemon, wait_until  # noqa: E402
 from cluster import shard_files  # noqa: E402
 from test_backup_restore import (  # noqa: E402
@@ -65,7 +65,6 @@ from test_backup_restore import (  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-SERVER = os.path.join(REPO, "tests", "gcs_server", "gcs_server.py")
 DOCKERFILE = os.path.join(REPO, "packaging", "container", "Dockerfile")
 BUCKET = "mtcfs-tls"
 JOB = "tls"
@@ -119,41 +118,8 @@ def debian_certs_dir(d, ca_crt, bundle=True, hashes=True):
     return d
 
 
-class Server:
-    """gcs_server.py on a loopback port (HTTPS with cert/key)."""
-
-    def __init__(self, cert=None, key=None):
-        argv = ["/usr/bin/python3", SERVER, "--port", "0", "--exit-on-eof"]
-        if cert:
-            argv += ["--tls-cert", cert, "--tls-key", key]
-        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            r, _, _ = select.select([self.p.stdout], [], [], 30)
-            line = self.p.stdout.readline().decode() if r else ""
-            if not line.startswith("PORT="):
-                raise AssertionError("gcs_server did not print PORT=: %r" % line)
-        except BaseException:
-            self.stop()
-            raise
-        self.host = "127.0.0.1:%d" % int(line[5:])
-        self.base = ("https://" if cert else "http://") + self.host
-
-    def stop(self):
-        if self.p is None:
-            return
-        p, self.p = self.p, None
-        try:
-            p.stdin.close()
-        except OSError:
-            pass
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        p.stdout.close()
+# gcs_server.py on a loopback port (HTTPS with cert/key): the suite's launcher
+Server = tbr.GcsServer
 
 
 class HttpsBase(unittest.TestCase):
