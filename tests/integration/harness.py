@@ -99,6 +99,36 @@ def _run_quiet(argv, timeout=30):
         return subprocess.CompletedProcess(argv, -1, str(e).encode())
 
 
+def thread_stacks(pid, timeout=60):
+    """Every thread's backtrace of a live process, for a hang report.
+
+    gdb attaches, prints and detaches; without gdb (or if it fails) the
+    kernel's view of each thread (/proc/PID/task/*/stack, wchan) is what
+    there is.
+    """
+    if shutil.which("gdb"):
+        try:
+            r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx",
+                                "-ex", "set pagination off",
+                                "-ex", "thread apply all bt"],
+                               stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=timeout)
+            out = r.stdout.decode(errors="replace")
+            if "Thread " in out:
+                return "\n".join(l for l in out.splitlines()
+                                 if l.startswith(("Thread ", "#")))
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    lines = []
+    for tid in sorted(os.listdir("/proc/%d/task" % pid)):
+        try:
+            with open("/proc/%d/task/%s/wchan" % (pid, tid)) as f:
+                lines.append("thread %s: %s" % (tid, f.read()))
+        except OSError:
+            pass
+    return "\n".join(lines)
+
+
 def force_unmount(mnt):
     """Unmount mnt however possible (used after kill -9 and at exit)."""
     for argv in (["fusermount3", "-u", mnt], ["fusermount3", "-u", "-z", mnt],
@@ -223,11 +253,13 @@ class Daemon:
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            stacks = thread_stacks(self.proc.pid)
             self.proc.kill()
             rc = self.proc.wait()
             if clean:
                 self.problems.append("daemon did not exit within %.0fs of "
-                                     "the unmount; killed" % timeout)
+                                     "the unmount; killed; its threads:\n%s"
+                                     % (timeout, stacks))
         self.proc = None
         force_unmount(self.mnt)
         if clean and rc != 0 and not self.expect_nonzero_exit:
