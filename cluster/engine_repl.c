@@ -37,10 +37,10 @@ static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
 	rc = nconn_connect(addr, rank, "data", &e->auth, 5000, &c, NULL);
 	if (rc < 0)
 		return rc;
-	b64 = eng_b64_encode(rec->mf, rec->mflen);
+	b64 = xfer_b64_encode(rec->mf, rec->mflen);
 	req = json_object();
 	json_object_set_new(req, "op", json_string("push"));
-	json_object_set_new(req, "key", eng_key_json(k));
+	json_object_set_new(req, "key", xfer_key_json(k));
 	json_object_set_new(req, "manifest", json_string(b64 ? b64 : ""));
 	free(b64);
 	rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
@@ -62,7 +62,7 @@ static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
 		rc = dfd;
 		goto out;
 	}
-	rc = eng_send_files(c, dfd, mf);
+	rc = xfer_send_files(c, dfd, mf);
 	if (rc == 0) {
 		struct net_hdr h;
 		rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &resp);

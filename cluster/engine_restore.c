@@ -366,14 +366,14 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 		snprintf(why, whylen, "connecting to rank %u at %s: %s", p->holder, addr, strerror(-rc));
 		return rc;
 	}
-	req = eng_key_json(&src);
+	req = xfer_key_json(&src);
 	json_object_set_new(req, "op", json_string("fetch"));
 	rc = nconn_call(conn, req, &resp, DATA_TIMEOUT_MS);
 	if (rc < 0) {
 		snprintf(why, whylen, "rank %u refused the fetch: %s", p->holder, strerror(-rc));
 		goto out;
 	}
-	rc = eng_decode_manifest(resp, &mf, why, whylen);
+	rc = xfer_decode_manifest(resp, &mf, why, whylen);
 	if (rc < 0) {
 		log_warn("engine", "rank %u sent a manifest that is refused: %s", p->holder, why);
 	}
@@ -384,7 +384,7 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 	}
 	rc = ram_stage_begin(e->ram, &mine, &st);
 	if (rc == 0)
-		rc = eng_recv_files(e, conn, &st, mf, why, whylen);
+		rc = xfer_recv_files(e->ram, conn, &st, mf, why, whylen);
 	if (rc == 0 && p->owner != mine.rank && c->framework == RCFG_FW_PYTORCH &&
 	    (rc = adopt_mate_files(c, st.fd, p->step, p->owner, mine.rank, &mf)) < 0)
 		snprintf(why, whylen, "renaming node %u's files as this node's: %s", p->owner,
