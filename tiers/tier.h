@@ -5,8 +5,9 @@
  * { ops, self }; callers go through the tier_* wrappers below, never
  * t->ops directly, so that a wrapper (a cache, the unit tests' fault
  * injector) can sit between. The restore brings shards in through
- * tier_obtain(), replication sends them out through tier_put(). Threads: whichever calls; a tier keeps no per-call state.
- * The caller owns every struct it passes; *mf results are the caller's. */
+ * tier_obtain(), replication sends them out through tier_put().
+ * Threads: whichever calls; a tier keeps no per-call state. The caller
+ * owns every struct it passes; *mf results are the caller's. */
 #ifndef MTCFS_TIERS_TIER_H
 #define MTCFS_TIERS_TIER_H
 
@@ -103,7 +104,8 @@ void tier_close(struct tier *t);
 /* Make shard g->want present on g->ram as g->as, owned and restored
  * (SHF_OWN | SHF_RESTORED), from the first of the n sources that gives
  * it: each one's get -> g->rename -> publish -> got, its stage aborted on
- * failure; TIER_IN_PLACE only sets the flags on the record. 0, or the last source's -errno with its words in why. */
+ * failure; TIER_IN_PLACE only sets the flags on the record. 0, or the
+ * last source's -errno with its words in why. */
 int tier_obtain(struct tier *const *src, size_t n, struct tier_get *g, char *why, size_t whylen);
 
 /* This node's RAM tier: get verifies the local copy of g->want (a copy that

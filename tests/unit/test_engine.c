@@ -1,9 +1,10 @@
 /* Unit tests for the engine's pieces without Python: the data server
  * (cluster/engine_data.c) answering pushes over a socketpair() and fetches
  * from the peer tier over loopback, and tier_obtain() (tiers/tier.h) over
- * the RAM, peer and bucket tiers (an in-memory bucket): bytes restored equal bytes sealed, a corrupt or
- * failing source is refused and the next one is used, nothing is left
- * staged after a failure. Each test runs in a private directory holding
+ * the RAM, peer and bucket tiers (an in-memory bucket): bytes restored
+ * equal bytes sealed, a corrupt or failing source is refused and the next
+ * one is used, nothing is left staged after a failure; the peer tier's put
+ * (replication). Each test runs in a private directory holding
  * the nodes' RAMDIRs; a "holder" is a node's RAM tier with its data
  * server on 127.0.0.1 (a struct eng of just what the server reads). */
 #include <errno.h>
