@@ -473,7 +473,10 @@ static void test_bucket_tier_restores_backup(void **state)
 
 /* Replication's way out: the peer tier's put pushes a shard to the
  * peer's data server, which keeps it as a replica; a second put finds it
- * there (TIER_HAD); a put the wrapper fails never reaches the peer. */
+ * there (TIER_HAD); a put the wrapper fails never reaches the peer; a
+ * replica the peer refuses while its files are still coming (a file
+ * failing its CRC32C) fails with the peer's reason, not with the broken
+ * pipe of the files that were still to go. */
 static void test_peer_tier_put(void **state)
 {
 	struct holder owner, to;
@@ -504,6 +507,31 @@ static void test_peer_tier_put(void **state)
 	free(p);
 	assert_int_equal(tier_put(&tf, owner.ram, &k, rec.mf, rec.mflen, mf), TIER_HAD);
 	assert_int_equal(f.inner_calls, 2);
+
+	{
+		struct shard_key k2;
+		struct shard_rec r2 = { 0 };
+		struct manifest *m2 = NULL;
+		int dfd, fd;
+
+		key_of(&k2, 22, 1);
+		seal(&owner, &k2, SHF_OWN, &m2);
+		dfd = ram_shard_open(owner.ram, &k2);
+		fd = openat(dfd, "a", O_RDWR | O_CLOEXEC);   /* the first file sent */
+		assert_true(fd >= 0);
+		assert_int_equal(pwrite(fd, "A", 1, 0), 1);
+		close(fd);
+		close(dfd);
+		assert_int_equal(idx_get_shard(ram_idx(owner.ram), &k2, &r2), 0);
+		/* the race it was lost in came out either way: several tries */
+		for (int i = 0; i < 20; i++)
+			assert_int_equal(tier_put(&f.inner, owner.ram, &k2, r2.mf, r2.mflen, m2),
+					 -EBADMSG);
+		assert_int_equal(idx_get_shard(ram_idx(to.ram), &k2, &(struct shard_rec){ 0 }),
+				 -ENOENT);
+		idx_rec_clear(&r2);
+		mf_free(m2);
+	}
 
 	/* the RAM tier takes no shards this way */
 	{
