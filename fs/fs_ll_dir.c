@@ -4,7 +4,6 @@
 #include "fs/fs_i.h"
 #include "fs/fs_ll_i.h"
 #include "common/log.h"
-#include "common/metrics.h"
 #include "common/util.h"
 
 #include <dirent.h>

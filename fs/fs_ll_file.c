@@ -5,7 +5,6 @@
 #include "fs/fs_ll_i.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "common/util.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -3,7 +3,6 @@
  * handshake and frame input: server_recv.c; what they share: server_i.h. */
 #include "net/server.h"
 #include "net/server_i.h"
-#include "net/tls.h"
 #include "common/log.h"
 #include "common/util.h"
 

@@ -3,7 +3,6 @@
  * closing (see server_i.h). */
 #include "net/server.h"
 #include "net/server_i.h"
-#include "net/tls.h"
 #include "common/log.h"
 #include "common/util.h"
 

@@ -3,9 +3,7 @@
  * connections to their own threads (see server_i.h). */
 #include "net/server.h"
 #include "net/server_i.h"
-#include "net/tls.h"
 #include "common/log.h"
-#include "common/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -4,8 +4,10 @@
 #include "tiers/ec_i.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <isa-l/erasure_code.h>
 
