@@ -40,10 +40,7 @@ int ec_parse_redundancy(const char *s, struct ec_redundancy *out, char *err, siz
 	unsigned k, m;
 	char dummy[1];
 
-	if (!err || !errlen) {
-		err = dummy;
-		errlen = sizeof dummy;
-	}
+	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
 	if (!out)
 		return -EINVAL;
@@ -170,10 +167,7 @@ int ec_shard_finish(const struct ec_shard *s, char *err, size_t errlen)
 {
 	char dummy[1];
 
-	if (!err || !errlen) {
-		err = dummy;
-		errlen = sizeof dummy;
-	}
+	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	if (!s || !s->mf)
 		return -EINVAL;
 	/* Deepest first, so a read-only directory is closed after its files. */

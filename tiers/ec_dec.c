@@ -65,10 +65,7 @@ int ec_decode(const int *in, unsigned n, unsigned want, const struct ec_sink *si
 	struct stream s;
 	char dummy[1], why[160];
 
-	if (!err || !errlen) {
-		err = dummy;
-		errlen = sizeof dummy;
-	}
+	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
 	if ((!in && n) || !sink || n > 4096)
 		return -EINVAL;

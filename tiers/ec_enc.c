@@ -35,10 +35,7 @@ int ec_encode(const int *in, unsigned k, const int *out, unsigned m, char *err, 
 	char dummy[1];
 	int rc;
 
-	if (!err || !errlen) {
-		err = dummy;
-		errlen = sizeof dummy;
-	}
+	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
 	if (!in || !out || k < 1 || m < 1 || k + m > EC_MAX_N)
 		return -EINVAL;
@@ -245,10 +242,7 @@ int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
 	char dummy[1];
 	int rc;
 
-	if (!err || !errlen) {
-		err = dummy;
-		errlen = sizeof dummy;
-	}
+	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
 	if (!e)
 		return -EINVAL;
@@ -337,10 +331,7 @@ int ec_enc_finish(struct ec_enc *e, char *err, size_t errlen)
 	char dummy[1];
 	int rc = 0;
 
-	if (!err || !errlen) {
-		err = dummy;
-		errlen = sizeof dummy;
-	}
+	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
 	if (!e)
 		return -EINVAL;

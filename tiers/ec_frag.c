@@ -266,10 +266,7 @@ int ec_frag_info(int fd, struct ec_geom *g, unsigned *index, char *err, size_t e
 	char dummy[1];
 	int rc;
 
-	if (!err || !errlen) {
-		err = dummy;
-		errlen = sizeof dummy;
-	}
+	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	rc = ec_frag_read_info(fd, &f, err, errlen);
 	if (rc)
 		return rc;
@@ -313,10 +310,7 @@ int ec_frag_verify(int fd, struct ec_geom *g, unsigned *index, char *err, size_t
 	char dummy[1];
 	int rc;
 
-	if (!err || !errlen) {
-		err = dummy;
-		errlen = sizeof dummy;
-	}
+	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
 	rc = ec_frag_read_info(fd, &f, err, errlen);
 	if (rc)
@@ -523,10 +517,7 @@ int ec_frag_data(const struct ec_geom *g, unsigned index, const struct ec_shard 
 	bool sopen = false;
 	int rc;
 
-	if (!err || !errlen) {
-		err = dummy;
-		errlen = sizeof dummy;
-	}
+	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
 	if (!geom_ok(g) || index >= g->k || !src || !src->mf)
 		return -EINVAL;

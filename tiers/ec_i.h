@@ -12,6 +12,16 @@
 
 #include "tiers/ec.h"
 
+/* The err/errlen of a public call, or the caller's own small dummy when it
+ * passed none: the code below writes messages without checking. */
+static inline void ec_err_buf(char **err, size_t *errlen, char *dummy, size_t dummylen)
+{
+	if (!*err || !*errlen) {
+		*err = dummy;
+		*errlen = dummylen;
+	}
+}
+
 static inline uint64_t member_len(const struct ec_geom *g, unsigned index)
 {
 	return index < g->k ? g->d[index].len : ec_cw_len(g);
