@@ -374,6 +374,22 @@ static int listen_on(const char *hostport, int *fd_out, int *port_out)
 	return 0;
 }
 
+/* What nsrv_start set up, but the listening socket (closed first by
+ * nsrv_stop, last by a failed start), and s itself. */
+static void free_server(struct nsrv *s)
+{
+	if (s->epfd >= 0)
+		close(s->epfd);
+	if (s->evfd >= 0)
+		close(s->evfd);
+	auth_clear(&s->auth);
+	free(s->tab);
+	free(s->atab);
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->data_cv);
+	free(s);
+}
+
 int nsrv_start(const char *listen_hostport, int my_rank, const struct net_auth *auth,
 	       const struct nsrv_ops *ops, void *arg, struct nsrv **out)
 {
@@ -449,16 +465,7 @@ int nsrv_start(const char *listen_hostport, int my_rank, const struct net_auth *
 fail:
 	if (s->lfd >= 0)
 		close(s->lfd);
-	if (s->epfd >= 0)
-		close(s->epfd);
-	if (s->evfd >= 0)
-		close(s->evfd);
-	auth_clear(&s->auth);
-	free(s->tab);
-	free(s->atab);
-	pthread_mutex_destroy(&s->mu);
-	pthread_cond_destroy(&s->data_cv);
-	free(s);
+	free_server(s);
 	return rc;
 }
 
@@ -509,14 +516,9 @@ int nsrv_send(struct nsrv *s, uint64_t conn_id, uint8_t type, uint32_t req_id, j
 	json_decref(msg);
 	if (rc < 0)
 		return rc;
-	o = malloc(sizeof(*o));
-	if (!o) {
-		free(frame);
+	o = srv_obuf_new(frame, len);
+	if (!o)
 		return -ENOMEM;
-	}
-	o->next = NULL;
-	o->len = len;
-	o->data = frame;
 
 	pthread_mutex_lock(&s->mu);
 	c = srv_lookup(s, conn_id);
@@ -610,13 +612,6 @@ void nsrv_stop(struct nsrv *s)
 	}
 	pthread_mutex_unlock(&s->mu);
 
-	close(s->epfd);
-	close(s->evfd);
-	auth_clear(&s->auth);
-	free(s->tab);
-	/* every connection was closed, so every entry is gone already */
-	free(s->atab);
-	pthread_mutex_destroy(&s->mu);
-	pthread_cond_destroy(&s->data_cv);
-	free(s);
+	/* every connection was closed, so every entry of atab is gone already */
+	free_server(s);
 }

@@ -426,17 +426,28 @@ int srv_flush(struct nsrv *s, struct sconn *c)
 	return 0;
 }
 
-int srv_enqueue(struct sconn *c, uint8_t *frame, size_t len)
+/* An output queue entry for a whole frame: takes frame, which is freed
+ * when there is no memory for the entry (NULL). Any thread. */
+struct obuf *srv_obuf_new(uint8_t *frame, size_t len)
 {
 	struct obuf *o = malloc(sizeof(*o));
 
 	if (!o) {
 		free(frame);
-		return -ENOMEM;
+		return NULL;
 	}
 	o->next = NULL;
 	o->len = len;
 	o->data = frame;
+	return o;
+}
+
+int srv_enqueue(struct sconn *c, uint8_t *frame, size_t len)
+{
+	struct obuf *o = srv_obuf_new(frame, len);
+
+	if (!o)
+		return -ENOMEM;
 	if (c->out_tail)
 		c->out_tail->next = o;
 	else

@@ -165,6 +165,7 @@ void srv_drop(struct nsrv *s, struct sconn *c, bool warn, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void srv_set_events(struct nsrv *s, struct sconn *c);
 int srv_flush(struct nsrv *s, struct sconn *c);
+struct obuf *srv_obuf_new(uint8_t *frame, size_t len);
 int srv_enqueue(struct sconn *c, uint8_t *frame, size_t len);
 int srv_enqueue_json(struct sconn *c, uint8_t type, uint32_t req_id, json_t *msg);
 int srv_begin_closing(struct nsrv *s, struct sconn *c);
