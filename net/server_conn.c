@@ -253,11 +253,13 @@ void srv_refuse(struct nsrv *s, int fd, const struct sockaddr *sa, const char *w
 {
 	uint64_t now = util_now_ns();
 
-	close(fd);
+	/* counted before the close: a peer that sees its connection reset
+	 * finds it in nsrv_refused() already */
 	s->refused++;
 	s->refused_since_log++;
 	s->refused_why = why;
 	srv_fmt_addr(sa, s->refused_from, sizeof(s->refused_from));
+	close(fd);
 	if (now - s->last_refuse_log > 1000000000ull)
 		srv_refuse_log(s, now);
 }
