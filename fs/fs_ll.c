@@ -94,7 +94,7 @@ static void ra_tune(void)
 		close(fd);
 }
 
-struct fs *ll_fs_of(fuse_req_t req)
+struct fs *fs_of(fuse_req_t req)
 {
 	struct fs *fs = fuse_req_userdata(req);
 	/* the kernel sends nothing before INIT's reply is processed */
@@ -105,7 +105,7 @@ struct fs *ll_fs_of(fuse_req_t req)
 	return fs;
 }
 
-struct fnode *ll_node_of(struct fs *fs, fuse_ino_t ino)
+struct fnode *fs_node_of(struct fs *fs, fuse_ino_t ino)
 {
 	if (ino == FUSE_ROOT_ID)
 		return &fs->root;
@@ -115,7 +115,7 @@ struct fnode *ll_node_of(struct fs *fs, fuse_ino_t ino)
 /* Read-only? A node's own flag, or — while a commit is being sealed and its
  * tree not yet frozen node by node — a frozen ancestor. The ancestor walk
  * makes a committed step read-only the moment its rename returns. */
-bool ll_is_frozen(struct fnode *n)
+bool fs_is_frozen(struct fnode *n)
 {
 	bool r;
 	if (atomic_load(&n->flags) & (FN_FROZEN | FN_STORE))
@@ -134,7 +134,7 @@ static inline size_t hslot(struct fs *fs, ino_t ino, dev_t dev)
 	return (size_t)(((uint64_t)ino * 0x9e3779b97f4a7c15ULL) ^ (uint64_t)dev) & (fs->hsize - 1);
 }
 
-struct fnode *ll_htab_find(struct fs *fs, ino_t ino, dev_t dev)
+struct fnode *fs_htab_find(struct fs *fs, ino_t ino, dev_t dev)
 {
 	struct fnode *n;
 	for (n = fs->htab[hslot(fs, ino, dev)]; n; n = n->hnext)
@@ -165,7 +165,7 @@ static void htab_remove(struct fs *fs, struct fnode *n)
  * .mtcfs/<job>/<step>/<shard>) keep short timeouts, so a path walk finds it
  * gone. Not yet sealed steps keep short ones: the seal links every file
  * into the store, changing its link count. */
-bool ll_immutable(struct fs *fs, struct fnode *n)
+bool fs_immutable(struct fs *fs, struct fnode *n)
 {
 	uint32_t fl = atomic_load(&n->flags);
 	struct fs_step *s;
@@ -188,15 +188,15 @@ static double entry_timeout(struct fnode *parent)
 	 * markers, policy dropping steps): never cache its names. */
 	if (parent == &g_fs->root)
 		return 0.0;
-	return ll_immutable(g_fs, parent) ? IMMUTABLE_TIMEOUT : 1.0;
+	return fs_immutable(g_fs, parent) ? IMMUTABLE_TIMEOUT : 1.0;
 }
 
 static double attr_timeout(struct fnode *n)
 {
-	return ll_immutable(g_fs, n) ? IMMUTABLE_TIMEOUT : 1.0;
+	return fs_immutable(g_fs, n) ? IMMUTABLE_TIMEOUT : 1.0;
 }
 
-int ll_proc_path(int fd, char *buf, size_t len)
+int fs_proc_path(int fd, char *buf, size_t len)
 {
 	return snprintf(buf, len, "%i", fd);
 }
@@ -214,7 +214,7 @@ void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step)
 {
 	struct fnode *n;
 	pthread_mutex_lock(&fs->mu);
-	n = ll_htab_find(fs, ino, dev);
+	n = fs_htab_find(fs, ino, dev);
 	if (!n || (atomic_load(&n->flags) & FN_FROZEN)) {
 		pthread_mutex_unlock(&fs->mu);
 		return;
@@ -226,7 +226,7 @@ void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step)
 	n->nlookup++;
 	pthread_mutex_unlock(&fs->mu);
 	wait_writers(n);
-	ll_node_unref(fs, n, 1);
+	fs_node_unref(fs, n, 1);
 }
 
 struct inval_job {
@@ -260,7 +260,7 @@ static void inval_inode_run(void *arg)
  * cache of the mount are clean copies of what RAMDIR holds: drop them, so
  * the data is not held twice in RAM. Off the request path (the kernel may
  * need a request thread to finish while it invalidates). */
-void ll_forget_pages(struct fs *fs, fuse_ino_t ino)
+void fs_forget_pages(struct fs *fs, fuse_ino_t ino)
 {
 	struct inval_inode_job *j;
 	if (!fs->se || !fs->notifyq || !(j = calloc(1, sizeof(*j))))
@@ -296,7 +296,7 @@ void fs_forget_name(struct fs *fs, const char *name)
 void fs_nodes_free(struct fs *fs)
 {
 	while (fs->handles)
-		ll_free_handle(fs, fs->handles);
+		fs_free_handle(fs, fs->handles);
 	for (size_t i = 0; i < fs->hsize; i++) {
 		struct fnode *n = fs->htab[i];
 		while (n) {
@@ -318,7 +318,7 @@ int fs_node_writers(struct fs *fs, ino_t ino, dev_t dev)
 	struct fnode *n;
 	int w = 0;
 	pthread_mutex_lock(&fs->mu);
-	n = ll_htab_find(fs, ino, dev);
+	n = fs_htab_find(fs, ino, dev);
 	if (n)
 		w = atomic_load(&n->writers);
 	pthread_mutex_unlock(&fs->mu);
@@ -334,7 +334,7 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 	uint64_t step;
 
 	pthread_mutex_lock(&fs->mu);
-	n = ll_htab_find(fs, st->st_ino, st->st_dev);
+	n = fs_htab_find(fs, st->st_ino, st->st_dev);
 	if (n) {
 		close(fd);
 		n->nlookup++;
@@ -376,7 +376,7 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 		n->step = step;   /* a committed .save file (framework: pytorch) */
 		atomic_store(&n->flags, FN_FROZEN);
 	} else if (!S_ISDIR(st->st_mode) && st->st_nlink > 1 && st->st_dev == fs->root.dev &&
-		   ll_frozen_has(fs, st->st_ino)) {
+		   fs_frozen_has(fs, st->st_ino)) {
 		/* another name of a committed file (a hard link made before
 		 * the commit, found again after the kernel forgot the node) */
 		atomic_store(&n->flags, FN_FROZEN);
@@ -396,7 +396,7 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 
 /* Drop references; a node going away releases the one it holds on its
  * parent (iteratively: a chain of directories may go at once). */
-void ll_node_unref(struct fs *fs, struct fnode *n, uint64_t count)
+void fs_node_unref(struct fs *fs, struct fnode *n, uint64_t count)
 {
 	while (n && n != &fs->root) {
 		struct fnode *parent;
@@ -420,7 +420,7 @@ void ll_node_unref(struct fs *fs, struct fnode *n, uint64_t count)
 }
 
 /* lookup of `name` under parent; fills e. 0 or -errno. */
-int ll_do_lookup(struct fs *fs, struct fnode *parent, const char *name,
+int fs_do_lookup(struct fs *fs, struct fnode *parent, const char *name,
 		 struct fuse_entry_param *e)
 {
 	struct fnode *n;
@@ -469,7 +469,7 @@ int ll_do_lookup(struct fs *fs, struct fnode *parent, const char *name,
 	 * Neither changes behind the kernel's back except when policy drops a
 	 * step or shard, and that path invalidates them (fs_forget_name). */
 	if (parent == &fs->root &&
-	    (nm != name || ((atomic_load(&n->flags) & FN_STEPDIR) && ll_immutable(fs, n))))
+	    (nm != name || ((atomic_load(&n->flags) & FN_STEPDIR) && fs_immutable(fs, n))))
 		e->entry_timeout = IMMUTABLE_TIMEOUT;
 	return 0;
 }
@@ -484,7 +484,7 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn)
 	 * daemon makes for itself names its mode. */
 	umask(0);
 	conn->want &= ~FUSE_CAP_DONT_MASK;
-	ll_frozen_load(fs);
+	fs_frozen_load(fs);
 	/* splice only with pipes that hold a whole request (main.c checks) */
 	if (fs->splice_ok && (conn->capable & FUSE_CAP_SPLICE_WRITE))
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
@@ -523,16 +523,16 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn)
 
 static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	struct fs *fs = ll_fs_of(req);
+	struct fs *fs = fs_of(req);
 	struct fuse_entry_param e;
-	int rc = ll_do_lookup(fs, ll_node_of(fs, parent), name, &e);
+	int rc = fs_do_lookup(fs, fs_node_of(fs, parent), name, &e);
 
 	if (rc < 0) {
 		if (rc == -ENOENT) {
 			memset(&e, 0, sizeof(e));
 			/* a negative entry only where no name can appear: in
 			 * a sealed step or inside a shard */
-			e.entry_timeout = ll_immutable(fs, ll_node_of(fs, parent)) ? IMMUTABLE_TIMEOUT : 0;
+			e.entry_timeout = fs_immutable(fs, fs_node_of(fs, parent)) ? IMMUTABLE_TIMEOUT : 0;
 			fuse_reply_entry(req, &e);
 			return;
 		}
@@ -544,21 +544,21 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 
 static void ll_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
-	ll_node_unref(ll_fs_of(req), ll_node_of(ll_fs_of(req), ino), nlookup);
+	fs_node_unref(fs_of(req), fs_node_of(fs_of(req), ino), nlookup);
 	fuse_reply_none(req);
 }
 
 static void ll_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *f)
 {
 	for (size_t i = 0; i < count; i++)
-		ll_node_unref(ll_fs_of(req), ll_node_of(ll_fs_of(req), f[i].ino), f[i].nlookup);
+		fs_node_unref(fs_of(req), fs_node_of(fs_of(req), f[i].ino), f[i].nlookup);
 	fuse_reply_none(req);
 }
 
 void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct fs *fs = ll_fs_of(req);
-	struct fnode *n = ll_node_of(fs, ino);
+	struct fs *fs = fs_of(req);
+	struct fnode *n = fs_node_of(fs, ino);
 	struct stat st;
 
 	if (fstatat(n->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
@@ -570,7 +570,7 @@ void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
 static void ll_statfs(fuse_req_t req, fuse_ino_t ino)
 {
-	struct fs *fs = ll_fs_of(req);
+	struct fs *fs = fs_of(req);
 	struct statvfs sv;
 	uint64_t cap = ram_cap(fs->ram), used = ram_used(fs->ram);
 

@@ -19,7 +19,7 @@
 
 void ll_readlink(fuse_req_t req, fuse_ino_t ino)
 {
-	struct fnode *n = ll_node_of(ll_fs_of(req), ino);
+	struct fnode *n = fs_node_of(fs_of(req), ino);
 	char buf[PATH_MAX + 1];
 	ssize_t r = readlinkat(n->fd, "", buf, sizeof(buf));
 
@@ -36,9 +36,9 @@ void ll_readlink(fuse_req_t req, fuse_ino_t ino)
 }
 
 /* May the app create `name` under parent? */
-int ll_may_create(struct fs *fs, struct fnode *parent, const char *name)
+int fs_may_create(struct fs *fs, struct fnode *parent, const char *name)
 {
-	if (ll_is_frozen(parent))
+	if (fs_is_frozen(parent))
 		return -EROFS;
 	if (parent == &fs->root && !strcmp(name, STORE_NAME))
 		return -EEXIST;
@@ -51,7 +51,7 @@ int ll_may_create(struct fs *fs, struct fnode *parent, const char *name)
  * chown clears set-id bits of non-directories: put the created mode back.
  * On failure the entry is removed again. st: in, the entry as created;
  * out, as the caller will see it. 0 or -errno. */
-int ll_own_new(struct fs *fs, fuse_req_t req, struct fnode *dir, const char *name,
+int fs_own_new(struct fs *fs, fuse_req_t req, struct fnode *dir, const char *name,
 	       struct fnode *n, struct stat *st)
 {
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
@@ -73,7 +73,7 @@ int ll_own_new(struct fs *fs, fuse_req_t req, struct fnode *dir, const char *nam
 		rc = -errno;
 		goto out;
 	}
-	ll_proc_path(n->fd, pp, sizeof(pp));
+	fs_proc_path(n->fd, pp, sizeof(pp));
 	if (!S_ISLNK(st->st_mode) && !S_ISDIR(st->st_mode) && (st->st_mode & (S_ISUID | S_ISGID)) &&
 	    fchmodat(fs->proc_self_fd, pp, st->st_mode & 07777, 0) < 0) {
 		rc = -errno;
@@ -93,10 +93,10 @@ out:
 static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 		      dev_t rdev, const char *link)
 {
-	struct fs *fs = ll_fs_of(req);
-	struct fnode *dir = ll_node_of(fs, parent);
+	struct fs *fs = fs_of(req);
+	struct fnode *dir = fs_node_of(fs, parent);
 	struct fuse_entry_param e;
-	int rc = ll_may_create(fs, dir, name);
+	int rc = fs_may_create(fs, dir, name);
 
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
@@ -112,14 +112,14 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		fuse_reply_err(req, errno);
 		return;
 	}
-	rc = ll_do_lookup(fs, dir, name, &e);
+	rc = fs_do_lookup(fs, dir, name, &e);
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	rc = ll_own_new(fs, req, dir, name, ll_node_of(fs, e.ino), &e.attr);
+	rc = fs_own_new(fs, req, dir, name, fs_node_of(fs, e.ino), &e.attr);
 	if (rc < 0) {
-		ll_node_unref(fs, ll_node_of(fs, e.ino), 1);
+		fs_node_unref(fs, fs_node_of(fs, e.ino), 1);
 		fuse_reply_err(req, -rc);
 		return;
 	}
@@ -143,26 +143,26 @@ void ll_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char 
 
 void ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char *name)
 {
-	struct fs *fs = ll_fs_of(req);
-	struct fnode *n = ll_node_of(fs, ino), *dir = ll_node_of(fs, parent);
+	struct fs *fs = fs_of(req);
+	struct fnode *n = fs_node_of(fs, ino), *dir = fs_node_of(fs, parent);
 	struct fuse_entry_param e;
 	char pp[64];
-	int rc = ll_may_create(fs, dir, name);
+	int rc = fs_may_create(fs, dir, name);
 
 	/* A committed file gets no new names: a link outside its step would
 	 * be a writable way to the shard's bytes (and the store is ours). */
-	if (rc == 0 && ll_is_frozen(n))
+	if (rc == 0 && fs_is_frozen(n))
 		rc = -EROFS;
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	ll_proc_path(n->fd, pp, sizeof(pp));
+	fs_proc_path(n->fd, pp, sizeof(pp));
 	if (linkat(fs->proc_self_fd, pp, dir->fd, name, AT_SYMLINK_FOLLOW) < 0) {
 		fuse_reply_err(req, errno);
 		return;
 	}
-	rc = ll_do_lookup(fs, dir, name, &e);
+	rc = fs_do_lookup(fs, dir, name, &e);
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
@@ -180,15 +180,15 @@ static int before_remove(struct fs *fs, struct fnode *dir, const char *name)
 		return -EPERM;
 	if (atomic_load(&dir->flags) & FN_FROZEN)
 		commit_wait_sealed(fs, dir->step);
-	else if (ll_is_frozen(dir))
+	else if (fs_is_frozen(dir))
 		workq_drain(fs->sealq);   /* frozen through an ancestor: its seal is queued */
 	return 0;
 }
 
 void ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	struct fs *fs = ll_fs_of(req);
-	struct fnode *dir = ll_node_of(fs, parent);
+	struct fs *fs = fs_of(req);
+	struct fnode *dir = fs_node_of(fs, parent);
 	struct stat st;
 	int rc = before_remove(fs, dir, name);
 
@@ -211,8 +211,8 @@ void ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 
 void ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	struct fs *fs = ll_fs_of(req);
-	struct fnode *dir = ll_node_of(fs, parent);
+	struct fs *fs = fs_of(req);
+	struct fnode *dir = fs_node_of(fs, parent);
 	struct stat st;
 	uint64_t step;
 	bool was_step = false;
@@ -240,15 +240,15 @@ void ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	       fuse_ino_t newparent, const char *newname, unsigned int flags)
 {
-	struct fs *fs = ll_fs_of(req);
-	struct fnode *src = ll_node_of(fs, parent), *dst = ll_node_of(fs, newparent);
+	struct fs *fs = fs_of(req);
+	struct fnode *src = fs_node_of(fs, parent), *dst = fs_node_of(fs, newparent);
 	struct stat st, tst;
 	uint64_t step = 0, tstep;
 	bool commit = false, marker = false;
 	ino_t marker_dir = 0;
 	int rc;
 
-	if (ll_is_frozen(src) || ll_is_frozen(dst)) {
+	if (fs_is_frozen(src) || fs_is_frozen(dst)) {
 		fuse_reply_err(req, EROFS);
 		return;
 	}
@@ -292,7 +292,7 @@ void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	/* Reclassify the moved node if the kernel holds it. */
 	pthread_mutex_lock(&fs->mu);
 	{
-		struct fnode *n = ll_htab_find(fs, st.st_ino, st.st_dev);
+		struct fnode *n = fs_htab_find(fs, st.st_ino, st.st_dev);
 		struct fnode *oldp = NULL;
 		if (n && n->parent != (dst == &fs->root ? NULL : dst)) {
 			/* the moved node now hangs under dst */
@@ -303,9 +303,9 @@ void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		}
 		if (oldp) {
 			pthread_mutex_unlock(&fs->mu);
-			ll_node_unref(fs, oldp, 1);
+			fs_node_unref(fs, oldp, 1);
 			pthread_mutex_lock(&fs->mu);
-			n = ll_htab_find(fs, st.st_ino, st.st_dev);
+			n = fs_htab_find(fs, st.st_ino, st.st_dev);
 		}
 		if (n) {
 			if (dst == &fs->root && S_ISDIR(st.st_mode) && util_is_step_name(newname, &tstep)) {
@@ -353,8 +353,8 @@ void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 
 void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct fs *fs = ll_fs_of(req);
-	struct fnode *n = ll_node_of(fs, ino);
+	struct fs *fs = fs_of(req);
+	struct fnode *n = fs_node_of(fs, ino);
 	struct dhandle *d = calloc(1, sizeof(*d));
 	int fd;
 
@@ -375,7 +375,7 @@ void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	fi->fh = (uintptr_t)d;
 	/* An immutable directory's listing stays in the kernel across opens;
 	 * an unlink or rmdir in it through the mount invalidates it there. */
-	fi->cache_readdir = ll_immutable(fs, n) ? 1 : 0;
+	fi->cache_readdir = fs_immutable(fs, n) ? 1 : 0;
 	fi->keep_cache = fi->cache_readdir;
 	if (fuse_reply_open(req, fi) == -ENOENT) {
 		closedir(d->dp);

@@ -68,17 +68,17 @@ static void kill_priv(int fd)
 void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid,
 		struct fuse_file_info *fi)
 {
-	struct fs *fs = ll_fs_of(req);
-	struct fnode *n = ll_node_of(fs, ino);
+	struct fs *fs = fs_of(req);
+	struct fnode *n = fs_node_of(fs, ino);
 	char pp[64];
 	int rc = 0, fd = fi ? ((struct fhandle *)(uintptr_t)fi->fh)->fd : -1;
 
 	atomic_fetch_add(&n->inflight, 1);
-	if (ll_is_frozen(n)) {
+	if (fs_is_frozen(n)) {
 		rc = EROFS;
 		goto out;
 	}
-	ll_proc_path(n->fd, pp, sizeof(pp));
+	fs_proc_path(n->fd, pp, sizeof(pp));
 	if (valid & FUSE_SET_ATTR_MODE) {
 		if ((fd >= 0 ? fchmod(fd, attr->st_mode) :
 		     fchmodat(fs->proc_self_fd, pp, attr->st_mode, 0)) < 0) {
@@ -146,12 +146,12 @@ out:
 
 static int open_flags_ok(struct fnode *n, int flags)
 {
-	if (ll_is_frozen(n) && ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC)))
+	if (fs_is_frozen(n) && ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC)))
 		return -EROFS;
 	return 0;
 }
 
-void ll_fill_fi(struct fuse_file_info *fi, struct fhandle *h, struct fnode *n, int flags)
+void fs_fill_fi(struct fuse_file_info *fi, struct fhandle *h, struct fnode *n, int flags)
 {
 	fi->fh = (uintptr_t)h;
 	if ((flags & O_ACCMODE) == O_WRONLY) {
@@ -175,7 +175,7 @@ void ll_fill_fi(struct fuse_file_info *fi, struct fhandle *h, struct fnode *n, i
 		fi->direct_io = g_fs->dio_mmap;
 		fi->keep_cache = 0;
 	} else {
-		fi->keep_cache = ll_is_frozen(n) ? 1 : 0;
+		fi->keep_cache = fs_is_frozen(n) ? 1 : 0;
 	}
 }
 
@@ -191,13 +191,13 @@ void ll_fill_fi(struct fuse_file_info *fi, struct fhandle *h, struct fnode *n, i
  * commit keeps going through the daemon until they close, and a file with
  * passthrough opens (frozen, so every open of it is read-only) passes every
  * later open through. */
-void ll_handle_attach(fuse_req_t req, struct fs *fs, struct fhandle *h,
+void fs_handle_attach(fuse_req_t req, struct fs *fs, struct fhandle *h,
 		      struct fuse_file_info *fi)
 {
 	struct fnode *n = h->node;
 #if MTCFS_PASSTHROUGH
 	/* before amu: is_frozen may take fs->mu, which comes first */
-	bool frozen = fs->passthrough && !h->writable && ll_is_frozen(n);
+	bool frozen = fs->passthrough && !h->writable && fs_is_frozen(n);
 #endif
 
 	pthread_mutex_lock(&n->amu);
@@ -269,7 +269,7 @@ static struct fhandle *new_handle(struct fs *fs, int fd, struct fnode *n, int fl
 
 /* Closes the handle's file and frees it (its node's counters are the
  * caller's business). */
-void ll_free_handle(struct fs *fs, struct fhandle *h)
+void fs_free_handle(struct fs *fs, struct fhandle *h)
 {
 	pthread_mutex_lock(&fs->hmu);
 	if (h->prev)
@@ -286,12 +286,12 @@ void ll_free_handle(struct fs *fs, struct fhandle *h)
 void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 	       struct fuse_file_info *fi)
 {
-	struct fs *fs = ll_fs_of(req);
-	struct fnode *dir = ll_node_of(fs, parent);
+	struct fs *fs = fs_of(req);
+	struct fnode *dir = fs_node_of(fs, parent);
 	struct fuse_entry_param e;
 	struct fhandle *h;
 	bool created = false;
-	int fd, rc = ll_may_create(fs, dir, name);
+	int fd, rc = fs_may_create(fs, dir, name);
 
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
@@ -317,41 +317,41 @@ void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 		fuse_reply_err(req, errno);
 		return;
 	}
-	rc = ll_do_lookup(fs, dir, name, &e);
+	rc = fs_do_lookup(fs, dir, name, &e);
 	if (rc == 0 && created) {
-		rc = ll_own_new(fs, req, dir, name, ll_node_of(fs, e.ino), &e.attr);
+		rc = fs_own_new(fs, req, dir, name, fs_node_of(fs, e.ino), &e.attr);
 		if (rc < 0)
-			ll_node_unref(fs, ll_node_of(fs, e.ino), 1);
+			fs_node_unref(fs, fs_node_of(fs, e.ino), 1);
 	}
 	if (rc < 0) {
 		close(fd);
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	h = new_handle(fs, fd, ll_node_of(fs, e.ino), fi->flags);
+	h = new_handle(fs, fd, fs_node_of(fs, e.ino), fi->flags);
 	if (!h) {
 		close(fd);
-		ll_node_unref(fs, ll_node_of(fs, e.ino), 1);
+		fs_node_unref(fs, fs_node_of(fs, e.ino), 1);
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
 	if (h->writable && wants_kill_priv(req, fd))
 		atomic_store(&h->kill_priv, true);   /* created set-id: its first write clears it */
-	ll_fill_fi(fi, h, h->node, fi->flags);
-	ll_handle_attach(req, fs, h, fi);
+	fs_fill_fi(fi, h, h->node, fi->flags);
+	fs_handle_attach(req, fs, h, fi);
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
 		handle_detach(NULL, h);
 		if (h->writable)
 			atomic_fetch_sub(&h->node->writers, 1);
-		ll_free_handle(fs, h);
-		ll_node_unref(fs, ll_node_of(fs, e.ino), 1);
+		fs_free_handle(fs, h);
+		fs_node_unref(fs, fs_node_of(fs, e.ino), 1);
 	}
 }
 
 void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct fs *fs = ll_fs_of(req);
-	struct fnode *n = ll_node_of(fs, ino);
+	struct fs *fs = fs_of(req);
+	struct fnode *n = fs_node_of(fs, ino);
 	struct fhandle *h;
 	char pp[64];
 	int fd, rc = open_flags_ok(n, fi->flags);
@@ -360,7 +360,7 @@ void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	ll_proc_path(n->fd, pp, sizeof(pp));
+	fs_proc_path(n->fd, pp, sizeof(pp));
 	fd = openat(fs->proc_self_fd, pp, (fi->flags | O_CLOEXEC) & ~O_NOFOLLOW);
 	if (fd < 0) {
 		fuse_reply_err(req, errno);
@@ -376,24 +376,24 @@ void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	if (h->writable && wants_kill_priv(req, fd))
 		atomic_store(&h->kill_priv, true);
-	ll_fill_fi(fi, h, n, fi->flags);
-	ll_handle_attach(req, fs, h, fi);
+	fs_fill_fi(fi, h, n, fi->flags);
+	fs_handle_attach(req, fs, h, fi);
 	if (fuse_reply_open(req, fi) == -ENOENT) {
 		handle_detach(NULL, h);
 		if (h->writable)
 			atomic_fetch_sub(&n->writers, 1);
-		ll_free_handle(fs, h);
+		fs_free_handle(fs, h);
 	}
 }
 
 void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct fs *fs = ll_fs_of(req);
+	struct fs *fs = fs_of(req);
 	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
 	struct fnode *n = h->node;
 	uint64_t mstep;
 	ino_t mdir;
-	bool writable = h->writable, cached = h->cached, yaml = false, frozen = ll_is_frozen(n), top;
+	bool writable = h->writable, cached = h->cached, yaml = false, frozen = fs_is_frozen(n), top;
 
 	pthread_mutex_lock(&fs->mu);   /* a rename may update them concurrently */
 	mstep = n->marker_step;
@@ -406,10 +406,10 @@ void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (writable)
 		yaml = atomic_fetch_sub(&n->writers, 1) == 1 && (atomic_load(&n->flags) & FN_YAML);
 	handle_detach(req, h);
-	ll_free_handle(fs, h);
+	fs_free_handle(fs, h);
 	fuse_reply_err(req, 0);
 	if (cached)
-		ll_forget_pages(fs, ino);
+		fs_forget_pages(fs, ino);
 	if (yaml)
 		ctl_notify(fs);
 	/* Closing a written commit_success.txt in a top-level digits directory
@@ -436,7 +436,7 @@ void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 void ll_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf,
 		  off_t off, struct fuse_file_info *fi)
 {
-	struct fs *fs = ll_fs_of(req);
+	struct fs *fs = fs_of(req);
 	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
 	struct fnode *n = h->node;
 	size_t len = fuse_buf_size(in_buf);
@@ -445,7 +445,7 @@ void ll_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf,
 	ssize_t res;
 
 	atomic_fetch_add(&n->inflight, 1);
-	if (ll_is_frozen(n)) {
+	if (fs_is_frozen(n)) {
 		atomic_fetch_sub(&n->inflight, 1);
 		fuse_reply_err(req, EROFS);
 		return;
@@ -486,7 +486,7 @@ void ll_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_inf
 void ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
 		  struct fuse_file_info *fi)
 {
-	struct fs *fs = ll_fs_of(req);
+	struct fs *fs = fs_of(req);
 	struct fhandle *h = (struct fhandle *)(uintptr_t)fi->fh;
 	struct fnode *n = h->node;
 	/* punching a hole frees space: nothing to reserve */
@@ -494,7 +494,7 @@ void ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
 	int rc = 0;
 
 	atomic_fetch_add(&n->inflight, 1);
-	if (ll_is_frozen(n)) {
+	if (fs_is_frozen(n)) {
 		rc = EROFS;
 		goto out;
 	}

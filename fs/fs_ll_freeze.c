@@ -24,7 +24,7 @@ static size_t frozen_slot(ino_t ino, size_t cap)
 }
 
 /* fs->mu held. Is this backing inode part of a committed shard? */
-bool ll_frozen_has(struct fs *fs, ino_t ino)
+bool fs_frozen_has(struct fs *fs, ino_t ino)
 {
 	if (!fs->frozen_cap || ino == 0)
 		return false;
@@ -42,7 +42,7 @@ static int frozen_add(struct fs *fs, ino_t ino)
 {
 	size_t i;
 
-	if (ino == 0 || ll_frozen_has(fs, ino))
+	if (ino == 0 || fs_frozen_has(fs, ino))
 		return 0;
 	if ((fs->frozen_n + 1) * 2 > fs->frozen_cap) {
 		size_t ncap = fs->frozen_cap ? fs->frozen_cap * 2 : 1024;
@@ -158,7 +158,7 @@ static int load_one(void *arg, const struct util_walk_ent *e)
 /* Before the first request: the inodes every shard in RAMDIR/shards holds
  * (own steps and replicas), so a hard link made before a daemon restart
  * stays read-only after it. */
-void ll_frozen_load(struct fs *fs)
+void fs_frozen_load(struct fs *fs)
 {
 	int sfd = openat(ram_root_fd(fs->ram), "shards", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	struct load_arg a = { .fs = fs };

@@ -34,24 +34,24 @@ struct dhandle {
 };
 
 /* Shared by the pieces; each is documented where it is defined. */
-struct fs *ll_fs_of(fuse_req_t req);
-struct fnode *ll_node_of(struct fs *fs, fuse_ino_t ino);
-bool ll_is_frozen(struct fnode *n);
-struct fnode *ll_htab_find(struct fs *fs, ino_t ino, dev_t dev);
-bool ll_immutable(struct fs *fs, struct fnode *n);
-int ll_proc_path(int fd, char *buf, size_t len);
-void ll_forget_pages(struct fs *fs, fuse_ino_t ino);
-bool ll_frozen_has(struct fs *fs, ino_t ino);
-void ll_frozen_load(struct fs *fs);
-void ll_node_unref(struct fs *fs, struct fnode *n, uint64_t count);
-int ll_do_lookup(struct fs *fs, struct fnode *parent, const char *name,
+struct fs *fs_of(fuse_req_t req);
+struct fnode *fs_node_of(struct fs *fs, fuse_ino_t ino);
+bool fs_is_frozen(struct fnode *n);
+struct fnode *fs_htab_find(struct fs *fs, ino_t ino, dev_t dev);
+bool fs_immutable(struct fs *fs, struct fnode *n);
+int fs_proc_path(int fd, char *buf, size_t len);
+void fs_forget_pages(struct fs *fs, fuse_ino_t ino);
+bool fs_frozen_has(struct fs *fs, ino_t ino);
+void fs_frozen_load(struct fs *fs);
+void fs_node_unref(struct fs *fs, struct fnode *n, uint64_t count);
+int fs_do_lookup(struct fs *fs, struct fnode *parent, const char *name,
 		 struct fuse_entry_param *e);
 void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid,
 		struct fuse_file_info *fi);
 void ll_readlink(fuse_req_t req, fuse_ino_t ino);
-int ll_may_create(struct fs *fs, struct fnode *parent, const char *name);
-int ll_own_new(struct fs *fs, fuse_req_t req, struct fnode *dir, const char *name,
+int fs_may_create(struct fs *fs, struct fnode *parent, const char *name);
+int fs_own_new(struct fs *fs, fuse_req_t req, struct fnode *dir, const char *name,
 	       struct fnode *n, struct stat *st);
 void ll_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev);
 void ll_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode);
@@ -61,10 +61,10 @@ void ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name);
 void ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name);
 void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	       fuse_ino_t newparent, const char *newname, unsigned int flags);
-void ll_fill_fi(struct fuse_file_info *fi, struct fhandle *h, struct fnode *n, int flags);
-void ll_handle_attach(fuse_req_t req, struct fs *fs, struct fhandle *h,
+void fs_fill_fi(struct fuse_file_info *fi, struct fhandle *h, struct fnode *n, int flags);
+void fs_handle_attach(fuse_req_t req, struct fs *fs, struct fhandle *h,
 		      struct fuse_file_info *fi);
-void ll_free_handle(struct fs *fs, struct fhandle *h);
+void fs_free_handle(struct fs *fs, struct fhandle *h);
 void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 	       struct fuse_file_info *fi);
 void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
