@@ -38,6 +38,26 @@ static int put_small_once(struct bkt *b, const char *name, const void *buf, size
 	return rc;
 }
 
+/* The .meta of shard k (its 64 hex digits): what makes the upload visible,
+ * so written last. what ("shard", "file") names it in the -EEXIST message
+ * when the backup already records other content for k. */
+static int put_meta(struct bkt *b, const char *job, const char *backup,
+		    const struct shard_key *k, const char *hex, const char *what)
+{
+	char meta[NAME_MAX + 1], name[PATH_MAX];
+	int rc;
+
+	if ((rc = bk_meta_name(meta, sizeof(meta), job, k)) < 0 ||
+	    (rc = bk_path3(name, sizeof(name), job, backup, meta)) < 0)
+		return rc;
+	rc = put_small_once(b, name, hex, 64);
+	if (rc == -EEXIST)
+		bkt_set_error("%s/%s: this backup already records another %s for job %s "
+			      "step %" PRIu64 " node %u worker %u", bkt_url(b), name, what, job,
+			      k->step, k->rank, k->worker);
+	return rc;
+}
+
 /* ---- upload ---- */
 
 int bk_upload_shard(struct bkt *b, const char *job, const char *backup,
@@ -152,17 +172,7 @@ int bk_upload_shard(struct bkt *b, const char *job, const char *backup,
 	rc = put_small_once(b, name, enc, enclen);
 	if (rc < 0)
 		goto out;
-	{
-		char meta[NAME_MAX + 1];
-		if ((rc = bk_meta_name(meta, sizeof(meta), job, k)) < 0 ||
-		    (rc = bk_path3(name, sizeof(name), job, backup, meta)) < 0)
-			goto out;
-		rc = put_small_once(b, name, hex, 64);
-		if (rc == -EEXIST)
-			bkt_set_error("%s/%s: this backup already records another shard for job %s "
-				      "step %" PRIu64 " node %u worker %u", bkt_url(b), name, job,
-				      k->step, k->rank, k->worker);
-	}
+	rc = put_meta(b, job, backup, k, hex, "shard");
 	if (rc == 0)
 		log_info(MOD, "%s/%s: shard of step %" PRIu64 " node %u worker %u uploaded (%s, "
 			 "%u files, %" PRIu64 " bytes%s)", bkt_url(b), base, k->step, k->rank,
@@ -227,7 +237,7 @@ int bk_upload_file(struct bkt *b, const char *job, const char *backup,
 		   const struct shard_key *k, int dirfd, const struct mf_entry *e,
 		   bool upload_data)
 {
-	char hex[65], name[PATH_MAX], meta[NAME_MAX + 1];
+	char hex[65], name[PATH_MAX];
 	uint8_t hash[32];
 	int rc;
 
@@ -261,14 +271,7 @@ int bk_upload_file(struct bkt *b, const char *job, const char *backup,
 			return rc;
 	}
 	/* the .meta last: a reader never sees it before its data */
-	if ((rc = bk_meta_name(meta, sizeof(meta), job, k)) < 0 ||
-	    (rc = bk_path3(name, sizeof(name), job, backup, meta)) < 0)
-		return rc;
-	rc = put_small_once(b, name, hex, 64);
-	if (rc == -EEXIST)
-		bkt_set_error("%s/%s: this backup already records another file for job %s "
-			      "step %" PRIu64 " node %u worker %u", bkt_url(b), name, job,
-			      k->step, k->rank, k->worker);
+	rc = put_meta(b, job, backup, k, hex, "file");
 	if (rc == 0)
 		log_info(MOD, "%s/%s/%s: worker %u's file of step %" PRIu64 " node %u uploaded "
 			 "(%s.data, %" PRIu64 " bytes%s)", bkt_url(b), job, backup, k->worker, k->step,
