@@ -15,6 +15,7 @@
  * A plan entry: {op:"plan", plan, found, step, holder, owner, hash, addr}. */
 #include "cluster/coord.h"
 #include "net/frame.h"
+#include "net/proto.h"
 #include "net/server.h"
 #include "cluster/lkg.h"
 #include "common/log.h"
@@ -29,10 +30,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define COORD_MAX_NODES 65536
-#define COORD_MAX_HOLDS 4096      /* per node and catalog: 64 (steps, owners) x workers */
+#define COORD_MAX_NODES PROTO_MAX_NODES
 #define COMMITS_KEPT    4         /* newest steps remembered per owner */
-#define COORD_MAX_WORKERS 64      /* RCFG_WORKERS_MAX: shards per node */
+#define COORD_MAX_WORKERS PROTO_MAX_WORKERS
 
 struct pending { uint64_t conn; uint32_t req_id; bool waiting; };
 
@@ -128,14 +128,6 @@ static void reply_err(struct coord *c, uint64_t conn, uint32_t req_id, int err, 
 	send_msg(c, conn, NT_ERROR, req_id, net_error_msg(err, what));
 }
 
-static json_t *addrs_json(struct coord *c)
-{
-	json_t *a = json_array();
-	for (uint32_t i = 0; i < c->naddrs; i++)
-		json_array_append_new(a, c->addrs[i] ? json_string(c->addrs[i]) : json_null());
-	return a;
-}
-
 static const char *addr_of(struct coord *c, uint32_t rank)
 {
 	return rank < c->naddrs && c->addrs[rank] ? c->addrs[rank] : "";
@@ -215,43 +207,24 @@ static struct cjob *job_get(struct coord *c, const char *name, uint32_t nodes, u
 
 static json_t *plan_entry(struct coord *c, struct cjob *j, uint32_t rank)
 {
-	json_t *m = json_object();
-	char hex[65];
+	struct proto_plan_src sh[COORD_MAX_WORKERS];
+	struct proto_plan p = { .plan = j->plan_id, .found = j->plan.found, .notes = j->notes,
+				.step = j->plan.step, .bucket = j->bucket_plan,
+				.backup = j->bucket_name };
 
-	json_object_set_new(m, "op", json_string("plan"));
-	json_object_set_new(m, "plan", json_integer(j->plan_id));
-	json_object_set_new(m, "found", json_boolean(j->plan.found));
-	if (j->notes[0])
-		json_object_set_new(m, "notes", json_string(j->notes));
-	if (j->plan.found && j->bucket_plan) {
-		json_object_set_new(m, "step", json_integer((json_int_t)j->plan.step));
-		json_object_set_new(m, "source", json_string("bucket"));
-		json_object_set_new(m, "backup", json_string(j->bucket_name));
-	} else if (j->plan.found && rank < j->plan.nodes) {
+	if (j->plan.found && !j->bucket_plan && rank < j->plan.nodes) {
 		uint32_t W = j->plan.workers ? j->plan.workers : 1;
-		const struct lkg_src *s = &j->plan.src[(size_t)rank * W];
-		net_hex_encode(s->hash, 32, hex);
-		json_object_set_new(m, "step", json_integer((json_int_t)j->plan.step));
-		json_object_set_new(m, "holder", json_integer(s->holder));
-		json_object_set_new(m, "owner", json_integer(s->owner));
-		json_object_set_new(m, "hash", json_string(hex));
-		json_object_set_new(m, "addr", json_string(addr_of(c, s->holder)));
-		if (W > 1) {
-			/* one source per worker shard; worker 0's is also the
-			 * entry's own fields above */
-			json_t *a = json_array();
-			for (uint32_t w = 0; w < W; w++) {
-				const struct lkg_src *x = &j->plan.src[(size_t)rank * W + w];
-				net_hex_encode(x->hash, 32, hex);
-				json_array_append_new(a, json_pack("{s:i,s:i,s:i,s:s,s:s}", "worker",
-								   (int)w, "holder", (int)x->holder,
-								   "owner", (int)x->owner, "hash", hex,
-								   "addr", addr_of(c, x->holder)));
-			}
-			json_object_set_new(m, "shards", a);
+		for (uint32_t w = 0; w < W && w < COORD_MAX_WORKERS; w++) {
+			const struct lkg_src *x = &j->plan.src[(size_t)rank * W + w];
+			sh[w] = (struct proto_plan_src){ .holder = x->holder, .owner = x->owner,
+							 .addr = addr_of(c, x->holder) };
+			memcpy(sh[w].hash, x->hash, 32);
 		}
+		p.src = sh[0];
+		p.shards = sh;
+		p.nshards = W < COORD_MAX_WORKERS ? W : COORD_MAX_WORKERS;
 	}
-	return m;
+	return proto_plan_encode(&p);
 }
 
 static void compute_plan(struct coord *c, struct cjob *j);
@@ -448,10 +421,7 @@ static void release_barrier(struct coord *c, struct cjob *j)
 	for (uint32_t r = 0; r < j->nodes; r++) {
 		struct cnode *n = &j->n[r];
 		if (n->rdy.waiting) {
-			json_t *m = json_object();
-			json_object_set_new(m, "op", json_string("go"));
-			json_object_set_new(m, "plan", json_integer(j->plan_id));
-			send_msg(c, n->rdy.conn, NT_RESP, n->rdy.req_id, m);
+			send_msg(c, n->rdy.conn, NT_RESP, n->rdy.req_id, proto_go_encode(j->plan_id));
 			n->rdy.waiting = false;
 		}
 	}
@@ -521,46 +491,52 @@ static void maybe_release(struct coord *c, struct cjob *j, bool timed_out)
 		release_barrier(c, j);
 }
 
-static int parse_job(json_t *m, const char **name, uint32_t *nodes, uint32_t *dp)
+/* A bad request: the reason in the reply and the log. */
+static void reply_bad(struct coord *c, const struct proto_in *in, const char *why)
 {
-	uint64_t n = 0, d = 0;
-	if (net_json_str(m, "job", 128, name) < 0 || !**name ||
-	    net_json_u64(m, "nodes", COORD_MAX_NODES, &n) < 0 || n == 0)
-		return -EBADMSG;
-	if (net_json_u64(m, "dp", COORD_MAX_NODES, &d) == -EBADMSG)
-		return -EBADMSG;
-	if (d && n % d)
-		return -EBADMSG;
-	*nodes = (uint32_t)n;
-	*dp = (uint32_t)d;
-	return 0;
+	char text[256];
+
+	snprintf(text, sizeof(text), "bad %s: %s", proto_op_name(in->op), why);
+	log_dbg("coord", "rank %d: %s", in->rank, text);
+	reply_err(c, in->conn, in->req_id, EINVAL, text);
 }
 
-static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id, json_t *m)
+static void on_catalog(void *arg, const struct proto_in *in)
 {
+	struct coord *c = arg;
+	struct proto_catalog m;
 	const char *name;
-	uint32_t nodes, dp;
+	uint32_t nodes;
+	uint64_t conn = in->conn;
+	uint32_t req_id = in->req_id;
+	int rank = in->rank, rc;
 	struct cjob *j;
-	json_t *holds = json_object_get(m, "holds");
-	size_t i;
-	json_t *h;
+	char why[160] = "";
 
-	if (parse_job(m, &name, &nodes, &dp) < 0 || rank < 0 || (uint32_t)rank >= nodes ||
-	    !json_is_array(holds) || json_array_size(holds) > COORD_MAX_HOLDS) {
-		reply_err(c, conn, req_id, EINVAL, "bad catalog");
-		return;
-	}
-	j = job_get(c, name, nodes, dp);
-	if (!j) {
+	rc = proto_catalog_decode(in->msg, &m, why, sizeof(why));
+	if (rc == -ENOMEM) {
 		reply_err(c, conn, req_id, ENOMEM, "out of memory");
 		return;
 	}
-	j->dp = dp;
-	{
-		uint64_t w;
-		if (net_json_u64(m, "workers", COORD_MAX_WORKERS, &w) == 0 && w > 0)
-			j->workers = (uint32_t)w;
+	if (rc == 0 && (rank < 0 || (uint32_t)rank >= m.job.nodes)) {
+		snprintf(why, sizeof(why), "rank %d is not below nodes %u", rank, m.job.nodes);
+		rc = -EINVAL;
 	}
+	if (rc < 0) {
+		reply_bad(c, in, why);
+		return;
+	}
+	name = m.job.name;
+	nodes = m.job.nodes;
+	j = job_get(c, name, nodes, m.job.dp);
+	if (!j) {
+		proto_catalog_free(&m);
+		reply_err(c, conn, req_id, ENOMEM, "out of memory");
+		return;
+	}
+	j->dp = m.job.dp;
+	if (m.workers > 0)
+		j->workers = m.workers;
 	if (j->state == R_IDLE || j->n[rank].reported) {
 		/* A new restore round: abandon the previous one.  A rank that
 		 * reports twice in one round is a new incarnation of the job
@@ -573,9 +549,7 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 		for (uint32_t r = 0; r < j->nodes; r++) {
 			struct cnode *n = &j->n[r];
 			if (n->rdy.waiting) {
-				json_t *x = json_object();
-				json_object_set_new(x, "op", json_string("restart"));
-				send_msg(c, n->rdy.conn, NT_RESP, n->rdy.req_id, x);
+				send_msg(c, n->rdy.conn, NT_RESP, n->rdy.req_id, proto_restart_encode());
 				n->rdy.waiting = false;
 			}
 			if (n->cat.waiting && r != (uint32_t)rank) {
@@ -609,40 +583,18 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 				j->holds[k++] = j->holds[x];
 		j->nholds = k;
 	}
-	json_array_foreach(holds, i, h) {
-		struct lkg_hold lh = { .holder = (uint32_t)rank };
-		json_t *o = json_array_get(h, 0), *s = json_array_get(h, 1), *hx = json_array_get(h, 2);
-		json_t *wk = json_array_get(h, 3);   /* absent: worker 0 */
-		if (wk && (!json_is_integer(wk) || json_integer_value(wk) < 0 ||
-			   json_integer_value(wk) >= COORD_MAX_WORKERS)) {
-			reply_err(c, conn, req_id, EINVAL, "bad holding in catalog");
-			return;
-		}
-		lh.worker = wk ? (uint32_t)json_integer_value(wk) : 0;
-		{
-			/* the content key of a worker's file (its name apart) */
-			json_t *ck = json_array_get(h, 4);
-			if (ck && (!json_is_string(ck) ||
-				   net_hex_decode(json_string_value(ck), json_string_length(ck),
-						  lh.content, 32) < 0)) {
-				reply_err(c, conn, req_id, EINVAL, "bad holding in catalog");
-				return;
-			}
-			lh.has_content = ck != NULL;
-		}
-		if (!json_is_integer(o) || !json_is_integer(s) || !json_is_string(hx) ||
-		    json_integer_value(o) < 0 || json_integer_value(o) >= (json_int_t)nodes ||
-		    json_integer_value(s) < 0 ||
-		    net_hex_decode(json_string_value(hx), json_string_length(hx), lh.hash, 32) < 0) {
-			reply_err(c, conn, req_id, EINVAL, "bad holding in catalog");
-			return;
-		}
-		lh.owner = (uint32_t)json_integer_value(o);
-		lh.step = (uint64_t)json_integer_value(s);
+	for (size_t i = 0; i < m.nholds; i++) {
+		const struct proto_hold *h = &m.holds[i];
+		struct lkg_hold lh = { .holder = (uint32_t)rank, .owner = h->owner,
+				       .worker = h->worker, .step = h->step,
+				       .has_content = h->has_content };
+		memcpy(lh.hash, h->hash, 32);
+		memcpy(lh.content, h->content, 32);
 		if (j->nholds == j->capholds) {
 			size_t nc = j->capholds ? j->capholds * 2 : 64;
 			struct lkg_hold *nh = realloc(j->holds, nc * sizeof(*nh));
 			if (!nh) {
+				proto_catalog_free(&m);
 				reply_err(c, conn, req_id, ENOMEM, "out of memory");
 				return;
 			}
@@ -651,6 +603,7 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 		}
 		j->holds[j->nholds++] = lh;
 	}
+	proto_catalog_free(&m);
 	j->n[rank].conn = conn;
 	j->n[rank].reported = true;
 	if (j->state == R_PLANNING) {
@@ -672,12 +625,9 @@ static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id
 	}
 }
 
-static struct cjob *job_of(struct coord *c, json_t *m, int rank)
+static struct cjob *job_of(struct coord *c, const char *name, int rank)
 {
-	const char *name;
 	struct cjob *j;
-	if (net_json_str(m, "job", 128, &name) < 0)
-		return NULL;
 	for (j = c->jobs; j; j = j->next)
 		if (!strcmp(j->name, name))
 			break;
@@ -686,15 +636,25 @@ static struct cjob *job_of(struct coord *c, json_t *m, int rank)
 	return j;
 }
 
-static void on_fetch_failed(struct coord *c, uint64_t conn, int rank, uint32_t req_id, json_t *m)
+static void on_fetch_failed(void *arg, const struct proto_in *in)
 {
-	struct cjob *j = job_of(c, m, rank);
-	uint64_t holder, owner, step;
+	struct coord *c = arg;
+	struct proto_fetch_failed m;
+	uint64_t conn = in->conn;
+	uint32_t req_id = in->req_id;
+	int rank = in->rank;
+	struct cjob *j;
 	struct lkg_hold b = { 0 };
 	uint64_t old_step;
 	bool old_found;
+	char why[160];
 
-	if (j && j->state == R_PLANNED && j->bucket_plan && json_is_true(json_object_get(m, "bucket"))) {
+	if (proto_fetch_failed_decode(in->msg, &m, why, sizeof(why)) < 0) {
+		reply_bad(c, in, why);
+		return;
+	}
+	j = job_of(c, m.job, rank);
+	if (j && j->state == R_PLANNED && j->bucket_plan && m.bucket) {
 		/* a shard of the backup is bad or missing: plan without that backup */
 		char (*ne)[64] = realloc(j->excluded, (j->nexcluded + 1) * sizeof(*ne));
 		if (!ne) {
@@ -710,20 +670,14 @@ static void on_fetch_failed(struct coord *c, uint64_t conn, int rank, uint32_t r
 		start_plan(c, j);
 		return;
 	}
-	if (!j || net_json_u64(m, "holder", COORD_MAX_NODES - 1, &holder) < 0 ||
-	    net_json_u64(m, "owner", COORD_MAX_NODES - 1, &owner) < 0 ||
-	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) < 0 || j->state != R_PLANNED) {
-		reply_err(c, conn, req_id, EINVAL, "bad fetch_failed");
+	if (!j || j->state != R_PLANNED) {
+		reply_bad(c, in, j ? "no restore plan in force" : "unknown job or rank");
 		return;
 	}
-	b.holder = (uint32_t)holder;
-	b.owner = (uint32_t)owner;
-	b.step = step;
-	{
-		uint64_t w;
-		if (net_json_u64(m, "worker", COORD_MAX_WORKERS - 1, &w) == 0)
-			b.worker = (uint32_t)w;
-	}
+	b.holder = m.holder;
+	b.owner = m.owner;
+	b.step = m.step;
+	b.worker = m.worker;
 	if (j->nbad == j->capbad) {
 		size_t nc = j->capbad ? j->capbad * 2 : 16;
 		struct lkg_hold *nb = realloc(j->bad, nc * sizeof(*nb));
@@ -736,8 +690,8 @@ static void on_fetch_failed(struct coord *c, uint64_t conn, int rank, uint32_t r
 	}
 	j->bad[j->nbad++] = b;
 	log_warn("coord", "job %s: rank %d could not use the shard of node %llu at step %llu held by %llu; re-planning",
-		 j->name, rank, (unsigned long long)owner, (unsigned long long)step,
-		 (unsigned long long)holder);
+		 j->name, rank, (unsigned long long)m.owner, (unsigned long long)m.step,
+		 (unsigned long long)m.holder);
 	if (c->bk.decide && c->worker) {
 		/* with a bucket, a cluster that lost its last copy may still
 		 * restore from a backup: plan again with the bucket's say */
@@ -754,29 +708,35 @@ static void on_fetch_failed(struct coord *c, uint64_t conn, int rank, uint32_t r
 		send_plan_to_waiters(c, j);   /* nodes at the barrier must fetch again */
 }
 
-static void on_ready(struct coord *c, uint64_t conn, int rank, uint32_t req_id, json_t *m)
+static void on_ready(void *arg, const struct proto_in *in)
 {
-	struct cjob *j = job_of(c, m, rank);
+	struct coord *c = arg;
+	struct proto_ready m;
+	struct cjob *j;
+	int rank = in->rank;
 	uint64_t pid;
+	char why[160];
 
-	if (!j || net_json_u64(m, "plan", UINT32_MAX, &pid) < 0) {
-		reply_err(c, conn, req_id, EINVAL, "bad ready");
+	if (proto_ready_decode(in->msg, &m, why, sizeof(why)) < 0) {
+		reply_bad(c, in, why);
 		return;
 	}
+	if (!(j = job_of(c, m.job, rank))) {
+		reply_bad(c, in, "unknown job or rank");
+		return;
+	}
+	pid = m.plan;
 	if (j->state == R_IDLE && pid == j->plan_id) {
 		/* the barrier was released while this node was late */
-		json_t *x = json_object();
-		json_object_set_new(x, "op", json_string("go"));
-		json_object_set_new(x, "plan", json_integer(j->plan_id));
-		send_msg(c, conn, NT_RESP, req_id, x);
+		send_msg(c, in->conn, NT_RESP, in->req_id, proto_go_encode(j->plan_id));
 		return;
 	}
 	if (j->state != R_PLANNED || pid != j->plan_id) {
-		send_msg(c, conn, NT_RESP, req_id, plan_entry(c, j, (uint32_t)rank));
+		send_msg(c, in->conn, NT_RESP, in->req_id, plan_entry(c, j, (uint32_t)rank));
 		return;
 	}
 	j->n[rank].ready = true;
-	j->n[rank].rdy = (struct pending){ conn, req_id, true };
+	j->n[rank].rdy = (struct pending){ in->conn, in->req_id, true };
 	maybe_release(c, j, false);
 }
 
@@ -865,8 +825,8 @@ static void backup_start_run(void *arg)
 		/* the other nodes' replicator.errors say it too (rank 0, where
 		 * the bucket call failed, reported it itself) */
 		for (uint32_t r = 1; r < j->nodes; r++) {
-			json_t *e = json_pack("{s:s,s:s,s:s}", "op", "report", "job", j->name, "text", why);
-			send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
+			struct proto_report e = { .job = j->name, .text = why };
+			send_msg(c, j->n[r].conn, NT_EVENT, 0, proto_report_encode(&e));
 		}
 		pthread_mutex_unlock(&c->mu);
 		free(b);
@@ -880,13 +840,9 @@ static void backup_start_run(void *arg)
 		 * uploads only its manifest and .meta */
 		bool data = r < P || !hash_at(&j->n[r], j->bk_step, h) ||
 			    !hash_at(&j->n[r % P], j->bk_step, hc) || memcmp(h, hc, 32);
-		json_t *e = json_object();
-		json_object_set_new(e, "op", json_string("backup"));
-		json_object_set_new(e, "job", json_string(j->name));
-		json_object_set_new(e, "name", json_string(name));
-		json_object_set_new(e, "step", json_integer((json_int_t)j->bk_step));
-		json_object_set_new(e, "data", json_boolean(data));
-		send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
+		struct proto_backup e = { .job = j->name, .name = name, .step = j->bk_step,
+					  .data = data };
+		send_msg(c, j->n[r].conn, NT_EVENT, 0, proto_backup_encode(&e));
 	}
 	log_info("coord", "backup job=%s name=%s step=%llu started on %u nodes", j->name, name,
 		 (unsigned long long)j->bk_step, j->nodes);
@@ -960,19 +916,20 @@ static void bk_abandon(struct cjob *j, const char *why, bool is_error)
 	j->bk_running = false;
 }
 
-static void on_backup_done(struct coord *c, int rank, json_t *m)
+static void on_backup_done(void *arg, const struct proto_in *in)
 {
-	const char *name = NULL, *err = NULL;
-	struct cjob *j = job_of(c, m, rank);
+	struct coord *c = arg;
+	struct proto_backup_done m;
+	int rank = in->rank;
+	struct cjob *j;
 	uint32_t done = 0;
 
-	if (!j || !j->bk_running || net_json_str(m, "name", 63, &name) < 0 ||
-	    strcmp(name, j->bk_name))
+	if (proto_backup_done_decode(in->msg, &m, NULL, 0) < 0 ||
+	    !(j = job_of(c, m.job, rank)) || !j->bk_running || strcmp(m.name, j->bk_name))
 		return;
-	if (!json_is_true(json_object_get(m, "ok"))) {
+	if (!m.ok) {
 		char why[512];
-		net_json_str(m, "error", 4000, &err);
-		snprintf(why, sizeof(why), "node %d: %s", rank, err ? err : "failed");
+		snprintf(why, sizeof(why), "node %d: %s", rank, m.error ? m.error : "failed");
 		/* a WARN: that node logged its failure as an ERROR already */
 		bk_abandon(j, why, false);
 		return;
@@ -1045,69 +1002,57 @@ static void send_lkg(struct coord *c, struct cjob *j)
 	for (uint32_t r = 0; r < j->nodes; r++) {
 		if (!j->n[r].conn)
 			continue;
-		json_t *e = json_object();
-		json_object_set_new(e, "op", json_string("lkg"));
-		json_object_set_new(e, "job", json_string(j->name));
-		json_object_set_new(e, "step", json_integer((json_int_t)j->lkg));
-		if (j->has_safe)
-			json_object_set_new(e, "safe", json_integer((json_int_t)j->safe));
-		send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
+		struct proto_lkg e = { .job = j->name, .step = j->lkg, .has_safe = j->has_safe,
+				       .safe = j->safe };
+		send_msg(c, j->n[r].conn, NT_EVENT, 0, proto_lkg_encode(&e));
 	}
 }
 
-/* A node's event about one of its steps ({job, nodes, dp, step}): its job
- * (made if new) and node, whose connection is noted. false: malformed. */
-static bool event_node(struct coord *c, uint64_t conn, int rank, json_t *m, struct cjob **jp,
-		       struct cnode **np, uint64_t *step, uint32_t *worker)
+/* A node's event about one of its steps: its job (made if new) and node,
+ * whose connection is noted. false: not a rank of that job, or no memory. */
+static bool event_node(struct coord *c, const struct proto_in *in, const struct proto_step_ev *m,
+		       struct cjob **jp, struct cnode **np)
 {
-	const char *name;
-	uint32_t nodes, dp;
-	uint64_t w = 0, nw = 1;
-
-	if (parse_job(m, &name, &nodes, &dp) < 0 || rank < 0 || (uint32_t)rank >= nodes ||
-	    net_json_u64(m, "step", UINT64_MAX >> 1, step) < 0)
+	if (in->rank < 0 || (uint32_t)in->rank >= m->job.nodes)
 		return false;
-	/* worker, workers: absent from a node keeping one shard per step */
-	if (net_json_u64(m, "workers", COORD_MAX_WORKERS, &nw) == -EBADMSG || nw == 0 ||
-	    net_json_u64(m, "worker", COORD_MAX_WORKERS - 1, &w) == -EBADMSG || w >= nw)
-		return false;
-	*jp = job_get(c, name, nodes, dp);
+	*jp = job_get(c, m->job.name, m->job.nodes, m->job.dp);
 	if (!*jp)
 		return false;
-	(*jp)->workers = (uint32_t)nw;
-	*worker = (uint32_t)w;
-	*np = &(*jp)->n[rank];
-	(*np)->conn = conn;
+	(*jp)->workers = m->workers;
+	*np = &(*jp)->n[in->rank];
+	(*np)->conn = in->conn;
 	return true;
 }
 
 /* The steady-state LKG: the newest step every owner has committed. */
-static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
+static void on_committed(void *arg, const struct proto_in *in)
 {
+	struct coord *c = arg;
+	struct proto_step_ev m;
 	uint64_t step;
-	uint8_t hash[32];
 	struct cjob *j;
 	struct cnode *n;
 	struct wlog *l;
 	uint64_t newest;
-	uint32_t w;
+	char why[160];
 
-	if (net_json_hex(m, "hash", hash, 32) < 0 ||
-	    !event_node(c, conn, rank, m, &j, &n, &step, &w) || !(l = wlog_of(n, w, true)))
+	if (proto_committed_decode(in->msg, &m, why, sizeof(why)) < 0) {
+		log_dbg("coord", "rank %d: bad committed: %s", in->rank, why);
 		return;
-	{
-		uint64_t v;
-		if (net_json_u64(m, "bi_min", 1u << 20, &v) == 0)
-			j->bi_min = (uint32_t)v;
-		if (net_json_u64(m, "bi_steps", 1u << 30, &v) == 0)
-			j->bi_steps = (uint32_t)v;
 	}
+	if (!event_node(c, in, &m, &j, &n) || !(l = wlog_of(n, m.worker, true)))
+		return;
+	step = m.step;
+	if (m.has_bi_min)
+		j->bi_min = m.bi_min;
+	if (m.has_bi_steps)
+		j->bi_steps = m.bi_steps;
 	/* keep the newest COMMITS_KEPT steps, slot 0 newest */
 	if (step + 1 > l->commits[0]) {
 		memmove(&l->commits[1], &l->commits[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
 		memmove(&l->commit_hash[1], &l->commit_hash[0], (COMMITS_KEPT - 1) * 32);
 		l->commits[0] = step + 1;   /* stored +1: 0 is empty */
-		memcpy(l->commit_hash[0], hash, 32);
+		memcpy(l->commit_hash[0], m.hash, 32);
 	}
 	if (newest_of(j, false, &newest) && (!j->has_lkg || newest > j->lkg)) {
 		j->has_lkg = true;
@@ -1132,18 +1077,25 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 }
 
 /* A node's pushes of its own step all succeeded. */
-static void on_replicated(struct coord *c, uint64_t conn, int rank, json_t *m)
+static void on_replicated(void *arg, const struct proto_in *in)
 {
+	struct coord *c = arg;
+	struct proto_step_ev m;
 	uint64_t step, safe;
 	uint8_t hash[32];
 	struct cjob *j;
 	struct cnode *n;
 	struct wlog *l;
-	uint32_t w;
+	char why[160];
 
-	if (!event_node(c, conn, rank, m, &j, &n, &step, &w))
+	if (proto_replicated_decode(in->msg, &m, why, sizeof(why)) < 0) {
+		log_dbg("coord", "rank %d: bad replicated: %s", in->rank, why);
 		return;
-	if (!hash_at_w(n, w, step, hash) || !(l = wlog_of(n, w, false)))
+	}
+	if (!event_node(c, in, &m, &j, &n))
+		return;
+	step = m.step;
+	if (!hash_at_w(n, m.worker, step, hash) || !(l = wlog_of(n, m.worker, false)))
 		return;   /* not a commit we know (a timeline left by a restore) */
 	if (step + 1 > l->repl[0]) {
 		memmove(&l->repl[1], &l->repl[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
@@ -1160,20 +1112,25 @@ static void on_replicated(struct coord *c, uint64_t conn, int rank, json_t *m)
 	}
 }
 
-static void on_register(struct coord *c, uint64_t conn, int rank, uint32_t req_id, json_t *m)
+static void on_register(void *arg, const struct proto_in *in)
 {
-	const char *addr, *job;
-	json_t *r;
-	uint64_t nodes;
+	struct coord *c = arg;
+	struct proto_register m;
+	int rank = in->rank;
+	char why[160];
 
-	if (rank < 0 || rank >= COORD_MAX_NODES || net_json_str(m, "addr", 256, &addr) < 0) {
-		reply_err(c, conn, req_id, EINVAL, "bad register");
+	if (proto_register_decode(in->msg, &m, why, sizeof(why)) < 0) {
+		reply_bad(c, in, why);
+		return;
+	}
+	if (rank < 0 || rank >= (int)COORD_MAX_NODES) {
+		reply_bad(c, in, "rank out of range");
 		return;
 	}
 	if ((uint32_t)rank >= c->naddrs) {
 		char **na = realloc(c->addrs, ((size_t)rank + 1) * sizeof(*na));
 		if (!na) {
-			reply_err(c, conn, req_id, ENOMEM, "out of memory");
+			reply_err(c, in->conn, in->req_id, ENOMEM, "out of memory");
 			return;
 		}
 		for (uint32_t i = c->naddrs; i <= (uint32_t)rank; i++)
@@ -1181,40 +1138,43 @@ static void on_register(struct coord *c, uint64_t conn, int rank, uint32_t req_i
 		c->addrs = na;
 		c->naddrs = (uint32_t)rank + 1;
 	}
-	if (c->addrs[rank] && strcmp(c->addrs[rank], addr))
-		log_info("coord", "rank %d moved from %s to %s", rank, c->addrs[rank], addr);
+	if (c->addrs[rank] && strcmp(c->addrs[rank], m.addr))
+		log_info("coord", "rank %d moved from %s to %s", rank, c->addrs[rank], m.addr);
 	free(c->addrs[rank]);
-	c->addrs[rank] = strdup(addr);
+	c->addrs[rank] = strdup(m.addr);
 	/* remember the connection for events of a job it names */
-	if (net_json_str(m, "job", 128, &job) == 0 && net_json_u64(m, "nodes", COORD_MAX_NODES, &nodes) == 0 &&
-	    nodes > (uint64_t)rank) {
-		uint64_t dp = 0;
-		net_json_u64(m, "dp", COORD_MAX_NODES, &dp);
-		struct cjob *j = job_get(c, job, (uint32_t)nodes, (uint32_t)dp);
+	if (m.job && m.nodes > (uint32_t)rank) {
+		struct cjob *j = job_get(c, m.job, m.nodes, m.dp);
 		if (j)
-			j->n[rank].conn = conn;
+			j->n[rank].conn = in->conn;
 	}
-	r = json_object();
-	json_object_set_new(r, "ok", json_true());
 	/* the table only on request: at 4096 nodes answering every register
 	 * with it costs O(n^2) */
-	if (json_is_true(json_object_get(m, "want_table")))
-		json_object_set_new(r, "addrs", addrs_json(c));
-	send_msg(c, conn, NT_RESP, req_id, r);
+	send_msg(c, in->conn, NT_RESP, in->req_id,
+		 proto_addrs_reply(true, m.want_table, c->addrs, c->naddrs));
+}
+
+static void on_table(void *arg, const struct proto_in *in)
+{
+	struct coord *c = arg;
+	send_msg(c, in->conn, NT_RESP, in->req_id, proto_addrs_reply(false, true, c->addrs, c->naddrs));
 }
 
 /* {job} -> what the coordinator knows of a job, for mtcfs-admin. */
-static void on_status(struct coord *c, uint64_t conn, uint32_t req_id, json_t *m)
+static void on_status(void *arg, const struct proto_in *in)
 {
-	const char *name;
+	struct coord *c = arg;
+	struct proto_status m;
+	uint64_t conn = in->conn;
+	uint32_t req_id = in->req_id;
 	struct cjob *j = NULL;
-	json_t *r = json_object(), *nodes;
+	json_t *r, *nodes;
 
-	if (net_json_str(m, "job", 128, &name) == 0)
-		for (j = c->jobs; j; j = j->next)
-			if (!strcmp(j->name, name))
-				break;
-	json_object_set_new(r, "addrs", addrs_json(c));
+	proto_status_decode(in->msg, &m, NULL, 0);
+	for (j = m.job ? c->jobs : NULL; j; j = j->next)
+		if (!strcmp(j->name, m.job))
+			break;
+	r = proto_addrs_reply(false, true, c->addrs, c->naddrs);
 	if (!j) {
 		json_object_set_new(r, "known", json_false());
 		send_msg(c, conn, NT_RESP, req_id, r);
@@ -1247,40 +1207,32 @@ static void on_status(struct coord *c, uint64_t conn, uint32_t req_id, json_t *m
 	send_msg(c, conn, NT_RESP, req_id, r);
 }
 
+static const struct proto_route coord_routes[] = {
+	{ PROTO_REGISTER,     PROTO_T(NT_REQ), on_register },
+	{ PROTO_TABLE,        PROTO_T(NT_REQ), on_table },
+	{ PROTO_CATALOG,      PROTO_T(NT_REQ), on_catalog },
+	{ PROTO_FETCH_FAILED, PROTO_T(NT_REQ), on_fetch_failed },
+	{ PROTO_READY,        PROTO_T(NT_REQ), on_ready },
+	{ PROTO_STATUS,       PROTO_T(NT_REQ), on_status },
+	/* events, taken in any frame (a request gets no reply), as ever */
+	{ PROTO_COMMITTED,    PROTO_T_ANY, on_committed },
+	{ PROTO_REPLICATED,   PROTO_T_ANY, on_replicated },
+	{ PROTO_BACKUP_DONE,  PROTO_T_ANY, on_backup_done },
+};
+
 void coord_on_msg(struct coord *c, uint64_t conn, int rank, uint8_t type, uint32_t req_id,
 		  json_t *msg)
 {
-	const char *op = NULL;
+	struct proto_in in = { .type = type, .req_id = req_id, .rank = rank, .conn = conn,
+			       .msg = msg };
+	int rc;
 
-	if (net_json_str(msg, "op", 32, &op) < 0) {
-		if (type == NT_REQ)
-			reply_err(c, conn, req_id, EINVAL, "missing op");
-		return;
-	}
 	pthread_mutex_lock(&c->mu);
-	if (!strcmp(op, "register") && type == NT_REQ)
-		on_register(c, conn, rank, req_id, msg);
-	else if (!strcmp(op, "table") && type == NT_REQ) {
-		json_t *r = json_object();
-		json_object_set_new(r, "addrs", addrs_json(c));
-		send_msg(c, conn, NT_RESP, req_id, r);
-	} else if (!strcmp(op, "catalog") && type == NT_REQ)
-		on_catalog(c, conn, rank, req_id, msg);
-	else if (!strcmp(op, "fetch_failed") && type == NT_REQ)
-		on_fetch_failed(c, conn, rank, req_id, msg);
-	else if (!strcmp(op, "ready") && type == NT_REQ)
-		on_ready(c, conn, rank, req_id, msg);
-	else if (!strcmp(op, "status") && type == NT_REQ)
-		on_status(c, conn, req_id, msg);
-	else if (!strcmp(op, "committed"))
-		on_committed(c, conn, rank, msg);
-	else if (!strcmp(op, "replicated"))
-		on_replicated(c, conn, rank, msg);
-	else if (!strcmp(op, "backup_done"))
-		on_backup_done(c, rank, msg);
-	else if (type == NT_REQ)
-		reply_err(c, conn, req_id, ENOSYS, "unknown op");
+	rc = proto_dispatch(coord_routes, sizeof(coord_routes) / sizeof(coord_routes[0]), c, &in);
 	pthread_mutex_unlock(&c->mu);
+	if (rc < 0 && type == NT_REQ)
+		reply_err(c, conn, req_id, rc == -EINVAL ? EINVAL : ENOSYS,
+			  rc == -EINVAL ? "missing op" : "unknown op");
 }
 
 void coord_on_close(struct coord *c, uint64_t conn, int rank)
