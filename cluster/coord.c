@@ -1,23 +1,15 @@
-/* coord.c — see coord.h. Protocol (JSON over NT_REQ/NT_RESP/NT_EVENT):
- *   register {rank, addr}                       -> {ok, addrs:[...]}
- *   table {}                                    -> {addrs:[...]}
- *   catalog {job, nodes, dp, [workers], holds:[[owner, step, hash, [worker, [content]]]...]}
- *                                               -> (when planned) plan entry
- *   fetch_failed {job, plan, holder, owner, step} -> a new plan entry
- *   ready {job, plan}                           -> (barrier) {op:"go"} or a new plan entry
- *   committed {job, nodes, dp, step, hash} (event) -> event lkg {job, step, safe} to all
- *   replicated {job, nodes, dp, step} (event: every push of the node's own
- *               step succeeded)                  -> event lkg {job, step, safe} to all
+/* coord.c — see coord.h; the messages are net/proto.h's. This half keeps
+ * the jobs and the rank -> address table (register, table, status), the
+ * steady-state LKG (committed, replicated -> lkg to every node), backups
+ * (backup to every node, backup_done), the message table and the
+ * lifecycle; coord_restore.c runs restore rounds.
  * lkg.step: the newest step every node has committed (backups start from it);
  * lkg.safe: the newest step every node has committed and replicated (nodes
  * drop older steps only below it, so a node lost before its newest step's
- * replicas exist still leaves the previous step complete).
- * A plan entry: {op:"plan", plan, found, step, holder, owner, hash, addr}. */
-#include "cluster/coord.h"
+ * replicas exist still leaves the previous step complete). */
+#include "cluster/coord_i.h"
 #include "net/frame.h"
-#include "net/proto.h"
 #include "net/server.h"
-#include "cluster/lkg.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "common/workq.h"
@@ -30,112 +22,22 @@
 #include <string.h>
 #include <unistd.h>
 
-#define COORD_MAX_NODES PROTO_MAX_NODES
-#define COMMITS_KEPT    4         /* newest steps remembered per owner */
-#define COORD_MAX_WORKERS PROTO_MAX_WORKERS
-
-struct pending { uint64_t conn; uint32_t req_id; bool waiting; };
-
-/* The newest commits of one (node, worker) shard: a node keeps one shard
- * per step, or (framework: pytorch) one per worker, each committed and
- * replicated on its own; a step is the job's when every (node, worker)
- * has it. */
-struct wlog {
-	uint64_t commits[COMMITS_KEPT];  /* +1, 0 empty; slot 0 newest */
-	uint8_t commit_hash[COMMITS_KEPT][32];
-	uint64_t repl[COMMITS_KEPT];     /* of those, replicated to every peer; +1, 0 empty */
-	uint8_t repl_hash[COMMITS_KEPT][32];
-};
-
-struct cnode {
-	uint64_t conn;            /* 0 = not connected */
-	bool reported;            /* catalog received in this round */
-	bool ready;               /* at the barrier of the current plan */
-	struct pending cat, rdy;
-	struct wlog lg;           /* worker 0 */
-	struct wlog *lgx;         /* workers 1..nlgx, grown as they report */
-	uint32_t nlgx;
-};
-
-struct cjob {
-	struct cjob *next;
-	char name[129];
-	uint32_t nodes, dp;
-	uint32_t workers;             /* shards per node (>= 1), as the nodes say */
-	struct cnode *n;
-	bool has_lkg;
-	uint64_t lkg;
-	bool has_safe;                /* lkg.safe: committed and replicated job-wide */
-	uint64_t safe;
-	/* restore round */
-	enum { R_IDLE, R_COLLECT, R_PLANNING, R_PLANNED } state;
-	uint64_t round_start, plan_time;
-	struct lkg_hold *holds;
-	size_t nholds, capholds;
-	struct lkg_hold *bad;
-	size_t nbad, capbad;
-	struct lkg_plan plan;
-	uint32_t plan_id;
-	uint64_t round;               /* bumped by every new restore round */
-	uint64_t plan_round;          /* the round the current plan belongs to */
-	/* the bucket's part of the plan */
-	bool bucket_plan;             /* plan.found/step come from a backup */
-	char bucket_name[64];
-	char notes[1024];
-	char (*excluded)[64];         /* backups that failed during this round */
-	size_t nexcluded;
-	bool forced_restore;          /* this round restored restore.version */
-	bool rv_seen;                 /* this round found restore.version, valid or not */
-	bool rv_delete_pending;       /* delete it after the next commit */
-	bool rv_after_any;            /* ... any step (nothing was restored) */
-	uint64_t restored_step;
-	/* backups */
-	uint32_t bi_min, bi_steps;
-	bool bk_running, has_last_bk;
-	uint64_t bk_step, last_bk_step, last_bk_start, bk_start, job_seen;
-	uint64_t bk_retry_at, postponed_step;
-	uint32_t bk_backoff_s;
-	char bk_name[64];
-	/* the last attempt that failed, until it is resumed (same step: same
-	 * name) or discarded (another step), so no retry leaves a new partial
-	 * directory behind */
-	char bk_failed[64];
-	uint64_t bk_failed_step;
-	bool *bk_done;
-};
-
-struct coord {
-	struct nsrv *srv;
-	pthread_mutex_t mu;       /* protects everything below */
-	struct cjob *jobs;
-	char **addrs;             /* rank -> address, from register */
-	uint32_t naddrs;
-	uint64_t timeout_ns;
-	pthread_t tick;
-	bool stop;
-	pthread_cond_t cv;
-	struct coord_bucket bk;       /* .decide NULL: no bucket */
-	struct workq *worker;         /* bucket calls, off the loop thread */
-};
-
-static void send_msg(struct coord *c, uint64_t conn, uint8_t type, uint32_t req_id, json_t *m)
+void coord_send(struct coord *c, uint64_t conn, uint8_t type, uint32_t req_id, json_t *m)
 {
 	nsrv_send(c->srv, conn, type, req_id, m);   /* takes m */
 }
 
-static void reply_err(struct coord *c, uint64_t conn, uint32_t req_id, int err, const char *what)
+void coord_reply_err(struct coord *c, uint64_t conn, uint32_t req_id, int err, const char *what)
 {
-	send_msg(c, conn, NT_ERROR, req_id, net_error_msg(err, what));
+	coord_send(c, conn, NT_ERROR, req_id, net_error_msg(err, what));
 }
 
-static const char *addr_of(struct coord *c, uint32_t rank)
+const char *coord_addr_of(struct coord *c, uint32_t rank)
 {
 	return rank < c->naddrs && c->addrs[rank] ? c->addrs[rank] : "";
 }
 
-/* Worker w's log of node n; NULL when it has none and create is false
- * (or memory ran out). */
-static struct wlog *wlog_of(struct cnode *n, uint32_t w, bool create)
+struct wlog *coord_wlog_of(struct cnode *n, uint32_t w, bool create)
 {
 	if (w == 0)
 		return &n->lg;
@@ -166,7 +68,7 @@ static void job_free(struct cjob *j)
 	free(j);
 }
 
-static struct cjob *job_get(struct coord *c, const char *name, uint32_t nodes, uint32_t dp)
+struct cjob *coord_job_get(struct coord *c, const char *name, uint32_t nodes, uint32_t dp)
 {
 	struct cjob *j;
 	for (j = c->jobs; j; j = j->next)
@@ -205,427 +107,17 @@ static struct cjob *job_get(struct coord *c, const char *name, uint32_t nodes, u
 	return j;
 }
 
-static json_t *plan_entry(struct coord *c, struct cjob *j, uint32_t rank)
-{
-	struct proto_plan_src sh[COORD_MAX_WORKERS];
-	struct proto_plan p = { .plan = j->plan_id, .found = j->plan.found, .notes = j->notes,
-				.step = j->plan.step, .bucket = j->bucket_plan,
-				.backup = j->bucket_name };
-
-	if (j->plan.found && !j->bucket_plan && rank < j->plan.nodes) {
-		uint32_t W = j->plan.workers ? j->plan.workers : 1;
-		for (uint32_t w = 0; w < W && w < COORD_MAX_WORKERS; w++) {
-			const struct lkg_src *x = &j->plan.src[(size_t)rank * W + w];
-			sh[w] = (struct proto_plan_src){ .holder = x->holder, .owner = x->owner,
-							 .addr = addr_of(c, x->holder) };
-			memcpy(sh[w].hash, x->hash, 32);
-		}
-		p.src = sh[0];
-		p.shards = sh;
-		p.nshards = W < COORD_MAX_WORKERS ? W : COORD_MAX_WORKERS;
-	}
-	return proto_plan_encode(&p);
-}
-
-static void compute_plan(struct coord *c, struct cjob *j);
-static void send_plan_to_waiters(struct coord *c, struct cjob *j);
-
-/* The bucket's say in a plan (restore.version, or the newest complete
- * backup when nothing is complete in the cluster): on the worker thread. */
-struct bk_plan_job {
-	struct coord *c;
-	char job[129];
-	uint64_t round;
-	uint32_t nodes;
-	char (*exclude)[64];
-	size_t nexclude;
-};
-
-static void bucket_plan_run(void *arg)
-{
-	struct bk_plan_job *p = arg;
-	struct coord *c = p->c;
-	struct coord_bk_decision d;
-	struct cjob *j;
-	int rc;
-
-	bool need_newest = true;
-
-	memset(&d, 0, sizeof(d));
-	/* peek at the cluster: the bucket's newest backup matters only when
-	 * no step is complete in RAM */
-	pthread_mutex_lock(&c->mu);
-	for (j = c->jobs; j; j = j->next)
-		if (!strcmp(j->name, p->job))
-			break;
-	if (j) {
-		bool *live = calloc(j->nodes, sizeof(bool));
-		struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .workers = j->workers,
-					.h = j->holds, .nh = j->nholds,
-					.live = live, .bad = j->bad, .nbad = j->nbad };
-		struct lkg_plan tmp;
-		if (live) {
-			for (uint32_t r = 0; r < j->nodes; r++)
-				live[r] = j->n[r].reported && j->n[r].conn != 0;
-			if (lkg_plan(&in, &tmp) == 0) {
-				need_newest = !tmp.found;
-				lkg_plan_free(&tmp);
-			}
-			free(live);
-		}
-	}
-	pthread_mutex_unlock(&c->mu);
-	rc = c->bk.decide(c->bk.arg, p->job, p->nodes, (const char (*)[64])p->exclude, p->nexclude,
-			  need_newest, &d);
-	pthread_mutex_lock(&c->mu);
-	for (j = c->jobs; j; j = j->next)
-		if (!strcmp(j->name, p->job))
-			break;
-	if (j && j->round == p->round && j->state == R_PLANNING) {
-		bool was_found = j->plan.found, was_bucket = j->bucket_plan;
-		uint64_t was_step = j->plan.step;
-		uint32_t was_id = j->plan_id;
-		char was_name[64];
-		snprintf(was_name, sizeof(was_name), "%s", j->bucket_name);
-		compute_plan(c, j);        /* the cluster's part */
-		j->bucket_plan = false;
-		j->forced_restore = false;
-		j->rv_seen = rc == 0 && d.forced;
-		snprintf(j->notes, sizeof(j->notes), "%s", rc < 0 || (!d.forced && j->plan.found) ? "" : d.notes);
-		if (rc < 0) {
-			snprintf(j->notes, sizeof(j->notes), "the bucket could not be read (%s); planning from the cluster only",
-				 strerror(-rc));
-		} else if (d.forced) {
-			j->plan.found = d.forced_ok;
-			j->plan.step = d.step;
-			j->bucket_plan = d.forced_ok;
-			j->forced_restore = d.forced_ok;
-			snprintf(j->bucket_name, sizeof(j->bucket_name), "%s", d.name);
-		} else if (!j->plan.found && d.have_newest) {
-			j->plan.found = true;
-			j->plan.step = d.step;
-			j->bucket_plan = true;
-			snprintf(j->bucket_name, sizeof(j->bucket_name), "%s", d.name);
-		}
-		if (j->plan_id == was_id && (j->plan.found != was_found || j->plan.step != was_step ||
-					     j->bucket_plan != was_bucket ||
-					     strcmp(was_name, j->bucket_name))) {
-			/* another backup: every node fetches again */
-			j->plan_id++;
-			j->plan_time = util_now_ns();
-			for (uint32_t r = 0; r < j->nodes; r++)
-				j->n[r].ready = false;
-		}
-		if (j->bucket_plan)
-			log_info("coord", "plan job=%s plan=%u: restore backup %s (step %llu)%s", j->name,
-				 j->plan_id, j->bucket_name, (unsigned long long)j->plan.step,
-				 j->forced_restore ? " named by restore.version" : "");
-		if (j->notes[0])
-			log_warn("coord", "job %s: %s", j->name, j->notes);
-		send_plan_to_waiters(c, j);
-	}
-	pthread_mutex_unlock(&c->mu);
-	free(p->exclude);
-	free(p);
-}
-
-/* All catalogs are in (or the wait timed out): plan, asking the bucket
- * first when there is one. Called with c->mu held. */
-static void start_plan(struct coord *c, struct cjob *j)
-{
-	struct bk_plan_job *p;
-
-	if (!c->bk.decide || !c->worker)
-		goto direct;
-	p = calloc(1, sizeof(*p));
-	if (!p)
-		goto direct;
-	p->c = c;
-	snprintf(p->job, sizeof(p->job), "%s", j->name);
-	p->round = j->round;
-	p->nodes = j->nodes;
-	if (j->nexcluded) {
-		p->exclude = malloc(j->nexcluded * sizeof(*p->exclude));
-		if (p->exclude) {
-			memcpy(p->exclude, j->excluded, j->nexcluded * sizeof(*p->exclude));
-			p->nexclude = j->nexcluded;
-		}
-	}
-	if (workq_submit(c->worker, bucket_plan_run, p) == 0) {
-		j->state = R_PLANNING;
-		return;
-	}
-	free(p->exclude);
-	free(p);
-direct:
-	compute_plan(c, j);
-	send_plan_to_waiters(c, j);
-}
-
-static void compute_plan(struct coord *c, struct cjob *j)
-{
-	bool *live = calloc(j->nodes, sizeof(bool));
-	struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .workers = j->workers,
-				.h = j->holds, .nh = j->nholds,
-				.live = live, .bad = j->bad, .nbad = j->nbad };
-	uint64_t t0 = util_now_ns(), old_step = j->plan.step;
-	bool was_planned = j->plan_round == j->round && j->plan_id, old_found = j->plan.found;
-	uint32_t missing = 0;
-
-	if (!live)
-		return;
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		live[r] = j->n[r].reported && j->n[r].conn != 0;
-		if (!j->n[r].reported)
-			missing++;
-	}
-	lkg_plan_free(&j->plan);
-	if (lkg_plan(&in, &j->plan) < 0)
-		memset(&j->plan, 0, sizeof(j->plan));
-	if (was_planned && j->plan.found == old_found && j->plan.step == old_step) {
-		/* another source for the same step: nodes that already have
-		 * their shard stay at the barrier */
-	} else {
-		j->plan_id++;
-		j->plan_time = util_now_ns();
-		for (uint32_t r = 0; r < j->nodes; r++)
-			j->n[r].ready = false;
-	}
-	j->state = R_PLANNED;
-	j->plan_round = j->round;
-	log_info("coord", "plan job=%s plan=%u found=%d step=%llu nodes=%u missing=%u holds=%zu bad=%zu plan_ms=%.2f",
-		 j->name, j->plan_id, j->plan.found, (unsigned long long)j->plan.step, j->nodes,
-		 missing, j->nholds, j->nbad, (double)(util_now_ns() - t0) / 1e6);
-	free(live);
-}
-
-/* Answer every node waiting for a plan (catalog) or at the barrier of an
- * older plan (ready) with its entry of the current plan. */
-static void send_plan_to_waiters(struct coord *c, struct cjob *j)
-{
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		struct cnode *n = &j->n[r];
-		if (n->cat.waiting) {
-			send_msg(c, n->cat.conn, NT_RESP, n->cat.req_id, plan_entry(c, j, r));
-			n->cat.waiting = false;
-		}
-		if (n->rdy.waiting) {
-			send_msg(c, n->rdy.conn, NT_RESP, n->rdy.req_id, plan_entry(c, j, r));
-			n->rdy.waiting = false;
-		}
-	}
-}
-
-static void release_barrier(struct coord *c, struct cjob *j)
-{
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		struct cnode *n = &j->n[r];
-		if (n->rdy.waiting) {
-			send_msg(c, n->rdy.conn, NT_RESP, n->rdy.req_id, proto_go_encode(j->plan_id));
-			n->rdy.waiting = false;
-		}
-	}
-	/* what was committed before the restore belongs to a timeline the job
-	 * left: from now on every node's history starts at the restored step */
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		struct cnode *n = &j->n[r];
-		memset(&n->lg, 0, sizeof(n->lg));
-		if (n->nlgx)
-			memset(n->lgx, 0, (size_t)n->nlgx * sizeof(*n->lgx));
-		for (uint32_t w = 0; j->plan.found && w < j->workers; w++) {
-			struct wlog *l = wlog_of(n, w, true);
-			uint32_t W = j->plan.workers ? j->plan.workers : 1;
-			if (!l)
-				break;
-			l->commits[0] = l->repl[0] = j->plan.step + 1;
-			if (!j->bucket_plan && r < j->plan.nodes && w < W)
-				memcpy(l->commit_hash[0], j->plan.src[(size_t)r * W + w].hash, 32);
-			memcpy(l->repl_hash[0], l->commit_hash[0], 32);
-		}
-	}
-	j->has_lkg = false;
-	j->has_safe = false;
-	if (j->plan.found) {
-		/* every node restores this step: it is complete job-wide, and
-		 * what is older than it belongs to the past */
-		j->has_lkg = true;
-		j->lkg = j->plan.step;
-		j->has_safe = true;
-		j->safe = j->plan.step;
-		j->restored_step = j->plan.step;
-		/* after a restore from it, restore.version goes with the next commit */
-		if (j->forced_restore) {
-			j->rv_delete_pending = true;
-			j->rv_after_any = false;
-		}
-		if (j->bucket_plan && !j->has_last_bk) {
-			/* that backup already holds this step */
-			j->has_last_bk = true;
-			j->last_bk_step = j->plan.step;
-			j->last_bk_start = util_now_ns();
-		}
-	}
-	if (j->rv_seen && !j->plan.found) {
-		/* restore.version named a missing or incomplete backup: the job
-		 * started empty, and the file is used once all the same (GKE's
-		 * documented rule): it goes with the first checkpoint saved */
-		j->rv_delete_pending = true;
-		j->rv_after_any = true;
-	}
-	log_info("coord", "barrier released job=%s plan=%u step=%llu", j->name, j->plan_id,
-		 (unsigned long long)(j->plan.found ? j->plan.step : 0));
-	j->state = R_IDLE;
-}
-
-static void maybe_release(struct coord *c, struct cjob *j, bool timed_out)
-{
-	uint32_t ready = 0, expected = 0;
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		if (j->n[r].reported && j->n[r].conn) {
-			expected++;
-			if (j->n[r].ready)
-				ready++;
-		}
-	}
-	if (ready == expected || (timed_out && ready > 0))
-		release_barrier(c, j);
-}
-
 /* A bad request: the reason in the reply and the log. */
-static void reply_bad(struct coord *c, const struct proto_in *in, const char *why)
+void coord_reply_bad(struct coord *c, const struct proto_in *in, const char *why)
 {
 	char text[256];
 
 	snprintf(text, sizeof(text), "bad %s: %s", proto_op_name(in->op), why);
 	log_dbg("coord", "rank %d: %s", in->rank, text);
-	reply_err(c, in->conn, in->req_id, EINVAL, text);
+	coord_reply_err(c, in->conn, in->req_id, EINVAL, text);
 }
 
-static void on_catalog(void *arg, const struct proto_in *in)
-{
-	struct coord *c = arg;
-	struct proto_catalog m;
-	const char *name;
-	uint32_t nodes;
-	uint64_t conn = in->conn;
-	uint32_t req_id = in->req_id;
-	int rank = in->rank, rc;
-	struct cjob *j;
-	char why[160] = "";
-
-	rc = proto_catalog_decode(in->msg, &m, why, sizeof(why));
-	if (rc == -ENOMEM) {
-		reply_err(c, conn, req_id, ENOMEM, "out of memory");
-		return;
-	}
-	if (rc == 0 && (rank < 0 || (uint32_t)rank >= m.job.nodes)) {
-		snprintf(why, sizeof(why), "rank %d is not below nodes %u", rank, m.job.nodes);
-		rc = -EINVAL;
-	}
-	if (rc < 0) {
-		reply_bad(c, in, why);
-		return;
-	}
-	name = m.job.name;
-	nodes = m.job.nodes;
-	j = job_get(c, name, nodes, m.job.dp);
-	if (!j) {
-		proto_catalog_free(&m);
-		reply_err(c, conn, req_id, ENOMEM, "out of memory");
-		return;
-	}
-	j->dp = m.job.dp;
-	if (m.workers > 0)
-		j->workers = m.workers;
-	if (j->state == R_IDLE || j->n[rank].reported) {
-		/* A new restore round: abandon the previous one.  A rank that
-		 * reports twice in one round is a new incarnation of the job
-		 * there (a new replicator.yaml): as GKE's replicator restarts at
-		 * once, the round starts over now, its timeout with it, rather
-		 * than waiting restore_timeout for the old round to end. */
-		if (j->state != R_IDLE)
-			log_warn("coord", "job %s: rank %d restarted its restore; starting a new round",
-				 name, rank);
-		for (uint32_t r = 0; r < j->nodes; r++) {
-			struct cnode *n = &j->n[r];
-			if (n->rdy.waiting) {
-				send_msg(c, n->rdy.conn, NT_RESP, n->rdy.req_id, proto_restart_encode());
-				n->rdy.waiting = false;
-			}
-			if (n->cat.waiting && r != (uint32_t)rank) {
-				/* keep waiting: their catalogs stay valid for the new round */
-			}
-			if (!n->cat.waiting)
-				n->reported = false;
-			n->ready = false;
-		}
-		j->nbad = 0;
-		j->nexcluded = 0;
-		j->notes[0] = '\0';
-		j->bucket_plan = false;
-		j->forced_restore = false;
-		j->rv_seen = false;
-		j->round++;
-		j->state = R_COLLECT;
-		j->round_start = util_now_ns();
-		/* keep the holdings of nodes still waiting, drop the others */
-		size_t k = 0;
-		for (size_t x = 0; x < j->nholds; x++)
-			if (j->n[j->holds[x].holder].reported)
-				j->holds[k++] = j->holds[x];
-		j->nholds = k;
-	}
-	/* replace this node's holdings */
-	{
-		size_t k = 0;
-		for (size_t x = 0; x < j->nholds; x++)
-			if (j->holds[x].holder != (uint32_t)rank)
-				j->holds[k++] = j->holds[x];
-		j->nholds = k;
-	}
-	for (size_t i = 0; i < m.nholds; i++) {
-		const struct proto_hold *h = &m.holds[i];
-		struct lkg_hold lh = { .holder = (uint32_t)rank, .owner = h->owner,
-				       .worker = h->worker, .step = h->step,
-				       .has_content = h->has_content };
-		memcpy(lh.hash, h->hash, 32);
-		memcpy(lh.content, h->content, 32);
-		if (j->nholds == j->capholds) {
-			size_t nc = j->capholds ? j->capholds * 2 : 64;
-			struct lkg_hold *nh = realloc(j->holds, nc * sizeof(*nh));
-			if (!nh) {
-				proto_catalog_free(&m);
-				reply_err(c, conn, req_id, ENOMEM, "out of memory");
-				return;
-			}
-			j->holds = nh;
-			j->capholds = nc;
-		}
-		j->holds[j->nholds++] = lh;
-	}
-	proto_catalog_free(&m);
-	j->n[rank].conn = conn;
-	j->n[rank].reported = true;
-	if (j->state == R_PLANNING) {
-		j->n[rank].cat = (struct pending){ conn, req_id, true };
-		return;
-	}
-	if (j->state == R_PLANNED) {
-		/* a late node: the plan stands */
-		send_msg(c, conn, NT_RESP, req_id, plan_entry(c, j, (uint32_t)rank));
-		return;
-	}
-	j->n[rank].cat = (struct pending){ conn, req_id, true };
-	{
-		uint32_t got = 0;
-		for (uint32_t r = 0; r < j->nodes; r++)
-			got += j->n[r].reported;
-		if (got == j->nodes && j->state == R_COLLECT)
-			start_plan(c, j);
-	}
-}
-
-static struct cjob *job_of(struct coord *c, const char *name, int rank)
+struct cjob *coord_job_of(struct coord *c, const char *name, int rank)
 {
 	struct cjob *j;
 	for (j = c->jobs; j; j = j->next)
@@ -634,110 +126,6 @@ static struct cjob *job_of(struct coord *c, const char *name, int rank)
 	if (!j || rank < 0 || (uint32_t)rank >= j->nodes)
 		return NULL;
 	return j;
-}
-
-static void on_fetch_failed(void *arg, const struct proto_in *in)
-{
-	struct coord *c = arg;
-	struct proto_fetch_failed m;
-	uint64_t conn = in->conn;
-	uint32_t req_id = in->req_id;
-	int rank = in->rank;
-	struct cjob *j;
-	struct lkg_hold b = { 0 };
-	uint64_t old_step;
-	bool old_found;
-	char why[160];
-
-	if (proto_fetch_failed_decode(in->msg, &m, why, sizeof(why)) < 0) {
-		reply_bad(c, in, why);
-		return;
-	}
-	j = job_of(c, m.job, rank);
-	if (j && j->state == R_PLANNED && j->bucket_plan && m.bucket) {
-		/* a shard of the backup is bad or missing: plan without that backup */
-		char (*ne)[64] = realloc(j->excluded, (j->nexcluded + 1) * sizeof(*ne));
-		if (!ne) {
-			reply_err(c, conn, req_id, ENOMEM, "out of memory");
-			return;
-		}
-		j->excluded = ne;
-		snprintf(j->excluded[j->nexcluded++], 64, "%s", j->bucket_name);
-		log_warn("coord", "job %s: rank %d could not fetch its shard of backup %s; planning without that backup",
-			 j->name, rank, j->bucket_name);
-		j->n[rank].cat = (struct pending){ conn, req_id, true };
-		j->state = R_COLLECT;
-		start_plan(c, j);
-		return;
-	}
-	if (!j || j->state != R_PLANNED) {
-		reply_bad(c, in, j ? "no restore plan in force" : "unknown job or rank");
-		return;
-	}
-	b.holder = m.holder;
-	b.owner = m.owner;
-	b.step = m.step;
-	b.worker = m.worker;
-	if (j->nbad == j->capbad) {
-		size_t nc = j->capbad ? j->capbad * 2 : 16;
-		struct lkg_hold *nb = realloc(j->bad, nc * sizeof(*nb));
-		if (!nb) {
-			reply_err(c, conn, req_id, ENOMEM, "out of memory");
-			return;
-		}
-		j->bad = nb;
-		j->capbad = nc;
-	}
-	j->bad[j->nbad++] = b;
-	log_warn("coord", "job %s: rank %d could not use the shard of node %llu at step %llu held by %llu; re-planning",
-		 j->name, rank, (unsigned long long)m.owner, (unsigned long long)m.step,
-		 (unsigned long long)m.holder);
-	if (c->bk.decide && c->worker) {
-		/* with a bucket, a cluster that lost its last copy may still
-		 * restore from a backup: plan again with the bucket's say */
-		j->n[rank].cat = (struct pending){ conn, req_id, true };
-		j->state = R_COLLECT;
-		start_plan(c, j);
-		return;
-	}
-	old_step = j->plan.step;
-	old_found = j->plan.found;
-	compute_plan(c, j);
-	send_msg(c, conn, NT_RESP, req_id, plan_entry(c, j, (uint32_t)rank));
-	if (j->plan.found != old_found || j->plan.step != old_step)
-		send_plan_to_waiters(c, j);   /* nodes at the barrier must fetch again */
-}
-
-static void on_ready(void *arg, const struct proto_in *in)
-{
-	struct coord *c = arg;
-	struct proto_ready m;
-	struct cjob *j;
-	int rank = in->rank;
-	uint64_t pid;
-	char why[160];
-
-	if (proto_ready_decode(in->msg, &m, why, sizeof(why)) < 0) {
-		reply_bad(c, in, why);
-		return;
-	}
-	if (!(j = job_of(c, m.job, rank))) {
-		reply_bad(c, in, "unknown job or rank");
-		return;
-	}
-	pid = m.plan;
-	if (j->state == R_IDLE && pid == j->plan_id) {
-		/* the barrier was released while this node was late */
-		send_msg(c, in->conn, NT_RESP, in->req_id, proto_go_encode(j->plan_id));
-		return;
-	}
-	if (j->state != R_PLANNED || pid != j->plan_id) {
-		send_msg(c, in->conn, NT_RESP, in->req_id, plan_entry(c, j, (uint32_t)rank));
-		return;
-	}
-	j->n[rank].ready = true;
-	j->n[rank].rdy = (struct pending){ in->conn, in->req_id, true };
-	maybe_release(c, j, false);
 }
 
 /* ---- backups (DESIGN §4): the coordinator names them, nodes upload ---- */
@@ -754,7 +142,7 @@ static void bk_abandon(struct cjob *j, const char *why, bool is_error);
 
 static bool hash_at_w(struct cnode *n, uint32_t w, uint64_t step, uint8_t out[32])
 {
-	struct wlog *l = wlog_of(n, w, false);
+	struct wlog *l = coord_wlog_of(n, w, false);
 	for (int k = 0; l && k < COMMITS_KEPT; k++)
 		if (l->commits[k] == step + 1) {
 			memcpy(out, l->commit_hash[k], 32);
@@ -826,7 +214,7 @@ static void backup_start_run(void *arg)
 		 * the bucket call failed, reported it itself) */
 		for (uint32_t r = 1; r < j->nodes; r++) {
 			struct proto_report e = { .job = j->name, .text = why };
-			send_msg(c, j->n[r].conn, NT_EVENT, 0, proto_report_encode(&e));
+			coord_send(c, j->n[r].conn, NT_EVENT, 0, proto_report_encode(&e));
 		}
 		pthread_mutex_unlock(&c->mu);
 		free(b);
@@ -842,7 +230,7 @@ static void backup_start_run(void *arg)
 			    !hash_at(&j->n[r % P], j->bk_step, hc) || memcmp(h, hc, 32);
 		struct proto_backup e = { .job = j->name, .name = name, .step = j->bk_step,
 					  .data = data };
-		send_msg(c, j->n[r].conn, NT_EVENT, 0, proto_backup_encode(&e));
+		coord_send(c, j->n[r].conn, NT_EVENT, 0, proto_backup_encode(&e));
 	}
 	log_info("coord", "backup job=%s name=%s step=%llu started on %u nodes", j->name, name,
 		 (unsigned long long)j->bk_step, j->nodes);
@@ -925,7 +313,7 @@ static void on_backup_done(void *arg, const struct proto_in *in)
 	uint32_t done = 0;
 
 	if (proto_backup_done_decode(in->msg, &m, NULL, 0) < 0 ||
-	    !(j = job_of(c, m.job, rank)) || !j->bk_running || strcmp(m.name, j->bk_name))
+	    !(j = coord_job_of(c, m.job, rank)) || !j->bk_running || strcmp(m.name, j->bk_name))
 		return;
 	if (!m.ok) {
 		char why[512];
@@ -971,7 +359,7 @@ static bool newest_of(struct cjob *j, bool replicated, uint64_t *step)
 		return false;
 	for (uint32_t r = 0; r < j->nodes; r++) {
 		for (uint32_t w = 0; w < W; w++) {
-			const struct wlog *l = wlog_of(&j->n[r], w, false);
+			const struct wlog *l = coord_wlog_of(&j->n[r], w, false);
 			for (int k = 0; l && k < COMMITS_KEPT; k++) {
 				uint64_t s1 = replicated ? l->repl[k] : l->commits[k];
 				if (!s1)
@@ -1004,7 +392,7 @@ static void send_lkg(struct coord *c, struct cjob *j)
 			continue;
 		struct proto_lkg e = { .job = j->name, .step = j->lkg, .has_safe = j->has_safe,
 				       .safe = j->safe };
-		send_msg(c, j->n[r].conn, NT_EVENT, 0, proto_lkg_encode(&e));
+		coord_send(c, j->n[r].conn, NT_EVENT, 0, proto_lkg_encode(&e));
 	}
 }
 
@@ -1015,7 +403,7 @@ static bool event_node(struct coord *c, const struct proto_in *in, const struct 
 {
 	if (in->rank < 0 || (uint32_t)in->rank >= m->job.nodes)
 		return false;
-	*jp = job_get(c, m->job.name, m->job.nodes, m->job.dp);
+	*jp = coord_job_get(c, m->job.name, m->job.nodes, m->job.dp);
 	if (!*jp)
 		return false;
 	(*jp)->workers = m->workers;
@@ -1040,7 +428,7 @@ static void on_committed(void *arg, const struct proto_in *in)
 		log_dbg("coord", "rank %d: bad committed: %s", in->rank, why);
 		return;
 	}
-	if (!event_node(c, in, &m, &j, &n) || !(l = wlog_of(n, m.worker, true)))
+	if (!event_node(c, in, &m, &j, &n) || !(l = coord_wlog_of(n, m.worker, true)))
 		return;
 	step = m.step;
 	if (m.has_bi_min)
@@ -1095,7 +483,7 @@ static void on_replicated(void *arg, const struct proto_in *in)
 	if (!event_node(c, in, &m, &j, &n))
 		return;
 	step = m.step;
-	if (!hash_at_w(n, m.worker, step, hash) || !(l = wlog_of(n, m.worker, false)))
+	if (!hash_at_w(n, m.worker, step, hash) || !(l = coord_wlog_of(n, m.worker, false)))
 		return;   /* not a commit we know (a timeline left by a restore) */
 	if (step + 1 > l->repl[0]) {
 		memmove(&l->repl[1], &l->repl[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
@@ -1120,17 +508,17 @@ static void on_register(void *arg, const struct proto_in *in)
 	char why[160];
 
 	if (proto_register_decode(in->msg, &m, why, sizeof(why)) < 0) {
-		reply_bad(c, in, why);
+		coord_reply_bad(c, in, why);
 		return;
 	}
 	if (rank < 0 || rank >= (int)COORD_MAX_NODES) {
-		reply_bad(c, in, "rank out of range");
+		coord_reply_bad(c, in, "rank out of range");
 		return;
 	}
 	if ((uint32_t)rank >= c->naddrs) {
 		char **na = realloc(c->addrs, ((size_t)rank + 1) * sizeof(*na));
 		if (!na) {
-			reply_err(c, in->conn, in->req_id, ENOMEM, "out of memory");
+			coord_reply_err(c, in->conn, in->req_id, ENOMEM, "out of memory");
 			return;
 		}
 		for (uint32_t i = c->naddrs; i <= (uint32_t)rank; i++)
@@ -1144,20 +532,20 @@ static void on_register(void *arg, const struct proto_in *in)
 	c->addrs[rank] = strdup(m.addr);
 	/* remember the connection for events of a job it names */
 	if (m.job && m.nodes > (uint32_t)rank) {
-		struct cjob *j = job_get(c, m.job, m.nodes, m.dp);
+		struct cjob *j = coord_job_get(c, m.job, m.nodes, m.dp);
 		if (j)
 			j->n[rank].conn = in->conn;
 	}
 	/* the table only on request: at 4096 nodes answering every register
 	 * with it costs O(n^2) */
-	send_msg(c, in->conn, NT_RESP, in->req_id,
+	coord_send(c, in->conn, NT_RESP, in->req_id,
 		 proto_addrs_reply(true, m.want_table, c->addrs, c->naddrs));
 }
 
 static void on_table(void *arg, const struct proto_in *in)
 {
 	struct coord *c = arg;
-	send_msg(c, in->conn, NT_RESP, in->req_id, proto_addrs_reply(false, true, c->addrs, c->naddrs));
+	coord_send(c, in->conn, NT_RESP, in->req_id, proto_addrs_reply(false, true, c->addrs, c->naddrs));
 }
 
 /* {job} -> what the coordinator knows of a job, for mtcfs-admin. */
@@ -1177,7 +565,7 @@ static void on_status(void *arg, const struct proto_in *in)
 	r = proto_addrs_reply(false, true, c->addrs, c->naddrs);
 	if (!j) {
 		json_object_set_new(r, "known", json_false());
-		send_msg(c, conn, NT_RESP, req_id, r);
+		coord_send(c, conn, NT_RESP, req_id, r);
 		return;
 	}
 	json_object_set_new(r, "known", json_true());
@@ -1204,15 +592,15 @@ static void on_status(void *arg, const struct proto_in *in)
 		json_array_append_new(nodes, n);
 	}
 	json_object_set_new(r, "nodes", nodes);
-	send_msg(c, conn, NT_RESP, req_id, r);
+	coord_send(c, conn, NT_RESP, req_id, r);
 }
 
 static const struct proto_route coord_routes[] = {
 	{ PROTO_REGISTER,     PROTO_T(NT_REQ), on_register },
 	{ PROTO_TABLE,        PROTO_T(NT_REQ), on_table },
-	{ PROTO_CATALOG,      PROTO_T(NT_REQ), on_catalog },
-	{ PROTO_FETCH_FAILED, PROTO_T(NT_REQ), on_fetch_failed },
-	{ PROTO_READY,        PROTO_T(NT_REQ), on_ready },
+	{ PROTO_CATALOG,      PROTO_T(NT_REQ), coord_on_catalog },
+	{ PROTO_FETCH_FAILED, PROTO_T(NT_REQ), coord_on_fetch_failed },
+	{ PROTO_READY,        PROTO_T(NT_REQ), coord_on_ready },
 	{ PROTO_STATUS,       PROTO_T(NT_REQ), on_status },
 	/* events, taken in any frame (a request gets no reply), as ever */
 	{ PROTO_COMMITTED,    PROTO_T_ANY, on_committed },
@@ -1231,7 +619,7 @@ void coord_on_msg(struct coord *c, uint64_t conn, int rank, uint8_t type, uint32
 	rc = proto_dispatch(coord_routes, sizeof(coord_routes) / sizeof(coord_routes[0]), c, &in);
 	pthread_mutex_unlock(&c->mu);
 	if (rc < 0 && type == NT_REQ)
-		reply_err(c, conn, req_id, rc == -EINVAL ? EINVAL : ENOSYS,
+		coord_reply_err(c, conn, req_id, rc == -EINVAL ? EINVAL : ENOSYS,
 			  rc == -EINVAL ? "missing op" : "unknown op");
 }
 
@@ -1249,7 +637,7 @@ void coord_on_close(struct coord *c, uint64_t conn, int rank)
 			if (j->bk_running && !j->bk_done[r])
 				bk_abandon(j, "a node disconnected", false);
 			if (j->state == R_PLANNED)
-				maybe_release(c, j, false);
+				coord_maybe_release(c, j, false);
 		}
 	}
 	pthread_mutex_unlock(&c->mu);
@@ -1278,12 +666,12 @@ static void *tick_main(void *arg)
 					missing += !j->n[r].reported;
 				log_warn("coord", "job %s: %u of %u nodes did not report within restore_timeout; planning without them",
 					 j->name, missing, j->nodes);
-				start_plan(c, j);
+				coord_start_plan(c, j);
 			}
 			maybe_backup(c, j);
 			if (j->state == R_PLANNED && now - j->plan_time > c->timeout_ns) {
 				log_warn("coord", "job %s: barrier timed out; releasing the nodes that are ready", j->name);
-				maybe_release(c, j, true);
+				coord_maybe_release(c, j, true);
 				j->plan_time = now;
 			}
 		}
