@@ -19,6 +19,7 @@
 #include "net/auth.h"
 #include "net/client.h"
 #include "net/frame.h"
+#include "net/proto.h"
 #include "net/server.h"
 #include "tiers/bucket.h"
 #include "tiers/manifest.h"

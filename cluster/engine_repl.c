@@ -51,7 +51,7 @@ static void repl_run(void *arg)
 	struct manifest *mf = NULL;
 	int peers[MAX_PEERS], npeers, failed = 0;
 	uint32_t nodes, dp, workers;
-	char hex[65];
+	struct proto_step_ev se;
 	json_t *ev;
 
 	pthread_mutex_lock(&e->mu);
@@ -62,26 +62,18 @@ static void repl_run(void *arg)
 	workers = e->workers ? e->workers : 1;
 	pthread_mutex_unlock(&e->mu);
 
-	/* tell the coordinator first: it decides the job-wide LKG */
-	net_hex_encode(j->hash, 32, hex);
+	/* tell the coordinator first: it decides the job-wide LKG. With one
+	 * shard per worker the step is the job's once every (node, worker)
+	 * committed it (worker, workers are sent when workers > 1). */
+	se = (struct proto_step_ev){ .job = { j->key.job, nodes, dp }, .step = j->key.step,
+				     .worker = j->key.worker, .workers = workers };
+	memcpy(se.hash, j->hash, 32);
 	if (j->attempt == 0) {
-		ev = json_object();
-		json_object_set_new(ev, "op", json_string("committed"));
-		json_object_set_new(ev, "job", json_string(j->key.job));
-		json_object_set_new(ev, "nodes", json_integer(nodes));
-		json_object_set_new(ev, "dp", json_integer(dp));
-		json_object_set_new(ev, "step", json_integer((json_int_t)j->key.step));
-		json_object_set_new(ev, "hash", json_string(hex));
-		if (workers > 1) {
-			/* one shard per worker: the step is the job's once
-			 * every (node, worker) committed it */
-			json_object_set_new(ev, "worker", json_integer(j->key.worker));
-			json_object_set_new(ev, "workers", json_integer(workers));
-		}
 		pthread_mutex_lock(&e->mu);
-		json_object_set_new(ev, "bi_min", json_integer(e->bi_min));
-		json_object_set_new(ev, "bi_steps", json_integer(e->bi_steps));
+		se.bi_min = e->bi_min;
+		se.bi_steps = e->bi_steps;
 		pthread_mutex_unlock(&e->mu);
+		ev = proto_committed_encode(&se);
 		if (eng_ctl_event(e, ev) < 0)
 			log_warn("engine", "cannot report step %llu to the coordinator at %s",
 				 (unsigned long long)j->key.step, e->coord_addr);
@@ -113,16 +105,7 @@ static void repl_run(void *arg)
 		 * job's older steps go */
 		if (npeers > 0)
 			idx_set_state(ram_idx(e->ram), &j->key, SH_REPLICATED, 0, 0);
-		ev = json_object();
-		json_object_set_new(ev, "op", json_string("replicated"));
-		json_object_set_new(ev, "job", json_string(j->key.job));
-		json_object_set_new(ev, "nodes", json_integer(nodes));
-		json_object_set_new(ev, "dp", json_integer(dp));
-		json_object_set_new(ev, "step", json_integer((json_int_t)j->key.step));
-		if (workers > 1) {
-			json_object_set_new(ev, "worker", json_integer(j->key.worker));
-			json_object_set_new(ev, "workers", json_integer(workers));
-		}
+		ev = proto_replicated_encode(&se);
 		if (eng_ctl_event(e, ev) < 0)
 			log_warn("engine", "cannot report step %llu as replicated to the coordinator at %s",
 				 (unsigned long long)j->key.step, e->coord_addr);
