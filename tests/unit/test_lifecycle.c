@@ -1,0 +1,325 @@
+/* Unit tests for tiers/lifecycle: the retention plan over synthetic shard
+ * records (single node and cluster, restored step, pytorch workers, pins,
+ * RAM pressure and other jobs, the abandoned timeline after a restore) and
+ * the record writes on a real catalog in a private temporary directory. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define TESTTMP_NAME "lifecycle"
+#include "testtmp.h"
+
+#include "tiers/lifecycle.h"
+#include "tiers/manifest.h"
+
+#define MAXR 32
+
+/* Records from a spec: "job:step:rank:worker:state[:flags[:time]]" with
+ * state C(ommitted) R(eplicated) S(ealing) B(ad) K (backed up), flags a
+ * string of o(wn) r(estored) d(irectory: ns_ino set). */
+struct set {
+	struct shard_rec r[MAXR];
+	size_t n;
+	struct life_drop d[MAXR];
+	size_t nd;
+	char out[1024];
+};
+
+static void add(struct set *s, const char *spec)
+{
+	struct shard_rec *r = &s->r[s->n++];
+	char job[64], st = 'C', fl[8] = "";
+	unsigned long long step, t = 0;
+	unsigned rank, worker;
+	int got;
+
+	memset(r, 0, sizeof(*r));
+	got = sscanf(spec, "%63[^:]:%llu:%u:%u:%c:%7[^:]:%llu", job, &step, &rank, &worker, &st, fl, &t);
+	assert_true(got >= 5);
+	snprintf(r->key.job, sizeof(r->key.job), "%s", job);
+	r->key.step = step;
+	r->key.rank = rank;
+	r->key.worker = worker;
+	r->state = st == 'S' ? SH_SEALING : st == 'B' ? SH_BAD : st == 'R' ? SH_REPLICATED
+		 : st == 'K' ? SH_BACKED_UP : SH_COMMITTED;
+	r->flags = (strchr(fl, 'o') ? SHF_OWN : 0) | (strchr(fl, 'r') ? SHF_RESTORED : 0);
+	r->ns_ino = strchr(fl, 'd') ? 42 : 0;
+	r->commit_time = t;
+}
+
+/* The plan as "job/step/rank/worker[o|r|x]" in order (o own, r replica,
+ * x other job). */
+static const char *show(struct set *s)
+{
+	size_t l = 0;
+	s->out[0] = '\0';
+	for (size_t i = 0; i < s->nd; i++) {
+		const struct shard_rec *r = s->d[i].rec;
+		assert_true(r >= s->r && r < s->r + s->n);
+		l += (size_t)snprintf(s->out + l, sizeof(s->out) - l, "%s%s/%llu/%u/%u%c", l ? " " : "",
+				      r->key.job, (unsigned long long)r->key.step, r->key.rank,
+				      r->key.worker,
+				      s->d[i].why == LIFE_OTHER_JOB ? 'x' : s->d[i].own ? 'o' : 'r');
+	}
+	return s->out;
+}
+
+static const char *plan(struct set *s, const struct life_in *in)
+{
+	assert_int_equal(life_plan_gc(in, s->r, s->n, s->d, &s->nd), 0);
+	return show(s);
+}
+
+static void single_node_keeps_newest(void **state)
+{
+	struct set s = { 0 };
+	struct life_in in = { .job = "j", .rank = 0, .workers = 1 };
+	(void)state;
+	add(&s, "j:1:0:0:C:o");
+	add(&s, "j:2:0:0:R:o");
+	add(&s, "j:3:0:0:C:o");
+	add(&s, "j:4:0:0:B:o");      /* bad: not the newest */
+	add(&s, "j:5:0:0:S:o");      /* sealing: not the newest, never dropped */
+	add(&s, "j:0:0:0:S:o");
+	add(&s, "j:1:1:0:C:");       /* a replica: a single node keeps it */
+	add(&s, "j:2:1:0:C:o");      /* own flag, other rank: not own */
+	assert_string_equal(plan(&s, &in), "j/1/0/0o j/2/0/0o");
+}
+
+static void single_node_restored_step(void **state)
+{
+	struct set s = { 0 };
+	struct life_in in = { .job = "j", .workers = 1, .have_restored = true, .restored_step = 2 };
+	(void)state;
+	add(&s, "j:1:0:0:C:o");
+	add(&s, "j:2:0:0:C:or");
+	assert_string_equal(plan(&s, &in), "j/1/0/0o");
+	/* kept while it is the newest; a newer commit supersedes it */
+	add(&s, "j:3:0:0:C:o");
+	assert_string_equal(plan(&s, &in), "j/1/0/0o j/2/0/0o");
+	/* a restored step newer than every commit protects itself only */
+	in.restored_step = 7;
+	assert_string_equal(plan(&s, &in), "j/1/0/0o j/2/0/0o");
+}
+
+static void cluster_keeps_from_step(void **state)
+{
+	struct set s = { 0 };
+	struct life_in in = { .job = "j", .rank = 1, .workers = 1, .cluster = true };
+	(void)state;
+	add(&s, "j:3:0:0:R:");       /* replica of node 0 */
+	add(&s, "j:3:1:0:R:o");
+	add(&s, "j:5:0:0:R:");
+	add(&s, "j:5:1:0:R:o");
+	add(&s, "j:6:1:0:C:o");
+	add(&s, "j:4:1:0:S:o");
+	/* nothing known job-wide: keep all */
+	assert_string_equal(plan(&s, &in), "");
+	in.have_step = true;
+	in.step = 5;
+	assert_string_equal(plan(&s, &in), "j/3/0/0r j/3/1/0o");
+	/* the restored step does not protect below the job-wide step */
+	in.have_restored = true;
+	in.restored_step = 3;
+	assert_string_equal(plan(&s, &in), "j/3/0/0r j/3/1/0o");
+}
+
+static bool pin_step3(void *arg, const char *job, uint64_t step)
+{
+	int *calls = arg;
+	(*calls)++;
+	return !strcmp(job, "j") && step == 3;
+}
+
+static void pins_keep_their_shard(void **state)
+{
+	struct set s = { 0 };
+	int calls = 0;
+	struct life_in in = { .job = "j", .workers = 1, .pinned = pin_step3, .pin_arg = &calls };
+	(void)state;
+	add(&s, "j:2:0:0:C:o");
+	add(&s, "j:3:0:0:C:o");
+	add(&s, "j:9:0:0:C:o");
+	assert_string_equal(plan(&s, &in), "j/2/0/0o");
+	assert_true(calls >= 2);
+}
+
+static void pytorch_workers_complete_step(void **state)
+{
+	struct set s = { 0 };
+	struct life_in in = { .job = "j", .workers = 2 };
+	(void)state;
+	add(&s, "j:1:0:0:C:o");
+	add(&s, "j:1:0:1:C:o");
+	add(&s, "j:2:0:0:C:o");
+	add(&s, "j:2:0:1:C:o");
+	add(&s, "j:3:0:0:C:o");      /* worker 1 of step 3 not committed yet */
+	assert_string_equal(plan(&s, &in), "j/1/0/0o j/1/0/1o");
+	/* worker 1 is bad: still incomplete */
+	add(&s, "j:3:0:1:B:o");
+	assert_string_equal(plan(&s, &in), "j/1/0/0o j/1/0/1o");
+	/* a restored worker-0 shard (all files in one) is complete alone */
+	add(&s, "j:4:0:0:C:or");
+	/* older shards go whatever their state (a bad one too) */
+	assert_string_equal(plan(&s, &in), "j/1/0/0o j/1/0/1o j/2/0/0o j/2/0/1o j/3/0/0o j/3/0/1o");
+}
+
+static void pressure_takes_other_jobs_oldest_first(void **state)
+{
+	struct set s = { 0 };
+	struct life_in in = { .job = "j", .workers = 1, .cluster = true };
+	(void)state;
+	add(&s, "a:1:0:0:C:o:300");
+	add(&s, "a:2:0:0:C::100");
+	add(&s, "a:3:0:0:S:o:50");   /* sealing: never */
+	add(&s, "b:7:0:0:C:o:100");  /* same time as a/2: lower step first */
+	add(&s, "j:1:0:0:C:o:10");
+	add(&s, "j:2:0:0:C:o:20");
+	/* routine GC never touches other jobs */
+	in.have_step = true;
+	in.step = 2;
+	assert_string_equal(plan(&s, &in), "j/1/0/0o");
+	/* under pressure: the current job first, then other jobs by age */
+	in.want = 1;
+	assert_string_equal(plan(&s, &in), "j/1/0/0o a/2/0/0x b/7/0/0x a/1/0/0x");
+	assert_false(s.d[1].own);
+	assert_true(s.d[2].own);
+	/* LKG unknown: other jobs still go */
+	in.have_step = false;
+	assert_string_equal(plan(&s, &in), "a/2/0/0x b/7/0/0x a/1/0/0x");
+}
+
+static void newer_than_restored(void **state)
+{
+	struct set s = { 0 };
+	(void)state;
+	add(&s, "j:3:0:0:C:o");
+	add(&s, "j:4:0:0:C:o");
+	add(&s, "j:5:1:0:R:");
+	add(&s, "j:6:0:0:B:o");      /* bad: kept for inspection */
+	add(&s, "j:7:0:0:S:o");
+	add(&s, "k:9:0:0:C:o");      /* another job */
+	assert_int_equal(life_plan_newer("j", 0, 3, s.r, s.n, s.d, &s.nd), 0);
+	assert_string_equal(show(&s), "j/4/0/0o j/5/1/0r");
+}
+
+static void bad_input(void **state)
+{
+	struct set s = { 0 };
+	struct life_in in = { .job = NULL };
+	(void)state;
+	add(&s, "j:1:0:0:C:o");
+	assert_int_equal(life_plan_gc(&in, s.r, s.n, s.d, &s.nd), -EINVAL);
+	assert_int_equal(life_plan_gc(NULL, s.r, s.n, s.d, &s.nd), -EINVAL);
+	in.job = "j";
+	assert_int_equal(life_plan_gc(&in, s.r, s.n, NULL, &s.nd), -EINVAL);
+	assert_int_equal(life_plan_newer(NULL, 0, 0, s.r, s.n, s.d, &s.nd), -EINVAL);
+	assert_int_equal(life_plan_newer("j", 0, 0, s.r, s.n, s.d, NULL), -EINVAL);
+	assert_int_equal(life_plan_gc(&in, NULL, 0, NULL, &s.nd), 0);
+	assert_int_equal(s.nd, 0);
+}
+
+/* ---- record writes on a real catalog ---- */
+
+static void get(struct idx *x, const struct shard_key *k, uint32_t state, uint32_t flags)
+{
+	struct shard_rec r = { 0 };
+	assert_int_equal(idx_get_shard(x, k, &r), 0);
+	assert_string_equal(shard_state_name(r.state), shard_state_name(state));
+	assert_int_equal(r.flags, flags);
+	idx_rec_clear(&r);
+}
+
+static void writes_walk_the_states(void **state)
+{
+	struct tmp *t = *state;
+	struct idx *x = NULL;
+	struct shard_key k = { .job = "j", .step = 5, .rank = 2, .worker = 0 };
+	struct manifest *mf = NULL;
+	struct shard_rec r = { 0 };
+	char db[PATH_MAX + 8];
+	int fd;
+
+	snprintf(db, sizeof(db), "%s/db", t->path);
+	assert_int_equal(idx_open(db, false, &x), 0);
+	assert_int_equal(life_seal_begin(x, &k, SHF_OWN, 77), 0);
+	assert_int_equal(idx_get_shard(x, &k, &r), 0);
+	assert_int_equal(r.state, SH_SEALING);
+	assert_int_equal(r.ns_ino, 77);
+	assert_null(r.mf);
+	assert_true(r.commit_time > 0);
+	idx_rec_clear(&r);
+
+	/* a tree of one 3-byte file */
+	assert_int_equal(mkdirat(t->fd, "tree", 0755), 0);
+	fd = openat(t->fd, "tree/f", O_WRONLY | O_CREAT | O_EXCL, 0644);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "abc", 3), 3);
+	close(fd);
+	fd = openat(t->fd, "tree", O_RDONLY | O_DIRECTORY);
+	assert_true(fd >= 0);
+	assert_int_equal(mf_build(fd, &mf), 0);
+	close(fd);
+	assert_int_equal(life_committed(x, &k, mf, SHF_OWN, 77), 0);
+	assert_int_equal(idx_get_shard(x, &k, &r), 0);
+	assert_int_equal(r.state, SH_COMMITTED);
+	assert_int_equal(r.bytes, 3);
+	assert_int_equal(r.nfiles, 1);
+	assert_memory_equal(r.hash, mf->hash, 32);
+	assert_non_null(r.mf);
+	idx_rec_clear(&r);
+
+	assert_int_equal(life_replicated(x, &k), 0);
+	get(x, &k, SH_REPLICATED, SHF_OWN);
+	assert_int_equal(life_backed_up(x, &k), 0);
+	get(x, &k, SH_BACKED_UP, SHF_OWN);
+	assert_int_equal(life_hide(x, &k), 0);
+	assert_int_equal(life_restored(x, &k), 0);
+	get(x, &k, SH_BACKED_UP, SHF_OWN | SHF_HIDDEN | SHF_RESTORED);
+	assert_int_equal(life_bad(x, &k), 0);
+	get(x, &k, SH_BAD, SHF_OWN | SHF_HIDDEN | SHF_RESTORED);
+
+	/* a drop: invisible once marked, gone once done */
+	assert_int_equal(life_drop_mark(x, &k), 0);
+	assert_int_equal(idx_get_shard(x, &k, &r), -ENOENT);
+	assert_int_equal(life_replicated(x, &k), -ENOENT);
+	assert_int_equal(life_drop_done(x, &k), 0);
+	assert_int_equal(life_drop_done(x, &k), -ENOENT);
+
+	/* a replica adopted as own; an unsealable tree; forget */
+	assert_int_equal(life_committed(x, &k, mf, 0, 0), 0);
+	assert_int_equal(life_adopt(x, &k), 0);
+	get(x, &k, SH_COMMITTED, SHF_OWN | SHF_RESTORED);
+	assert_int_equal(life_unsealable(x, &k, SHF_OWN, 0), 0);
+	assert_int_equal(idx_get_shard(x, &k, &r), 0);
+	assert_int_equal(r.state, SH_BAD);
+	assert_null(r.mf);
+	idx_rec_clear(&r);
+	assert_int_equal(life_forget(x, &k), 0);
+	assert_int_equal(idx_get_shard(x, &k, &r), -ENOENT);
+	mf_free(mf);
+	idx_close(x);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(single_node_keeps_newest),
+		cmocka_unit_test(single_node_restored_step),
+		cmocka_unit_test(cluster_keeps_from_step),
+		cmocka_unit_test(pins_keep_their_shard),
+		cmocka_unit_test(pytorch_workers_complete_step),
+		cmocka_unit_test(pressure_takes_other_jobs_oldest_first),
+		cmocka_unit_test(newer_than_restored),
+		cmocka_unit_test(bad_input),
+		cmocka_unit_test_setup_teardown(writes_walk_the_states, tmp_setup, tmp_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
