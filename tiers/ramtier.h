@@ -65,6 +65,10 @@ int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freed);
 /* Re-check a shard's files against its catalog manifest (CRC32C).
  * 0, -EBADMSG (described in err), -ENOENT. */
 int ram_verify(struct ram_tier *t, const struct shard_key *k, char *err, size_t errlen);
+/* Cheap consistency check of a record (start-up): every file of its
+ * manifest is in the store with its size; full CRC checks (ram_verify)
+ * happen before a restore uses the shard. 0, or -errno with why in err. */
+int ram_check_sizes(struct ram_tier *t, const struct shard_rec *r, char *err, size_t errlen);
 
 /* Shards arriving from elsewhere (replicas pushed by peers, restores
  * fetched from a peer or the bucket) are written into a private staging
