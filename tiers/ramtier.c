@@ -24,15 +24,23 @@ struct ram_tier {
 	struct idx *idx;
 	uint64_t cap;
 	_Atomic int64_t used;
-	pthread_mutex_t reclaim_mu;   /* serialises reclaim; taken before nothing else */
+	/* Serialises reclaim, and is the outermost lock of the daemon:
+	 * ram_reserve() holds it across the reclaim callback (fs/commit.c
+	 * commit_reclaim), which takes fs->mu, the engine's mu, a shard key
+	 * here (keys_mu, waiting on keys_cv), the catalog's LMDB write lock
+	 * and a work queue's mu, one at a time. So no caller of ram_reserve()
+	 * may hold any lock (the FUSE write path and the engine's recv_files
+	 * hold none), nor a shard key. */
+	pthread_mutex_t reclaim_mu;
 	ram_reclaim_fn reclaim;
 	void *reclaim_arg;
 	/* Keys a seal, publish or drop is working on: these replace or delete
 	 * a shard's directory in several steps, and two of them on one key
 	 * must not interleave (a drop would delete the files a publish just
 	 * renamed into place, leaving a record that names nothing). keys_mu
-	 * is a leaf lock; while a key is held only the catalog is used (no
-	 * reservation, so reclaim cannot re-enter a drop of a held key). */
+	 * is a leaf lock. While a key is held only the files and the catalog
+	 * are used: no reservation, so a reclaim, which waits for a key while
+	 * holding reclaim_mu, never waits for a holder that waits for it. */
 	pthread_mutex_t keys_mu;
 	pthread_cond_t keys_cv;
 	struct shard_key *busy;

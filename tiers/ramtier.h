@@ -18,7 +18,9 @@
 struct ram_tier;
 
 /* Called when a reservation does not fit: free what policy allows and
- * return the bytes freed (0 if nothing may go). Runs on the caller's thread. */
+ * return the bytes freed (0 if nothing may go). Runs on the caller's
+ * thread, under the tier's reclaim lock (one reclaim at a time): it may
+ * take other locks and drop shards (ram_drop), never reserve. */
 typedef uint64_t (*ram_reclaim_fn)(void *arg, uint64_t want);
 
 /* Create/open RAMDIR's layout and catalog. cap 0 = free space of RAMDIR's
