@@ -1,0 +1,360 @@
+/* engine_backup.c — backup uploads and the bucket, as the coordinator asks
+ * for it (see engine_int.h). */
+#include "cluster/engine_int.h"
+#include "tiers/backup.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---------- backups ---------- */
+
+/* Worker w of "<job>-s<digits>-n<rank>-w<w>.save" at the top of a shard
+ * (GKE's file_naming), else -1. */
+int64_t eng_save_worker(const char *path, const char *job, uint32_t rank, uint64_t step)
+{
+	size_t jl = strlen(job), d, pl = strlen(path);
+	char want[32];
+	const char *p = path;
+	uint64_t v, w;
+	char num[24];
+
+	if (pl < 5 || strchr(path, '/') || strcmp(path + pl - 5, ".save") ||
+	    strncmp(p, job, jl) || strncmp(p + jl, "-s", 2))
+		return -1;
+	p += jl + 2;
+	d = strspn(p, "0123456789");
+	if (d == 0 || d >= sizeof(num))
+		return -1;
+	memcpy(num, p, d);
+	num[d] = '\0';
+	if (util_parse_u64(num, UINT64_MAX, &v) < 0 || v != step)
+		return -1;
+	p += d;
+	snprintf(want, sizeof(want), "-n%u-w", rank);
+	if (strncmp(p, want, strlen(want)))
+		return -1;
+	p += strlen(want);
+	d = strspn(p, "0123456789");
+	if (d == 0 || d >= sizeof(num) || strcmp(p + d, ".save"))
+		return -1;
+	memcpy(num, p, d);
+	num[d] = '\0';
+	if (util_parse_u64(num, RCFG_WORKERS_MAX - 1, &w) < 0)
+		return -1;
+	return (int64_t)w;
+}
+
+/* Worker w's .save entry of shard mf, or NULL. */
+static const struct mf_entry *save_entry(const struct manifest *mf, const struct shard_key *k,
+					 uint32_t w, bool *any)
+{
+	const struct mf_entry *r = NULL;
+	for (size_t i = 0; i < mf->n; i++) {
+		int64_t x = mf->e[i].type == MF_FILE ?
+			    eng_save_worker(mf->e[i].path, k->job, k->rank, k->step) : -1;
+		if (x < 0)
+			continue;
+		*any = true;
+		if ((uint64_t)x == w)
+			r = &mf->e[i];
+	}
+	return r;
+}
+
+/* framework: pytorch: each worker's file is its own shard in the bucket,
+ * as GKE's replicator backs them up (one .meta per worker, <hash>.data one
+ * object). In the cluster too each worker's file is its own shard (k is
+ * worker 0's, open as fd with manifest mf); a worker-0 shard holding every
+ * worker's file (restored from a backup of the older layout, or written by
+ * an earlier mtcfs) serves them all. -ENODATA when the shard has no .save
+ * file at all (a step directory committed in pytorch mode): the caller
+ * backs it up whole. */
+static int upload_workers(struct eng *e, const struct bk_upload *u, const struct shard_key *k,
+			  int fd, const struct manifest *mf, uint32_t workers, char *err,
+			  size_t errlen)
+{
+	bool any = false;
+	int rc;
+
+	if (!save_entry(mf, k, 0, &any) || !any)
+		return any ? -ENOENT : -ENODATA;
+	for (uint32_t w = 0; w < workers; w++) {
+		struct shard_key wk = *k;
+		struct shard_rec rec = { 0 };
+		struct manifest *wmf = NULL;
+		const struct mf_entry *ent = save_entry(mf, k, w, &any);
+		int wfd = -1;
+
+		wk.worker = w;
+		if (!ent && idx_get_shard(ram_idx(e->ram), &wk, &rec) == 0 && rec.mf &&
+		    rec.state >= SH_COMMITTED && rec.state != SH_BAD &&
+		    mf_decode(rec.mf, rec.mflen, &wmf) == 0 &&
+		    (ent = save_entry(wmf, k, w, &any)) != NULL &&
+		    (wfd = ram_shard_open(e->ram, &wk)) < 0)
+			ent = NULL;
+		idx_rec_clear(&rec);
+		if (!ent) {
+			snprintf(err, errlen, "the shard of step %llu has no .save file of worker %u",
+				 (unsigned long long)k->step, w);
+			mf_free(wmf);
+			return -ENOENT;
+		}
+		rc = bk_upload_file(e->bkt, u->job, u->name, &wk, wfd >= 0 ? wfd : fd, ent, u->data);
+		if (wfd >= 0)
+			close(wfd);
+		mf_free(wmf);
+		if (rc < 0) {
+			snprintf(err, errlen, "%s", bkt_last_error());
+			return rc;
+		}
+	}
+	return 0;
+}
+
+void eng_backup_run(void *arg)
+{
+	struct bk_upload *u = arg;
+	struct eng *e = u->e;
+	struct shard_rec rec = { 0 };
+	struct manifest *mf = NULL;
+	struct shard_key k = { 0 };
+	char err[512] = "";
+	uint64_t t0 = util_now_ns();
+	json_t *ev;
+	uint32_t workers;
+	bool save_files;
+	int fd = -1, rc;
+
+	snprintf(k.job, sizeof(k.job), "%s", u->job);
+	k.step = u->step;
+	pthread_mutex_lock(&e->mu);
+	k.rank = (uint32_t)e->rank;
+	save_files = e->save_files && !strcmp(e->job, u->job);
+	workers = e->workers ? e->workers : 1;
+	pthread_mutex_unlock(&e->mu);
+	rc = idx_get_shard(ram_idx(e->ram), &k, &rec);
+	if (rc < 0 || !rec.mf || mf_decode(rec.mf, rec.mflen, &mf) < 0) {
+		snprintf(err, sizeof(err), "step %llu is not held on node %u",
+			 (unsigned long long)k.step, k.rank);
+		rc = rc < 0 ? rc : -ENOENT;
+		goto out;
+	}
+	fd = ram_shard_open(e->ram, &k);
+	if (fd < 0) {
+		rc = fd;
+		snprintf(err, sizeof(err), "shard directory missing");
+		goto out;
+	}
+	rc = save_files ? upload_workers(e, u, &k, fd, mf, workers, err, sizeof(err)) : -ENODATA;
+	if (rc == -ENODATA) {
+		rc = bk_upload_shard(e->bkt, u->job, u->name, &k, fd, mf, u->data);
+		if (rc < 0)
+			snprintf(err, sizeof(err), "%s", bkt_last_error());
+	}
+	if (rc < 0)
+		goto out;
+	idx_set_state(ram_idx(e->ram), &k, SH_BACKED_UP, 0, 0);
+	metrics_add(MC_BACKUPS, 1);
+	metrics_add(MC_BACKUP_BYTES, u->data ? mf->total : 0);
+	metrics_observe(MH_BACKUP_SECONDS, (double)(util_now_ns() - t0) / 1e9);
+	log_info("engine", "backed up job=%s step=%llu node=%u to %s/%s/%s bytes=%llu data=%d secs=%.2f",
+		 u->job, (unsigned long long)u->step, k.rank, bkt_url(e->bkt), u->job, u->name,
+		 (unsigned long long)mf->total, u->data, (double)(util_now_ns() - t0) / 1e9);
+out:
+	if (rc < 0) {
+		metrics_add(MC_BACKUP_FAILURES, 1);
+		eng_report(e, "backup %s of job %s step %llu failed: %s", u->name, u->job,
+		       (unsigned long long)u->step, err[0] ? err : strerror(-rc));
+	}
+	if (fd >= 0)
+		close(fd);
+	mf_free(mf);
+	idx_rec_clear(&rec);
+	pthread_mutex_lock(&e->mu);
+	e->pins--;
+	pthread_mutex_unlock(&e->mu);
+	ev = json_pack("{s:s,s:s,s:s,s:I,s:b}", "op", "backup_done", "job", u->job, "name", u->name,
+		       "step", (json_int_t)u->step, "ok", rc == 0);
+	if (rc < 0)
+		json_object_set_new(ev, "error", json_string(err[0] ? err : strerror(-rc)));
+	if (eng_ctl_event(e, ev) < 0)
+		log_warn("engine", "cannot report backup %s to the coordinator", u->name);
+	json_decref(ev);
+	free(u);
+}
+
+bool eng_pinned(struct eng *e, const char *job, uint64_t step)
+{
+	bool r;
+	if (!e)
+		return false;
+	pthread_mutex_lock(&e->mu);
+	r = e->pins > 0 && e->pin_step == step && !strcmp(e->pin_job, job);
+	pthread_mutex_unlock(&e->mu);
+	return r;
+}
+
+/* ---------- the bucket, as the coordinator asks for it ---------- */
+
+static bool excluded(const char (*ex)[64], size_t n, const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(ex[i], name))
+			return true;
+	return false;
+}
+
+struct exclusions {
+	const char (*ex)[64];
+	size_t n;
+};
+
+static bool usable(void *arg, const struct bk_backup *v)
+{
+	const struct exclusions *x = arg;
+	return v->complete && !excluded(x->ex, x->n, v->name);
+}
+
+int eng_bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex)[64], size_t nex,
+		     bool need_newest, struct coord_bk_decision *d)
+{
+	struct exclusions exl = { ex, nex };
+	struct eng *e = arg;
+	struct bk_backup *v = NULL, one;
+	char rv[BK_NAME_MAX];
+	size_t n = 0, nl = 0;
+	uint32_t workers;
+	int rc;
+
+	memset(d, 0, sizeof(*d));
+	pthread_mutex_lock(&e->mu);
+	workers = e->workers ? e->workers : 1;
+	pthread_mutex_unlock(&e->mu);
+	rc = bk_get_restore_version(e->bkt, job, rv);
+	if (rc == 0 || rc == -EBADMSG) {
+		d->forced = true;
+		if (rc == -EBADMSG) {
+			snprintf(d->notes, sizeof(d->notes),
+				 "%s/%s/restore.version does not name a backup; nothing is restored",
+				 bkt_url(e->bkt), job);
+			return 0;
+		}
+		snprintf(d->name, sizeof(d->name), "%s", rv);
+		memset(&one, 0, sizeof(one));
+		rc = bk_check_backup(e->bkt, job, rv, nodes, workers, &one);
+		if (rc == 0 && one.complete && !excluded(ex, nex, rv)) {
+			d->forced_ok = true;
+			d->step = one.step;
+		} else {
+			snprintf(d->notes, sizeof(d->notes),
+				 "restore.version names backup %s, which %s; nothing is restored (no fallback)",
+				 rv, rc < 0 ? "does not exist" : excluded(ex, nex, rv) ? "failed to restore" :
+				 one.why[0] ? one.why : "is incomplete");
+		}
+		bk_backup_clear(&one);
+		return 0;
+	}
+	if (rc != -ENOENT)
+		return rc;
+	if (!need_newest)
+		return 0;
+	/* newest first, and no further than the first usable one */
+	rc = bk_list_backups_until(e->bkt, job, nodes, workers, usable, &exl, &v, &n);
+	if (rc < 0)
+		return rc;
+	for (size_t i = 0; i < n; i++) {
+		if (excluded(ex, nex, v[i].name))
+			continue;
+		if (v[i].complete) {
+			d->have_newest = true;
+			d->step = v[i].step;
+			snprintf(d->name, sizeof(d->name), "%s", v[i].name);
+			break;
+		}
+		if (nl < sizeof(d->notes) - 1)
+			nl += (size_t)snprintf(d->notes + nl, sizeof(d->notes) - nl, "%sbackup %s skipped: %s",
+					       nl ? "; " : "", v[i].name, v[i].why);
+		if (nl >= sizeof(d->notes))
+			nl = sizeof(d->notes) - 1;
+	}
+	bk_backups_free(v, n);
+	return 0;
+}
+
+/* The clock backups are named by.  MTCFS_TEST_MINUTE_SECS=N (tests only,
+ * 1..60) makes a minute of it last N real seconds from the first call, so
+ * tests of the one-backup-per-minute rule need not wait real minutes. */
+static time_t backup_clock(unsigned *real_s_per_min)
+{
+	/* only the coordinator's one worker thread calls this */
+	static time_t t0;
+	static unsigned scale;
+	time_t now = time(NULL);
+
+	*real_s_per_min = 60;
+	if (!t0) {
+		const char *v = getenv("MTCFS_TEST_MINUTE_SECS");
+		uint64_t n;
+		if (v && util_parse_u64(v, 60, &n) == 0 && n >= 1)
+			scale = (unsigned)n;
+		t0 = now;
+	}
+	if (!scale)
+		return now;
+	*real_s_per_min = scale;
+	return t0 + (now - t0) * 60 / (time_t)scale;
+}
+
+int eng_bk_name(void *arg, const char *job, char *out, size_t outlen, unsigned *retry_s)
+{
+	struct eng *e = arg;
+	char name[BK_NAME_MAX];
+	unsigned per_min;
+	time_t t = backup_clock(&per_min);
+	int rc = bk_new_name(e->bkt, job, t, name);
+
+	*retry_s = 0;
+	if (rc == -EAGAIN) {
+		/* real seconds until the clock's next minute, rounded up */
+		*retry_s = (unsigned)(((60 - t % 60) * per_min + 59) / 60);
+		snprintf(out, outlen, "%s", bkt_last_error());
+	} else if (rc < 0) {
+		eng_report(e, "backup of job %s not started: %s", job, bkt_last_error());
+		snprintf(out, outlen, "%s", bkt_last_error());
+	} else {
+		snprintf(out, outlen, "%s", name);
+	}
+	return rc;
+}
+
+int eng_bk_discard(void *arg, const char *job, const char *name, char *out, size_t outlen)
+{
+	struct eng *e = arg;
+	int rc = bk_discard_attempt(e->bkt, job, name);
+
+	if (rc < 0) {
+		eng_report(e, "backup %s of job %s failed and cannot be removed: %s", name, job,
+		       bkt_last_error());
+		snprintf(out, outlen, "%s", bkt_last_error());
+	}
+	return rc;
+}
+
+void eng_bk_clear_rv(void *arg, const char *job)
+{
+	struct eng *e = arg;
+	int rc = bk_clear_restore_version(e->bkt, job);
+	if (rc < 0)
+		log_err("engine", "cannot delete %s/%s/restore.version: %s", bkt_url(e->bkt), job,
+			bkt_last_error());
+	else
+		log_info("engine", "deleted %s/%s/restore.version after the first commit following its restore",
+			 bkt_url(e->bkt), job);
+}

@@ -1,0 +1,387 @@
+/* engine_ctl.c — the control connection to the coordinator (see engine_int.h). */
+#include "cluster/engine_int.h"
+#include "tiers/backup.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------- the control connection ---------- */
+
+static void ctl_fail_all(struct eng *e, int rc)
+{
+	for (size_t i = 0; i < sizeof(e->calls) / sizeof(e->calls[0]); i++) {
+		if (e->calls[i] && !e->calls[i]->done) {
+			e->calls[i]->done = true;
+			e->calls[i]->rc = rc;
+		}
+	}
+	pthread_cond_broadcast(&e->ctl_cv);
+}
+
+static void handle_event(struct eng *e, json_t *m)
+{
+	const char *op, *job;
+	uint64_t step;
+
+	if (net_json_str(m, "op", 32, &op) < 0)
+		return;
+	if (!strcmp(op, "backup") && e->bkt && net_json_str(m, "job", RCFG_JOB_MAX, &job) == 0 &&
+	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) == 0) {
+		const char *name;
+		struct bk_upload *u;
+		if (net_json_str(m, "name", 63, &name) < 0 || !bk_backup_name_ok(name))
+			return;
+		u = calloc(1, sizeof(*u));
+		if (!u)
+			return;
+		u->e = e;
+		snprintf(u->job, sizeof(u->job), "%s", job);
+		snprintf(u->name, sizeof(u->name), "%s", name);
+		u->step = step;
+		u->data = !json_is_false(json_object_get(m, "data"));
+		pthread_mutex_lock(&e->mu);
+		e->pins++;
+		e->pin_step = step;
+		snprintf(e->pin_job, sizeof(e->pin_job), "%s", job);
+		pthread_mutex_unlock(&e->mu);
+		if (workq_submit(e->bkq, eng_backup_run, u) < 0) {
+			pthread_mutex_lock(&e->mu);
+			e->pins--;
+			pthread_mutex_unlock(&e->mu);
+			free(u);
+		}
+		return;
+	}
+	if (!strcmp(op, "report")) {
+		const char *text;
+		if (net_json_str(m, "text", 1000, &text) == 0)
+			eng_report(e, "%s", text);
+		return;
+	}
+	if (!strcmp(op, "lkg") && net_json_str(m, "job", RCFG_JOB_MAX, &job) == 0 &&
+	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) == 0) {
+		uint64_t safe = 0;
+		bool has_safe = net_json_u64(m, "safe", UINT64_MAX >> 1, &safe) == 0 && safe <= step;
+		bool news;
+		pthread_mutex_lock(&e->mu);
+		news = !e->has_lkg || e->lkg != step || strcmp(e->lkg_job, job);
+		if (strcmp(e->lkg_job, job))
+			e->has_safe = false;
+		e->has_lkg = true;
+		e->lkg = step;
+		if (has_safe) {
+			e->has_safe = true;
+			e->safe = safe;
+		}
+		snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", job);
+		pthread_mutex_unlock(&e->mu);
+		if (news)
+			log_info("engine", "job %s: step %llu complete on every node", job,
+				 (unsigned long long)step);
+		if (has_safe)
+			log_dbg("engine", "job %s: step %llu committed and replicated on every node",
+				job, (unsigned long long)safe);
+		if (e->cb.on_lkg)
+			e->cb.on_lkg(e->cb.arg, job, step);
+	}
+}
+
+static void *ctl_reader(void *arg)
+{
+	struct eng *e = arg;
+	struct nconn *c;
+
+	pthread_setname_np(pthread_self(), "mtcfs-ctlrd");
+	pthread_mutex_lock(&e->ctl_mu);
+	c = e->ctl;
+	pthread_mutex_unlock(&e->ctl_mu);
+	for (;;) {
+		struct net_hdr h;
+		json_t *m = NULL;
+		int rc = nconn_recv(c, 1000, &h, &m);
+
+		if (rc == -ETIMEDOUT || rc == -EAGAIN) {
+			bool stop;
+			pthread_mutex_lock(&e->ctl_mu);
+			stop = e->stopping;
+			pthread_mutex_unlock(&e->ctl_mu);
+			if (stop)
+				break;
+			continue;
+		}
+		if (rc < 0) {
+			bool renamed;
+			pthread_mutex_lock(&e->ctl_mu);
+			renamed = e->ctl_renaming;
+			pthread_mutex_unlock(&e->ctl_mu);
+			if (renamed)
+				log_info("engine", "control connection closed: this node has a new rank");
+			else
+				log_warn("engine", "control connection to the coordinator lost: %s",
+					 strerror(-rc));
+			break;
+		}
+		if (h.type == NT_EVENT) {
+			handle_event(e, m);
+			json_decref(m);
+			continue;
+		}
+		pthread_mutex_lock(&e->ctl_mu);
+		for (size_t i = 0; i < sizeof(e->calls) / sizeof(e->calls[0]); i++) {
+			struct pending_call *p = e->calls[i];
+			if (p && !p->done && p->id == h.req_id) {
+				p->done = true;
+				p->rc = h.type == NT_ERROR ? net_error_errno(m) : 0;
+				p->resp = m;
+				m = NULL;
+				pthread_cond_broadcast(&e->ctl_cv);
+				break;
+			}
+		}
+		pthread_mutex_unlock(&e->ctl_mu);
+		json_decref(m);
+	}
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->ctl == c)
+		e->ctl = NULL;
+	ctl_fail_all(e, -ECONNRESET);
+	pthread_mutex_unlock(&e->ctl_mu);
+	nconn_close(c);
+	return NULL;
+}
+
+static json_t *register_msg(struct eng *e)
+{
+	json_t *m = json_object();
+	json_object_set_new(m, "op", json_string("register"));
+	json_object_set_new(m, "addr", json_string(e->listen));
+	pthread_mutex_lock(&e->mu);
+	if (e->job_set) {
+		json_object_set_new(m, "job", json_string(e->job));
+		json_object_set_new(m, "nodes", json_integer(e->nodes));
+		json_object_set_new(m, "dp", json_integer(e->dp));
+	}
+	pthread_mutex_unlock(&e->mu);
+	return m;
+}
+
+/* A send on the control connection failed (ctl_mu held): a coordinator
+ * that has not read for the whole io timeout, or a broken stream. Shut the
+ * socket: the reader tears the connection down and the next call makes a
+ * new one (and registers again) instead of failing on a dead stream. */
+static void ctl_send_failed(struct eng *e, int rc)
+{
+	if (!e->ctl)
+		return;
+	log_warn("engine", "sending to the coordinator at %s failed: %s; reconnecting",
+		 e->coord_addr, strerror(-rc));
+	nconn_shutdown(e->ctl);
+}
+
+/* Connect the control connection if needed. ctl_mu held. */
+static int ctl_ensure_locked(struct eng *e)
+{
+	struct nconn *c = NULL;
+	int rank, rc;
+
+	if (e->ctl)
+		return 0;
+	if (e->stopping)
+		return -ESHUTDOWN;
+	if (e->ctl_reader_running) {
+		pthread_mutex_unlock(&e->ctl_mu);
+		pthread_join(e->ctl_reader, NULL);
+		pthread_mutex_lock(&e->ctl_mu);
+		e->ctl_reader_running = false;
+		if (e->ctl)
+			return 0;
+	}
+	pthread_mutex_lock(&e->mu);
+	rank = e->rank;
+	pthread_mutex_unlock(&e->mu);
+	if (!e->coord_addr[0])
+		return -ENOTCONN;
+	rc = nconn_connect(e->coord_addr, rank, "control", &e->auth, 5000, &c, NULL);
+	if (rc < 0)
+		return rc;
+	e->ctl = c;
+	rc = pthread_create(&e->ctl_reader, NULL, ctl_reader, e);
+	if (rc) {
+		e->ctl = NULL;
+		nconn_close(c);
+		return -rc;
+	}
+	e->ctl_reader_running = true;
+	return 0;
+}
+
+/* One request on the control connection; *resp owned by the caller. */
+/* ctl_mu held: the calling thread runs a restore that was interrupted. */
+static bool restore_cancelled_locked(struct eng *e)
+{
+	return e->restoring && e->restore_cancel && pthread_equal(e->restore_thr, pthread_self());
+}
+
+void eng_restore_interrupt(struct eng *e)
+{
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->restoring) {
+		e->restore_cancel = true;
+		pthread_cond_broadcast(&e->ctl_cv);
+	}
+	pthread_mutex_unlock(&e->ctl_mu);
+}
+
+int eng_ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms)
+{
+	struct pending_call p = { 0 };
+	struct timespec ts;
+	size_t slot = SIZE_MAX;
+	int rc;
+
+	*resp = NULL;
+	pthread_mutex_lock(&e->ctl_mu);
+	if (restore_cancelled_locked(e)) {
+		rc = -ECANCELED;
+		goto out;
+	}
+	rc = ctl_ensure_locked(e);
+	if (rc < 0)
+		goto out;
+	for (size_t i = 0; i < sizeof(e->calls) / sizeof(e->calls[0]); i++)
+		if (!e->calls[i]) {
+			slot = i;
+			break;
+		}
+	if (slot == SIZE_MAX) {
+		rc = -EBUSY;
+		goto out;
+	}
+	p.id = ++e->next_id ? e->next_id : ++e->next_id;
+	e->calls[slot] = &p;
+	rc = nconn_send(e->ctl, NT_REQ, p.id, req);
+	if (rc < 0) {
+		e->calls[slot] = NULL;
+		ctl_send_failed(e, rc);
+		goto out;
+	}
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	while (!p.done) {
+		if (restore_cancelled_locked(e)) {
+			/* the answer, if it comes, finds no waiter and is dropped */
+			p.rc = -ECANCELED;
+			break;
+		}
+		if (pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts) == ETIMEDOUT) {
+			p.rc = -ETIMEDOUT;
+			break;
+		}
+	}
+	e->calls[slot] = NULL;
+	rc = p.rc;
+	*resp = p.resp;
+out:
+	pthread_mutex_unlock(&e->ctl_mu);
+	return rc;
+}
+
+int eng_ctl_event(struct eng *e, json_t *ev)
+{
+	int rc;
+	pthread_mutex_lock(&e->ctl_mu);
+	rc = ctl_ensure_locked(e);
+	if (rc == 0) {
+		rc = nconn_send(e->ctl, NT_EVENT, 0, ev);
+		if (rc < 0)
+			ctl_send_failed(e, rc);
+	}
+	pthread_mutex_unlock(&e->ctl_mu);
+	return rc;
+}
+
+int eng_register(struct eng *e, bool want_table)
+{
+	json_t *req = register_msg(e), *resp = NULL;
+	int rc;
+	json_t *addrs;
+
+	if (want_table)
+		json_object_set_new(req, "want_table", json_true());
+	rc = eng_ctl_call(e, req, &resp, CTL_TIMEOUT_MS);
+	addrs = json_object_get(resp, "addrs");
+	json_decref(req);
+	if (rc == 0 && json_is_array(addrs)) {
+		size_t i;
+		json_t *a;
+		pthread_mutex_lock(&e->mu);
+		for (uint32_t x = 0; x < e->ntable; x++)
+			free(e->table[x]);
+		free(e->table);
+		e->ntable = 0;
+		e->table = calloc(json_array_size(addrs) + 1, sizeof(char *));
+		if (e->table) {
+			json_array_foreach(addrs, i, a)
+				e->table[i] = json_is_string(a) ? strdup(json_string_value(a)) : NULL;
+			e->ntable = (uint32_t)json_array_size(addrs);
+		}
+		pthread_mutex_unlock(&e->mu);
+	}
+	json_decref(resp);
+	return rc;
+}
+
+/* Address of a rank: the static table, else the coordinator's. */
+int eng_addr_of(struct eng *e, uint32_t rank, char *out, size_t len)
+{
+	int rc = -ENOENT;
+	if (rank < e->naddrs) {
+		snprintf(out, len, "%s", e->addrs[rank]);
+		return 0;
+	}
+	for (int attempt = 0; attempt < 2 && rc < 0; attempt++) {
+		pthread_mutex_lock(&e->mu);
+		if (rank < e->ntable && e->table[rank]) {
+			snprintf(out, len, "%s", e->table[rank]);
+			rc = 0;
+		}
+		pthread_mutex_unlock(&e->mu);
+		if (rc < 0 && attempt == 0)
+			eng_register(e, true);
+	}
+	return rc;
+}
+
+/* A registered node (coordinator=, no rank= and no peers= table) takes the
+ * node-rank of each new replicator.yaml, as GKE's replicator does. The
+ * coordinator knows a node by the rank it connected with: the control
+ * connection is closed (and waited for, up to 5 s) so that the next call
+ * connects and registers as the new rank. Shards of the old rank stay in
+ * the catalog as what they are: that owner's, held here. */
+void eng_ctl_new_identity(struct eng *e, int old_rank, int new_rank)
+{
+	struct timespec ts;
+
+	log_info("engine", "node-rank changes from %d to %d: reconnecting to the coordinator as rank %d",
+		 old_rank, new_rank, new_rank);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 5;
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->ctl) {
+		e->ctl_renaming = true;
+		nconn_shutdown(e->ctl);
+	}
+	while (e->ctl && pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts) != ETIMEDOUT)
+		;
+	e->ctl_renaming = false;
+	pthread_mutex_unlock(&e->ctl_mu);
+}

@@ -1,0 +1,445 @@
+/* engine_data.c — the data server (see engine_int.h).
+ * Data connection requests (first NT_REQ on a "data" connection):
+ *   push  {key:{job,step,owner,worker}, manifest:b64}
+ *         -> {have:true} (already held, or same content held: linked)
+ *         -> {send:true}, then one NT_FILE per file of the manifest, then
+ *            {ok:true} once every CRC32C matched and the replica is published
+ *   fetch {job, step, owner, worker} -> {manifest:b64}, then one NT_FILE per file */
+#include "cluster/engine_int.h"
+#include "common/jobname.h"
+#include "common/log.h"
+#include "common/metrics.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+/* ---------- small helpers ---------- */
+
+char *eng_b64_encode(const uint8_t *p, size_t n)
+{
+	size_t outlen = 4 * ((n + 2) / 3) + 1;
+	char *o = malloc(outlen);
+	if (o)
+		EVP_EncodeBlock((unsigned char *)o, p, (int)n);
+	return o;
+}
+
+static int b64_decode(const char *s, size_t slen, uint8_t **out, size_t *outlen)
+{
+	uint8_t *o;
+	int n;
+	size_t pad = 0;
+
+	if (slen % 4 || slen > NET_MAX_PAYLOAD)
+		return -EBADMSG;
+	o = malloc(slen / 4 * 3 + 1);
+	if (!o)
+		return -ENOMEM;
+	n = EVP_DecodeBlock(o, (const unsigned char *)s, (int)slen);
+	if (n < 0) {
+		free(o);
+		return -EBADMSG;
+	}
+	if (slen >= 1 && s[slen - 1] == '=')
+		pad++;
+	if (slen >= 2 && s[slen - 2] == '=')
+		pad++;
+	*out = o;
+	*outlen = (size_t)n - pad;
+	return 0;
+}
+
+static int parse_key(json_t *o, struct shard_key *k)
+{
+	const char *job;
+	uint64_t step, owner, worker;
+	if (net_json_str(o, "job", RCFG_JOB_MAX, &job) < 0 || !job_name_ok(job) ||
+	    net_json_u64(o, "step", UINT64_MAX >> 1, &step) < 0 ||
+	    net_json_u64(o, "owner", RCFG_NODES_MAX - 1, &owner) < 0 ||
+	    net_json_u64(o, "worker", RCFG_WORKERS_MAX - 1, &worker) < 0)
+		return -EBADMSG;
+	memset(k, 0, sizeof(*k));
+	snprintf(k->job, sizeof(k->job), "%s", job);
+	k->step = step;
+	k->rank = (uint32_t)owner;
+	k->worker = (uint32_t)worker;
+	return 0;
+}
+
+json_t *eng_key_json(const struct shard_key *k)
+{
+	json_t *o = json_object();
+	json_object_set_new(o, "job", json_string(k->job));
+	json_object_set_new(o, "step", json_integer((json_int_t)k->step));
+	json_object_set_new(o, "owner", json_integer(k->rank));
+	json_object_set_new(o, "worker", json_integer(k->worker));
+	return o;
+}
+
+/* Receive the files of mf into the stage: every file must arrive as an
+ * NT_FILE with exactly the manifest's path and size, and its CRC32C must
+ * match. Directories and symlinks come from the manifest itself. */
+int eng_recv_files(struct eng *e, struct nconn *c, struct ram_stage *st,
+		      const struct manifest *mf, char *why, size_t whylen)
+{
+	for (size_t i = 0; i < mf->n; i++) {
+		const struct mf_entry *en = &mf->e[i];
+		if (en->type == MF_DIR) {
+			/* modes come from the network: no setuid/setgid/sticky bits */
+			if (mkdirat(st->fd, en->path, (en->mode & 0777) | 0700) < 0 && errno != EEXIST) {
+				snprintf(why, whylen, "mkdir %s: %s", en->path, strerror(errno));
+				return -errno;
+			}
+		} else if (en->type == MF_SYMLINK) {
+			/* its target passed mf_validate in mf_decode: the rule the
+			 * owner applied when it sealed the shard */
+			if (symlinkat(en->target, st->fd, en->path) < 0) {
+				snprintf(why, whylen, "symlink %s: %s", en->path, strerror(errno));
+				return -errno;
+			}
+		} else if (en->type == MF_FIFO) {
+			if (mkfifoat(st->fd, en->path, 0600) < 0 ||
+			    fchmodat(st->fd, en->path, en->mode & 0777, 0) < 0) {
+				snprintf(why, whylen, "mkfifo %s: %s", en->path, strerror(errno));
+				return -errno;
+			}
+		}
+	}
+	for (size_t i = 0; i < mf->n; i++) {
+		const struct mf_entry *en = &mf->e[i];
+		struct net_hdr h;
+		json_t *m = NULL;
+		const char *path;
+		uint64_t size, resv;
+		uint32_t crc, got;
+		struct stat sb;
+		int fd, rc;
+
+		if (en->type != MF_FILE)
+			continue;
+		rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &m);
+		if (rc < 0) {
+			snprintf(why, whylen, "receiving %s: %s", en->path, strerror(-rc));
+			return rc;
+		}
+		if (h.type == NT_ERROR) {
+			rc = net_error_errno(m);
+			snprintf(why, whylen, "sender failed: %s",
+				 json_string_value(json_object_get(m, "error")) ?: "?");
+			json_decref(m);
+			return rc;
+		}
+		if (h.type != NT_FILE || net_file_hdr_parse(m, &path, &size, &crc) < 0 ||
+		    strcmp(path, en->path) || size != en->size || crc != en->crc32c) {
+			snprintf(why, whylen, "unexpected frame instead of %s", en->path);
+			json_decref(m);
+			return -EPROTO;
+		}
+		json_decref(m);
+		/* a sparse file costs its data extents, not its size */
+		resv = nconn_file_data(c) + 4096;
+		if (ram_reserve(e->ram, resv) < 0) {
+			snprintf(why, whylen, "RAM tier full (%s needs %llu bytes)", en->path,
+				 (unsigned long long)resv);
+			return -ENOSPC;
+		}
+		fd = openat(st->fd, en->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+			    (en->mode & 0777) | 0400);
+		if (fd < 0) {
+			rc = -errno;
+			ram_adjust(e->ram, -(int64_t)resv);
+			snprintf(why, whylen, "create %s: %s", en->path, strerror(-rc));
+			return rc;
+		}
+		rc = nconn_recv_file(c, fd, size, DATA_TIMEOUT_MS, &got);
+		if (fstat(fd, &sb) == 0)
+			ram_adjust(e->ram, (int64_t)sb.st_blocks * 512 - (int64_t)resv);
+		close(fd);
+		if (rc < 0) {
+			snprintf(why, whylen, "receiving %s: %s", en->path, strerror(-rc));
+			return rc;
+		}
+		if (got != en->crc32c) {
+			snprintf(why, whylen, "%s: crc32c %08x, manifest says %08x", en->path, got,
+				 en->crc32c);
+			return -EBADMSG;
+		}
+	}
+	return 0;
+}
+
+int eng_send_files(struct nconn *c, int dirfd, const struct manifest *mf)
+{
+	for (size_t i = 0; i < mf->n; i++) {
+		const struct mf_entry *en = &mf->e[i];
+		int fd, rc;
+		if (en->type != MF_FILE)
+			continue;
+		fd = openat(dirfd, en->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			return -errno;
+		rc = nconn_send_file(c, en->path, fd, en->size, en->crc32c);
+		close(fd);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static void send_error(struct nconn *c, uint32_t id, int err, const char *what)
+{
+	json_t *m = net_error_msg(err, what);
+	nconn_send(c, NT_ERROR, id, m);
+	json_decref(m);
+}
+
+/* ---------- serving data connections ---------- */
+
+static void serve_fetch(struct eng *e, struct nconn *c, uint32_t id, json_t *req)
+{
+	struct shard_rec rec = { 0 };
+	struct manifest *mf = NULL;
+	struct shard_key k;
+	json_t *resp;
+	char *b64;
+	int dfd = -1, rc;
+
+	if (parse_key(req, &k) < 0) {
+		send_error(c, id, EINVAL, "bad fetch request");
+		return;
+	}
+	rc = idx_get_shard(ram_idx(e->ram), &k, &rec);
+	if (rc < 0 || !rec.mf || rec.state < SH_COMMITTED || rec.state == SH_BAD ||
+	    mf_decode(rec.mf, rec.mflen, &mf) < 0) {
+		send_error(c, id, ENOENT, "shard not held here");
+		goto out;
+	}
+	dfd = ram_shard_open(e->ram, &k);
+	if (dfd < 0) {
+		send_error(c, id, ENOENT, "shard directory missing");
+		goto out;
+	}
+	b64 = eng_b64_encode(rec.mf, rec.mflen);
+	resp = json_object();
+	json_object_set_new(resp, "manifest", json_string(b64 ? b64 : ""));
+	free(b64);
+	rc = nconn_send(c, NT_RESP, id, resp);
+	json_decref(resp);
+	if (rc == 0)
+		rc = eng_send_files(c, dfd, mf);
+	if (rc < 0)
+		log_warn("engine", "serving job=%s step=%llu node=%u failed: %s", k.job,
+			 (unsigned long long)k.step, k.rank, strerror(-rc));
+	else
+		log_info("engine", "served job=%s step=%llu node=%u bytes=%llu", k.job,
+			 (unsigned long long)k.step, k.rank, (unsigned long long)mf->total);
+out:
+	if (dfd >= 0)
+		close(dfd);
+	mf_free(mf);
+	idx_rec_clear(&rec);
+}
+
+int eng_decode_manifest(json_t *o, struct manifest **mf, char *why, size_t whylen)
+{
+	const char *s;
+	uint8_t *raw = NULL;
+	size_t rawlen;
+	int rc;
+
+	if (net_json_str(o, "manifest", NET_MAX_PAYLOAD, &s) < 0)
+		return -EBADMSG;
+	rc = b64_decode(s, strlen(s), &raw, &rawlen);
+	if (rc < 0)
+		return rc;
+	rc = mf_decode_err(raw, rawlen, mf, why, whylen);
+	free(raw);
+	return rc;
+}
+
+static void serve_push(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *req)
+{
+	struct shard_rec rec = { 0 };
+	struct manifest *mf = NULL;
+	struct ram_stage st = { .fd = -1 };
+	struct shard_key k, same;
+	char why[512] = "";
+	json_t *resp;
+	int rc;
+
+	if (parse_key(json_object_get(req, "key"), &k) < 0) {
+		send_error(c, id, EINVAL, "bad push request");
+		goto out;
+	}
+	if (eng_decode_manifest(req, &mf, why, sizeof(why)) < 0) {
+		log_warn("engine", "push of job=%s step=%llu node=%u refused: %s", k.job,
+			 (unsigned long long)k.step, k.rank, why);
+		send_error(c, id, EINVAL, why);
+		goto out;
+	}
+	pthread_mutex_lock(&e->mu);
+	bool mine = e->rank >= 0 && k.rank == (uint32_t)e->rank;
+	pthread_mutex_unlock(&e->mu);
+	if (!mine && (peer < 0 || k.rank != (uint32_t)peer)) {
+		/* replicas are pushed by their owner only */
+		log_warn("engine", "rank %d tried to push node %u's shard (job=%s step=%llu): refused",
+			 peer, k.rank, k.job, (unsigned long long)k.step);
+		send_error(c, id, EPERM, "only a shard's owner may push it");
+		goto out;
+	}
+	if (mine) {
+		/* this node's own shards come from its own commits and restores only */
+		log_warn("engine", "rank %d tried to push a shard under this node's own key (job=%s step=%llu): refused",
+			 peer, k.job, (unsigned long long)k.step);
+		send_error(c, id, EPERM, "a peer cannot push this node's own shard");
+		goto out;
+	}
+	if (idx_get_shard(ram_idx(e->ram), &k, &rec) == 0 && rec.state >= SH_COMMITTED &&
+	    rec.state != SH_BAD && !memcmp(rec.hash, mf->hash, 32)) {
+		resp = json_pack("{s:b}", "have", 1);
+		nconn_send(c, NT_RESP, id, resp);
+		json_decref(resp);
+		goto out;
+	}
+	rc = ram_stage_begin(e->ram, &k, &st);
+	if (rc < 0) {
+		send_error(c, id, -rc, "cannot stage");
+		goto out;
+	}
+	if (ram_find_hash(e->ram, mf->hash, &same) == 0) {
+		if (ram_stage_link(e->ram, &st, &same) == 0 && ram_stage_publish(e->ram, &st, mf, 0) == 0) {
+			/* same content already here (data parallelism): metadata only */
+			log_info("engine", "replica job=%s step=%llu node=%u linked from node %u (same content)",
+				 k.job, (unsigned long long)k.step, k.rank, same.rank);
+			resp = json_pack("{s:b}", "have", 1);
+			nconn_send(c, NT_RESP, id, resp);
+			json_decref(resp);
+			goto out;
+		}
+		/* the link half-done (the holder was dropped meanwhile): start over */
+		ram_stage_abort(e->ram, &st);
+		rc = ram_stage_begin(e->ram, &k, &st);
+		if (rc < 0) {
+			send_error(c, id, -rc, "cannot stage");
+			goto out;
+		}
+	}
+	resp = json_pack("{s:b}", "send", 1);
+	rc = nconn_send(c, NT_RESP, id, resp);
+	json_decref(resp);
+	if (rc < 0)
+		goto out;
+	rc = eng_recv_files(e, c, &st, mf, why, sizeof(why));
+	if (rc == 0)
+		rc = ram_stage_publish(e->ram, &st, mf, 0);
+	if (rc < 0) {
+		log_warn("engine", "replica job=%s step=%llu node=%u from rank %d rejected: %s",
+			 k.job, (unsigned long long)k.step, k.rank, peer, why[0] ? why : strerror(-rc));
+		send_error(c, id, -rc, why[0] ? why : "replica rejected");
+		goto out;
+	}
+	metrics_add(MC_REPLICAS_RECEIVED, 1);
+	log_info("engine", "replica job=%s step=%llu node=%u from rank %d bytes=%llu", k.job,
+		 (unsigned long long)k.step, k.rank, peer, (unsigned long long)mf->total);
+	resp = json_pack("{s:b}", "ok", 1);
+	nconn_send(c, NT_RESP, id, resp);
+	json_decref(resp);
+out:
+	if (st.fd >= 0 || st.rel[0])
+		ram_stage_abort(e->ram, &st);
+	mf_free(mf);
+	idx_rec_clear(&rec);
+}
+
+/* {job} -> this node's holdings, for mtcfs-admin's cluster view. */
+static void serve_list(struct eng *e, struct nconn *c, uint32_t id, json_t *req)
+{
+	struct shard_rec *recs = NULL;
+	const char *job = NULL;
+	size_t n = 0;
+	json_t *resp = json_object(), *arr = json_array();
+
+	if (net_json_str(req, "job", RCFG_JOB_MAX, &job) < 0)
+		job = NULL;
+	if (idx_list_shards(ram_idx(e->ram), job, &recs, &n) == 0) {
+		for (size_t i = 0; i < n; i++) {
+			json_array_append_new(arr, json_pack("{s:s,s:I,s:i,s:s,s:b,s:I}",
+				"job", recs[i].key.job, "step", (json_int_t)recs[i].key.step,
+				"owner", (int)recs[i].key.rank, "state", shard_state_name(recs[i].state),
+				"own", (recs[i].flags & SHF_OWN) != 0, "bytes", (json_int_t)recs[i].bytes));
+		}
+		idx_recs_free(recs, n);
+	}
+	pthread_mutex_lock(&e->mu);
+	json_object_set_new(resp, "rank", json_integer(e->rank));
+	pthread_mutex_unlock(&e->mu);
+	json_object_set_new(resp, "shards", arr);
+	nconn_send(c, NT_RESP, id, resp);
+	json_decref(resp);
+}
+
+static void on_data(void *arg, struct nconn *c, int peer_rank)
+{
+	struct eng *e = arg;
+	struct net_hdr h;
+	json_t *m = NULL;
+	const char *op;
+
+	if (nconn_recv(c, DATA_TIMEOUT_MS, &h, &m) < 0 || h.type != NT_REQ ||
+	    net_json_str(m, "op", 32, &op) < 0) {
+		json_decref(m);
+		nconn_close(c);
+		return;
+	}
+	if (!strcmp(op, "fetch"))
+		serve_fetch(e, c, h.req_id, m);
+	else if (!strcmp(op, "push"))
+		serve_push(e, c, peer_rank, h.req_id, m);
+	else if (!strcmp(op, "list"))
+		serve_list(e, c, h.req_id, m);
+	else
+		send_error(c, h.req_id, ENOSYS, "unknown op");
+	json_decref(m);
+	nconn_close(c);
+}
+
+/* The server starts before the coordinator exists (the coordinator needs
+ * the server to send): until it is published, control messages get an
+ * error. */
+static struct coord *coord_of(struct eng *e)
+{
+	return __atomic_load_n(&e->coord, __ATOMIC_ACQUIRE);
+}
+
+static void on_msg(void *arg, uint64_t conn, int peer_rank, uint8_t type, uint32_t req_id,
+		   json_t *msg)
+{
+	struct eng *e = arg;
+	struct coord *c = coord_of(e);
+	if (c)
+		coord_on_msg(c, conn, peer_rank, type, req_id, msg);
+	else if (type == NT_REQ)
+		nsrv_send(e->srv, conn, NT_ERROR, req_id, net_error_msg(EAGAIN, "starting"));
+	json_decref(msg);
+}
+
+static void on_close(void *arg, uint64_t conn, int peer_rank)
+{
+	struct eng *e = arg;
+	struct coord *c = coord_of(e);
+	if (c)
+		coord_on_close(c, conn, peer_rank);
+}
+
+const struct nsrv_ops eng_srv_ops = {
+	.on_msg = on_msg,
+	.on_close = on_close,
+	.on_data = on_data,
+};

@@ -1,0 +1,143 @@
+/* engine_int.h: what the pieces of the engine share (engine.h is the
+ * public side). The engine is one object, struct eng, split by seam:
+ *   engine.c          life cycle (eng_start/eng_stop), the job, state queries
+ *   engine_data.c     the data server: push/fetch/list on "data" connections,
+ *                     and the shard wire helpers (files, manifests, keys)
+ *   engine_ctl.c      the control connection to the coordinator: calls,
+ *                     events, its reader thread, registration, addresses
+ *   engine_repl.c     replication of a committed shard to the peers
+ *   engine_backup.c   backup uploads, and the coordinator's bucket callbacks
+ *   engine_restore.c  the restore of DESIGN §5
+ * Only the engine's files include this header. */
+#ifndef MTCFS_CLUSTER_ENGINE_INT_H
+#define MTCFS_CLUSTER_ENGINE_INT_H
+
+#include "cluster/coord.h"
+#include "cluster/engine.h"
+#include "net/auth.h"
+#include "net/client.h"
+#include "net/frame.h"
+#include "net/server.h"
+#include "tiers/bucket.h"
+#include "tiers/manifest.h"
+#include "common/workq.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CTL_TIMEOUT_MS   10000
+#define DATA_TIMEOUT_MS  60000
+#define MAX_PEERS        64
+#define MAX_HOLDS        64
+
+#define CTL_TIMEOUT_MS   10000
+#define DATA_TIMEOUT_MS  60000
+#define MAX_PEERS        64
+#define MAX_HOLDS        64
+
+struct pending_call {
+	uint32_t id;
+	bool done;
+	int rc;
+	json_t *resp;
+};
+
+struct eng {
+	struct ram_tier *ram;
+	struct eng_cb cb;
+	struct net_auth auth;
+	char listen[256];
+	char coord_addr[256];
+	char **addrs;                 /* static peers table */
+	uint32_t naddrs;
+	int restore_timeout_s;
+	struct nsrv *srv;
+	struct coord *coord;
+	struct workq *replq;
+	struct workq *bkq;            /* backup uploads, in order */
+	struct bkt *bkt;              /* NULL: no bucket */
+
+	pthread_mutex_t mu;           /* protects the fields below */
+	int rank;
+	bool rank_fixed;              /* rank= or the peers= table says it: a yaml
+				       * with another node-rank is refused */
+	char job[RCFG_JOB_MAX + 1];
+	uint32_t nodes, dp;
+	uint32_t workers;             /* shards per node and step, in the cluster and
+				       * in a backup: workers-per-node with framework:
+				       * pytorch (each worker's .save is its own
+				       * shard), else 1 */
+	bool save_files;              /* framework: pytorch: backups per worker file */
+	int peers[MAX_PEERS];
+	int npeers;
+	bool job_set;
+	uint32_t bi_min, bi_steps;    /* the job's backup interval */
+	char pin_job[RCFG_JOB_MAX + 1];
+	uint64_t pin_step;            /* a backup is uploading it */
+	int pins;
+	bool has_lkg;
+	uint64_t lkg;
+	bool has_safe;                /* lkg_job's step committed and replicated job-wide */
+	uint64_t safe;
+	char lkg_job[RCFG_JOB_MAX + 1];
+	char **table;                 /* rank -> address from the coordinator */
+	uint32_t ntable;
+
+	/* control connection to the coordinator */
+	pthread_mutex_t ctl_mu;       /* protects ctl state; taken before mu */
+	pthread_cond_t ctl_cv;
+	/* a restore in progress (protected by ctl_mu): its thread's calls to
+	 * the coordinator end with -ECANCELED once a new replicator.yaml
+	 * interrupts it */
+	bool restoring, restore_cancel;
+	pthread_t restore_thr;
+	struct nconn *ctl;
+	bool ctl_renaming;            /* ctl closed on purpose: a new node-rank */
+	bool ctl_reader_running;
+	pthread_t ctl_reader;
+	uint32_t next_id;
+	struct pending_call *calls[16];
+	bool stopping;
+};
+
+struct bk_upload {
+	struct eng *e;
+	char job[RCFG_JOB_MAX + 1];
+	char name[64];
+	uint64_t step;
+	bool data;
+};
+
+/* engine.c: a recoverable problem, logged and passed to cb.report. */
+void eng_report(struct eng *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* engine_data.c */
+extern const struct nsrv_ops eng_srv_ops;
+char *eng_b64_encode(const uint8_t *p, size_t n);
+json_t *eng_key_json(const struct shard_key *k);
+/* The "manifest" field of o (base64), decoded and validated. */
+int eng_decode_manifest(json_t *o, struct manifest **mf, char *why, size_t whylen);
+int eng_recv_files(struct eng *e, struct nconn *c, struct ram_stage *st,
+		   const struct manifest *mf, char *why, size_t whylen);
+int eng_send_files(struct nconn *c, int dirfd, const struct manifest *mf);
+
+/* engine_ctl.c */
+int eng_ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms);
+int eng_ctl_event(struct eng *e, json_t *ev);
+int eng_register(struct eng *e, bool want_table);
+int eng_addr_of(struct eng *e, uint32_t rank, char *out, size_t len);
+void eng_ctl_new_identity(struct eng *e, int old_rank, int new_rank);
+
+/* engine_backup.c */
+int64_t eng_save_worker(const char *path, const char *job, uint32_t rank, uint64_t step);
+void eng_backup_run(void *arg);       /* a struct bk_upload, freed */
+int eng_bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex)[64], size_t nex,
+		  bool need_newest, struct coord_bk_decision *d);
+int eng_bk_name(void *arg, const char *job, char *out, size_t outlen, unsigned *retry_s);
+int eng_bk_discard(void *arg, const char *job, const char *name, char *out, size_t outlen);
+void eng_bk_clear_rv(void *arg, const char *job);
+
+#endif

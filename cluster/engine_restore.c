@@ -1,0 +1,600 @@
+/* engine_restore.c — the restore of DESIGN §5 (see engine_int.h). */
+#include "cluster/engine_int.h"
+#include "tiers/backup.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+/* ---------- restore ---------- */
+
+/* The source of one worker's shard (framework: pytorch, workers > 1). */
+struct plan_src {
+	uint32_t holder, owner;
+	uint8_t hash[32];
+	char addr[256];
+};
+
+struct plan_entry {
+	uint32_t plan;
+	bool found;
+	bool bucket;
+	char backup[64];
+	char notes[1024];
+	uint64_t step;
+	uint32_t holder, owner;       /* worker 0's shard (the only one, mostly) */
+	uint8_t hash[32];
+	char addr[256];
+	uint32_t nsrc;                /* > 0: one source per worker in src[] */
+	struct plan_src src[RCFG_WORKERS_MAX];
+};
+
+static int parse_plan(json_t *m, struct plan_entry *p)
+{
+	uint64_t v;
+	const char *addr = "";
+
+	memset(p, 0, sizeof(*p));
+	if (net_json_u64(m, "plan", UINT32_MAX, &v) < 0)
+		return -EPROTO;
+	p->plan = (uint32_t)v;
+	p->found = json_is_true(json_object_get(m, "found"));
+	{
+		const char *notes;
+		if (net_json_str(m, "notes", sizeof(p->notes) - 1, &notes) == 0)
+			snprintf(p->notes, sizeof(p->notes), "%s", notes);
+	}
+	if (!p->found)
+		return 0;
+	{
+		const char *src, *bk;
+		if (net_json_str(m, "source", 16, &src) == 0 && !strcmp(src, "bucket")) {
+			if (net_json_u64(m, "step", UINT64_MAX >> 1, &p->step) < 0 ||
+			    net_json_str(m, "backup", 63, &bk) < 0 || !bk_backup_name_ok(bk))
+				return -EPROTO;
+			p->bucket = true;
+			snprintf(p->backup, sizeof(p->backup), "%s", bk);
+			return 0;
+		}
+	}
+	if (net_json_u64(m, "step", UINT64_MAX >> 1, &p->step) < 0 ||
+	    net_json_u64(m, "holder", RCFG_NODES_MAX - 1, &v) < 0)
+		return -EPROTO;
+	p->holder = (uint32_t)v;
+	if (net_json_u64(m, "owner", RCFG_NODES_MAX - 1, &v) < 0 || net_json_hex(m, "hash", p->hash, 32) < 0)
+		return -EPROTO;
+	p->owner = (uint32_t)v;
+	net_json_str(m, "addr", 255, &addr);
+	snprintf(p->addr, sizeof(p->addr), "%s", addr);
+	{
+		json_t *a = json_object_get(m, "shards"), *x;
+		size_t i;
+		if (!a)
+			return 0;
+		if (!json_is_array(a) || json_array_size(a) > RCFG_WORKERS_MAX)
+			return -EPROTO;
+		json_array_foreach(a, i, x) {
+			struct plan_src *ps = &p->src[i];
+			const char *xa = "";
+			if (net_json_u64(x, "worker", RCFG_WORKERS_MAX - 1, &v) < 0 || v != i ||
+			    net_json_u64(x, "holder", RCFG_NODES_MAX - 1, &v) < 0)
+				return -EPROTO;
+			ps->holder = (uint32_t)v;
+			if (net_json_u64(x, "owner", RCFG_NODES_MAX - 1, &v) < 0 ||
+			    net_json_hex(x, "hash", ps->hash, 32) < 0)
+				return -EPROTO;
+			ps->owner = (uint32_t)v;
+			net_json_str(x, "addr", 255, &xa);
+			snprintf(ps->addr, sizeof(ps->addr), "%s", xa);
+		}
+		p->nsrc = (uint32_t)json_array_size(a);
+	}
+	return 0;
+}
+
+/* A worker shard's content key (framework: pytorch): its one .save file
+ * apart from the name, which carries the rank: SHA-256 over a tag, the
+ * size and the CRC32C. Column mates under D agree on it when their
+ * workers saved the same bytes (GKE compares the files' BLAKE3). 0, or
+ * -ENODATA when the shard is not one worker file. */
+static int content_key(const struct shard_rec *r, uint8_t out[32])
+{
+	static const char tag[] = "mtcfs-worker-file-v1";
+	struct manifest *mf = NULL;
+	uint8_t buf[sizeof(tag) + 12];
+	unsigned int hl = 0;
+	int rc = -ENODATA;
+
+	if (!r->mf || mf_decode(r->mf, r->mflen, &mf) < 0)
+		return -ENODATA;
+	if (mf->n == 1 && mf->e[0].type == MF_FILE &&
+	    eng_save_worker(mf->e[0].path, r->key.job, r->key.rank, r->key.step) ==
+	    (int64_t)r->key.worker) {
+		memcpy(buf, tag, sizeof(tag));
+		for (int i = 0; i < 8; i++)
+			buf[sizeof(tag) + i] = (uint8_t)(mf->e[0].size >> (8 * i));
+		for (int i = 0; i < 4; i++)
+			buf[sizeof(tag) + 8 + i] = (uint8_t)(mf->e[0].crc32c >> (8 * i));
+		if (EVP_Digest(buf, sizeof(buf), out, &hl, EVP_sha256(), NULL) && hl == 32)
+			rc = 0;
+	}
+	mf_free(mf);
+	return rc;
+}
+
+/* Shards per node and step of job c: one per worker in framework:
+ * pytorch, else one. */
+static uint32_t job_workers(const struct rcfg *c)
+{
+	return c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
+	       (uint32_t)c->workers_per_node : 1;
+}
+
+static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
+{
+	struct shard_rec *recs = NULL;
+	size_t n = 0, k = 0;
+	uint32_t W = job_workers(c);
+	json_t *m = json_object(), *holds = json_array();
+
+	json_object_set_new(m, "op", json_string("catalog"));
+	json_object_set_new(m, "job", json_string(c->job));
+	json_object_set_new(m, "nodes", json_integer(c->nodes));
+	json_object_set_new(m, "dp", json_integer(c->assume_dp));
+	if (W > 1)
+		json_object_set_new(m, "workers", json_integer(W));
+	if (idx_list_shards(ram_idx(e->ram), c->job, &recs, &n) == 0) {
+		for (size_t i = n; i-- > 0 && k < (size_t)MAX_HOLDS * W;) {
+			char hex[65];
+			if (recs[i].state < SH_COMMITTED || recs[i].state == SH_BAD || !recs[i].mf ||
+			    recs[i].key.worker >= W || recs[i].key.rank >= (uint32_t)c->nodes)
+				continue;
+			net_hex_encode(recs[i].hash, 32, hex);
+			if (W > 1) {
+				uint8_t ck[32];
+				char ckhex[65];
+				json_t *x = json_pack("[i,I,s,i]", (int)recs[i].key.rank,
+						      (json_int_t)recs[i].key.step, hex,
+						      (int)recs[i].key.worker);
+				if (content_key(&recs[i], ck) == 0) {
+					net_hex_encode(ck, 32, ckhex);
+					json_array_append_new(x, json_string(ckhex));
+				}
+				json_array_append_new(holds, x);
+			}
+			else
+				json_array_append_new(holds, json_pack("[i,I,s]", (int)recs[i].key.rank,
+								       (json_int_t)recs[i].key.step, hex));
+			k++;
+		}
+		idx_recs_free(recs, n);
+	}
+	json_object_set_new(m, "holds", holds);
+	return m;
+}
+
+/* This node's shard of backup p->backup into dirfd.  framework: pytorch
+ * backups hold one file per worker (GKE's layout, which mtcfs writes too):
+ * each comes back under the worker's .save name, so the node's shard is
+ * what its workers saved; a backup of the older mtcfs layout (one shard
+ * holding every worker's file, with a manifest) is read whole. */
+static int fetch_backup(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
+			int dirfd, struct manifest **mf)
+{
+	uint32_t rank = (uint32_t)c->node_rank;
+	int rc = -EMEDIUMTYPE;
+
+	if (c->framework == RCFG_FW_PYTORCH) {
+		/* with one shard per worker, fetch_backup_w() */
+		for (uint32_t w = 0; w < (uint32_t)c->workers_per_node; w++) {
+			char fn[NAME_MAX + 1];
+			if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", c->job,
+					     (unsigned long long)p->step, rank, w) >= sizeof(fn))
+				return -ENAMETOOLONG;
+			rc = bk_fetch_file(e->bkt, c->job, p->backup, rank, w, dirfd, fn);
+			if (rc == -EMEDIUMTYPE && w == 0)
+				break;
+			if (rc < 0)
+				return rc;
+		}
+		if (rc == 0)
+			return mf_build(dirfd, mf);
+	}
+	return bk_fetch_shard(e->bkt, c->job, p->backup, rank, 0, dirfd, mf);
+}
+
+/* Worker w's file of backup p->backup into dirfd, as that worker's own
+ * shard (one shard per worker). *whole: the backup is of the older mtcfs
+ * layout (one shard holding every worker's file): it was fetched whole
+ * into dirfd, as worker 0's shard. */
+static int fetch_backup_w(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
+			  uint32_t w, int dirfd, struct manifest **mf, bool *whole)
+{
+	uint32_t rank = (uint32_t)c->node_rank;
+	char fn[NAME_MAX + 1];
+	int rc;
+
+	*whole = false;
+	if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", c->job,
+			     (unsigned long long)p->step, rank, w) >= sizeof(fn))
+		return -ENAMETOOLONG;
+	rc = bk_fetch_file(e->bkt, c->job, p->backup, rank, w, dirfd, fn);
+	if (rc == 0)
+		return mf_build(dirfd, mf);
+	if (rc != -EMEDIUMTYPE || w != 0)
+		return rc;
+	*whole = true;
+	return bk_fetch_shard(e->bkt, c->job, p->backup, rank, 0, dirfd, mf);
+}
+
+/* framework: pytorch under D: a column mate's shard restored as this
+ * node's holds files named for the mate's rank. GKE's coordinator gives
+ * the node its mate's per-worker hashes and its restore writes them under
+ * the node's own names (coordinator.py: infer_missing_meta, restore.py),
+ * so each worker's marker finds its file: rename the staged files to this
+ * rank's names (the step's spelling kept) and rebuild the manifest. */
+static int adopt_mate_files(const struct rcfg *c, int dirfd, uint64_t step, uint32_t owner,
+			    uint32_t rank, struct manifest **mf)
+{
+	size_t jl = strlen(c->job);
+	struct manifest *nm = NULL;
+	char from[32], to[32];
+	int rc;
+
+	snprintf(from, sizeof(from), "-n%u-w", owner);
+	snprintf(to, sizeof(to), "-n%u-w", rank);
+	for (size_t i = 0; i < (*mf)->n; i++) {
+		const char *p = (*mf)->e[i].path, *q;
+		char nn[NAME_MAX + 1];
+
+		if ((*mf)->e[i].type != MF_FILE || eng_save_worker(p, c->job, owner, step) < 0)
+			continue;
+		q = p + jl + 2 + strspn(p + jl + 2, "0123456789");   /* at "-n<owner>-w" */
+		if ((size_t)snprintf(nn, sizeof(nn), "%.*s%s%s", (int)(q - p), p, to,
+				     q + strlen(from)) >= sizeof(nn))
+			return -ENAMETOOLONG;
+		if (renameat(dirfd, p, dirfd, nn) < 0)
+			return -errno;
+	}
+	rc = mf_build(dirfd, &nm);
+	if (rc < 0)
+		return rc;
+	mf_free(*mf);
+	*mf = nm;
+	return 0;
+}
+
+/* Make this node's shard of plan p of worker w (0 unless one shard per
+ * worker; p's holder, owner, hash and addr are that worker's) present
+ * under its own key. *whole: a bucket restore brought every worker's file
+ * in worker 0's shard (a backup of the older layout). */
+static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *p, uint32_t w,
+		  bool *whole, char *why, size_t whylen)
+{
+	struct shard_key mine = { 0 }, src = { 0 };
+	struct ram_stage st = { .fd = -1 };
+	struct manifest *mf = NULL;
+	struct nconn *conn = NULL;
+	json_t *req = NULL, *resp = NULL;
+	char addr[256];
+	int rc;
+
+	*whole = false;
+	snprintf(mine.job, sizeof(mine.job), "%s", c->job);
+	mine.step = p->step;
+	mine.rank = (uint32_t)c->node_rank;
+	mine.worker = w;
+	src = mine;
+	src.rank = p->owner;
+
+	if (p->bucket) {
+		if (!e->bkt) {
+			snprintf(why, whylen, "the plan restores backup %s but this node has no bucket= option",
+				 p->backup);
+			return -ENOENT;
+		}
+		rc = ram_stage_begin(e->ram, &mine, &st);
+		if (rc == 0)
+			rc = job_workers(c) > 1 ? fetch_backup_w(e, c, p, w, st.fd, &mf, whole) :
+			     fetch_backup(e, c, p, st.fd, &mf);
+		if (rc < 0)
+			snprintf(why, whylen, "backup %s: %s", p->backup, bkt_last_error());
+		if (rc == 0)
+			rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
+		if (rc == 0) {
+			ram_recount(e->ram);
+			metrics_add(MC_RESTORE_BYTES, mf->total);
+			log_info("engine", "restored job=%s step=%llu from backup %s bytes=%llu worker=%u",
+				 c->job, (unsigned long long)p->step, p->backup,
+				 (unsigned long long)mf->total, w);
+		}
+		if (st.fd >= 0 || st.rel[0])
+			ram_stage_abort(e->ram, &st);
+		mf_free(mf);
+		return rc;
+	}
+
+	if (p->holder == (uint32_t)c->node_rank) {
+		char err[300];
+		rc = ram_verify(e->ram, &src, err, sizeof(err));
+		if (rc < 0) {
+			snprintf(why, whylen, "local copy of node %u's shard fails verification: %.300s",
+				 p->owner, err);
+			idx_set_state(ram_idx(e->ram), &src, SH_BAD, 0, 0);
+			return rc;
+		}
+		if (p->owner == mine.rank)
+			return idx_set_state(ram_idx(e->ram), &mine, 0, SHF_OWN | SHF_RESTORED, 0);
+		/* a column mate's shard held here: same data under our key */
+		struct shard_rec rec = { 0 };
+		rc = idx_get_shard(ram_idx(e->ram), &src, &rec);
+		if (rc == 0)
+			rc = mf_decode(rec.mf, rec.mflen, &mf);
+		idx_rec_clear(&rec);
+		if (rc == 0)
+			rc = ram_stage_begin(e->ram, &mine, &st);
+		if (rc == 0)
+			rc = ram_stage_link(e->ram, &st, &src);
+		if (rc == 0 && c->framework == RCFG_FW_PYTORCH)
+			rc = adopt_mate_files(c, st.fd, p->step, p->owner, mine.rank, &mf);
+		if (rc == 0)
+			rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
+		if (rc < 0) {
+			snprintf(why, whylen, "linking node %u's shard: %s", p->owner, strerror(-rc));
+			ram_stage_abort(e->ram, &st);
+		}
+		mf_free(mf);
+		return rc;
+	}
+	if (p->addr[0])
+		snprintf(addr, sizeof(addr), "%s", p->addr);
+	else if ((rc = eng_addr_of(e, p->holder, addr, sizeof(addr))) < 0) {
+		snprintf(why, whylen, "no address for rank %u", p->holder);
+		return rc;
+	}
+	rc = nconn_connect(addr, c->node_rank, "data", &e->auth, 5000, &conn, NULL);
+	if (rc < 0) {
+		snprintf(why, whylen, "connecting to rank %u at %s: %s", p->holder, addr, strerror(-rc));
+		return rc;
+	}
+	req = eng_key_json(&src);
+	json_object_set_new(req, "op", json_string("fetch"));
+	rc = nconn_call(conn, req, &resp, DATA_TIMEOUT_MS);
+	if (rc < 0) {
+		snprintf(why, whylen, "rank %u refused the fetch: %s", p->holder, strerror(-rc));
+		goto out;
+	}
+	rc = eng_decode_manifest(resp, &mf, why, whylen);
+	if (rc < 0) {
+		log_warn("engine", "rank %u sent a manifest that is refused: %s", p->holder, why);
+	}
+	if (rc < 0 || memcmp(mf->hash, p->hash, 32)) {
+		snprintf(why, whylen, "rank %u sent a manifest that does not match the plan", p->holder);
+		rc = -EBADMSG;
+		goto out;
+	}
+	rc = ram_stage_begin(e->ram, &mine, &st);
+	if (rc == 0)
+		rc = eng_recv_files(e, conn, &st, mf, why, whylen);
+	if (rc == 0 && p->owner != mine.rank && c->framework == RCFG_FW_PYTORCH &&
+	    (rc = adopt_mate_files(c, st.fd, p->step, p->owner, mine.rank, &mf)) < 0)
+		snprintf(why, whylen, "renaming node %u's files as this node's: %s", p->owner,
+			 strerror(-rc));
+	if (rc == 0)
+		rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
+	if (rc == 0)
+		metrics_add(MC_RESTORE_BYTES, mf->total);
+	if (rc == 0)
+		log_info("engine", "restored job=%s step=%llu from rank %u bytes=%llu worker=%u",
+			 c->job, (unsigned long long)p->step, p->holder,
+			 (unsigned long long)mf->total, w);
+out:
+	if (st.fd >= 0 || st.rel[0])
+		ram_stage_abort(e->ram, &st);
+	json_decref(req);
+	json_decref(resp);
+	nconn_close(conn);
+	mf_free(mf);
+	return rc;
+}
+
+static void to_restore_plan(const struct rcfg *c, const struct plan_entry *p, struct restore_plan *rp)
+{
+	memset(rp, 0, sizeof(*rp));
+	rp->found = p->found;
+	if (!p->found)
+		return;
+	rp->step = p->step;
+	snprintf(rp->key.job, sizeof(rp->key.job), "%s", c->job);
+	rp->key.step = p->step;
+	rp->key.rank = (uint32_t)c->node_rank;
+	if (p->bucket) {
+		rp->source = RS_BUCKET;
+		snprintf(rp->backup, sizeof(rp->backup), "%s", p->backup);
+		return;
+	}
+	rp->source = p->holder == (uint32_t)c->node_rank ? RS_LOCAL : RS_PEER;
+}
+
+int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void *arg,
+		void (*prerestore)(void *arg, const struct restore_plan *p),
+		struct restore_plan *plan)
+{
+	int call_ms = (e->restore_timeout_s + 30) * 1000;
+	uint64_t deadline = util_now_ns() + (uint64_t)(3 * e->restore_timeout_s + 60) * 1000000000ULL;
+	json_t *req = NULL, *resp = NULL;
+	struct plan_entry p;
+	char last_notes[1024] = "";
+	int rc, rounds = 0;
+
+	pthread_mutex_lock(&e->ctl_mu);
+	e->restoring = true;
+	e->restore_cancel = false;
+	e->restore_thr = pthread_self();
+	pthread_mutex_unlock(&e->ctl_mu);
+restart:
+	json_decref(req);
+	req = catalog_msg(e, c);
+	rc = eng_ctl_call(e, req, &resp, call_ms);
+	if (rc == -ECANCELED)
+		goto out;
+	if (rc < 0) {
+		char line[512];
+		snprintf(line, sizeof(line), "restore: the coordinator at %s did not answer: %s",
+			 e->coord_addr, strerror(-rc));
+		if (rep)
+			rep(arg, line);
+		/* a WARN per attempt: the restore that fails in the end is the
+		 * one ERROR (ctl: "replicator.yaml rejected: restore failed") */
+		log_warn("engine", "%s%s", line, util_now_ns() < deadline && rounds < 20
+			 ? "; retrying in 1 s" : "; giving up");
+		if (util_now_ns() < deadline && rounds++ < 20) {
+			struct timespec ts;
+			pthread_mutex_lock(&e->ctl_mu);
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += 1;
+			if (!e->restore_cancel)   /* a new yaml ends the pause too */
+				pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts);
+			pthread_mutex_unlock(&e->ctl_mu);
+			goto restart;
+		}
+		goto out;
+	}
+	for (;;) {
+		const char *op = "";
+		char why[512] = "";
+
+		if (net_json_str(resp, "op", 32, &op) == 0 && !strcmp(op, "restart")) {
+			json_decref(resp);
+			resp = NULL;
+			goto restart;
+		}
+		rc = parse_plan(resp, &p);
+		json_decref(resp);
+		resp = NULL;
+		if (rc < 0)
+			goto out;
+		to_restore_plan(c, &p, plan);
+		if (p.notes[0] && rep && strcmp(p.notes, last_notes)) {
+			rep(arg, p.notes);
+			snprintf(last_notes, sizeof(last_notes), "%s", p.notes);
+		}
+		if (prerestore)
+			prerestore(arg, plan);
+		if (p.found) {
+			/* each worker's shard from its own source (one shard
+			 * per worker), as GKE restores each worker's file */
+			uint32_t W = job_workers(c), fw = 0;
+			struct plan_entry *pw = NULL;
+			rc = 0;
+			for (uint32_t w = 0; w < W && rc == 0; w++) {
+				bool whole = false;
+				if (w > 0 && !p.bucket && w >= p.nsrc) {
+					rc = -EPROTO;
+					snprintf(why, sizeof(why), "the plan names no source for worker %u", w);
+					break;
+				}
+				if (w > 0 && !p.bucket) {
+					if (!pw && !(pw = malloc(sizeof(*pw)))) {
+						rc = -ENOMEM;
+						break;
+					}
+					*pw = p;
+					pw->holder = p.src[w].holder;
+					pw->owner = p.src[w].owner;
+					memcpy(pw->hash, p.src[w].hash, 32);
+					snprintf(pw->addr, sizeof(pw->addr), "%s", p.src[w].addr);
+				}
+				fw = w;
+				rc = obtain(e, c, w > 0 && !p.bucket ? pw : &p, w, &whole, why,
+					    sizeof(why));
+				if (whole)
+					break;   /* every worker's file came in worker 0's shard */
+			}
+			if (rc < 0 && fw > 0 && pw) {
+				p.holder = pw->holder;   /* the failed source, for fetch_failed */
+				p.owner = pw->owner;
+			}
+			free(pw);
+			if (rc < 0) {
+				json_t *ff;
+				char line[800];
+				if (p.bucket)
+					snprintf(line, sizeof(line),
+						 "restore of step %llu from backup %s failed (%s); asking for another backup",
+						 (unsigned long long)p.step, p.backup, why);
+				else
+					snprintf(line, sizeof(line),
+						 "restore of step %llu: source rank %u failed (%s); asking for another source",
+						 (unsigned long long)p.step, p.holder, why);
+				log_warn("engine", "%s", line);
+				if (rep)
+					rep(arg, line);
+				ff = json_object();
+				json_object_set_new(ff, "op", json_string("fetch_failed"));
+				json_object_set_new(ff, "job", json_string(c->job));
+				json_object_set_new(ff, "plan", json_integer(p.plan));
+				json_object_set_new(ff, "holder", json_integer(p.holder));
+				json_object_set_new(ff, "owner", json_integer(p.owner));
+				json_object_set_new(ff, "step", json_integer((json_int_t)p.step));
+				if (fw > 0)
+					json_object_set_new(ff, "worker", json_integer(fw));
+				if (p.bucket)
+					json_object_set_new(ff, "bucket", json_true());
+				rc = eng_ctl_call(e, ff, &resp, call_ms);
+				json_decref(ff);
+				if (rc < 0 || util_now_ns() > deadline)
+					goto out;
+				continue;
+			}
+		}
+		/* the job-wide barrier */
+		json_t *rd = json_object();
+		json_object_set_new(rd, "op", json_string("ready"));
+		json_object_set_new(rd, "job", json_string(c->job));
+		json_object_set_new(rd, "plan", json_integer(p.plan));
+		rc = eng_ctl_call(e, rd, &resp, call_ms);
+		json_decref(rd);
+		if (rc < 0)
+			goto out;
+		if (net_json_str(resp, "op", 32, &op) == 0 && !strcmp(op, "go")) {
+			json_decref(resp);
+			resp = NULL;
+			if (p.found) {
+				pthread_mutex_lock(&e->mu);
+				e->has_lkg = e->has_safe = true;
+				e->lkg = e->safe = p.step;   /* older steps belong to the past */
+				snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", c->job);
+				pthread_mutex_unlock(&e->mu);
+			}
+			rc = 0;
+			break;
+		}
+		if (util_now_ns() > deadline) {
+			rc = -ETIMEDOUT;
+			goto out;
+		}
+		/* a new plan (another node's source failed): go around again */
+	}
+out:
+	pthread_mutex_lock(&e->ctl_mu);
+	if (e->restore_cancel)
+		rc = -ECANCELED;   /* whatever the round got to: a new one replaces it */
+	e->restoring = false;
+	e->restore_cancel = false;
+	pthread_mutex_unlock(&e->ctl_mu);
+	if (rc == -ECANCELED)
+		log_info("engine", "restore of job %s interrupted by a new replicator.yaml", c->job);
+	json_decref(req);
+	json_decref(resp);
+	return rc;
+}
