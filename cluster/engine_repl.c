@@ -1,5 +1,6 @@
 /* engine_repl.c — replication of committed shards (see engine_int.h). */
 #include "cluster/engine_int.h"
+#include "tiers/lifecycle.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -148,7 +149,7 @@ static void repl_run(void *arg)
 		/* every copy it should have exists: the coordinator may let the
 		 * job's older steps go */
 		if (npeers > 0)
-			idx_set_state(ram_idx(e->ram), &j->key, SH_REPLICATED, 0, 0);
+			life_replicated(ram_idx(e->ram), &j->key);
 		ev = json_object();
 		json_object_set_new(ev, "op", json_string("replicated"));
 		json_object_set_new(ev, "job", json_string(j->key.job));

@@ -1,5 +1,6 @@
 /* engine_restore.c — the restore of DESIGN §5 (see engine_int.h). */
 #include "cluster/engine_int.h"
+#include "tiers/lifecycle.h"
 #include "tiers/backup.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -329,11 +330,11 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 		if (rc < 0) {
 			snprintf(why, whylen, "local copy of node %u's shard fails verification: %.300s",
 				 p->owner, err);
-			idx_set_state(ram_idx(e->ram), &src, SH_BAD, 0, 0);
+			life_bad(ram_idx(e->ram), &src);
 			return rc;
 		}
 		if (p->owner == mine.rank)
-			return idx_set_state(ram_idx(e->ram), &mine, 0, SHF_OWN | SHF_RESTORED, 0);
+			return life_adopt(ram_idx(e->ram), &mine);
 		/* a column mate's shard held here: same data under our key */
 		struct shard_rec rec = { 0 };
 		rc = idx_get_shard(ram_idx(e->ram), &src, &rec);
