@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dirent.h>
+
 #include <cmocka.h>
 
 #define TESTTMP_NAME "lifecycle"
@@ -308,6 +310,70 @@ static void writes_walk_the_states(void **state)
 	idx_close(x);
 }
 
+/* ---- the only writer ---- */
+
+#ifdef MTCFS_SRC
+/* Calls of the catalog's shard writes in one source file (a crude scan:
+ * the name followed by "("). */
+static int writes_in(const char *path, char *where, size_t wlen)
+{
+	static const char *const calls[] = { "idx_put_shard(", "idx_del_shard(", "idx_set_state(",
+					     "idx_forget_dropping(" };
+	char line[1024];
+	int n = 0, ln = 0;
+	FILE *f = fopen(path, "r");
+
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		ln++;
+		for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
+			if (strstr(line, calls[i])) {
+				size_t l = strlen(where);
+				snprintf(where + l, wlen - l, " %.200s:%d", path, ln);
+				n++;
+			}
+		}
+	}
+	fclose(f);
+	return n;
+}
+
+/* Every shard record write outside tests goes through tiers/lifecycle.c:
+ * no other source file calls the catalog's shard writes. */
+static void only_lifecycle_writes_shard_records(void **state)
+{
+	static const char *const dirs[] = { "common", "net", "tiers", "cluster", "fs", "tools", "csi" };
+	char where[4096] = "";
+	int found = 0, scanned = 0;
+	(void)state;
+
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+		char dir[PATH_MAX];
+		struct dirent *de;
+		DIR *d;
+		snprintf(dir, sizeof(dir), "%s/%s", MTCFS_SRC, dirs[i]);
+		d = opendir(dir);
+		if (!d)
+			continue;
+		while ((de = readdir(d)) != NULL) {
+			char path[PATH_MAX + 256];
+			size_t l = strlen(de->d_name);
+			if (l < 3 || strcmp(de->d_name + l - 2, ".c") ||
+			    (!strcmp(dirs[i], "tiers") &&
+			     (!strcmp(de->d_name, "catalog.c") || !strcmp(de->d_name, "lifecycle.c"))))
+				continue;
+			snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+			found += writes_in(path, where, sizeof(where));
+			scanned++;
+		}
+		closedir(d);
+	}
+	assert_true(scanned > 20);
+	if (found)
+		fail_msg("shard records written outside tiers/lifecycle.c:%s", where);
+}
+#endif
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -320,6 +386,9 @@ int main(void)
 		cmocka_unit_test(newer_than_restored),
 		cmocka_unit_test(bad_input),
 		cmocka_unit_test_setup_teardown(writes_walk_the_states, tmp_setup, tmp_teardown),
+#ifdef MTCFS_SRC
+		cmocka_unit_test(only_lifecycle_writes_shard_records),
+#endif
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
