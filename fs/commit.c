@@ -84,59 +84,6 @@ static void key_of(const struct fs_step *s, struct shard_key *k)
 	k->worker = s->worker;
 }
 
-/* A step's spelling ("05", "00000100") is kept in the catalog beside its
- * shard, only when it is not the plain decimal: the namespace name goes
- * with the next clean, and the .restore marker still needs it. */
-static void name_meta_key(const struct shard_key *k, char *buf, size_t len)
-{
-	if (k->worker)
-		snprintf(buf, len, "stepname/%s/%u/%" PRIu64 "/w%u", k->job, k->rank, k->step,
-			 k->worker);
-	else
-		snprintf(buf, len, "stepname/%s/%u/%" PRIu64, k->job, k->rank, k->step);
-}
-
-static void name_store(struct fs *fs, const struct shard_key *k, const char *name)
-{
-	char key[256], plain[32];
-
-	name_meta_key(k, key, sizeof(key));
-	snprintf(plain, sizeof(plain), "%" PRIu64, k->step);
-	if (!strcmp(name, plain))
-		idx_del_meta(ram_idx(fs->ram), key);
-	else if (idx_put_meta(ram_idx(fs->ram), key, name, strlen(name)) < 0)
-		log_warn("commit", "cannot record the name %s of step %" PRIu64 ": it restores as %s",
-			 name, k->step, plain);
-}
-
-static void name_forget(struct fs *fs, const struct shard_key *k)
-{
-	char key[256];
-	name_meta_key(k, key, sizeof(key));
-	idx_del_meta(ram_idx(fs->ram), key);
-}
-
-/* The step's name as the app wrote it, else its decimal. */
-static void name_of(struct fs *fs, const struct shard_key *k, char *buf, size_t len)
-{
-	char key[256];
-	void *v = NULL;
-	size_t vl = 0;
-	uint64_t step;
-
-	name_meta_key(k, key, sizeof(key));
-	if (idx_get_meta(ram_idx(fs->ram), key, &v, &vl) == 0 && vl < len) {
-		memcpy(buf, v, vl);
-		buf[vl] = '\0';
-		if (util_is_step_name(buf, &step) && step == k->step) {
-			free(v);
-			return;
-		}
-	}
-	free(v);
-	snprintf(buf, len, "%" PRIu64, k->step);
-}
-
 bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
 {
 	struct fs_step *s;
@@ -200,7 +147,9 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 	s->failed = false;
 	key_of(s, &k);
 	pthread_mutex_unlock(&fs->mu);
-	name_store(fs, &k, name);
+	if (life_name_set(ram_idx(fs->ram), &k, name) < 0)
+		log_warn("commit", "cannot record the name %s of step %" PRIu64 ": it restores as %" PRIu64,
+			 name, k.step, k.step);
 
 	atomic_fetch_add(&fs->sealing, 1);
 	rc = life_seal_begin(ram_idx(fs->ram), &k, SHF_OWN, dir_ino);
@@ -237,7 +186,7 @@ static void abort_w(struct fs *fs, uint64_t step, uint32_t w)
 	pthread_mutex_unlock(&fs->mu);
 	atomic_fetch_sub(&fs->sealing, 1);
 	life_forget(ram_idx(fs->ram), &k);
-	name_forget(fs, &k);
+	life_name_forget(ram_idx(fs->ram), &k);
 }
 
 void commit_abort(struct fs *fs, uint64_t step)
@@ -549,7 +498,7 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	}
 	pthread_mutex_unlock(&fs->mu);
 	if (!name[0])
-		name_of(fs, k, name, sizeof(name));
+		life_name_get(ram_idx(fs->ram), k, name, sizeof(name));
 	if (in_ns && fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
 	    st.st_ino == ns_ino) {
 		util_rmtree_at(ram_ns_fd(fs->ram), name, &freed);
@@ -557,7 +506,7 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	}
 	unlink_views(fs, k);
 	unlink_file_views(fs, k);
-	name_forget(fs, k);
+	life_name_forget(ram_idx(fs->ram), k);
 	ram_drop(fs->ram, k, &freed);
 	metrics_add(MC_GC_DROPPED, 1);
 	if (in_ns)
@@ -740,7 +689,7 @@ int commit_init(struct fs *fs)
 		}
 		if (!(r->flags & SHF_OWN))
 			continue;
-		name_of(fs, &r->key, name, sizeof(name));
+		life_name_get(ram_idx(fs->ram), &r->key, name, sizeof(name));
 		in_ns = fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
 			S_ISDIR(st.st_mode) && st.st_ino == r->ns_ino;
 		if (r->state == SH_SEALING) {
@@ -1180,7 +1129,7 @@ int commit_marker(struct fs *fs, const char *job, int rank, const struct restore
 		if ((size_t)snprintf(target, tlen, ".mtcfs/%s/%s", rel, fn) >= tlen)
 			return -ENAMETOOLONG;
 	} else if (rc == -ENODATA) {
-		name_of(fs, &p->key, stepname, sizeof(stepname));
+		life_name_get(ram_idx(fs->ram), &p->key, stepname, sizeof(stepname));
 		if ((size_t)snprintf(target, tlen, ".mtcfs/%s", rel) >= tlen)
 			return -ENAMETOOLONG;
 	} else {

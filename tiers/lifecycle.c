@@ -1,7 +1,10 @@
 #include "tiers/lifecycle.h"
 #include "tiers/manifest.h"
+#include "common/util.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -91,6 +94,53 @@ int life_drop_mark(struct idx *x, const struct shard_key *k)
 int life_drop_done(struct idx *x, const struct shard_key *k)
 {
 	return idx_forget_dropping(x, k);
+}
+
+static void name_meta_key(const struct shard_key *k, char *buf, size_t len)
+{
+	if (k->worker)
+		snprintf(buf, len, "stepname/%s/%u/%" PRIu64 "/w%u", k->job, k->rank, k->step,
+			 k->worker);
+	else
+		snprintf(buf, len, "stepname/%s/%u/%" PRIu64, k->job, k->rank, k->step);
+}
+
+int life_name_set(struct idx *x, const struct shard_key *k, const char *name)
+{
+	char key[256], plain[32];
+
+	name_meta_key(k, key, sizeof(key));
+	snprintf(plain, sizeof(plain), "%" PRIu64, k->step);
+	if (!strcmp(name, plain))
+		return idx_del_meta(x, key);
+	return idx_put_meta(x, key, name, strlen(name));
+}
+
+int life_name_forget(struct idx *x, const struct shard_key *k)
+{
+	char key[256];
+	name_meta_key(k, key, sizeof(key));
+	return idx_del_meta(x, key);
+}
+
+void life_name_get(struct idx *x, const struct shard_key *k, char *buf, size_t len)
+{
+	char key[256];
+	void *v = NULL;
+	size_t vl = 0;
+	uint64_t step;
+
+	name_meta_key(k, key, sizeof(key));
+	if (idx_get_meta(x, key, &v, &vl) == 0 && vl < len) {
+		memcpy(buf, v, vl);
+		buf[vl] = '\0';
+		if (util_is_step_name(buf, &step) && step == k->step) {
+			free(v);
+			return;
+		}
+	}
+	free(v);
+	snprintf(buf, len, "%" PRIu64, k->step);
 }
 
 /* ---- retention plan ---- */

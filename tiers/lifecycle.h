@@ -54,6 +54,15 @@ int life_forget(struct idx *x, const struct shard_key *k);
 int life_drop_mark(struct idx *x, const struct shard_key *k);
 int life_drop_done(struct idx *x, const struct shard_key *k);
 
+/* A step's spelling ("05", "00000100") is kept in the catalog beside its
+ * shard, only when it is not the plain decimal: the namespace name goes
+ * with the next clean, and the .restore marker still needs it.
+ * life_name_set stores name (or forgets it when it is the decimal);
+ * life_name_get gives the spelling, else the decimal (always a string). */
+int  life_name_set(struct idx *x, const struct shard_key *k, const char *name);
+int  life_name_forget(struct idx *x, const struct shard_key *k);
+void life_name_get(struct idx *x, const struct shard_key *k, char *buf, size_t len);
+
 /* ---- retention plan ---- */
 
 /* Is (job, step) pinned (a backup is uploading it)? */

@@ -37,23 +37,30 @@ struct set {
 static void add(struct set *s, const char *spec)
 {
 	struct shard_rec *r = &s->r[s->n++];
-	char job[64], st = 'C', fl[8] = "";
-	unsigned long long step, t = 0;
-	unsigned rank, worker;
-	int got;
+	char f[7][64] = { "", "", "", "", "C", "", "0" };
+	const char *p = spec;
+	char st;
 
+	/* split at ':' (empty fields allowed: "C::100" has no flags) */
+	for (size_t i = 0; i < 7 && p; i++) {
+		const char *c = strchr(p, ':');
+		size_t l = c ? (size_t)(c - p) : strlen(p);
+		assert_true(l < sizeof(f[i]));
+		memcpy(f[i], p, l);
+		f[i][l] = '\0';
+		p = c ? c + 1 : NULL;
+	}
 	memset(r, 0, sizeof(*r));
-	got = sscanf(spec, "%63[^:]:%llu:%u:%u:%c:%7[^:]:%llu", job, &step, &rank, &worker, &st, fl, &t);
-	assert_true(got >= 5);
-	snprintf(r->key.job, sizeof(r->key.job), "%s", job);
-	r->key.step = step;
-	r->key.rank = rank;
-	r->key.worker = worker;
+	snprintf(r->key.job, sizeof(r->key.job), "%s", f[0]);
+	r->key.step = strtoull(f[1], NULL, 10);
+	r->key.rank = (uint32_t)strtoul(f[2], NULL, 10);
+	r->key.worker = (uint32_t)strtoul(f[3], NULL, 10);
+	st = f[4][0];
 	r->state = st == 'S' ? SH_SEALING : st == 'B' ? SH_BAD : st == 'R' ? SH_REPLICATED
 		 : st == 'K' ? SH_BACKED_UP : SH_COMMITTED;
-	r->flags = (strchr(fl, 'o') ? SHF_OWN : 0) | (strchr(fl, 'r') ? SHF_RESTORED : 0);
-	r->ns_ino = strchr(fl, 'd') ? 42 : 0;
-	r->commit_time = t;
+	r->flags = (strchr(f[5], 'o') ? SHF_OWN : 0) | (strchr(f[5], 'r') ? SHF_RESTORED : 0);
+	r->ns_ino = strchr(f[5], 'd') ? 42 : 0;
+	r->commit_time = strtoull(f[6], NULL, 10);
 }
 
 /* The plan as "job/step/rank/worker[o|r|x]" in order (o own, r replica,
@@ -198,6 +205,19 @@ static void pressure_takes_other_jobs_oldest_first(void **state)
 	assert_string_equal(plan(&s, &in), "a/2/0/0x b/7/0/0x a/1/0/0x");
 }
 
+static void other_jobs_ties_keep_catalog_order(void **state)
+{
+	struct set s = { 0 };
+	struct life_in in = { .job = "j", .workers = 1, .want = 1 };
+	(void)state;
+	add(&s, "a:4:0:0:C:o:100");
+	add(&s, "a:4:1:0:C::100");
+	add(&s, "a:4:2:0:C::100");
+	add(&s, "a:3:5:0:C::100");
+	add(&s, "a:9:0:0:C:o:99");
+	assert_string_equal(plan(&s, &in), "a/9/0/0x a/3/5/0x a/4/0/0x a/4/1/0x a/4/2/0x");
+}
+
 static void newer_than_restored(void **state)
 {
 	struct set s = { 0 };
@@ -310,6 +330,44 @@ static void writes_walk_the_states(void **state)
 	idx_close(x);
 }
 
+static void step_names(void **state)
+{
+	struct tmp *t = *state;
+	struct idx *x = NULL;
+	struct shard_key k = { .job = "j", .step = 5, .rank = 1, .worker = 0 };
+	struct shard_key w1 = { .job = "j", .step = 5, .rank = 1, .worker = 1 };
+	char db[PATH_MAX + 8], buf[65];
+	void *v = NULL;
+	size_t vl = 0;
+
+	snprintf(db, sizeof(db), "%s/db", t->path);
+	assert_int_equal(idx_open(db, false, &x), 0);
+	life_name_get(x, &k, buf, sizeof(buf));
+	assert_string_equal(buf, "5");              /* nothing stored: the decimal */
+	assert_int_equal(life_name_set(x, &k, "0005"), 0);
+	life_name_get(x, &k, buf, sizeof(buf));
+	assert_string_equal(buf, "0005");
+	life_name_get(x, &w1, buf, sizeof(buf));
+	assert_string_equal(buf, "5");              /* per worker */
+	assert_int_equal(idx_get_meta(x, "stepname/j/1/5", &v, &vl), 0);
+	assert_int_equal(vl, 4);
+	free(v);
+	/* the plain decimal is not stored: it forgets a spelling */
+	assert_int_equal(life_name_set(x, &k, "5"), 0);
+	assert_int_equal(idx_get_meta(x, "stepname/j/1/5", &v, &vl), -ENOENT);
+	/* a stored value that is not this step is ignored */
+	assert_int_equal(idx_put_meta(x, "stepname/j/1/5", "06", 2), 0);
+	life_name_get(x, &k, buf, sizeof(buf));
+	assert_string_equal(buf, "5");
+	assert_int_equal(life_name_set(x, &w1, "05"), 0);
+	life_name_get(x, &w1, buf, sizeof(buf));
+	assert_string_equal(buf, "05");
+	assert_int_equal(life_name_forget(x, &w1), 0);
+	life_name_get(x, &w1, buf, sizeof(buf));
+	assert_string_equal(buf, "5");
+	idx_close(x);
+}
+
 /* ---- the only writer ---- */
 
 #ifdef MTCFS_SRC
@@ -383,9 +441,11 @@ int main(void)
 		cmocka_unit_test(pins_keep_their_shard),
 		cmocka_unit_test(pytorch_workers_complete_step),
 		cmocka_unit_test(pressure_takes_other_jobs_oldest_first),
+		cmocka_unit_test(other_jobs_ties_keep_catalog_order),
 		cmocka_unit_test(newer_than_restored),
 		cmocka_unit_test(bad_input),
 		cmocka_unit_test_setup_teardown(writes_walk_the_states, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(step_names, tmp_setup, tmp_teardown),
 #ifdef MTCFS_SRC
 		cmocka_unit_test(only_lifecycle_writes_shard_records),
 #endif
