@@ -6,12 +6,18 @@
  *    idx_set_state / idx_forget_dropping are for this file only):
  *
  *        (none) --life_seal_begin--> SEALING --life_committed--> COMMITTED
- *        SEALING/COMMITTED --life_unsealable/life_bad--> BAD
+ *        (none) --life_committed--> COMMITTED   (a replica or a restore,
+ *                                                published from staging)
+ *        SEALING --life_unsealable--> BAD;  any --life_bad--> BAD
  *        COMMITTED --life_replicated--> REPLICATED --life_backed_up--> BACKED_UP
  *        any --life_drop_mark--> DROPPING --(files gone) life_drop_done--> (none)
- *        SEALING (aborted, or found at start-up) --life_forget--> (none)
+ *        any --life_forget--> (none)   (an aborted or stale seal, the old
+ *                                       copy a publish replaces)
  *    and the flags: SHF_HIDDEN (life_hide), SHF_RESTORED (life_restored),
  *    SHF_OWN (life_adopt: a peer's copy restored as this node's own).
+ *    The calls do not check the state they start from (nor did the code
+ *    before them: checking would change behaviour). Also here: a step's
+ *    spelling (life_name_*).
  *    Every call is one short catalog transaction: 0 or -errno.
  *
  * 2. The retention plan (pure: no I/O, no locks): given a node's shard
