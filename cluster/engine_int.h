@@ -20,6 +20,7 @@
 #include "net/server.h"
 #include "tiers/bucket.h"
 #include "tiers/manifest.h"
+#include "tiers/xfer.h"
 #include "common/workq.h"
 
 #include <jansson.h>
@@ -29,12 +30,12 @@
 #include <stdint.h>
 
 #define CTL_TIMEOUT_MS   10000
-#define DATA_TIMEOUT_MS  60000
+#define DATA_TIMEOUT_MS  XFER_TIMEOUT_MS
 #define MAX_PEERS        64
 #define MAX_HOLDS        64
 
 #define CTL_TIMEOUT_MS   10000
-#define DATA_TIMEOUT_MS  60000
+#define DATA_TIMEOUT_MS  XFER_TIMEOUT_MS
 #define MAX_PEERS        64
 #define MAX_HOLDS        64
 
@@ -116,13 +117,6 @@ void eng_report(struct eng *e, const char *fmt, ...) __attribute__((format(print
 
 /* engine_data.c */
 extern const struct nsrv_ops eng_srv_ops;
-char *eng_b64_encode(const uint8_t *p, size_t n);
-json_t *eng_key_json(const struct shard_key *k);
-/* The "manifest" field of o (base64), decoded and validated. */
-int eng_decode_manifest(json_t *o, struct manifest **mf, char *why, size_t whylen);
-int eng_recv_files(struct eng *e, struct nconn *c, struct ram_stage *st,
-		   const struct manifest *mf, char *why, size_t whylen);
-int eng_send_files(struct nconn *c, int dirfd, const struct manifest *mf);
 
 /* engine_ctl.c */
 int eng_ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms);

@@ -1,6 +1,7 @@
 /* engine_repl.c — replication of committed shards (see engine_int.h). */
 #include "cluster/engine_int.h"
 #include "tiers/lifecycle.h"
+#include "tiers/tier.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -20,14 +21,14 @@ struct repl_job {
 	int attempt;
 };
 
+/* Replicate shard k (its catalog record rec, manifest mf) to rank peer
+ * through the peer tier: 0 sent, 1 the peer had the content, or -errno. */
 static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
 		   const struct shard_rec *rec, const struct manifest *mf)
 {
+	struct tier t = { 0 };
 	char addr[256];
-	struct nconn *c = NULL;
-	json_t *req, *resp = NULL;
-	char *b64;
-	int rank, dfd = -1, rc;
+	int rank, rc;
 
 	rc = eng_addr_of(e, peer, addr, sizeof(addr));
 	if (rc < 0)
@@ -35,48 +36,11 @@ static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
 	pthread_mutex_lock(&e->mu);
 	rank = e->rank;
 	pthread_mutex_unlock(&e->mu);
-	rc = nconn_connect(addr, rank, "data", &e->auth, 5000, &c, NULL);
+	rc = tier_peer_open(addr, peer, rank, &e->auth, &t);
 	if (rc < 0)
 		return rc;
-	b64 = eng_b64_encode(rec->mf, rec->mflen);
-	req = json_object();
-	json_object_set_new(req, "op", json_string("push"));
-	json_object_set_new(req, "key", eng_key_json(k));
-	json_object_set_new(req, "manifest", json_string(b64 ? b64 : ""));
-	free(b64);
-	rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
-	json_decref(req);
-	if (rc < 0)
-		goto out;
-	if (json_is_true(json_object_get(resp, "have"))) {
-		rc = 1;   /* the peer had the content: nothing sent */
-		goto out;
-	}
-	if (!json_is_true(json_object_get(resp, "send"))) {
-		rc = -EPROTO;
-		goto out;
-	}
-	json_decref(resp);
-	resp = NULL;
-	dfd = ram_shard_open(e->ram, k);
-	if (dfd < 0) {
-		rc = dfd;
-		goto out;
-	}
-	rc = eng_send_files(c, dfd, mf);
-	if (rc == 0) {
-		struct net_hdr h;
-		rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &resp);
-		if (rc == 0 && h.type == NT_ERROR)
-			rc = net_error_errno(resp);
-		else if (rc == 0 && !json_is_true(json_object_get(resp, "ok")))
-			rc = -EPROTO;
-	}
-out:
-	if (dfd >= 0)
-		close(dfd);
-	json_decref(resp);
-	nconn_close(c);
+	rc = tier_put(&t, e->ram, k, rec->mf, rec->mflen, mf);
+	tier_close(&t);
 	return rc;
 }
 

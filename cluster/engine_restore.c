@@ -1,7 +1,7 @@
 /* engine_restore.c — the restore of DESIGN §5 (see engine_int.h). */
 #include "cluster/engine_int.h"
-#include "tiers/lifecycle.h"
 #include "tiers/backup.h"
+#include "tiers/tier.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -183,60 +183,6 @@ static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
 	return m;
 }
 
-/* This node's shard of backup p->backup into dirfd.  framework: pytorch
- * backups hold one file per worker (GKE's layout, which mtcfs writes too):
- * each comes back under the worker's .save name, so the node's shard is
- * what its workers saved; a backup of the older mtcfs layout (one shard
- * holding every worker's file, with a manifest) is read whole. */
-static int fetch_backup(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
-			int dirfd, struct manifest **mf)
-{
-	uint32_t rank = (uint32_t)c->node_rank;
-	int rc = -EMEDIUMTYPE;
-
-	if (c->framework == RCFG_FW_PYTORCH) {
-		/* with one shard per worker, fetch_backup_w() */
-		for (uint32_t w = 0; w < (uint32_t)c->workers_per_node; w++) {
-			char fn[NAME_MAX + 1];
-			if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", c->job,
-					     (unsigned long long)p->step, rank, w) >= sizeof(fn))
-				return -ENAMETOOLONG;
-			rc = bk_fetch_file(e->bkt, c->job, p->backup, rank, w, dirfd, fn);
-			if (rc == -EMEDIUMTYPE && w == 0)
-				break;
-			if (rc < 0)
-				return rc;
-		}
-		if (rc == 0)
-			return mf_build(dirfd, mf);
-	}
-	return bk_fetch_shard(e->bkt, c->job, p->backup, rank, 0, dirfd, mf);
-}
-
-/* Worker w's file of backup p->backup into dirfd, as that worker's own
- * shard (one shard per worker). *whole: the backup is of the older mtcfs
- * layout (one shard holding every worker's file): it was fetched whole
- * into dirfd, as worker 0's shard. */
-static int fetch_backup_w(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
-			  uint32_t w, int dirfd, struct manifest **mf, bool *whole)
-{
-	uint32_t rank = (uint32_t)c->node_rank;
-	char fn[NAME_MAX + 1];
-	int rc;
-
-	*whole = false;
-	if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", c->job,
-			     (unsigned long long)p->step, rank, w) >= sizeof(fn))
-		return -ENAMETOOLONG;
-	rc = bk_fetch_file(e->bkt, c->job, p->backup, rank, w, dirfd, fn);
-	if (rc == 0)
-		return mf_build(dirfd, mf);
-	if (rc != -EMEDIUMTYPE || w != 0)
-		return rc;
-	*whole = true;
-	return bk_fetch_shard(e->bkt, c->job, p->backup, rank, 0, dirfd, mf);
-}
-
 /* framework: pytorch under D: a column mate's shard restored as this
  * node's holds files named for the mate's rank. GKE's coordinator gives
  * the node its mate's per-worker hashes and its restore writes them under
@@ -274,28 +220,39 @@ static int adopt_mate_files(const struct rcfg *c, int dirfd, uint64_t step, uint
 	return 0;
 }
 
+struct adopt {
+	const struct rcfg *c;
+	uint64_t step;
+	uint32_t owner, rank;
+};
+
+static int adopt_rename(void *arg, int dirfd, struct manifest **mf)
+{
+	const struct adopt *a = arg;
+	return adopt_mate_files(a->c, dirfd, a->step, a->owner, a->rank, mf);
+}
+
 /* Make this node's shard of plan p of worker w (0 unless one shard per
  * worker; p's holder, owner, hash and addr are that worker's) present
- * under its own key. *whole: a bucket restore brought every worker's file
- * in worker 0's shard (a backup of the older layout). */
+ * under its own key, from the tier the plan names. *whole: a bucket
+ * restore brought every worker's file in worker 0's shard (a backup of
+ * the older layout). */
 static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *p, uint32_t w,
 		  bool *whole, char *why, size_t whylen)
 {
-	struct shard_key mine = { 0 }, src = { 0 };
-	struct ram_stage st = { .fd = -1 };
-	struct manifest *mf = NULL;
-	struct nconn *conn = NULL;
-	json_t *req = NULL, *resp = NULL;
+	struct tier_get g = { .ram = e->ram };
+	struct adopt ad = { c, p->step, p->owner, (uint32_t)c->node_rank };
+	struct tier t = { 0 }, *src = &t;
 	char addr[256];
 	int rc;
 
 	*whole = false;
-	snprintf(mine.job, sizeof(mine.job), "%s", c->job);
-	mine.step = p->step;
-	mine.rank = (uint32_t)c->node_rank;
-	mine.worker = w;
-	src = mine;
-	src.rank = p->owner;
+	snprintf(g.as.job, sizeof(g.as.job), "%s", c->job);
+	g.as.step = p->step;
+	g.as.rank = (uint32_t)c->node_rank;
+	g.as.worker = w;
+	g.want = g.as;
+	g.want.rank = p->owner;
 
 	if (p->bucket) {
 		if (!e->bkt) {
@@ -303,108 +260,31 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 				 p->backup);
 			return -ENOENT;
 		}
-		rc = ram_stage_begin(e->ram, &mine, &st);
-		if (rc == 0)
-			rc = job_workers(c) > 1 ? fetch_backup_w(e, c, p, w, st.fd, &mf, whole) :
-			     fetch_backup(e, c, p, st.fd, &mf);
-		if (rc < 0)
-			snprintf(why, whylen, "backup %s: %s", p->backup, bkt_last_error());
-		if (rc == 0)
-			rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
-		if (rc == 0) {
-			ram_recount(e->ram);
-			metrics_add(MC_RESTORE_BYTES, mf->total);
-			log_info("engine", "restored job=%s step=%llu from backup %s bytes=%llu worker=%u",
-				 c->job, (unsigned long long)p->step, p->backup,
-				 (unsigned long long)mf->total, w);
-		}
-		if (st.fd >= 0 || st.rel[0])
-			ram_stage_abort(e->ram, &st);
-		mf_free(mf);
-		return rc;
-	}
-
-	if (p->holder == (uint32_t)c->node_rank) {
-		char err[300];
-		rc = ram_verify(e->ram, &src, err, sizeof(err));
-		if (rc < 0) {
-			snprintf(why, whylen, "local copy of node %u's shard fails verification: %.300s",
-				 p->owner, err);
-			life_bad(ram_idx(e->ram), &src);
+		tier_bucket_init(e->bkt, &t);
+		g.backup = p->backup;
+		g.save_files = c->framework == RCFG_FW_PYTORCH;
+		g.workers_per_node = (uint32_t)c->workers_per_node;
+	} else if (p->holder == (uint32_t)c->node_rank) {
+		tier_ram_init(e->ram, &t);
+	} else {
+		if (p->addr[0])
+			snprintf(addr, sizeof(addr), "%s", p->addr);
+		else if ((rc = eng_addr_of(e, p->holder, addr, sizeof(addr))) < 0) {
+			snprintf(why, whylen, "no address for rank %u", p->holder);
 			return rc;
 		}
-		if (p->owner == mine.rank)
-			return life_adopt(ram_idx(e->ram), &mine);
-		/* a column mate's shard held here: same data under our key */
-		struct shard_rec rec = { 0 };
-		rc = idx_get_shard(ram_idx(e->ram), &src, &rec);
-		if (rc == 0)
-			rc = mf_decode(rec.mf, rec.mflen, &mf);
-		idx_rec_clear(&rec);
-		if (rc == 0)
-			rc = ram_stage_begin(e->ram, &mine, &st);
-		if (rc == 0)
-			rc = ram_stage_link(e->ram, &st, &src);
-		if (rc == 0 && c->framework == RCFG_FW_PYTORCH)
-			rc = adopt_mate_files(c, st.fd, p->step, p->owner, mine.rank, &mf);
-		if (rc == 0)
-			rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
-		if (rc < 0) {
-			snprintf(why, whylen, "linking node %u's shard: %s", p->owner, strerror(-rc));
-			ram_stage_abort(e->ram, &st);
-		}
-		mf_free(mf);
-		return rc;
+		rc = tier_peer_open(addr, p->holder, c->node_rank, &e->auth, &t);
+		if (rc < 0)
+			return rc;
+		g.hash = p->hash;
 	}
-	if (p->addr[0])
-		snprintf(addr, sizeof(addr), "%s", p->addr);
-	else if ((rc = eng_addr_of(e, p->holder, addr, sizeof(addr))) < 0) {
-		snprintf(why, whylen, "no address for rank %u", p->holder);
-		return rc;
+	if (!p->bucket && p->owner != g.as.rank && c->framework == RCFG_FW_PYTORCH) {
+		g.rename = adopt_rename;   /* a column mate's files, as this node's */
+		g.rename_arg = &ad;
 	}
-	rc = nconn_connect(addr, c->node_rank, "data", &e->auth, 5000, &conn, NULL);
-	if (rc < 0) {
-		snprintf(why, whylen, "connecting to rank %u at %s: %s", p->holder, addr, strerror(-rc));
-		return rc;
-	}
-	req = eng_key_json(&src);
-	json_object_set_new(req, "op", json_string("fetch"));
-	rc = nconn_call(conn, req, &resp, DATA_TIMEOUT_MS);
-	if (rc < 0) {
-		snprintf(why, whylen, "rank %u refused the fetch: %s", p->holder, strerror(-rc));
-		goto out;
-	}
-	rc = eng_decode_manifest(resp, &mf, why, whylen);
-	if (rc < 0) {
-		log_warn("engine", "rank %u sent a manifest that is refused: %s", p->holder, why);
-	}
-	if (rc < 0 || memcmp(mf->hash, p->hash, 32)) {
-		snprintf(why, whylen, "rank %u sent a manifest that does not match the plan", p->holder);
-		rc = -EBADMSG;
-		goto out;
-	}
-	rc = ram_stage_begin(e->ram, &mine, &st);
-	if (rc == 0)
-		rc = eng_recv_files(e, conn, &st, mf, why, whylen);
-	if (rc == 0 && p->owner != mine.rank && c->framework == RCFG_FW_PYTORCH &&
-	    (rc = adopt_mate_files(c, st.fd, p->step, p->owner, mine.rank, &mf)) < 0)
-		snprintf(why, whylen, "renaming node %u's files as this node's: %s", p->owner,
-			 strerror(-rc));
-	if (rc == 0)
-		rc = ram_stage_publish(e->ram, &st, mf, SHF_OWN | SHF_RESTORED);
-	if (rc == 0)
-		metrics_add(MC_RESTORE_BYTES, mf->total);
-	if (rc == 0)
-		log_info("engine", "restored job=%s step=%llu from rank %u bytes=%llu worker=%u",
-			 c->job, (unsigned long long)p->step, p->holder,
-			 (unsigned long long)mf->total, w);
-out:
-	if (st.fd >= 0 || st.rel[0])
-		ram_stage_abort(e->ram, &st);
-	json_decref(req);
-	json_decref(resp);
-	nconn_close(conn);
-	mf_free(mf);
+	rc = tier_obtain(&src, 1, &g, why, whylen);
+	*whole = g.whole;
+	tier_close(&t);
 	return rc;
 }
 

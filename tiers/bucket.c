@@ -36,6 +36,7 @@ struct bkt {
 };
 
 static const struct bkt_ops *const backends[] = { &bkt_file_ops, &bkt_gcs_ops };
+const struct bkt_ops *bkt_test_backend;
 
 /* ---- last error, per thread ---- */
 
@@ -218,6 +219,11 @@ int bkt_open(const char *url, const struct bkt_opts *o, struct bkt **out)
 				ops = backends[i];
 				loc = sep + 3;
 			}
+		}
+		if (bkt_test_backend && strlen(bkt_test_backend->scheme) == (size_t)(sep - url) &&
+		    !memcmp(url, bkt_test_backend->scheme, (size_t)(sep - url))) {
+			ops = bkt_test_backend;
+			loc = sep + 3;
 		}
 	}
 	if (!ops) {

@@ -160,6 +160,9 @@ struct bkt_ops {
 
 extern const struct bkt_ops bkt_file_ops;
 extern const struct bkt_ops bkt_gcs_ops;
+/* Test use only (NULL otherwise): one more backend bkt_open() accepts by
+ * its scheme (the unit tests' in-memory bucket). Set it before any open. */
+extern const struct bkt_ops *bkt_test_backend;
 
 void *bkt_priv(const struct bkt *b);
 const struct bkt_opts *bkt_opts_of(const struct bkt *b);   /* defaults filled in */

@@ -1,0 +1,652 @@
+/* Unit tests for the engine's pieces without Python: the data server
+ * (cluster/engine_data.c) answering pushes over a socketpair() and fetches
+ * from the peer tier over loopback, and tier_obtain() (tiers/tier.h) over
+ * the RAM, peer and bucket tiers (an in-memory bucket): bytes restored equal bytes sealed, a corrupt or
+ * failing source is refused and the next one is used, nothing is left
+ * staged after a failure. Each test runs in a private directory holding
+ * the nodes' RAMDIRs; a "holder" is a node's RAM tier with its data
+ * server on 127.0.0.1 (a struct eng of just what the server reads). */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cluster/engine_int.h"
+#include "tiers/tier.h"
+#include "tiers/xfer.h"
+
+#define TESTTMP_NAME "engine"
+#include "tests/unit/testtmp.h"
+#include "tests/unit/tier_fault.h"
+#include "tests/unit/mem_bucket.h"
+#include "tiers/backup.h"
+
+#define BIG_SIZE (300u << 10)      /* more than one socket buffer */
+
+struct holder {
+	struct ram_tier *ram;
+	struct eng *e;
+	struct nsrv *srv;
+	char addr[64];
+};
+
+static void holder_start(struct tmp *tmp, const char *name, int rank, bool serve, struct holder *h)
+{
+	char dir[PATH_MAX + 16];
+
+	memset(h, 0, sizeof(*h));
+	snprintf(dir, sizeof(dir), "%s/%s", tmp->path, name);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	assert_int_equal(ram_open(dir, 64 << 20, &h->ram), 0);
+	h->e = calloc(1, sizeof(*h->e));
+	assert_non_null(h->e);
+	h->e->ram = h->ram;
+	h->e->rank = rank;
+	pthread_mutex_init(&h->e->mu, NULL);
+	if (!serve)
+		return;
+	assert_int_equal(nsrv_start("127.0.0.1:0", rank, NULL, &eng_srv_ops, h->e, &h->srv), 0);
+	h->e->srv = h->srv;
+	snprintf(h->addr, sizeof(h->addr), "127.0.0.1:%d", nsrv_port(h->srv));
+}
+
+static void holder_stop(struct holder *h)
+{
+	nsrv_stop(h->srv);
+	pthread_mutex_destroy(&h->e->mu);
+	free(h->e);
+	ram_close(h->ram);
+}
+
+static void key_of(struct shard_key *k, uint64_t step, uint32_t rank)
+{
+	memset(k, 0, sizeof(*k));
+	snprintf(k->job, sizeof(k->job), "%s", "job");
+	k->step = step;
+	k->rank = rank;
+}
+
+static void put_bytes(int dirfd, const char *name, const void *p, size_t len)
+{
+	int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, p, len), (ssize_t)len);
+	assert_int_equal(close(fd), 0);
+}
+
+/* The bytes of file "big" of every shard: a pattern no two offsets share
+ * within 251 bytes, so that a byte in the wrong place shows. */
+static uint8_t *big_bytes(void)
+{
+	uint8_t *b = malloc(BIG_SIZE);
+	assert_non_null(b);
+	for (size_t i = 0; i < BIG_SIZE; i++)
+		b[i] = (uint8_t)(i % 251);
+	return b;
+}
+
+/* Seal shard k on h from a step directory {a, sub/b, big, name} made in its
+ * namespace; *mf (optional) gets the manifest. */
+static void seal(struct holder *h, const struct shard_key *k, uint32_t flags, struct manifest **mf)
+{
+	int ns = ram_ns_fd(h->ram), fd, sub;
+	uint8_t *big = big_bytes();
+	char name[32];
+	struct manifest *m = NULL;
+
+	snprintf(name, sizeof(name), "s%llu-n%u", (unsigned long long)k->step, k->rank);
+	assert_int_equal(mkdirat(ns, name, 0755), 0);
+	fd = openat(ns, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	put_bytes(fd, "a", "alpha", 5);
+	assert_int_equal(mkdirat(fd, "sub", 0755), 0);
+	sub = openat(fd, "sub", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(sub >= 0);
+	put_bytes(sub, "b", "bravo-bravo", 11);
+	close(sub);
+	put_bytes(fd, "big", big, BIG_SIZE);
+	put_bytes(fd, "name", name, strlen(name));   /* no two shards alike */
+	free(big);
+	assert_int_equal(ram_seal(h->ram, k, fd, 1, flags, &m, NULL, 0), 0);
+	close(fd);
+	if (mf)
+		*mf = m;
+	else
+		mf_free(m);
+}
+
+/* Whole content of file rel of shard k on h, malloc'd; *len its size. */
+static uint8_t *shard_file(struct holder *h, const struct shard_key *k, const char *rel,
+			   size_t *len)
+{
+	int dfd = ram_shard_open(h->ram, k), fd;
+	struct stat sb;
+	uint8_t *p;
+
+	assert_true(dfd >= 0);
+	fd = openat(dfd, rel, O_RDONLY | O_CLOEXEC);
+	close(dfd);
+	assert_true(fd >= 0);
+	assert_int_equal(fstat(fd, &sb), 0);
+	p = malloc((size_t)sb.st_size + 1);
+	assert_non_null(p);
+	assert_int_equal(pread(fd, p, (size_t)sb.st_size, 0), sb.st_size);
+	close(fd);
+	*len = (size_t)sb.st_size;
+	return p;
+}
+
+/* Shard k on h is committed, restored and own, with exactly the sealed
+ * bytes. */
+static void assert_restored(struct holder *h, const struct shard_key *k, const uint8_t hash[32])
+{
+	struct shard_rec rec = { 0 };
+	uint8_t *big = big_bytes(), *p;
+	size_t len;
+
+	assert_int_equal(idx_get_shard(ram_idx(h->ram), k, &rec), 0);
+	assert_int_equal(rec.state, SH_COMMITTED);
+	assert_int_equal(rec.flags & (SHF_OWN | SHF_RESTORED), SHF_OWN | SHF_RESTORED);
+	assert_memory_equal(rec.hash, hash, 32);
+	idx_rec_clear(&rec);
+	p = shard_file(h, k, "a", &len);
+	assert_int_equal(len, 5);
+	assert_memory_equal(p, "alpha", 5);
+	free(p);
+	p = shard_file(h, k, "sub/b", &len);
+	assert_int_equal(len, 11);
+	assert_memory_equal(p, "bravo-bravo", 11);
+	free(p);
+	p = shard_file(h, k, "big", &len);
+	assert_int_equal(len, BIG_SIZE);
+	assert_memory_equal(p, big, BIG_SIZE);
+	free(p);
+	free(big);
+}
+
+/* Nothing of job under h's shards/ (no record, no staging directory). */
+static void assert_nothing_staged(struct holder *h, const struct shard_key *k)
+{
+	struct shard_rec rec = { 0 };
+	struct stat sb;
+	char path[PATH_MAX];
+
+	assert_int_equal(idx_get_shard(ram_idx(h->ram), k, &rec), -ENOENT);
+	snprintf(path, sizeof(path), "%s/shards/%s", ram_path(h->ram), k->job);
+	assert_int_equal(stat(path, &sb), -1);
+}
+
+/* Flip one byte in the middle of "big" of shard k on h (same size). */
+static void corrupt(struct holder *h, const struct shard_key *k)
+{
+	int dfd = ram_shard_open(h->ram, k), fd;
+	uint8_t c;
+
+	assert_true(dfd >= 0);
+	fd = openat(dfd, "big", O_RDWR | O_CLOEXEC);
+	close(dfd);
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, &c, 1, BIG_SIZE / 2), 1);
+	c ^= 0x55;
+	assert_int_equal(pwrite(fd, &c, 1, BIG_SIZE / 2), 1);
+	close(fd);
+}
+
+static void get_of(struct tier_get *g, struct holder *to, const struct shard_key *want,
+		   const struct shard_key *as, const uint8_t *hash)
+{
+	memset(g, 0, sizeof(*g));
+	g->ram = to->ram;
+	g->want = *want;
+	g->as = *as;
+	g->hash = hash;
+}
+
+/* A replica of node 1's shard on node 0, fetched by node 1 through the
+ * peer tier: the data server's fetch, the CRC32C checks, the publish. */
+static void test_peer_tier_fetches_shard(void **state)
+{
+	struct holder a, b;
+	struct manifest *mf = NULL;
+	struct shard_key k;
+	struct tier t = { 0 }, *src = &t;
+	struct tier_get g;
+	char why[512] = "";
+
+	holder_start(*state, "a", 0, true, &a);
+	holder_start(*state, "b", 1, false, &b);
+	key_of(&k, 5, 1);
+	seal(&a, &k, 0, &mf);
+	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &t), 0);
+	assert_string_equal(tier_name(&t), "peer");
+	get_of(&g, &b, &k, &k, mf->hash);
+	assert_int_equal(tier_obtain(&src, 1, &g, why, sizeof(why)), 0);
+	assert_restored(&b, &k, mf->hash);
+	tier_close(&t);
+	mf_free(mf);
+	holder_stop(&a);
+	holder_stop(&b);
+}
+
+/* A copy whose bytes changed on its holder fails its CRC32C on the way;
+ * alone it is an error with nothing left behind; as the first of two
+ * sources the second one's copy is restored. */
+static void test_peer_tier_corrupt_copy_falls_back(void **state)
+{
+	struct holder a, c, b;
+	struct manifest *mf = NULL;
+	struct shard_key k;
+	struct tier ta = { 0 }, tc = { 0 };
+	struct tier *both[2] = { &ta, &tc }, *one = &ta;
+	struct tier_get g;
+	char why[512] = "";
+
+	holder_start(*state, "a", 0, true, &a);
+	holder_start(*state, "c", 2, true, &c);
+	holder_start(*state, "b", 1, false, &b);
+	key_of(&k, 7, 1);
+	seal(&a, &k, 0, &mf);
+	mf_free(mf);
+	seal(&c, &k, 0, &mf);
+	corrupt(&a, &k);
+	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &ta), 0);
+	assert_int_equal(tier_peer_open(c.addr, 2, 1, NULL, &tc), 0);
+
+	get_of(&g, &b, &k, &k, mf->hash);
+	assert_int_equal(tier_obtain(&one, 1, &g, why, sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "big: crc32c"));
+	assert_nothing_staged(&b, &k);
+
+	why[0] = '\0';
+	assert_int_equal(tier_obtain(both, 2, &g, why, sizeof(why)), 0);
+	assert_restored(&b, &k, mf->hash);
+	tier_close(&ta);
+	tier_close(&tc);
+	mf_free(mf);
+	holder_stop(&a);
+	holder_stop(&c);
+	holder_stop(&b);
+}
+
+/* The holder's manifest must be the one the plan names. */
+static void test_peer_tier_refuses_other_manifest(void **state)
+{
+	struct holder a, b;
+	struct shard_key k;
+	struct tier t = { 0 }, *src = &t;
+	struct tier_get g;
+	uint8_t other[32] = { 1 };
+	char why[512] = "";
+
+	holder_start(*state, "a", 0, true, &a);
+	holder_start(*state, "b", 1, false, &b);
+	key_of(&k, 5, 1);
+	seal(&a, &k, 0, NULL);
+	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &t), 0);
+	get_of(&g, &b, &k, &k, other);
+	assert_int_equal(tier_obtain(&src, 1, &g, why, sizeof(why)), -EBADMSG);
+	assert_string_equal(why, "rank 0 sent a manifest that does not match the plan");
+	assert_nothing_staged(&b, &k);
+	tier_close(&t);
+	holder_stop(&a);
+	holder_stop(&b);
+}
+
+/* A source that fails (the fault wrapper's first get) is passed over
+ * without the inner tier being asked; when every source fails the last
+ * error comes back and nothing is published. */
+static void test_obtain_falls_back_from_failing_tier(void **state)
+{
+	struct holder a, b;
+	struct manifest *mf = NULL;
+	struct shard_key k;
+	struct tier_fault f = { .fail_nth = 1, .fail_rc = -EIO };
+	struct tier tf, tp = { 0 };
+	struct tier *srcs[2] = { &tf, &tp };
+	struct tier_get g;
+	char why[512] = "";
+
+	holder_start(*state, "a", 0, true, &a);
+	holder_start(*state, "b", 1, false, &b);
+	key_of(&k, 9, 1);
+	seal(&a, &k, 0, &mf);
+	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &f.inner), 0);
+	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &tp), 0);
+	tier_fault_init(&f, &tf);
+	get_of(&g, &b, &k, &k, mf->hash);
+
+	assert_int_equal(tier_obtain(srcs, 1, &g, why, sizeof(why)), -EIO);
+	assert_string_equal(why, "injected failure of get 1");
+	assert_int_equal(f.inner_calls, 0);
+	assert_nothing_staged(&b, &k);
+
+	f.calls = 0;
+	assert_int_equal(tier_obtain(srcs, 2, &g, why, sizeof(why)), 0);
+	assert_int_equal(f.calls, 1);
+	assert_int_equal(f.inner_calls, 0);
+	assert_restored(&b, &k, mf->hash);
+
+	/* the wrapper passes the second get through to its inner tier */
+	assert_int_equal(tier_obtain(srcs, 1, &g, why, sizeof(why)), 0);
+	assert_int_equal(f.inner_calls, 1);
+	assert_restored(&b, &k, mf->hash);
+	tier_close(&f.inner);
+	tier_close(&tp);
+	mf_free(mf);
+	holder_stop(&a);
+	holder_stop(&b);
+}
+
+/* The RAM tier: this node's own copy is taken in place (flags only), a
+ * column mate's copy is linked under this node's key, and a copy that
+ * fails verification is refused and marked bad. */
+static void test_ram_tier(void **state)
+{
+	struct holder a;
+	struct manifest *mf = NULL;
+	struct shard_key own, mate, bad;
+	struct shard_rec rec = { 0 };
+	struct tier t, *src = &t;
+	struct tier_get g;
+	struct stat s1, s2;
+	char why[512] = "";
+	int d1, d2;
+
+	holder_start(*state, "a", 0, false, &a);
+	tier_ram_init(a.ram, &t);
+	assert_string_equal(tier_name(&t), "local");
+	key_of(&own, 3, 0);
+	seal(&a, &own, SHF_OWN, &mf);
+
+	get_of(&g, &a, &own, &own, NULL);
+	assert_int_equal(tier_obtain(&src, 1, &g, why, sizeof(why)), 0);
+	assert_restored(&a, &own, mf->hash);
+
+	key_of(&mate, 3, 2);
+	get_of(&g, &a, &own, &mate, NULL);
+	assert_int_equal(tier_obtain(&src, 1, &g, why, sizeof(why)), 0);
+	assert_restored(&a, &mate, mf->hash);
+	/* linked, not copied */
+	d1 = ram_shard_open(a.ram, &own);
+	d2 = ram_shard_open(a.ram, &mate);
+	assert_int_equal(fstatat(d1, "big", &s1, 0), 0);
+	assert_int_equal(fstatat(d2, "big", &s2, 0), 0);
+	assert_int_equal(s1.st_ino, s2.st_ino);
+	close(d1);
+	close(d2);
+
+	key_of(&bad, 4, 0);
+	mf_free(mf);
+	seal(&a, &bad, SHF_OWN, &mf);
+	corrupt(&a, &bad);
+	get_of(&g, &a, &bad, &bad, NULL);
+	assert_int_equal(tier_obtain(&src, 1, &g, why, sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "local copy of node 0's shard fails verification"));
+	assert_int_equal(idx_get_shard(ram_idx(a.ram), &bad, &rec), 0);
+	assert_int_equal(rec.state, SH_BAD);
+	idx_rec_clear(&rec);
+	mf_free(mf);
+	holder_stop(&a);
+}
+
+/* The bucket tier: a backup uploaded to the in-memory bucket comes back
+ * byte for byte; a data object whose bytes changed in the bucket fails its
+ * CRC32C and the next source (a peer holding the shard) is used. */
+static void test_bucket_tier_restores_backup(void **state)
+{
+	static const char backup[] = "2026-12-01_16-30";
+	struct holder owner, b, c;
+	struct manifest *mf = NULL;
+	struct bkt *bk = NULL;
+	struct shard_key k;
+	struct tier tb, tp = { 0 };
+	struct tier *both[2] = { &tb, &tp }, *one = &tb;
+	struct tier_get g;
+	char why[512] = "";
+	int dfd;
+
+	holder_start(*state, "owner", 1, true, &owner);
+	holder_start(*state, "b", 1, false, &b);
+	holder_start(*state, "c", 1, false, &c);
+	key_of(&k, 13, 1);
+	seal(&owner, &k, SHF_OWN, &mf);
+	assert_int_equal(bkt_open("mem://unit", NULL, &bk), 0);
+	dfd = ram_shard_open(owner.ram, &k);
+	assert_true(dfd >= 0);
+	assert_int_equal(bk_upload_shard(bk, "job", backup, &k, dfd, mf, true), 0);
+	close(dfd);
+
+	tier_bucket_init(bk, &tb);
+	assert_string_equal(tier_name(&tb), "bucket");
+	get_of(&g, &b, &k, &k, NULL);
+	g.backup = backup;
+	g.workers_per_node = 1;
+	assert_int_equal(tier_obtain(&one, 1, &g, why, sizeof(why)), 0);
+	assert_false(g.whole);
+	assert_restored(&b, &k, mf->hash);
+
+	assert_int_equal(mem_bucket_corrupt(".data/big", BIG_SIZE / 2), 1);
+	g.ram = c.ram;
+	assert_int_equal(tier_obtain(&one, 1, &g, why, sizeof(why)), -EBADMSG);
+	assert_memory_equal(why, "backup 2026-12-01_16-30: ", strlen("backup 2026-12-01_16-30: "));
+	assert_nothing_staged(&c, &k);
+
+	assert_int_equal(tier_peer_open(owner.addr, 1, 1, NULL, &tp), 0);
+	g.hash = mf->hash;
+	assert_int_equal(tier_obtain(both, 2, &g, why, sizeof(why)), 0);
+	assert_restored(&c, &k, mf->hash);
+	tier_close(&tp);
+	bkt_close(bk);
+	mf_free(mf);
+	holder_stop(&owner);
+	holder_stop(&b);
+	holder_stop(&c);
+}
+
+/* Replication's way out: the peer tier's put pushes a shard to the
+ * peer's data server, which keeps it as a replica; a second put finds it
+ * there (TIER_HAD); a put the wrapper fails never reaches the peer. */
+static void test_peer_tier_put(void **state)
+{
+	struct holder owner, to;
+	struct manifest *mf = NULL;
+	struct shard_rec rec = { 0 };
+	struct shard_key k;
+	struct tier_fault f = { .fail_nth = 1, .fail_rc = -EIO };
+	struct tier tf;
+	uint8_t *big = big_bytes(), *p;
+	size_t len;
+
+	holder_start(*state, "owner", 1, false, &owner);
+	holder_start(*state, "to", 0, true, &to);
+	key_of(&k, 21, 1);
+	seal(&owner, &k, SHF_OWN, &mf);
+	assert_int_equal(idx_get_shard(ram_idx(owner.ram), &k, &rec), 0);
+	assert_int_equal(tier_peer_open(to.addr, 0, 1, NULL, &f.inner), 0);
+	tier_fault_init(&f, &tf);
+
+	assert_int_equal(tier_put(&tf, owner.ram, &k, rec.mf, rec.mflen, mf), -EIO);
+	assert_int_equal(f.inner_calls, 0);
+	assert_int_equal(idx_get_shard(ram_idx(to.ram), &k, &(struct shard_rec){ 0 }), -ENOENT);
+
+	assert_int_equal(tier_put(&tf, owner.ram, &k, rec.mf, rec.mflen, mf), 0);
+	p = shard_file(&to, &k, "big", &len);
+	assert_int_equal(len, BIG_SIZE);
+	assert_memory_equal(p, big, BIG_SIZE);
+	free(p);
+	assert_int_equal(tier_put(&tf, owner.ram, &k, rec.mf, rec.mflen, mf), TIER_HAD);
+	assert_int_equal(f.inner_calls, 2);
+
+	/* the RAM tier takes no shards this way */
+	{
+		struct tier t;
+		tier_ram_init(owner.ram, &t);
+		assert_int_equal(tier_put(&t, owner.ram, &k, rec.mf, rec.mflen, mf), -EOPNOTSUPP);
+	}
+	idx_rec_clear(&rec);
+	tier_close(&f.inner);
+	free(big);
+	mf_free(mf);
+	holder_stop(&owner);
+	holder_stop(&to);
+}
+
+/* ---- the data server's push handler over a socketpair ---- */
+
+struct serve {
+	struct eng *e;
+	struct nconn *c;
+	int peer;
+};
+
+static void *serve_one(void *arg)
+{
+	struct serve *s = arg;
+	eng_srv_ops.on_data(s->e, s->c, s->peer);   /* closes s->c */
+	return NULL;
+}
+
+/* Push shard k of `from` to `to` as rank `peer` over a socketpair, as
+ * replication does: 0 when the replica was accepted, else the -errno the
+ * server answered. *sent: the files went (the server asked for them). */
+static int push_pair(struct holder *from, struct holder *to, const struct shard_key *k, int peer,
+		     bool *sent)
+{
+	struct serve s = { .e = to->e, .peer = peer };
+	struct shard_rec rec = { 0 };
+	struct manifest *mf = NULL;
+	struct nconn *cc = NULL;
+	json_t *req, *resp = NULL;
+	pthread_t thr;
+	char *b64;
+	int sv[2], rc, src, dfd;
+
+	*sent = false;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	assert_int_equal(nconn_from_fd(sv[0], NULL, peer, "pair", NULL, 0, NULL, NULL, &s.c), 0);
+	assert_int_equal(nconn_from_fd(sv[1], NULL, to->e->rank, "pair", NULL, 0, NULL, NULL, &cc), 0);
+	assert_int_equal(pthread_create(&thr, NULL, serve_one, &s), 0);
+
+	assert_int_equal(idx_get_shard(ram_idx(from->ram), k, &rec), 0);
+	assert_int_equal(mf_decode(rec.mf, rec.mflen, &mf), 0);
+	b64 = xfer_b64_encode(rec.mf, rec.mflen);
+	req = json_pack("{s:s,s:o,s:s}", "op", "push", "key", xfer_key_json(k), "manifest", b64);
+	free(b64);
+	rc = nconn_call(cc, req, &resp, 10000);
+	json_decref(req);
+	if (rc == 0 && json_is_true(json_object_get(resp, "send"))) {
+		struct net_hdr h;
+		*sent = true;
+		json_decref(resp);
+		resp = NULL;
+		dfd = ram_shard_open(from->ram, k);
+		assert_true(dfd >= 0);
+		src = xfer_send_files(cc, dfd, mf);
+		close(dfd);
+		/* a server that refuses a file may close before the last ones
+		 * went: its answer is still there to read */
+		rc = nconn_recv(cc, 10000, &h, &resp);
+		if (rc == 0 && h.type == NT_ERROR)
+			rc = net_error_errno(resp);
+		else if (rc == 0 && src < 0)
+			rc = src;
+		else if (rc == 0 && !json_is_true(json_object_get(resp, "ok")))
+			rc = -EPROTO;
+	} else if (rc == 0 && !json_is_true(json_object_get(resp, "have"))) {
+		rc = -EPROTO;
+	}
+	json_decref(resp);
+	nconn_close(cc);
+	assert_int_equal(pthread_join(thr, NULL), 0);
+	mf_free(mf);
+	idx_rec_clear(&rec);
+	return rc;
+}
+
+static void test_serve_push_over_socketpair(void **state)
+{
+	struct holder owner, to;
+	struct manifest *mf = NULL;
+	struct shard_rec rec = { 0 };
+	struct shard_key k, k2;
+	uint8_t *big = big_bytes(), *p;
+	size_t len;
+	bool sent;
+
+	holder_start(*state, "owner", 1, false, &owner);
+	holder_start(*state, "to", 0, false, &to);
+	key_of(&k, 11, 1);
+	seal(&owner, &k, SHF_OWN, &mf);
+
+	/* the owner's push: files sent, checked, published as a replica */
+	assert_int_equal(push_pair(&owner, &to, &k, 1, &sent), 0);
+	assert_true(sent);
+	assert_int_equal(idx_get_shard(ram_idx(to.ram), &k, &rec), 0);
+	assert_int_equal(rec.state, SH_COMMITTED);
+	assert_int_equal(rec.flags & SHF_OWN, 0);
+	assert_memory_equal(rec.hash, mf->hash, 32);
+	idx_rec_clear(&rec);
+	p = shard_file(&to, &k, "big", &len);
+	assert_int_equal(len, BIG_SIZE);
+	assert_memory_equal(p, big, BIG_SIZE);
+	free(p);
+
+	/* again: already held, nothing sent */
+	assert_int_equal(push_pair(&owner, &to, &k, 1, &sent), 0);
+	assert_false(sent);
+
+	/* only a shard's owner may push it, and never under the receiver's key */
+	key_of(&k2, 12, 1);
+	seal(&owner, &k2, SHF_OWN, NULL);
+	assert_int_equal(push_pair(&owner, &to, &k2, 2, &sent), -EPERM);
+	assert_false(sent);
+	assert_int_equal(idx_get_shard(ram_idx(to.ram), &k2, &rec), -ENOENT);
+
+	/* a replica whose bytes changed on the way is refused: nothing kept */
+	corrupt(&owner, &k2);
+	assert_int_equal(push_pair(&owner, &to, &k2, 1, &sent), -EBADMSG);
+	assert_true(sent);
+	assert_int_equal(idx_get_shard(ram_idx(to.ram), &k2, &rec), -ENOENT);
+
+	free(big);
+	mf_free(mf);
+	holder_stop(&owner);
+	holder_stop(&to);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);   /* a closed connection is an error, not a death */
+	mem_bucket_install();
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_peer_tier_fetches_shard, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_peer_tier_corrupt_copy_falls_back, tmp_setup,
+						tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_peer_tier_refuses_other_manifest, tmp_setup,
+						tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_obtain_falls_back_from_failing_tier, tmp_setup,
+						tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_ram_tier, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_peer_tier_put, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_bucket_tier_restores_backup, tmp_setup,
+						tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_serve_push_over_socketpair, tmp_setup,
+						tmp_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

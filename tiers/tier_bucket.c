@@ -1,0 +1,103 @@
+/* tier_bucket.c — a backup in the bucket as a source (see tier.h; the
+ * layout is backup.h's). */
+#include "tiers/tier.h"
+#include "tiers/backup.h"
+#include "common/log.h"
+#include "common/metrics.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+
+/* This node's shard of backup g->backup into dirfd.  framework: pytorch
+ * backups hold one file per worker (GKE's layout, which mtcfs writes too):
+ * each comes back under the worker's .save name, so the node's shard is
+ * what its workers saved; a backup of the older mtcfs layout (one shard
+ * holding every worker's file, with a manifest) is read whole. */
+static int fetch_backup(struct bkt *b, const struct tier_get *g, int dirfd, struct manifest **mf)
+{
+	uint32_t rank = g->as.rank;
+	int rc = -EMEDIUMTYPE;
+
+	if (g->save_files) {
+		/* with one shard per worker, fetch_backup_w() */
+		for (uint32_t w = 0; w < g->workers_per_node; w++) {
+			char fn[NAME_MAX + 1];
+			if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", g->as.job,
+					     (unsigned long long)g->as.step, rank, w) >= sizeof(fn))
+				return -ENAMETOOLONG;
+			rc = bk_fetch_file(b, g->as.job, g->backup, rank, w, dirfd, fn);
+			if (rc == -EMEDIUMTYPE && w == 0)
+				break;
+			if (rc < 0)
+				return rc;
+		}
+		if (rc == 0)
+			return mf_build(dirfd, mf);
+	}
+	return bk_fetch_shard(b, g->as.job, g->backup, rank, 0, dirfd, mf);
+}
+
+/* Worker w's file of backup g->backup into dirfd, as that worker's own
+ * shard (one shard per worker). *whole: the backup is of the older mtcfs
+ * layout (one shard holding every worker's file): it was fetched whole
+ * into dirfd, as worker 0's shard. */
+static int fetch_backup_w(struct bkt *b, const struct tier_get *g, uint32_t w, int dirfd,
+			  struct manifest **mf, bool *whole)
+{
+	uint32_t rank = g->as.rank;
+	char fn[NAME_MAX + 1];
+	int rc;
+
+	*whole = false;
+	if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", g->as.job,
+			     (unsigned long long)g->as.step, rank, w) >= sizeof(fn))
+		return -ENAMETOOLONG;
+	rc = bk_fetch_file(b, g->as.job, g->backup, rank, w, dirfd, fn);
+	if (rc == 0)
+		return mf_build(dirfd, mf);
+	if (rc != -EMEDIUMTYPE || w != 0)
+		return rc;
+	*whole = true;
+	return bk_fetch_shard(b, g->as.job, g->backup, rank, 0, dirfd, mf);
+}
+
+static int bucket_get(void *self, struct tier_get *g, struct ram_stage *st, struct manifest **mf,
+		      char *why, size_t whylen)
+{
+	struct bkt *b = self;
+	int rc;
+
+	rc = ram_stage_begin(g->ram, &g->as, st);
+	if (rc == 0)
+		rc = g->save_files && g->workers_per_node > 1 ?
+		     fetch_backup_w(b, g, g->as.worker, st->fd, mf, &g->whole) :
+		     fetch_backup(b, g, st->fd, mf);
+	if (rc < 0)
+		snprintf(why, whylen, "backup %s: %s", g->backup, bkt_last_error());
+	return rc;
+}
+
+static void bucket_got(void *self, const struct tier_get *g, const struct manifest *mf, int rc,
+		       char *why, size_t whylen)
+{
+	if (rc < 0)
+		return;
+	ram_recount(g->ram);
+	metrics_add(MC_RESTORE_BYTES, mf->total);
+	log_info("engine", "restored job=%s step=%llu from backup %s bytes=%llu worker=%u",
+		 g->as.job, (unsigned long long)g->as.step, g->backup,
+		 (unsigned long long)mf->total, g->as.worker);
+}
+
+static const struct tier_ops bucket_tier_ops = {
+	.name = "bucket",
+	.get = bucket_get,
+	.got = bucket_got,
+};
+
+void tier_bucket_init(struct bkt *b, struct tier *t)
+{
+	t->ops = &bucket_tier_ops;
+	t->self = b;
+}

@@ -1,0 +1,158 @@
+/* tier_peer.c — a peer node's RAM tier, fetched from and pushed to over a
+ * data connection (see tier.h; the wire is xfer.h's). */
+#include "tiers/tier.h"
+#include "tiers/xfer.h"
+#include "net/auth.h"
+#include "net/client.h"
+#include "net/frame.h"
+#include "common/log.h"
+#include "common/metrics.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct peer_tier {
+	char addr[256];
+	uint32_t holder;
+	int my_rank;
+	const struct net_auth *auth;
+};
+
+static int peer_get(void *self, struct tier_get *g, struct ram_stage *st, struct manifest **mf,
+		    char *why, size_t whylen)
+{
+	struct peer_tier *p = self;
+	struct nconn *conn = NULL;
+	json_t *req = NULL, *resp = NULL;
+	int rc;
+
+	rc = nconn_connect(p->addr, p->my_rank, "data", p->auth, 5000, &conn, NULL);
+	if (rc < 0) {
+		snprintf(why, whylen, "connecting to rank %u at %s: %s", p->holder, p->addr,
+			 strerror(-rc));
+		return rc;
+	}
+	req = xfer_key_json(&g->want);
+	json_object_set_new(req, "op", json_string("fetch"));
+	rc = nconn_call(conn, req, &resp, XFER_TIMEOUT_MS);
+	if (rc < 0) {
+		snprintf(why, whylen, "rank %u refused the fetch: %s", p->holder, strerror(-rc));
+		goto out;
+	}
+	rc = xfer_decode_manifest(resp, mf, why, whylen);
+	if (rc < 0) {
+		log_warn("engine", "rank %u sent a manifest that is refused: %s", p->holder, why);
+	}
+	if (rc < 0 || !g->hash || memcmp((*mf)->hash, g->hash, 32)) {
+		snprintf(why, whylen, "rank %u sent a manifest that does not match the plan", p->holder);
+		rc = -EBADMSG;
+		goto out;
+	}
+	rc = ram_stage_begin(g->ram, &g->as, st);
+	if (rc == 0)
+		rc = xfer_recv_files(g->ram, conn, st, *mf, why, whylen);
+out:
+	json_decref(req);
+	json_decref(resp);
+	nconn_close(conn);
+	return rc;
+}
+
+static void peer_got(void *self, const struct tier_get *g, const struct manifest *mf, int rc,
+		     char *why, size_t whylen)
+{
+	struct peer_tier *p = self;
+
+	if (rc < 0)
+		return;
+	metrics_add(MC_RESTORE_BYTES, mf->total);
+	log_info("engine", "restored job=%s step=%llu from rank %u bytes=%llu worker=%u",
+		 g->as.job, (unsigned long long)g->as.step, p->holder,
+		 (unsigned long long)mf->total, g->as.worker);
+}
+
+static int peer_put(void *self, struct ram_tier *ram, const struct shard_key *k, const uint8_t *raw,
+		    size_t rawlen, const struct manifest *mf)
+{
+	struct peer_tier *p = self;
+	struct nconn *c = NULL;
+	json_t *req, *resp = NULL;
+	char *b64;
+	int dfd = -1, rc;
+
+	rc = nconn_connect(p->addr, p->my_rank, "data", p->auth, 5000, &c, NULL);
+	if (rc < 0)
+		return rc;
+	b64 = xfer_b64_encode(raw, rawlen);
+	req = json_object();
+	json_object_set_new(req, "op", json_string("push"));
+	json_object_set_new(req, "key", xfer_key_json(k));
+	json_object_set_new(req, "manifest", json_string(b64 ? b64 : ""));
+	free(b64);
+	rc = nconn_call(c, req, &resp, XFER_TIMEOUT_MS);
+	json_decref(req);
+	if (rc < 0)
+		goto out;
+	if (json_is_true(json_object_get(resp, "have"))) {
+		rc = TIER_HAD;   /* the peer had the content: nothing sent */
+		goto out;
+	}
+	if (!json_is_true(json_object_get(resp, "send"))) {
+		rc = -EPROTO;
+		goto out;
+	}
+	json_decref(resp);
+	resp = NULL;
+	dfd = ram_shard_open(ram, k);
+	if (dfd < 0) {
+		rc = dfd;
+		goto out;
+	}
+	rc = xfer_send_files(c, dfd, mf);
+	if (rc == 0) {
+		struct net_hdr h;
+		rc = nconn_recv(c, XFER_TIMEOUT_MS, &h, &resp);
+		if (rc == 0 && h.type == NT_ERROR)
+			rc = net_error_errno(resp);
+		else if (rc == 0 && !json_is_true(json_object_get(resp, "ok")))
+			rc = -EPROTO;
+	}
+out:
+	if (dfd >= 0)
+		close(dfd);
+	json_decref(resp);
+	nconn_close(c);
+	return rc;
+}
+
+static void peer_close(void *self)
+{
+	free(self);
+}
+
+static const struct tier_ops peer_tier_ops = {
+	.name = "peer",
+	.get = peer_get,
+	.got = peer_got,
+	.put = peer_put,
+	.close = peer_close,
+};
+
+int tier_peer_open(const char *addr, uint32_t holder, int my_rank, const struct net_auth *auth,
+		   struct tier *t)
+{
+	struct peer_tier *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return -ENOMEM;
+	snprintf(p->addr, sizeof(p->addr), "%s", addr);
+	p->holder = holder;
+	p->my_rank = my_rank;
+	p->auth = auth;
+	t->ops = &peer_tier_ops;
+	t->self = p;
+	return 0;
+}
