@@ -29,8 +29,9 @@ struct ram_tier {
 	 * commit_reclaim), which takes fs->mu, the engine's mu, a shard key
 	 * here (keys_mu, waiting on keys_cv), the catalog's LMDB write lock
 	 * and a work queue's mu, one at a time. So no caller of ram_reserve()
-	 * may hold any lock (the FUSE write path and the engine's recv_files
-	 * hold none), nor a shard key. */
+	 * may hold any lock (the FUSE write path and tiers/xfer.c's
+	 * xfer_recv_files, for pushes and peer restores, hold none), nor a
+	 * shard key. */
 	pthread_mutex_t reclaim_mu;
 	ram_reclaim_fn reclaim;
 	void *reclaim_arg;
