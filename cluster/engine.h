@@ -63,6 +63,11 @@ int  eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn report, 
  * eng_restore() starts a new round, which the coordinator begins at once
  * (its timeout starts again) because this rank reports a second time. */
 void eng_restore_interrupt(struct eng *e);
+/* The daemon is stopping (unmount, signal): a restore in progress ends as
+ * eng_restore_interrupt() ends it, and any later eng_restore() returns
+ * -ECANCELED at once. Without it the stop waits for the round's
+ * coordinator call, up to restore_timeout + 30 s. */
+void eng_restore_stop(struct eng *e);
 /* A shard of ours was sealed: replicate it to the peers and tell the
  * coordinator (asynchronous; never blocks on the network). */
 void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[32]);

@@ -238,7 +238,16 @@ static int ctl_ensure_locked(struct eng *e)
 /* ctl_mu held: the calling thread runs a restore that was interrupted. */
 static bool restore_cancelled_locked(struct eng *e)
 {
-	return e->restoring && e->restore_cancel && pthread_equal(e->restore_thr, pthread_self());
+	return e->restoring && (e->restore_cancel || e->no_restores) &&
+	       pthread_equal(e->restore_thr, pthread_self());
+}
+
+void eng_restore_stop(struct eng *e)
+{
+	pthread_mutex_lock(&e->ctl_mu);
+	e->no_restores = true;
+	pthread_cond_broadcast(&e->ctl_cv);
+	pthread_mutex_unlock(&e->ctl_mu);
 }
 
 void eng_restore_interrupt(struct eng *e)

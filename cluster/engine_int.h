@@ -92,6 +92,7 @@ struct eng {
 	 * the coordinator end with -ECANCELED once a new replicator.yaml
 	 * interrupts it */
 	bool restoring, restore_cancel;
+	bool no_restores;             /* the daemon is stopping: none runs on */
 	pthread_t restore_thr;
 	struct nconn *ctl;
 	bool ctl_renaming;            /* ctl closed on purpose: a new node-rank */

@@ -279,6 +279,11 @@ int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void
 	int rc, rounds = 0;
 
 	pthread_mutex_lock(&e->ctl_mu);
+	if (e->no_restores) {
+		pthread_mutex_unlock(&e->ctl_mu);
+		log_info("engine", "restore of job %s not started: the daemon is stopping", c->job);
+		return -ECANCELED;
+	}
 	e->restoring = true;
 	e->restore_cancel = false;
 	e->restore_thr = pthread_self();
@@ -304,7 +309,7 @@ restart:
 			pthread_mutex_lock(&e->ctl_mu);
 			clock_gettime(CLOCK_REALTIME, &ts);
 			ts.tv_sec += 1;
-			if (!e->restore_cancel)   /* a new yaml ends the pause too */
+			if (!e->restore_cancel && !e->no_restores)   /* a new yaml ends the pause too */
 				pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts);
 			pthread_mutex_unlock(&e->ctl_mu);
 			goto restart;
@@ -419,13 +424,16 @@ restart:
 	}
 out:
 	pthread_mutex_lock(&e->ctl_mu);
-	if (e->restore_cancel)
+	bool stopping = e->no_restores;
+	if (e->restore_cancel || stopping)
 		rc = -ECANCELED;   /* whatever the round got to: a new one replaces it */
 	e->restoring = false;
 	e->restore_cancel = false;
 	pthread_mutex_unlock(&e->ctl_mu);
 	if (rc == -ECANCELED)
-		log_info("engine", "restore of job %s interrupted by a new replicator.yaml", c->job);
+		log_info("engine", "restore of job %s interrupted %s", c->job,
+			 stopping ? "by the daemon's stop (unmount or signal)"
+				  : "by a new replicator.yaml");
 	json_decref(req);
 	json_decref(resp);
 	return rc;

@@ -626,6 +626,8 @@ int fs_main(int argc, char **argv)
 	notify_send("STOPPING=1\nSTATUS=unmounted, sealing and stopping");
 
 	mhttp_stop(mh);
+	if (fs->eng)   /* a restore round waiting for other nodes ends now */
+		eng_restore_stop(fs->eng);
 	ctl_stop(fs);
 	workq_stop(fs->sealq);
 	fs->sealq = NULL;

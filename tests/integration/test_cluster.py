@@ -471,6 +471,42 @@ class ClusterCase(unittest.TestCase):
             c.restore_and_verify(job, r, 10)
         self.assertNotRegex(log0(), r"did not report within restore_timeout")
 
+    def test_n2_unmount_during_restore_round_exits_at_once(self):
+        """A node is unmounted while its restore round waits for a node
+        that never writes its yaml (kubelet stops the pod mid-restore): the
+        daemon ends the round and exits within seconds, not after
+        restore_timeout (it used to wait out the coordinator call, up to
+        restore_timeout + 30 s, and the harness killed it). Both the node
+        that is only a client of the coordinator and the coordinator's own
+        node are checked."""
+        job = "unmountwait"
+        c = self.make_cluster(2, 1, restore_timeout=300)
+        self.populate(job, steps=(10,))
+        for r in (0, 1):
+            mnt = c.nodes[r].mnt
+            y = os.path.join(mnt, "replicator.yaml")
+            with open(y + ".tmp", "w") as f:
+                f.write(c.yaml(job, r))
+            os.rename(y + ".tmp", y)
+            # the round has begun: the yaml is taken and the catalog sent
+            wait_until(lambda: not os.path.exists(y), 10, "yaml consumed")
+            wait_until(lambda: re.search(r"restore: .*job %s|plan|waiting"
+                                         % job, c.nodes[0].log_text()),
+                       10, "the coordinator has node %d's catalog" % r)
+            self.assertEqual(markers(mnt), [], "node %d waits for the other" % r)
+            t0 = time.monotonic()
+            c.nodes[r].stop(timeout=20)     # raises on a hang or a bad exit
+            self.assertLess(time.monotonic() - t0, 15,
+                            "node %d took too long to exit" % r)
+            self.assertIn("restore of job %s interrupted by the daemon's stop"
+                          % job, c.nodes[r].log_text())
+            if r == 0:
+                # the coordinator comes back (no yaml yet), with a fresh
+                # round, so that node 1's round waits for it
+                c.nodes[0].start()
+            else:
+                self.assertTrue(c.nodes[0].running())
+
     # -- 6: malformed frames ----------------------------------------------------------
 
     def test_n3_malformed_frames_dropped(self):

@@ -312,6 +312,52 @@ static void test_timeout_and_interrupt(void **state)
 	assert_int_equal(call(e, "ping", 5000, NULL, 0), 0);
 }
 
+static void *stop_later(void *arg)
+{
+	struct interrupter *i = arg;
+	wait_for(request_arrived, i->f, 5000);
+	eng_restore_stop(i->e);
+	return NULL;
+}
+
+/* The daemon stops (unmount) while a restore's call waits for an answer
+ * that does not come: the call ends at once, not at its timeout, and the
+ * stop is sticky: it also ends calls of a restore that begins later
+ * (eng_restore itself then refuses to start). */
+static void test_stop_ends_restore_call(void **state)
+{
+	struct fixture *x = *state;
+	struct eng *e = x->e;
+	struct interrupter in = { e, &x->f };
+	uint64_t t0;
+	pthread_t thr;
+
+	set_mode(&x->f, SILENT);
+	pthread_mutex_lock(&e->ctl_mu);
+	e->restoring = true;
+	e->restore_cancel = false;
+	e->restore_thr = pthread_self();
+	pthread_mutex_unlock(&e->ctl_mu);
+	assert_int_equal(pthread_create(&thr, NULL, stop_later, &in), 0);
+	t0 = util_now_ns();
+	assert_int_equal(call(e, "ready", 20000, NULL, 0), -ECANCELED);
+	assert_true(util_now_ns() - t0 < 10000 * 1000000ull);
+	assert_int_equal(pthread_join(thr, NULL), 0);
+	/* a new restore's flags are reset, the stop still holds */
+	pthread_mutex_lock(&e->ctl_mu);
+	e->restore_cancel = false;
+	pthread_mutex_unlock(&e->ctl_mu);
+	t0 = util_now_ns();
+	assert_int_equal(call(e, "ready", 20000, NULL, 0), -ECANCELED);
+	assert_true(util_now_ns() - t0 < 1000 * 1000000ull);
+	/* calls that are not a restore's still work */
+	pthread_mutex_lock(&e->ctl_mu);
+	e->restoring = false;
+	pthread_mutex_unlock(&e->ctl_mu);
+	set_mode(&x->f, ANSWER);
+	assert_int_equal(call(e, "ping", 5000, NULL, 0), 0);
+}
+
 /* The coordinator hangs up during a call: the call fails, the connection
  * is gone (eng_status), and the next call connects again. */
 static void test_reconnect_after_hang_up(void **state)
@@ -337,6 +383,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_calls_and_events, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_timeout_and_interrupt, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stop_ends_restore_call, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reconnect_after_hang_up, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
