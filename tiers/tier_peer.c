@@ -5,6 +5,7 @@
 #include "net/auth.h"
 #include "net/client.h"
 #include "net/frame.h"
+#include "net/proto.h"
 #include "common/log.h"
 #include "common/metrics.h"
 
@@ -36,7 +37,7 @@ static int peer_get(void *self, struct tier_get *g, struct ram_stage *st, struct
 		return rc;
 	}
 	req = xfer_key_json(&g->want);
-	json_object_set_new(req, "op", json_string("fetch"));
+	json_object_set_new(req, "op", json_string(proto_op_name(PROTO_FETCH)));
 	rc = nconn_call(conn, req, &resp, XFER_TIMEOUT_MS);
 	if (rc < 0) {
 		snprintf(why, whylen, "rank %u refused the fetch: %s", p->holder, strerror(-rc));
@@ -89,7 +90,7 @@ static int peer_put(void *self, struct ram_tier *ram, const struct shard_key *k,
 		return rc;
 	b64 = xfer_b64_encode(raw, rawlen);
 	req = json_object();
-	json_object_set_new(req, "op", json_string("push"));
+	json_object_set_new(req, "op", json_string(proto_op_name(PROTO_PUSH)));
 	json_object_set_new(req, "key", xfer_key_json(k));
 	json_object_set_new(req, "manifest", json_string(b64 ? b64 : ""));
 	free(b64);
