@@ -991,10 +991,13 @@ void commit_top_file_done(struct fs *fs)
 	workers = fs->workers;
 	pthread_mutex_unlock(&fs->mu);
 
+	/* no create or write open is between its open and its writer count */
+	pthread_rwlock_wrlock(&fs->open_lk);
 	fd = openat(ram_ns_fd(fs->ram), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0 || !(d = fdopendir(fd))) {
 		if (fd >= 0)
 			close(fd);
+		pthread_rwlock_unlock(&fs->open_lk);
 		return;
 	}
 	while ((de = readdir(d)) != NULL && n < SAVE_SCAN_MAX) {
@@ -1037,6 +1040,7 @@ void commit_top_file_done(struct fs *fs)
 			commit_file(fs, &v[i]);
 		i = j;
 	}
+	pthread_rwlock_unlock(&fs->open_lk);
 	free(v);
 }
 

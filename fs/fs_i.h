@@ -100,6 +100,12 @@ struct fs {
 	 * still open frees them: the kernel sends no RELEASE after unmount */
 	pthread_mutex_t hmu;
 	struct fhandle *handles;
+	/* A create or an open for writing (shared) against the pytorch .save
+	 * scan (exclusive, commit_top_file_done): from the open of the file
+	 * in RAMDIR until its handle counts as a writer, the scan must not see
+	 * it, or another worker's close commits a file that is being created
+	 * (empty) or truncated. Taken before mu and hmu. */
+	pthread_rwlock_t open_lk;
 	pthread_cond_t sealed_cv;   /* a step finished sealing */
 	struct fnode root;
 	struct fnode **htab;        /* protected by mu */

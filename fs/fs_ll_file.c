@@ -5,14 +5,17 @@
 #include "fs/fs_ll_i.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/util.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Measure the node's allocation after a change and correct the account. */
@@ -283,6 +286,26 @@ void fs_free_handle(struct fs *fs, struct fhandle *h)
 	free(h);
 }
 
+/* Race injection for the tests: MTCFS_TEST_CREATE_PAUSE=SUFFIX:MS makes the
+ * create of a name ending in SUFFIX wait MS milliseconds once the file
+ * exists in RAMDIR, before its handle counts as a writer (test_pytorch_mode:
+ * another worker's close in that window must not commit the file). */
+static void test_pause_create(const char *name)
+{
+	const char *v = getenv("MTCFS_TEST_CREATE_PAUSE"), *colon;
+	size_t sl, nl = strlen(name);
+	uint64_t ms;
+
+	if (!v || !(colon = strrchr(v, ':')))
+		return;
+	sl = (size_t)(colon - v);
+	if (sl > nl || memcmp(name + nl - sl, v, sl) || util_parse_u64(colon + 1, 60000, &ms) < 0)
+		return;
+	struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
 void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 	       struct fuse_file_info *fi)
 {
@@ -291,12 +314,12 @@ void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 	struct fuse_entry_param e;
 	struct fhandle *h;
 	bool created = false;
-	int fd, rc = fs_may_create(fs, dir, name);
+	int fd, rc;
 
-	if (rc < 0) {
-		fuse_reply_err(req, -rc);
-		return;
-	}
+	pthread_rwlock_rdlock(&fs->open_lk);
+	rc = fs_may_create(fs, dir, name);
+	if (rc < 0)
+		goto fail;
 	/* Only an entry made here is given to the caller: try an exclusive
 	 * create, and open what another process made meanwhile (unless the
 	 * caller asked for O_EXCL itself). */
@@ -314,9 +337,11 @@ void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 			break;
 	}
 	if (fd < 0) {
-		fuse_reply_err(req, errno);
-		return;
+		rc = -errno;
+		goto fail;
 	}
+	if (created)
+		test_pause_create(name);
 	rc = fs_do_lookup(fs, dir, name, &e);
 	if (rc == 0 && created) {
 		rc = fs_own_new(fs, req, dir, name, fs_node_of(fs, e.ino), &e.attr);
@@ -325,16 +350,16 @@ void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 	}
 	if (rc < 0) {
 		close(fd);
-		fuse_reply_err(req, -rc);
-		return;
+		goto fail;
 	}
 	h = new_handle(fs, fd, fs_node_of(fs, e.ino), fi->flags);
 	if (!h) {
 		close(fd);
 		fs_node_unref(fs, fs_node_of(fs, e.ino), 1);
-		fuse_reply_err(req, ENOMEM);
-		return;
+		rc = -ENOMEM;
+		goto fail;
 	}
+	pthread_rwlock_unlock(&fs->open_lk);   /* it counts as a writer now */
 	if (h->writable && wants_kill_priv(req, fd))
 		atomic_store(&h->kill_priv, true);   /* created set-id: its first write clears it */
 	fs_fill_fi(fi, h, h->node, fi->flags);
@@ -346,6 +371,10 @@ void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 		fs_free_handle(fs, h);
 		fs_node_unref(fs, fs_node_of(fs, e.ino), 1);
 	}
+	return;
+fail:
+	pthread_rwlock_unlock(&fs->open_lk);
+	fuse_reply_err(req, -rc);
 }
 
 void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -354,26 +383,30 @@ void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct fnode *n = fs_node_of(fs, ino);
 	struct fhandle *h;
 	char pp[64];
-	int fd, rc = open_flags_ok(n, fi->flags);
+	bool wr = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
+	int fd, rc;
 
-	if (rc < 0) {
-		fuse_reply_err(req, -rc);
-		return;
-	}
+	if (wr)   /* from the frozen check until it counts as a writer */
+		pthread_rwlock_rdlock(&fs->open_lk);
+	rc = open_flags_ok(n, fi->flags);
+	if (rc < 0)
+		goto fail;
 	fs_proc_path(n->fd, pp, sizeof(pp));
 	fd = openat(fs->proc_self_fd, pp, (fi->flags | O_CLOEXEC) & ~O_NOFOLLOW);
 	if (fd < 0) {
-		fuse_reply_err(req, errno);
-		return;
+		rc = -errno;
+		goto fail;
 	}
 	if (fi->flags & O_TRUNC)
 		account_after(fs, n, fd, 0);
 	h = new_handle(fs, fd, n, fi->flags);
 	if (!h) {
 		close(fd);
-		fuse_reply_err(req, ENOMEM);
-		return;
+		rc = -ENOMEM;
+		goto fail;
 	}
+	if (wr)
+		pthread_rwlock_unlock(&fs->open_lk);
 	if (h->writable && wants_kill_priv(req, fd))
 		atomic_store(&h->kill_priv, true);
 	fs_fill_fi(fi, h, n, fi->flags);
@@ -384,6 +417,11 @@ void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			atomic_fetch_sub(&n->writers, 1);
 		fs_free_handle(fs, h);
 	}
+	return;
+fail:
+	if (wr)
+		pthread_rwlock_unlock(&fs->open_lk);
+	fuse_reply_err(req, -rc);
 }
 
 void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

@@ -521,6 +521,7 @@ int fs_main(int argc, char **argv)
 	fs->o = c.o;   /* again: parse_opts replaced some strings (tls_* made absolute) */
 	pthread_mutex_init(&fs->mu, NULL);
 	pthread_mutex_init(&fs->hmu, NULL);
+	pthread_rwlock_init(&fs->open_lk, NULL);
 	pthread_cond_init(&fs->sealed_cv, NULL);
 	snprintf(fs->job, sizeof(fs->job), "default");
 	fs->hsize = 1u << 16;

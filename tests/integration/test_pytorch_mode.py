@@ -176,6 +176,53 @@ class SingleNode(harness.MountTestCase):
         # the .save files of the previous run are gone from the view
         self.assertEqual([n for n in os.listdir(self.mnt) if n.endswith(".save")], [])
 
+    def test_create_racing_another_workers_close_is_not_committed(self):
+        """Worker 0 creates its .save file while worker 1 closes its own:
+        the scan that worker 1's close runs must not take worker 0's file
+        as closed in the moment it exists in RAMDIR but is not yet counted
+        as written (it committed it empty, and worker 0's torch.save then
+        failed with EROFS). MTCFS_TEST_CREATE_PAUSE holds worker 0's create
+        in that moment."""
+        import threading
+        job = "ptrace"
+        self.fs.stop()
+        self.fs.env["MTCFS_TEST_CREATE_PAUSE"] = "-w0.save:1500"
+        self.fs.start()
+        self.start(job)
+        for n in markers(self.mnt):
+            os.unlink(self.m(n))
+        data = [body(job, 7, 0, w) for w in (0, 1)]
+        res = {}
+
+        def worker0():
+            try:
+                write_file(self.m(save_name(job, 7, 0, 0)), data[0])
+                res["ok"] = True
+            except OSError as e:
+                res["err"] = e
+
+        # worker 1's file is open and written before worker 0's create
+        # (creates in one directory are serialized by the kernel; a close is
+        # not), and is closed while worker 0's file exists in RAMDIR
+        p1 = self.m(save_name(job, 7, 0, 1))
+        fd1 = os.open(p1, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        t = threading.Thread(target=worker0)
+        try:
+            os.write(fd1, data[1])
+            t.start()
+            wait_until(lambda: os.path.exists(os.path.join(
+                self.ramdir, "ns", save_name(job, 7, 0, 0))), TIMEOUT,
+                "worker 0's file created in RAMDIR", check=self.fs.check_alive)
+        finally:
+            os.close(fd1)
+            if t.is_alive() or t.ident:
+                t.join(TIMEOUT)
+        self.assertFalse(t.is_alive())
+        self.assertEqual(res, {"ok": True}, "worker 0's write")
+        harness.wait_committed(self.ramdir, 7, job=job, worker=0, daemon=self.fs)
+        harness.wait_committed(self.ramdir, 7, job=job, worker=1, daemon=self.fs)
+        assert_worker_shards(self, admin_ls(self.ramdir), job, 7, 0, data)
+
     def test_restore_after_mtcfs_restart_and_newer_step(self):
         job = "ptr"
         self.start(job)
