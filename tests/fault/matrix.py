@@ -50,7 +50,6 @@ import json
 import os
 import random
 import re
-import select
 import shutil
 import signal
 import stat
@@ -60,14 +59,13 @@ import tempfile
 import threading
 import time
 import traceback
-import urllib.error
 import urllib.parse
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 INTEG = os.path.join(REPO, "tests", "integration")
-GCS_SERVER = os.path.join(REPO, "tests", "gcs_server", "gcs_server.py")
+sys.path.insert(0, INTEG)
+import gcs  # noqa: E402  (harness itself is imported in main())
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -324,56 +322,17 @@ class FileBucket:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-class GcsServer:
-    """tests/gcs_server/gcs_server.py, one per driver run."""
-
-    def __init__(self, host):
-        self.p = subprocess.Popen(
-            ["/usr/bin/python3", GCS_SERVER, "--host", host, "--port", "0", "--exit-on-eof"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            start_new_session=True)
-        r, _, _ = select.select([self.p.stdout], [], [], 30)
-        line = self.p.stdout.readline().decode() if r else ""
-        if not line.startswith("PORT="):
-            self.stop()
-            raise RuntimeError("gcs_server did not start: %r" % line)
-        self.host = "%s:%d" % (host, int(line[5:]))
-        self.base = "http://" + self.host
-        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-    def request(self, method, path, body=None, headers=None):
-        req = urllib.request.Request(self.base + path, data=body, method=method,
-                                     headers=headers or {})
-        try:
-            with self.opener.open(req, timeout=30) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
+class GcsServer(gcs.GcsServer):
+    """The suite's Cloud Storage test server launcher (tests/integration/
+    gcs.py), one per driver run. A control call that fails is a driver
+    error (RuntimeError), never taken for a failed invariant check (the
+    cells catch AssertionError)."""
 
     def call(self, path, body=None):
-        if body is None:
-            st, data = self.request("GET", path)
-        else:
-            st, data = self.request("POST", path, json.dumps(body).encode(),
-                                    {"Content-Type": "application/json"})
-        if st != 200:
-            raise RuntimeError("gcs_server %s: HTTP %d %r" % (path, st, data[:300]))
-        return json.loads(data or b"null")
-
-    def stop(self):
-        if self.p is None:
-            return
-        p, self.p = self.p, None
         try:
-            p.stdin.close()
-        except OSError:
-            pass
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+            return super().call(path, body)
+        except gcs.GcsServerError as e:
+            raise RuntimeError("gcs_server: %s" % e) from None
 
 
 class GsBucket:
@@ -403,7 +362,7 @@ class GsBucket:
     def read(self, name):
         # the control-free data path, but after the faults of the cell were cleared
         st, data = self.srv.request("GET", "/storage/v1/b/%s/o/%s?alt=media" % (
-            self.BUCKET, urllib.parse.quote(self.prefix + name, safe="")))
+            self.BUCKET, urllib.parse.quote(self.prefix + name, safe="")), ok=None)
         if st != 200:
             raise RuntimeError("read %s: HTTP %d" % (name, st))
         return data
@@ -2005,7 +1964,7 @@ class Driver:
 
     def gcs(self):
         if self._gcs is None:
-            self._gcs = GcsServer(self.net.host_ip)
+            self._gcs = GcsServer(host=self.net.host_ip)
         return self._gcs
 
     def close(self):
@@ -2524,7 +2483,6 @@ def main():
     if args.keep:
         os.environ["MTCFS_KEEP_TMP"] = "1"
     global harness, clmod
-    sys.path.insert(0, INTEG)
     import harness as h
     import cluster as cm
     harness, clmod = h, cm

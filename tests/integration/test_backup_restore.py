@@ -61,16 +61,13 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
 import json
 import os
 import re
-import select
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
-import urllib.error
 import urllib.parse
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -79,7 +76,6 @@ from cluster import Cluster, shard_files  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-SERVER = os.path.join(REPO, "tests", "gcs_server", "gcs_server.py")
 GCLOUD = shutil.which("gcloud")
 
 KiB = 1024
@@ -90,71 +86,8 @@ GS_BUCKET = "mtcfs-bk"
 GCS_RETRY = "20,400,8"
 
 
-# --- the Cloud Storage test server ---------------------------------------------
-
-class GcsServer:
-    """tests/gcs_server/gcs_server.py on a loopback port. --exit-on-eof:
-    the server also goes when this process dies (its stdin closes)."""
-
-    def __init__(self, cert=None, key=None):
-        argv = ["/usr/bin/python3", SERVER, "--port", "0", "--exit-on-eof"]
-        if cert:                      # HTTPS with this certificate and key
-            argv += ["--tls-cert", cert, "--tls-key", key]
-        self.p = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            r, _, _ = select.select([self.p.stdout], [], [], 30)
-            line = self.p.stdout.readline().decode() if r else ""
-            if not line.startswith("PORT="):
-                raise AssertionError("gcs_server did not print PORT=: %r" % line)
-            self.port = int(line[5:])
-        except BaseException:
-            self.stop()
-            raise
-        self.host = "127.0.0.1:%d" % self.port
-        self.base = ("https://" if cert else "http://") + self.host
-
-    def stop(self):
-        if self.p is None:
-            return
-        p, self.p = self.p, None
-        try:
-            p.stdin.close()
-        except OSError:
-            pass
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        p.stdout.close()
-
-    def request(self, method, path, body=None, headers=None, ok=(200,)):
-        req = urllib.request.Request(self.base + path, data=body, method=method,
-                                     headers=headers or {})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                status, data = r.status, r.read()
-        except urllib.error.HTTPError as e:
-            status, data = e.code, e.read()
-        if ok and status not in ok:
-            raise AssertionError("%s %s: HTTP %d: %s" % (method, path, status,
-                                                         data[:500]))
-        return status, data
-
-    def call(self, path, body=None):
-        """A control endpoint: JSON in (POST) or GET, JSON out."""
-        if body is None:
-            _, data = self.request("GET", path)
-        else:
-            _, data = self.request("POST", path, json.dumps(body).encode(),
-                                   {"Content-Type": "application/json"})
-        return json.loads(data or b"null")
-
-    def log(self):
-        return self.call("/_log")
+# the Cloud Storage test server: the suite's one launcher
+from gcs import GcsServer  # noqa: E402,F401
 
 
 def qname(name):
