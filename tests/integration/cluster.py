@@ -169,6 +169,17 @@ class Cluster:
             return all(len(have.get(o, ())) >= min(2, self.n) for o in range(self.n))
         wait_until(ok, timeout, "step %d replicated on all nodes" % step)
 
+    def wait_coord(self, op, job, rank, step=None, since=None, timeout=30):
+        """The coordinator (node 0, run with -d) has handled the control
+        message op (catalog, committed, ...) of job from rank: its state
+        includes it. since: a mark of node 0's log_size(). Returns the
+        log match."""
+        rx = r"DEBUG coord: handled %s job=%s step=%s rank=%d$" % (
+            re.escape(op), re.escape(job), r"\d+" if step is None else step, rank)
+        return self.nodes[0].wait_log(rx, timeout, "the coordinator to handle %s of job %s "
+                                      "step %s from rank %d" % (op, job, step, rank),
+                                      since=since)
+
     def restore_and_verify(self, job, r, step, size=256 * 1024):
         """Orbax's restore on node r: rename the marker to <step>, read it."""
         mnt = self.nodes[r].mnt

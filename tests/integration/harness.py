@@ -311,6 +311,31 @@ class Daemon:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 
+    def log_size(self):
+        """The log's length now: a mark for log_from() and wait_log()."""
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def log_from(self, pos):
+        """What was logged from byte pos on."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(pos)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_log(self, regex, timeout=COMMIT_TIMEOUT, what=None, since=None):
+        """Poll the log (from byte since; default: this run's start) until
+        a line matches regex; returns the match. The daemon must stay up."""
+        rx = re.compile(regex, re.M)
+        pos = self._log_pos if since is None else since
+        return wait_until(lambda: rx.search(self.log_from(pos)), timeout,
+                          what or "%s to log /%s/" % (self.name, regex),
+                          check=self.check_alive)
+
     def log_tail(self, n=60):
         try:
             lines = self.log_text().splitlines()

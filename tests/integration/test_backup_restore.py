@@ -620,9 +620,11 @@ class BackupBase(unittest.TestCase):
         for rel, data in shard_files(job + "-new", 20, 1, SIZE).items():
             os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
             harness.write_file(os.path.join(tmp, rel), data)
+        mark = c.nodes[0].log_size()
         os.rename(tmp, os.path.join(mnt, "20"))
         harness.wait_committed(c.nodes[1].ramdir, 20, job=job, rank=1)
-        time.sleep(0.5)
+        # the restart is planned with node 1's new 20 known
+        c.wait_coord("committed", job, 1, step=20, since=mark)
         got = self.job_restart(job)
         what = ""
         if got.get(0) == 20:
@@ -660,16 +662,21 @@ class BackupBase(unittest.TestCase):
             self.assertEqual(self.prerestore(r), "restore-backup: %s\nrestore-step: 10\n"
                              % names[10], "node %d prerestore" % r)
             c.restore_and_verify(job, r, 10, size=SIZE)
-        # no commit yet: restore.version stays
-        time.sleep(1.0)
+        # no commit yet: restore.version stays (the rollback armed its
+        # delete at the barrier release, before the markers appeared)
         self.assertTrue(self.store.exists(rv), "restore.version deleted before any commit")
         self.assertEqual(self.store.read(rv), names[10].encode())
         # one node commits: step 40 is not complete job-wide yet (the other
         # node's newest is the restored 10; its step 30 is of the timeline
         # the job rolled back from), so restore.version stays
+        mark = c.nodes[0].log_size()
         c.save(job, 40, ranks=[0], size=SIZE)
         harness.wait_committed(c.nodes[0].ramdir, 40, job=job, rank=0)
-        time.sleep(1.0)
+        # the coordinator has taken node 0's commit (where a wrong delete
+        # would be decided) and node 0 has pushed its replica of 40 (time
+        # for the bucket's delete of such a decision to be done)
+        c.wait_coord("committed", job, 0, step=40, since=mark)
+        c.nodes[0].wait_log(r"replicated job=%s step=40 to rank 1 " % job, 30, since=mark)
         early = not self.store.exists(rv)
         # the next commit on every node: then it goes
         c.save(job, 40, ranks=[1], size=SIZE)
@@ -698,9 +705,10 @@ class BackupBase(unittest.TestCase):
         self.store.write("%s/restore.version" % job, names[10].encode())
         self.assertEqual(self.job_restart(job), {0: 10, 1: 10})
         # node 0 saves step 40, node 1 dies before it does: job restart
+        mark = c.nodes[0].log_size()
         c.save(job, 40, ranks=[0], size=SIZE)
         harness.wait_committed(c.nodes[0].ramdir, 40, job=job, rank=0)
-        time.sleep(0.5)
+        c.wait_coord("committed", job, 0, step=40, since=mark)
         got = self.job_restart(job)
         self.assertEqual(got, {0: 10, 1: 10}, "restart after the rollback to 10 "
                          "(step 30 is of the abandoned timeline; 40 is on node 0 only)")
@@ -1094,6 +1102,8 @@ class GsBackupTest(BackupBase):
         c, want = self.start_denied(job)
         n0 = [len(self.errors(r).splitlines()) for r in range(2)]
         u0 = len([e for e in self.mtcfs_log() if e["class"] == "upload"])
+        # the window is the thing under test: 30 coordinator ticks in
+        # which a retry loop would show (no event marks "nothing happened")
         time.sleep(3.0)
         n1 = [len(self.errors(r).splitlines()) for r in range(2)]
         u1 = len([e for e in self.mtcfs_log() if e["class"] == "upload"])
