@@ -243,6 +243,12 @@ class Net:
         self.made = []
 
 
+def hold_fault(secs):
+    """Let a fault (a cut link) last secs: its length is what the cell
+    is about, so this is the one fixed sleep of a cell, not a wait."""
+    time.sleep(secs)
+
+
 # --- buckets --------------------------------------------------------------------
 
 class FileBucket:
@@ -531,25 +537,14 @@ def make_node_class():
             ram = tempfile.mkdtemp(prefix="mtcfs-fm-ram-", dir="/dev/shm")
             mnt = os.path.join(home, kw["name"] + ".mnt")
             os.mkdir(mnt)
-            super().__init__(ram, mnt, *a, **kw)
+            super().__init__(ram, mnt, *a, log_path=os.path.join(home, kw["name"] + ".log"),
+                             **kw)
             self._own_dirs.append(ram)
-            self.log_path = os.path.join(home, kw["name"] + ".log")
             self.wrap = list(wrap)
             self.expect_log(LOG_ERR_LINE)
 
         def argv(self):
             return self.wrap + super().argv()
-
-        def log_from(self, pos):
-            with open(self.log_path, "rb") as f:
-                f.seek(pos)
-                return f.read().decode(errors="replace")
-
-        def log_size(self):
-            try:
-                return os.path.getsize(self.log_path)
-            except OSError:
-                return 0
     return FmNode
 
 
@@ -582,25 +577,23 @@ class Ctx:
                 raise Skip("disk full applies to the file:// bucket only")
             self.bucket = GsBucket(drv.gcs(), "c%d-%s" % (drv.seq, re.sub(r"\W", "-", name)))
         self.backups = backups and self.bucket is not None
-        ports = clmod.free_ports(n)
-        self.addrs = ["%s:%d" % (self.net.addr(r), ports[r]) for r in range(n)]
-        secret = os.path.join(self.dir, "secret")
-        with open(secret, "w") as f:
-            f.write(os.urandom(24).hex() + "\n")
         FmNode = make_node_class()
-        for r in range(n):
-            rs = (ram_sizes or {}).get(r, ram_size)
-            opts = "ram_size=%s,listen=%s,peers=%s,restore_timeout=%d,secret_file=%s" % (
-                rs, self.addrs[r], ",".join(self.addrs), restore_timeout, secret)
-            if self.bucket is not None:
-                opts += "," + self.bucket.opts()
-            d = FmNode(opts=opts, extra_args=["-d"], name="node%d" % r, wrap=self.net.wrap(r),
-                       home=self.dir)
+
+        def make_node(r, **kw):
+            d = FmNode(extra_args=["-d"], wrap=self.net.wrap(r), home=self.dir, **kw)
             if self.bucket is not None:
                 d.env.update(self.bucket.env())
             # one backup per minute of the backup clock: 1 s here
             d.env["MTCFS_TEST_MINUTE_SECS"] = "1"
-            self.nodes.append(d)
+            return d
+        # the suite's cluster: ports, peers= table, secret, the nodes
+        self.cluster = clmod.Cluster(
+            n, ram_size=ram_size, restore_timeout=restore_timeout, k=k,
+            extra=self.bucket.opts() if self.bucket is not None else "",
+            hosts=[self.net.addr(r) for r in range(n)], ram_sizes=ram_sizes,
+            make_node=make_node)
+        self.addrs = self.cluster.addrs
+        self.nodes = self.cluster.nodes
         self.running = set()
         self.gen = {}           # bumped when node r is killed
 
@@ -621,6 +614,7 @@ class Ctx:
                 errs.append("%s: %s" % (d.name, e))
         if self.bucket is not None:
             self.bucket.close()
+        shutil.rmtree(self.cluster.dir, ignore_errors=True)
         if not self.drv.keep and not any(harness.mount_fstype(d.mnt) for d in self.nodes):
             shutil.rmtree(self.dir, ignore_errors=True)
         return errs
@@ -638,6 +632,12 @@ class Ctx:
     def restart(self, r):
         self.nodes[r].start()
         self.running.add(r)
+
+    def cut_for(self, r, secs):
+        """Cut node r's link for secs, then heal it."""
+        self.net.cut(r)
+        hold_fault(secs)
+        self.net.heal(r)
 
     def mnt(self, r):
         return self.nodes[r].mnt
@@ -702,10 +702,8 @@ class Ctx:
                 self.wait_backup(step, timeout=timeout)
 
     def cl(self):
-        """A cluster.Cluster view (for its holds()/wait_replicated())."""
-        c = clmod.Cluster.__new__(clmod.Cluster)
-        c.n, c.k, c.nodes = self.n, self.k, self.nodes
-        return c
+        """The cluster.Cluster (its holds(), wait_replicated(), wait_coord())."""
+        return self.cluster
 
     def observe_catalogs(self):
         for h in sorted(self.running):
@@ -900,6 +898,8 @@ class Ctx:
                 return (s,)
             why[0] = "copies changed: %s -> %s" % (last[0], key)
             last[0] = key
+            # quiet = two scans 0.3 s apart agree: the gap is the
+            # definition (no event says "nothing more will arrive")
             time.sleep(0.3)
             return None
         try:
@@ -1252,7 +1252,7 @@ def c_writing_cut(c):
         c.write(r, 30)
     for r in range(c.n):
         c.commit(r, 30)
-    time.sleep(2.0)
+    hold_fault(2.0)
     c.net.heal(2)
     c.confirm(30, backup=False)
     c.job_restart(allow_failed=False)
@@ -1334,7 +1334,7 @@ def c_commit_cut(c):
     c.write(2, 30)
     c.net.cut(2)
     c.commit(2, 30)
-    time.sleep(3.0)
+    hold_fault(3.0)
     c.net.heal(2)
     c.confirm(30, backup=False)
     c.job_restart(allow_failed=False)
@@ -1407,9 +1407,7 @@ def c_repl_kill_coord(c):
 def c_repl_cut(c):
     """The link of the receiver is cut mid-push for 4 s, then healed."""
     replicating_setup(c, 2, 1)
-    c.net.cut(1)
-    time.sleep(4.0)
-    c.net.heal(1)
+    c.cut_for(1, 4.0)
     c.net.heal(2)
     c.job_restart(allow_failed=False)
 
@@ -1460,7 +1458,8 @@ def backing_up_setup(c, victim):
             harness.wait_committed(c.nodes[r].ramdir, 30, job=c.job, rank=r)
         rx = re.compile(r"backup job=%s name=(%s) step=30 started" % (c.job, NAME_RE))
         deadline_wait(lambda: rx.search(c.nodes[0].log_text()), 30, "backup of 30 started")
-        time.sleep(0.5)
+        deadline_wait(lambda: any(f.get("hit", 0) for f in c.bucket.faults()), 30,
+                      "an upload of step 30 in flight (slowed by the server)")
         if any(re.search(r"-s30-n%d-w0\.meta$" % victim, k) for k in c.bucket.objects(c.job)):
             raise Skip("phase not hit: node %d's upload of step 30 was done before the kill"
                        % victim)
@@ -1515,9 +1514,7 @@ def c_bk_kill_coord(c):
 def c_bk_cut(c):
     """Node 1's link (to the bucket and everyone) is cut for 5 s mid-upload."""
     backing_up_setup(c, 1)
-    c.net.cut(1)
-    time.sleep(5.0)
-    c.net.heal(1)
+    c.cut_for(1, 5.0)
     backing_up_check(c)
 
 
@@ -1583,12 +1580,15 @@ def planning_start(c, ranks):
     deadline = time.monotonic() + 2 * c.restore_timeout + 30
     ts = [threading.Thread(target=c._node_attempt, args=(r, res, deadline), daemon=True)
           for r in ranks]
+    mark = c.nodes[0].log_size()
     for t in ts:
         t.start()
     for r in ranks:
         deadline_wait(lambda r=r: not os.path.exists(os.path.join(c.mnt(r), "replicator.yaml")),
                       20, "node %d consumed its yaml" % r)
-    time.sleep(0.5)
+    # the coordinator (node 0) holds every catalog: the plan waits for the rest
+    for r in ranks:
+        c.cl().wait_coord("catalog", c.job, r, since=mark, timeout=20)
     return ts, res, pre
 
 
@@ -1659,9 +1659,7 @@ def planning_cell(c, fault):
         c.restart(victim)
     elif fault == "cut-link":
         # cut for longer than restore_timeout: the coordinator plans without it
-        c.net.cut(victim)
-        time.sleep(c.restore_timeout + 2)
-        c.net.heal(victim)
+        c.cut_for(victim, c.restore_timeout + 2)
     planning_finish(c, ts)
     inflight_check(c, res, pre)
     c.job_restart(allow_failed=True, label="job restart")
@@ -1740,9 +1738,7 @@ def fetching_cell(c, fault):
     victim = 0 if fault == "kill-coord" else 1
     if fault == "cut-link":
         victim = 2
-        c.net.cut(2)
-        time.sleep(4.0)
-        c.net.heal(2)
+        c.cut_for(2, 4.0)
     else:
         c.kill(victim, wipe=(fault == "kill9-wipe"))
     planning_finish(c, ts)
@@ -1881,10 +1877,13 @@ def barrier_setup(c):
     c.kill(3, wipe=True)
     c.restart(3)
     c.net.slow(3, 24)
+    mark = c.nodes[0].log_size()
     ts, res, pre = planning_start(c, list(range(c.n)))
     c.wait_stage(3, min_bytes=256 * KiB)
-    # nodes 0-2 restore from their own RAM: they are at the barrier by now
-    time.sleep(0.3)
+    # nodes 0-2 restore from their own RAM: at the barrier once the
+    # coordinator has their "ready"
+    for r in range(3):
+        c.cl().wait_coord("ready", c.job, r, since=mark, timeout=20)
     c.notes.append("nodes 0-2 at the barrier, node 3 fetching, when the fault hit")
     return ts, res, pre
 
@@ -1893,9 +1892,7 @@ def barrier_cell(c, fault):
     ts, res, pre = barrier_setup(c)
     victim = 0 if fault == "kill-coord" else 1
     if fault == "cut-link":
-        c.net.cut(victim)
-        time.sleep(4.0)
-        c.net.heal(victim)
+        c.cut_for(victim, 4.0)
     else:
         c.kill(victim, wipe=(fault == "kill9-wipe"))
     c.net.heal(3)
@@ -2217,7 +2214,7 @@ def soak_gc_kill(c, rnd, victims, wipes, step, size, cyc):
             else:
                 deadline_wait(lambda: GC_LINE.search(d.log_from(pos[v])), 30,
                               "node %d's first GC drop" % v, interval=0.002)
-                time.sleep(delay)
+                time.sleep(delay)       # the kill's offset after the drop: the fault
         except AssertionError as e:
             c.notes.append("cycle %d: %s: not reached, killed anyway" % (cyc + 1, e))
         d.env.pop("MTCFS_TEST_CRASH", None)
@@ -2283,7 +2280,7 @@ def soak_restore_kill(c, rnd, step, size, cyc, summary, out):
         seen = False
         c.notes.append("cycle %d: node %d's fetch staging never seen (>= %d bytes)" % (
             cyc + 1, f, min_bytes))
-        time.sleep(rnd.uniform(0, 0.2))
+        time.sleep(rnd.uniform(0, 0.2))     # a random kill time: the soak's point
     c.kill(victim, wipe=wipe)
     summary["kills"] += 1
     summary["wipes"] += int(wipe)
@@ -2376,7 +2373,7 @@ def soak(drv, cycles, seed, backend, out=sys.stdout, big=2 * MiB, moments=None):
                 except OSError as e:
                     c.notes.append("cycle %d node %d: %s" % (cyc + 1, r, e))
             if when == "after":
-                time.sleep(rnd.uniform(0, 0.4))
+                time.sleep(rnd.uniform(0, 0.4))     # a random kill time: the soak's point
                 for v in victims:
                     c.kill(v, wipe=wipes[v])
             if victims == [-1]:

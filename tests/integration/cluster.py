@@ -48,12 +48,19 @@ def shard_files(job, step, rank, size=256 * 1024):
 
 
 class Cluster:
-    def __init__(self, n, ram_size="1G", secret=True, restore_timeout=15, extra="", k=1):
+    """n nodes, node i listening on hosts[i] (default 127.0.0.1), each with
+    its own RAMDIR, mount and log. ram_sizes: {rank: size} overrides
+    ram_size. make_node(rank, opts=, name=) builds a node (a harness Daemon
+    or a subclass: a RAMDIR on a given tmpfs, a network namespace ...)."""
+
+    def __init__(self, n, ram_size="1G", secret=True, restore_timeout=15, extra="", k=1,
+                 hosts=None, ram_sizes=None, make_node=None):
         self.n = n
         self.k = k
         self.interval = "backup-interval-minutes: 30"
         self.ports = free_ports(n)
-        self.addrs = ["127.0.0.1:%d" % p for p in self.ports]
+        self.addrs = ["%s:%d" % (hosts[i] if hosts else "127.0.0.1", p)
+                      for i, p in enumerate(self.ports)]
         self.dir = tempfile.mkdtemp(prefix="mtcfs-cluster-")
         self.secret = None
         if secret:
@@ -61,14 +68,18 @@ class Cluster:
             with open(self.secret, "w") as f:
                 f.write(os.urandom(24).hex() + "\n")
         self.nodes = []
+        self.started = {}       # rank -> (step, marker names, secs) of its last job start
         for i in range(n):
             opts = "ram_size=%s,listen=%s,peers=%s,restore_timeout=%d" % (
-                ram_size, self.addrs[i], ",".join(self.addrs), restore_timeout)
+                (ram_sizes or {}).get(i, ram_size), self.addrs[i], ",".join(self.addrs),
+                restore_timeout)
             if self.secret:
                 opts += ",secret_file=" + self.secret
             if extra:
                 opts += "," + extra
-            self.nodes.append(Daemon(opts=opts, name="node%d" % i))
+            name = "node%d" % i
+            self.nodes.append(make_node(i, opts=opts, name=name) if make_node
+                              else Daemon(opts=opts, name=name))
 
     # -- lifecycle --
     def start(self):
@@ -127,6 +138,7 @@ class Cluster:
         with open(yaml + ".tmp", "w") as f:
             f.write(self.yaml(job, r, extra))
         os.rename(yaml + ".tmp", yaml)
+        t0 = time.monotonic()
         wait_until(lambda: not os.path.exists(yaml), timeout, "yaml consumed on node %d" % r)
         failed = os.path.join(mnt, "replicator.failed")
 
@@ -138,7 +150,9 @@ class Cluster:
         ms = wait_until(markers, timeout, "markers on node %d" % r)
         steps = {int(re.match(r".*-s(\d+)-n\d+-w\d+\.restore$", x).group(1)) for x in ms}
         assert len(steps) == 1, ms
-        return steps.pop()
+        step = steps.pop()
+        self.started[r] = (step, sorted(ms), time.monotonic() - t0)
+        return step
 
     def save(self, job, step, ranks=None, size=256 * 1024):
         ranks = list(range(self.n)) if ranks is None else ranks

@@ -123,19 +123,24 @@ class Daemon:
 
     d = Daemon(); d.start()  ... d.stop()   or   with Daemon() as d: ...
     d.ramdir, d.mnt, d.log_path; d.log_text() for everything logged so far.
+    A caller that gives mnt and log_path (the demo, the bench) gets no
+    temp directory of the harness; binary: another mtcfs than MTCFS_BIN.
     """
 
     def __init__(self, ramdir=None, mnt=None, opts=DEFAULT_OPTS,
-                 extra_args=(), env=None, name="mtcfs"):
+                 extra_args=(), env=None, name="mtcfs", binary=None, log_path=None):
         self._own_dirs = []
         if ramdir is None:
             ramdir = tempfile.mkdtemp(prefix="mtcfs-ram-", dir="/dev/shm")
             self._own_dirs.append(ramdir)
-        self.workdir = tempfile.mkdtemp(prefix="mtcfs-test-", dir="/tmp")
-        self._own_dirs.append(self.workdir)
+        self.workdir = None
+        if mnt is None or log_path is None:
+            self.workdir = tempfile.mkdtemp(prefix="mtcfs-test-", dir="/tmp")
+            self._own_dirs.append(self.workdir)
         if mnt is None:
             mnt = os.path.join(self.workdir, "mnt")
             os.mkdir(mnt)
+        self.binary = binary or MTCFS_BIN
         self.ramdir = ramdir
         self.mnt = mnt
         self.opts = opts
@@ -143,7 +148,7 @@ class Daemon:
         self.env = dict(os.environ if env is None else env)
         self.env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1")
         self.name = name
-        self.log_path = os.path.join(self.workdir, "daemon.log")
+        self.log_path = log_path or os.path.join(self.workdir, "daemon.log")
         self.proc = None
         self.expected_log = []         # regexes of tolerated bad lines
         self.expect_nonzero_exit = False
@@ -156,16 +161,16 @@ class Daemon:
     # -- lifecycle --
 
     def argv(self):
-        a = [MTCFS_BIN, "-f"]
+        a = [self.binary, "-f"]
         if self.opts:
             a += ["-o", self.opts]
         return a + self.extra_args + [self.ramdir, self.mnt]
 
     def start(self, timeout=READY_TIMEOUT):
-        if not os.access(MTCFS_BIN, os.X_OK):
+        if not os.access(self.binary, os.X_OK):
             raise DaemonError("mtcfs binary not found or not executable: %s "
                               "(set MTCFS_BIN or build into %s)"
-                              % (MTCFS_BIN, BUILD))
+                              % (self.binary, BUILD))
         assert self.proc is None, "already running"
         assert mount_fstype(self.mnt) is None, "%s already mounted" % self.mnt
         with open(self.log_path, "ab") as log:
