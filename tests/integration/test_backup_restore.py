@@ -58,7 +58,6 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
      /usr/bin/python3 tests/integration/test_backup_restore.py [-k NAME]
 """
 
-import json
 import os
 import re
 import shutil
