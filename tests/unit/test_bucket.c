@@ -1316,6 +1316,7 @@ static void test_auth_keyfile(void **state)
 	assert_true(tsrv_reset(&srv, false));
 	assert_int_equal(bkt_stat(b, "a", NULL, NULL), 0);
 	assert_int_equal(bkt_stat(b, "a", NULL, NULL), 0);
+	/* time is the subject: 1.1 s into a 2 s token its refresh is due */
 	usleep(1100 * 1000);
 	assert_int_equal(bkt_stat(b, "a", NULL, NULL), 0);
 	log = tsrv_log_class(&srv, "token");

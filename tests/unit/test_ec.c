@@ -274,6 +274,25 @@ static void frag_name(char *buf, size_t len, unsigned cw, unsigned slot)
 	snprintf(buf, len, "cw%u.slot%u", cw, slot);
 }
 
+/* Slot `slot` of codeword cw of group pg, opened on the node that holds it. */
+static int open_frag(const struct group *G, const struct ecplan_group *pg, unsigned cw,
+		     unsigned slot, int flags)
+{
+	char name[64];
+
+	frag_name(name, sizeof name, cw, slot);
+	return open_file(G->node[pg->unit[ecplan_slot_pos(pg, cw, slot)]], name, flags);
+}
+
+/* fd's fragment header is refused with exactly this reason. */
+static void assert_frag_refused(int fd, const char *want)
+{
+	char err[200] = "";
+
+	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
+	assert_string_equal(err, want);
+}
+
 /* Builds K + M nodes with shards of `variant` (variants[r] if given),
  * writes every data fragment on its owner (what it would send) and the
  * parity on the node the plan names. */
@@ -612,8 +631,7 @@ static void test_corrupt_fragment(void **state)
 	assert_int_equal(pread(fd, &b, 1, 30), 1);
 	b ^= 1;
 	assert_int_equal(pwrite(fd, &b, 1, 30), 1);
-	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
-	assert_string_equal(err, "fragment header CRC32C mismatch");
+	assert_frag_refused(fd, "fragment header CRC32C mismatch");
 	b ^= 1;
 	assert_int_equal(pwrite(fd, &b, 1, 30), 1);
 	assert_int_equal(pread(fd, &b, 1, EC_HDR_LEN(4)), 1);
@@ -766,7 +784,6 @@ static void test_frag_huge_length(void **state)
 {
 	struct group G;
 	const struct ecplan_group *pg;
-	char name[64], err[200] = "";
 	enum { H = EC_HDR_LEN(2), T = EC_TRL_LEN(2) };
 	uint8_t f[H + T - 1];
 	uint8_t *tb = f + H - 1;
@@ -775,8 +792,7 @@ static void test_frag_huge_length(void **state)
 
 	group_build(&G, *state, 2, 1, EC_SEG_MIN, NULL, 1);   /* empty shards */
 	pg = &G.plan->g[0];
-	frag_name(name, sizeof name, 0, 0);
-	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 0, 0)]], name, O_RDWR);
+	fd = open_frag(&G, pg, 0, 0, O_RDWR);
 	assert_int_equal(pread(fd, f, H, 0), (ssize_t)H);
 	for (int i = 0; i < 8; i++) {
 		f[44 + i] = 0xff;   /* member 0's length */
@@ -794,8 +810,7 @@ static void test_frag_huge_length(void **state)
 	put_le32(tb + T - 4, mf_crc32c(0, tb, T - 4));
 	assert_int_equal(ftruncate(fd, 0), 0);
 	assert_int_equal(pwrite(fd, f, sizeof f, 0), (ssize_t)sizeof f);
-	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
-	assert_string_equal(err, "fragment header: segment size or lengths inconsistent");
+	assert_frag_refused(fd, "fragment header: segment size or lengths inconsistent");
 	close(fd);
 	group_free(&G);
 }
@@ -807,22 +822,19 @@ static void test_frag_huge_segment(void **state)
 {
 	struct group G;
 	const struct ecplan_group *pg;
-	char name[64], err[200] = "";
 	uint8_t h[EC_HDR_LEN(2)];
 	uint32_t crc;
 	int fd;
 
 	group_build(&G, *state, 2, 1, EC_SEG_MIN, NULL, 1);
 	pg = &G.plan->g[0];
-	frag_name(name, sizeof name, 0, 2);
-	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 0, 2)]], name, O_RDWR);
+	fd = open_frag(&G, pg, 0, 2, O_RDWR);
 	assert_int_equal(pread(fd, h, sizeof h, 0), (ssize_t)sizeof h);
 	put_le32(h + 16, 64u << 20);
 	crc = mf_crc32c(0, h, sizeof h - 4);
 	put_le32(h + sizeof h - 4, crc);
 	assert_int_equal(pwrite(fd, h, sizeof h, 0), (ssize_t)sizeof h);
-	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
-	assert_string_equal(err, "fragment header: segment size or lengths inconsistent");
+	assert_frag_refused(fd, "fragment header: segment size or lengths inconsistent");
 	close(fd);
 	group_free(&G);
 }
@@ -866,8 +878,7 @@ static void test_lost_during_encoding(void **state)
 	group_build(&G, *state, 4, 2, EC_SEG_MIN, NULL, 0);
 	pg = &G.plan->g[0];
 	ecplan_piece(pg, (unsigned)G.plan->pos[0], 1, &cw, &slot);
-	frag_name(name, sizeof name, cw, 4);
-	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 4)]], name, O_RDWR);
+	fd = open_frag(&G, pg, cw, 4, O_RDWR);
 	assert_int_equal(fstat(fd, &st), 0);
 	assert_int_equal(ftruncate(fd, st.st_size / 2), 0);
 	close(fd);
@@ -885,8 +896,7 @@ static void test_lost_during_encoding(void **state)
 	}
 	close_all(fds, n);
 	/* a data fragment cut short */
-	frag_name(name, sizeof name, cw, 2);
-	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 2)]], name, O_RDWR);
+	fd = open_frag(&G, pg, cw, 2, O_RDWR);
 	assert_int_equal(fstat(fd, &st), 0);
 	assert_int_equal(ftruncate(fd, st.st_size - 1), 0);
 	close(fd);
