@@ -106,17 +106,10 @@ def setup(name):
 # --- small helpers ---------------------------------------------------------------
 
 def wait_until(cond, timeout, what, interval=0.002, check=None, max_interval=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        if check is not None:
-            check()
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() >= deadline:
-            raise BenchError("timed out after %.0fs waiting for %s" % (timeout, what))
-        time.sleep(interval)
-        interval = min(interval * 2, max_interval)
+    """harness.wait_until, polling from 2 ms to 50 ms; a BenchError at the
+    deadline."""
+    return harness.wait_until(cond, timeout, what, interval=interval, check=check,
+                              max_interval=max_interval, error=BenchError)
 
 
 def quiet(argv, timeout=60):

@@ -105,6 +105,16 @@ class Cluster:
     def __exit__(self, *a):
         self.close()
 
+    def lose_all_ram(self):
+        """Every node is killed (-9) and comes back with an empty RAMDIR
+        (the job rescheduled on new machines): only the bucket is left."""
+        for d in self.nodes:
+            d.kill9()
+        for d in self.nodes:
+            d.wipe_ramdir()
+        for d in self.nodes:
+            d.start()
+
     # -- the job, as Orbax plays it on every node --
     def yaml(self, job, rank, extra=""):
         return ("job-name: %s\nframework: orbax\nnode-rank: %d\nnodes: %d\n"

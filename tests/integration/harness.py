@@ -53,12 +53,13 @@ BAD_LOG = re.compile(r"ERROR|AddressSanitizer|runtime error:|LeakSanitizer|"
 
 # --- polling ----------------------------------------------------------------
 
-def wait_until(cond, timeout, msg, interval=0.005, check=None):
+def wait_until(cond, timeout, msg, interval=0.005, check=None, max_interval=0.1,
+               error=AssertionError):
     """Poll cond() until it returns a truthy value, which is returned.
 
-    Raises AssertionError naming msg after timeout seconds. check(), if
-    given, runs on every round (e.g. "daemon still alive") and may raise.
-    The poll interval grows from 5 ms to 100 ms.
+    Raises error (AssertionError) naming msg after timeout seconds.
+    check(), if given, runs on every round (e.g. "daemon still alive") and
+    may raise. The poll interval grows from 5 ms to max_interval (100 ms).
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -68,10 +69,9 @@ def wait_until(cond, timeout, msg, interval=0.005, check=None):
         if v:
             return v
         if time.monotonic() >= deadline:
-            raise AssertionError("timed out after %.1fs waiting for %s"
-                                 % (timeout, msg))
+            raise error("timed out after %.1fs waiting for %s" % (timeout, msg))
         time.sleep(interval)
-        interval = min(interval * 2, 0.1)
+        interval = min(interval * 2, max_interval)
 
 
 def _unescape_mount_field(s):

@@ -322,12 +322,7 @@ class BackupBase(unittest.TestCase):
         return out
 
     def lose_all_ram(self):
-        for d in self.c.nodes:
-            d.kill9()
-        for d in self.c.nodes:
-            d.wipe_ramdir()
-        for d in self.c.nodes:
-            d.start()
+        self.c.lose_all_ram()
 
     def prerestore(self, r):
         return read_text(os.path.join(self.c.nodes[r].mnt, "replicator.prerestore"))
@@ -824,7 +819,9 @@ def verify_restore(mnt, job, step, rank, size=SIZE):
             assert f.read() == data, "step %d %s differs" % (step, rel)
 
 
-class GsBackupTest(BackupBase):
+class GsServerStore:
+    """Mixed into a TestCase: one Cloud Storage test server per class, a
+    fresh bucket prefix (and a reset server) per test."""
     srv = None
 
     @classmethod
@@ -839,6 +836,9 @@ class GsBackupTest(BackupBase):
     def make_store(self):
         self.srv.call("/_reset", {"log": True, "faults": True, "data": True, "config": True})
         return GsStore(self, self.srv, "pfx/" + self._testMethodName)
+
+
+class GsBackupTest(GsServerStore, BackupBase):
 
     def corrupt(self, name, offset):
         self.srv.call("/_corrupt", {"bucket": GS_BUCKET, "name": self.store.prefix + name,
