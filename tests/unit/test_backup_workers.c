@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #define TESTTMP_NAME "bkworkers"
+#include "tests/unit/testfill.h"
 #include "tests/unit/testtmp.h"
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
@@ -31,18 +32,6 @@
 #define JOB "pt"
 #define BK "2026-01-02_03-04"
 #define STEP 5u
-
-static void fill(uint8_t *p, size_t len, uint32_t seed)
-{
-	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-
-	for (size_t i = 0; i < len; i++) {
-		s ^= s << 13;
-		s ^= s >> 7;
-		s ^= s << 17;
-		p[i] = (uint8_t)s;
-	}
-}
 
 static size_t body_len(uint32_t seed) { return 3000 + seed * 7; }
 
