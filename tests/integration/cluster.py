@@ -16,6 +16,8 @@ import harness
 from harness import Daemon, wait_until, admin_ls
 
 MiB = 1 << 20
+# a backup's name: the UTC minute it started, -N when one minute has several
+BACKUP_NAME_RE = r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}(?:-\d+)?"
 
 
 def free_ports(n):
@@ -45,6 +47,15 @@ def shard_files(job, step, rank, size=256 * 1024):
         "state/opt/0.0": shard_bytes(job + "-opt", step, rank, size // 4 + 13),
         "_CHECKPOINT_METADATA": b'{"step": %d, "rank": %d}' % (step, rank),
     }
+
+
+def wait_backup(d, job, step, timeout=60):
+    """Rank 0's daemon d logs the backup of step complete; returns its
+    name. Every node has reported its part by then."""
+    m = d.wait_log(r"backup job=%s name=(%s) step=%d complete" % (
+        re.escape(job), BACKUP_NAME_RE, step), timeout,
+        "backup of %s step %d complete (rank 0's log)" % (job, step), since=0)
+    return m.group(1)
 
 
 class Cluster:
@@ -203,6 +214,10 @@ class Cluster:
         return self.nodes[0].wait_log(rx, timeout, "the coordinator to handle %s of job %s "
                                       "step %s from rank %d" % (op, job, step, rank),
                                       since=since)
+
+    def wait_backup(self, job, step, timeout=60):
+        """Node 0 logs the backup of step complete: its name."""
+        return wait_backup(self.nodes[0], job, step, timeout)
 
     def restore_and_verify(self, job, r, step, size=256 * 1024):
         """Orbax's restore on node r: rename the marker to <step>, read it."""

@@ -71,6 +71,7 @@ import urllib.parse
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import Daemon, wait_until, admin_ls  # noqa: E402
+import cluster  # noqa: E402
 from cluster import Cluster, shard_files  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -302,16 +303,7 @@ class BackupBase(unittest.TestCase):
     def wait_backup(self, job, step, node0=None, timeout=BACKUP_TIMEOUT):
         """Rank 0 logs the backup of step complete; returns its name. The
         backup's objects are then all there (every node reported done)."""
-        d = node0 or self.c.nodes[0]
-        rx = re.compile(r"backup job=%s name=(%s) step=%d complete"
-                        % (re.escape(job), NAME_RE, step))
-
-        def done():
-            d.check_alive()
-            m = rx.search(d.log_text())
-            return m.group(1) if m else None
-        return wait_until(done, timeout, "backup of %s step %d complete "
-                          "(rank 0's log)" % (job, step))
+        return cluster.wait_backup(node0 or self.c.nodes[0], job, step, timeout)
 
     def save_backed_up(self, job, steps, size=SIZE):
         """Save each step on every node and wait for its backup: {step: name}."""

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from cluster import Cluster  # noqa: E402
 from harness import read_file, wait_until, write_file  # noqa: E402
-from test_backup_restore import (FileStore, GsServerStore, NAME_RE,  # noqa: E402
+from test_backup_restore import (FileStore, GsServerStore,  # noqa: E402
                                  TEST_MINUTE_SECS, quiesce)
 
 TIMEOUT = 60
@@ -128,15 +128,7 @@ class Base:
                                  "bytes of node %d worker %d" % (r, w))
 
     def wait_backup(self, job, step):
-        d = self.c.nodes[0]
-        rx = re.compile(r"backup job=%s name=(%s) step=%d complete"
-                        % (re.escape(job), NAME_RE, step))
-
-        def done():
-            d.check_alive()
-            m = rx.search(d.log_text())
-            return m.group(1) if m else None
-        return wait_until(done, TIMEOUT, "backup of %s step %d complete" % (job, step))
+        return self.c.wait_backup(job, step, TIMEOUT)
 
     def test_mtcfs_backup_is_per_worker_and_restores(self):
         """2 nodes x 2 workers each save their own file; the backup holds
