@@ -49,6 +49,18 @@ def shard_files(job, step, rank, size=256 * 1024):
     }
 
 
+def save_step(mnt, job, step, rank, size=256 * 1024):
+    """Orbax's save of rank's shard_files on mount mnt: a tmp directory,
+    the files, commit_success.txt, the rename that commits it."""
+    tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-%d" % (step, rank))
+    for rel, data in shard_files(job, step, rank, size).items():
+        p = os.path.join(tmp, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        harness.write_file(p, data)
+    harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
+    os.rename(tmp, os.path.join(mnt, str(step)))
+
+
 def wait_backup(d, job, step, timeout=60):
     """Rank 0's daemon d logs the backup of step complete; returns its
     name. Every node has reported its part by then."""
@@ -178,14 +190,7 @@ class Cluster:
     def save(self, job, step, ranks=None, size=256 * 1024):
         ranks = list(range(self.n)) if ranks is None else ranks
         for r in ranks:
-            mnt = self.nodes[r].mnt
-            tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-%d" % (step, r))
-            for rel, data in shard_files(job, step, r, size).items():
-                p = os.path.join(tmp, rel)
-                os.makedirs(os.path.dirname(p), exist_ok=True)
-                harness.write_file(p, data)
-            harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
-            os.rename(tmp, os.path.join(mnt, str(step)))
+            save_step(self.nodes[r].mnt, job, step, r, size)
 
     def holds(self, r, job):
         """{(owner, step): state} of node r's catalog for job."""

@@ -793,13 +793,7 @@ def start_job(mnt, yaml, timeout=60):
 
 
 def save_step(mnt, job, step, rank, size=SIZE):
-    tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-%d" % (step, rank))
-    for rel, data in shard_files(job, step, rank, size).items():
-        p = os.path.join(tmp, rel)
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        harness.write_file(p, data)
-    harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
-    os.rename(tmp, os.path.join(mnt, str(step)))
+    cluster.save_step(mnt, job, step, rank, size)
 
 
 def verify_restore(mnt, job, step, rank, size=SIZE):
