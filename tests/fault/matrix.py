@@ -45,6 +45,7 @@ when no cell failed and the soak (if asked) had no bad restore.
 """
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -1194,6 +1195,13 @@ def cell(phase, fault, **kw):
     return deco
 
 
+def fault_cells(phase, run, kinds):
+    """One cell per fault that run(c, fault) handles; kinds: {fault: the
+    cell's options}, in the matrix's order."""
+    for fault, kw in kinds.items():
+        cell(phase, fault, **kw)(functools.partial(run, fault=fault))
+
+
 def na(phase, fault, why):
     CELLS.append(Cell(phase, fault, na=why))
 
@@ -1643,6 +1651,15 @@ def inflight_check(c, res, pre, label="in-flight restore"):
                            % (label, r, step))
 
 
+def restore_fault_end(c, res, pre, victim):
+    """After a fault in a restore: the restore that was in flight is
+    checked, the victim is back, the job restarts once more."""
+    inflight_check(c, res, pre)
+    if victim not in c.running:
+        c.restart(victim)
+    c.job_restart(allow_failed=True, label="job restart")
+
+
 def planning_cell(c, fault):
     c.start()
     c.fresh(steps=(10, 20, 30))
@@ -1665,24 +1682,9 @@ def planning_cell(c, fault):
     c.job_restart(allow_failed=True, label="job restart")
 
 
-@cell("restore/planning", "kill9-keep", ci=("file",))
-def c_plan_kill_keep(c):
-    planning_cell(c, "kill9-keep")
-
-
-@cell("restore/planning", "kill9-wipe")
-def c_plan_kill_wipe(c):
-    planning_cell(c, "kill9-wipe")
-
-
-@cell("restore/planning", "kill-coord", ci=("gs",))
-def c_plan_kill_coord(c):
-    planning_cell(c, "kill-coord")
-
-
-@cell("restore/planning", "cut-link")
-def c_plan_cut(c):
-    planning_cell(c, "cut-link")
+fault_cells("restore/planning", planning_cell, {
+    "kill9-keep": dict(ci=("file",)), "kill9-wipe": {}, "kill-coord": dict(ci=("gs",)),
+    "cut-link": {}})
 
 
 @cell("restore/planning", "bucket-5xx/429/timeout", backends=("gs",))
@@ -1743,33 +1745,15 @@ def fetching_cell(c, fault):
         c.kill(victim, wipe=(fault == "kill9-wipe"))
     planning_finish(c, ts)
     c.net.heal(2)
-    inflight_check(c, res, pre)
-    if victim not in c.running:
-        c.restart(victim)
-    c.job_restart(allow_failed=True, label="job restart")
+    restore_fault_end(c, res, pre, victim)
 
 
-@cell("restore/fetching", "kill9-keep", ci=("file",))
-def c_fetch_kill_holder_keep(c):
-    """Node 2's replica holder (node 1) dies mid-fetch, RAMDIR kept."""
-    fetching_cell(c, "kill9-keep")
-
-
-@cell("restore/fetching", "kill9-wipe")
-def c_fetch_kill_holder_wipe(c):
-    """Node 2's replica holder (node 1) dies mid-fetch and comes back empty."""
-    fetching_cell(c, "kill9-wipe")
-
-
-@cell("restore/fetching", "kill-coord")
-def c_fetch_kill_coord(c):
-    fetching_cell(c, "kill-coord")
-
-
-@cell("restore/fetching", "cut-link", ci=("file",))
-def c_fetch_cut(c):
-    """The fetching node's link is cut for 4 s mid-fetch, then healed."""
-    fetching_cell(c, "cut-link")
+# kill9-keep: node 2's replica holder (node 1) dies mid-fetch, RAMDIR
+# kept; kill9-wipe: it comes back empty; cut-link: the fetching node's link
+# is cut for 4 s mid-fetch, then healed
+fault_cells("restore/fetching", fetching_cell, {
+    "kill9-keep": dict(ci=("file",)), "kill9-wipe": {}, "kill-coord": {},
+    "cut-link": dict(ci=("file",))})
 
 
 @cell("restore/fetching", "corrupt", ci=("gs",))
@@ -1897,30 +1881,12 @@ def barrier_cell(c, fault):
         c.kill(victim, wipe=(fault == "kill9-wipe"))
     c.net.heal(3)
     planning_finish(c, ts)
-    inflight_check(c, res, pre)
-    if victim not in c.running:
-        c.restart(victim)
-    c.job_restart(allow_failed=True, label="job restart")
+    restore_fault_end(c, res, pre, victim)
 
 
-@cell("restore/barrier", "kill9-keep", ci=("gs",))
-def c_barrier_kill_keep(c):
-    barrier_cell(c, "kill9-keep")
-
-
-@cell("restore/barrier", "kill9-wipe")
-def c_barrier_kill_wipe(c):
-    barrier_cell(c, "kill9-wipe")
-
-
-@cell("restore/barrier", "kill-coord", ci=("file",))
-def c_barrier_kill_coord(c):
-    barrier_cell(c, "kill-coord")
-
-
-@cell("restore/barrier", "cut-link")
-def c_barrier_cut(c):
-    barrier_cell(c, "cut-link")
+fault_cells("restore/barrier", barrier_cell, {
+    "kill9-keep": dict(ci=("gs",)), "kill9-wipe": {}, "kill-coord": dict(ci=("file",)),
+    "cut-link": {}})
 
 
 na("restore/barrier", "corrupt", "no data is read at the barrier")
