@@ -166,13 +166,14 @@ class Daemon:
             a += ["-o", self.opts]
         return a + self.extra_args + [self.ramdir, self.mnt]
 
-    def start(self, timeout=READY_TIMEOUT):
+    def spawn(self):
+        """Start the process, its output appended to the log; no wait (a
+        test of the start itself waits its own way). Returns the Popen."""
         if not os.access(self.binary, os.X_OK):
             raise DaemonError("mtcfs binary not found or not executable: %s "
                               "(set MTCFS_BIN or build into %s)"
                               % (self.binary, BUILD))
         assert self.proc is None, "already running"
-        assert mount_fstype(self.mnt) is None, "%s already mounted" % self.mnt
         with open(self.log_path, "ab") as log:
             self._log_pos = log.tell()
             log.write(("=== %s start: %s\n" % (self.name, " ".join(
@@ -181,6 +182,11 @@ class Daemon:
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log, env=self.env,
                                          start_new_session=True)
+        return self.proc
+
+    def start(self, timeout=READY_TIMEOUT):
+        assert mount_fstype(self.mnt) is None, "%s already mounted" % self.mnt
+        self.spawn()
         wait_until(lambda: mount_fstype(self.mnt) == "fuse.mtcfs",
                    timeout, "%s mounted on %s (fuse.mtcfs in /proc/mounts)"
                    % (self.name, self.mnt), check=self.check_alive)
