@@ -147,12 +147,12 @@ def thread_cpu_s(pid, comm):
 # --- the daemon --------------------------------------------------------------------
 
 class Daemon(benchlib.Daemon):
-    """benchlib's daemon (the tests' harness.Daemon) with -d, its log
-    OUT/peer-NAME-MODE.log."""
+    """benchlib's daemon (the tests' harness.Daemon), -d by default, its
+    log OUT/peer-NAME-MODE.log."""
 
-    def __init__(self, bench, ramdir, mnt, opts, name):
+    def __init__(self, bench, ramdir, mnt, opts, name, debug=True):
         super().__init__(bench, ramdir, mnt, opts, name, os.path.join(
-            bench.out_dir, "peer-%s-%s.log" % (name, bench.mode)))
+            bench.out_dir, "peer-%s-%s.log" % (name, bench.mode)), debug=debug)
 
     def wait_yaml_consumed(self, timeout=60):
         y = os.path.join(self.mnt, "replicator.yaml")
@@ -345,9 +345,9 @@ class Bench:
             raise BenchError("cannot unmount %s" % p)
         return self.tmpfs(name, size, path=p)
 
-    def daemon(self, ramdir, opts, name):
+    def daemon(self, ramdir, opts, name, debug=True):
         mnt = self.path(name + "-mnt")
-        d = Daemon(self, ramdir, mnt, opts, name)
+        d = Daemon(self, ramdir, mnt, opts, name, debug=debug)
         if os.path.exists(d.log_path):
             os.unlink(d.log_path)
         d.start()
@@ -989,9 +989,11 @@ def coord_one(bench, n, rounds):
     port = free_ports(1)[0]
     addr = "127.0.0.1:%d" % port
     ram = bench.tmpfs("coord%d-ram" % n, 512 * MiB)
+    # INFO: the restore lines are all this needs; with -d the coordinator
+    # would log a line per message of the N nodes inside the timed windows
     d = bench.daemon(ram, "ram_size=%d,listen=%s,coordinator=%s,rank=0,restore_timeout=120,"
                           "secret_file=%s" % (384 * MiB, addr, addr, bench.secret),
-                     "coord%d" % n)
+                     "coord%d" % n, debug=False)
     rss_idle = proc_status_kib(d.pid, "VmRSS")
     errlog = open(os.path.join(bench.out_dir, "peer-coordload%d-%s.log" % (n, bench.mode)), "wb")
     proc = subprocess.Popen([bench.coordload, "--coord", addr, "--nodes", str(n), "--job", job,
