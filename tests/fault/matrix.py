@@ -1202,6 +1202,20 @@ def fault_cells(phase, run, kinds):
         cell(phase, fault, **kw)(functools.partial(run, fault=fault))
 
 
+def kill_cell(setup):
+    """run(c, fault) of a kill cell: setup(c, victim) brings node 2 (the
+    coordinator, node 0, for kill-coord) to the phase; it is killed -9
+    (RAMDIR kept, or wiped for kill9-wipe), restarted, and the job
+    restarts."""
+    def run(c, fault):
+        victim = 0 if fault == "kill-coord" else 2
+        setup(c, victim)
+        c.kill(victim, wipe=(fault == "kill9-wipe"))
+        c.restart(victim)
+        c.job_restart(allow_failed=False)
+    return run
+
+
 def na(phase, fault, why):
     CELLS.append(Cell(phase, fault, na=why))
 
@@ -1224,28 +1238,8 @@ def writing_setup(c, victim):
     os.truncate(os.path.join(tmp, "state/params/0.0"), c.size // 2)
 
 
-@cell("writing", "kill9-keep", ci=("file",))
-def c_writing_kill_keep(c):
-    writing_setup(c, 2)
-    c.kill(2)
-    c.restart(2)
-    c.job_restart(allow_failed=False)
-
-
-@cell("writing", "kill9-wipe")
-def c_writing_kill_wipe(c):
-    writing_setup(c, 2)
-    c.kill(2, wipe=True)
-    c.restart(2)
-    c.job_restart(allow_failed=False)
-
-
-@cell("writing", "kill-coord")
-def c_writing_kill_coord(c):
-    writing_setup(c, 0)
-    c.kill(0)
-    c.restart(0)
-    c.job_restart(allow_failed=False)
+fault_cells("writing", kill_cell(writing_setup), {
+    "kill9-keep": dict(ci=("file",)), "kill9-wipe": {}, "kill-coord": {}})
 
 
 @cell("writing", "cut-link")
@@ -1308,28 +1302,8 @@ def commit_setup(c, victim, size=None):
     c.commit(victim, 30)
 
 
-@cell("commit", "kill9-keep", ci=("gs",))
-def c_commit_kill_keep(c):
-    commit_setup(c, 2)
-    c.kill(2)
-    c.restart(2)
-    c.job_restart(allow_failed=False)
-
-
-@cell("commit", "kill9-wipe", ci=("file",))
-def c_commit_kill_wipe(c):
-    commit_setup(c, 2)
-    c.kill(2, wipe=True)
-    c.restart(2)
-    c.job_restart(allow_failed=False)
-
-
-@cell("commit", "kill-coord")
-def c_commit_kill_coord(c):
-    commit_setup(c, 0)
-    c.kill(0)
-    c.restart(0)
-    c.job_restart(allow_failed=False)
+fault_cells("commit", kill_cell(commit_setup), {
+    "kill9-keep": dict(ci=("gs",)), "kill9-wipe": dict(ci=("file",)), "kill-coord": {}})
 
 
 @cell("commit", "cut-link")
