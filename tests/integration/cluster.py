@@ -49,14 +49,19 @@ def shard_files(job, step, rank, size=256 * 1024):
     }
 
 
+def write_shard(d, job, step, rank, size=256 * 1024):
+    """shard_files(job, step, rank, size) under directory d."""
+    for rel, data in shard_files(job, step, rank, size).items():
+        p = os.path.join(d, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        harness.write_file(p, data)
+
+
 def save_step(mnt, job, step, rank, size=256 * 1024):
     """Orbax's save of rank's shard_files on mount mnt: a tmp directory,
     the files, commit_success.txt, the rename that commits it."""
     tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-%d" % (step, rank))
-    for rel, data in shard_files(job, step, rank, size).items():
-        p = os.path.join(tmp, rel)
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        harness.write_file(p, data)
+    write_shard(tmp, job, step, rank, size)
     harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
     os.rename(tmp, os.path.join(mnt, str(step)))
 

@@ -603,9 +603,7 @@ class BackupBase(unittest.TestCase):
         # node 1: the new timeline's step 20 (other bytes than the old one)
         mnt = c.nodes[1].mnt
         tmp = os.path.join(mnt, "20.orbax-checkpoint-tmp-new")
-        for rel, data in shard_files(job + "-new", 20, 1, SIZE).items():
-            os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
-            harness.write_file(os.path.join(tmp, rel), data)
+        cluster.write_shard(tmp, job + "-new", 20, 1, SIZE)
         mark = c.nodes[0].log_size()
         os.rename(tmp, os.path.join(mnt, "20"))
         harness.wait_committed(c.nodes[1].ramdir, 20, job=job, rank=1)
@@ -982,19 +980,24 @@ class GsBackupTest(GsServerStore, BackupBase):
         return wait_until(lambda: (rx.search(d.log_text()) or [None, None])[1], 60,
                           "backup of step %d abandoned" % step)
 
+    def meta_upload_fails(self, job, count):
+        """Node 1's .meta of step 10 gets HTTP 500 count times; every node
+        saves step 10. Returns the cluster and the abandoned attempt's name."""
+        c = self.cluster()
+        for d in c.nodes:
+            d.expect_log(r"abandoned|backup .* failed|500")
+        c.job_start(job)
+        self.srv.call("/_fault", [{"match": "upload", "kind": "500", "count": count,
+                                   "name": "%s-s10-n1-w0.meta" % job}])
+        c.save(job, 10, size=SIZE)
+        return c, self.abandoned(job, 10)
+
     def test_4c_failed_attempt_resumed_same_name(self):
         """Node 1's .meta upload keeps failing (500) past its retries: the
         attempt is abandoned; the retry of the same step resumes it under
         the same name and completes it; no other directory appears."""
         job = "bk4c"
-        c = self.cluster()
-        for d in c.nodes:
-            d.expect_log(r"abandoned|backup .* failed|500")
-        c.job_start(job)
-        self.srv.call("/_fault", [{"match": "upload", "kind": "500", "count": 12,
-                                   "name": "%s-s10-n1-w0.meta" % job}])
-        c.save(job, 10, size=SIZE)
-        first = self.abandoned(job, 10)
+        c, first = self.meta_upload_fails(job, 12)
         name = self.wait_backup(job, 10)
         self.assertEqual(name, first)
         self.assertEqual({x.split("/")[1] for x in self.store.names(job + "/")}, {name})
@@ -1005,14 +1008,7 @@ class GsBackupTest(GsServerStore, BackupBase):
         becomes the one to back up: the step-10 directory is removed before
         step 20's backup is named, so only that one is left."""
         job = "bk4d"
-        c = self.cluster()
-        for d in c.nodes:
-            d.expect_log(r"abandoned|backup .* failed|500")
-        c.job_start(job)
-        self.srv.call("/_fault", [{"match": "upload", "kind": "500", "count": 100000,
-                                   "name": "%s-s10-n1-w0.meta" % job}])
-        c.save(job, 10, size=SIZE)
-        first = self.abandoned(job, 10)
+        c, first = self.meta_upload_fails(job, 100000)
         wait_until(lambda: any(x.startswith("%s/%s/" % (job, first))
                                for x in self.store.names(job + "/")), 10,
                    "node 0's objects of the failed attempt")
