@@ -1554,15 +1554,14 @@ na("backing-up", "ram-full", "a backup only reads the RAM tier")
 def planning_start(c, ranks):
     """Job restart on ranks only, in the background: they send their
     catalogs and wait for the plan. Returns (threads, results, pre) with
-    pre the disk truth before it."""
+    pre the disk truth before it (and log0: node 0's log size then)."""
     live = sorted(c.running)
     pre = {"copies": c.settle(live), "backups": c.scan_bucket(), "live": live,
-           "gen": dict(c.gen)}
+           "gen": dict(c.gen), "log0": c.nodes[0].log_size()}
     res = {}
     deadline = time.monotonic() + 2 * c.restore_timeout + 30
     ts = [threading.Thread(target=c._node_attempt, args=(r, res, deadline), daemon=True)
           for r in ranks]
-    mark = c.nodes[0].log_size()
     for t in ts:
         t.start()
     for r in ranks:
@@ -1570,7 +1569,7 @@ def planning_start(c, ranks):
                       20, "node %d consumed its yaml" % r)
     # the coordinator (node 0) holds every catalog: the plan waits for the rest
     for r in ranks:
-        c.cl().wait_coord("catalog", c.job, r, since=mark, timeout=20)
+        c.cl().wait_coord("catalog", c.job, r, since=pre["log0"], timeout=20)
     return ts, res, pre
 
 
@@ -1696,15 +1695,23 @@ na("restore/planning", "disk-full", "a restore only reads the bucket")
 # its replica holder (node 1) over a slowed link; the fault hits while its
 # staging directory fills.
 
-def fetching_setup(c, size=BIG):
-    c.start()
+def slow_fetch_start(c, node, size=BIG):
+    """Steps 10-30 saved; node is wiped and the job restarts with node
+    fetching its step 30 back at 24 Mbit/s: returns planning_start's
+    (threads, results, pre) once its staging holds 256 KiB."""
     c.fresh(steps=(10, 20))
     c.save(30, size=size)
-    c.kill(2, wipe=True)
-    c.restart(2)
-    c.net.slow(2, 24)
+    c.kill(node, wipe=True)
+    c.restart(node)
+    c.net.slow(node, 24)
     ts, res, pre = planning_start(c, list(range(c.n)))
-    c.wait_stage(2, min_bytes=256 * KiB)
+    c.wait_stage(node, min_bytes=256 * KiB)
+    return ts, res, pre
+
+
+def fetching_setup(c, size=BIG):
+    c.start()
+    ts, res, pre = slow_fetch_start(c, 2, size)
     c.notes.append("node 2 was fetching its step 30 when the fault hit")
     return ts, res, pre
 
@@ -1830,18 +1837,11 @@ skip("restore/fetching", "ram-full", "a node whose RAM tier cannot hold its own 
 
 def barrier_setup(c):
     c.start()
-    c.fresh(steps=(10, 20))
-    c.save(30, size=BIG)
-    c.kill(3, wipe=True)
-    c.restart(3)
-    c.net.slow(3, 24)
-    mark = c.nodes[0].log_size()
-    ts, res, pre = planning_start(c, list(range(c.n)))
-    c.wait_stage(3, min_bytes=256 * KiB)
+    ts, res, pre = slow_fetch_start(c, 3)
     # nodes 0-2 restore from their own RAM: at the barrier once the
     # coordinator has their "ready"
     for r in range(3):
-        c.cl().wait_coord("ready", c.job, r, since=mark, timeout=20)
+        c.cl().wait_coord("ready", c.job, r, since=pre["log0"], timeout=20)
     c.notes.append("nodes 0-2 at the barrier, node 3 fetching, when the fault hit")
     return ts, res, pre
 
