@@ -798,7 +798,11 @@ class Ctx:
             for sd in steps:
                 if not sd.isdigit():
                     continue
-                for nd in os.listdir(os.path.join(base, sd)):
+                try:
+                    shard_dirs = os.listdir(os.path.join(base, sd))
+                except FileNotFoundError:
+                    continue        # GC dropped the step since: settle() scans again
+                for nd in shard_dirs:
                     m = re.match(r"^n(\d+)-w0$", nd)
                     if not m:
                         continue
