@@ -7,30 +7,16 @@ and reaped even when a test fails.
 """
 import os
 import re
-import socket
 import tempfile
 import threading
 import time
 
 import harness
-from harness import Daemon, wait_until, admin_ls
+from harness import Daemon, wait_until, admin_ls, free_ports  # noqa: F401 (re-exported)
 
 MiB = 1 << 20
 # a backup's name: the UTC minute it started, -N when one minute has several
 BACKUP_NAME_RE = r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}(?:-\d+)?"
-
-
-def free_ports(n):
-    """n distinct free TCP ports on 127.0.0.1 (bound, then released)."""
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def shard_bytes(job, step, rank, size=256 * 1024):

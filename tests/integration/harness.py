@@ -99,6 +99,47 @@ def _run_quiet(argv, timeout=30):
         return subprocess.CompletedProcess(argv, -1, str(e).encode())
 
 
+_PORTS_GIVEN = set()
+
+
+def free_ports(n):
+    """n distinct TCP ports on 127.0.0.1 that are free now, for a server
+    started later (a daemon's listen=, JAX's coordinator).
+
+    They are taken below the kernel's ephemeral range
+    (net.ipv4.ip_local_port_range): a port the kernel handed out as
+    bind(0) is an ephemeral one, which any outgoing connection of any
+    process may take before the server binds it (JAX's coordinator once
+    failed so). A port is never given twice in one test process.
+    """
+    import random
+    import socket
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            eph_lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        eph_lo = 32768
+    lo, hi = (10000, eph_lo) if eph_lo > 11000 else (eph_lo // 2, eph_lo)
+    rnd = random.Random()
+    ports = []
+    for _ in range(20000):
+        if len(ports) == n:
+            return ports
+        p = rnd.randrange(lo, hi)
+        if p in _PORTS_GIVEN:
+            continue
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        _PORTS_GIVEN.add(p)
+        ports.append(p)
+    raise RuntimeError("no %d free ports below %d" % (n, hi))
+
+
 def thread_stacks(pid, timeout=60):
     """Every thread's backtrace of a live process, for a hang report.
 

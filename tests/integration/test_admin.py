@@ -40,6 +40,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from gcs import GcsServer  # noqa: E402
+import harness  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.environ.get("MTCFS_BUILD") or os.path.join(REPO, "build")
@@ -624,12 +625,7 @@ class GcsAdminTest(AdminBucketTests, unittest.TestCase):
 
 
 def socket_free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return harness.free_ports(1)[0]
 
 
 class FileAdminTest(AdminBucketTests, unittest.TestCase):

@@ -150,11 +150,7 @@ def commit_step(tc, mnt, ramdir, step, admin):
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return harness.free_ports(1)[0]
 
 
 class Undo:
