@@ -1,5 +1,6 @@
 #include "tiers/manifest.h"
 #include "common/util.h"
+#include "common/walk.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -42,8 +43,8 @@ static int add_entry(struct mf_builder *b, struct mf_entry *ent)
 	return 0;
 }
 
-/* One entry of the tree being built (util_walk callback). */
-static int build_cb(void *arg, const struct util_walk_ent *w)
+/* One entry of the tree being built (walk_tree callback). */
+static int build_cb(void *arg, const struct walk_ent *w)
 {
 	struct mf_builder *b = arg;
 	struct mf_entry ent = { 0 };
@@ -330,7 +331,7 @@ int mf_build_err(int dirfd, struct manifest **out, char *err, size_t errlen)
 		errlen = sizeof(dummy);
 	}
 	err[0] = '\0';
-	rc = util_walk(dirfd, MF_MAX_DEPTH, 0, build_cb, &b);
+	rc = walk_tree(dirfd, MF_MAX_DEPTH, 0, build_cb, &b);
 	if (rc < 0) {
 		rc = mf_refusal(rc, err, errlen);
 		goto fail;

@@ -2,6 +2,7 @@
 #include "tiers/lifecycle.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "common/walk.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -414,13 +415,13 @@ struct count_ctx {
 	bool deep;
 };
 
-static int count_cb(void *arg, const struct util_walk_ent *e)
+static int count_cb(void *arg, const struct walk_ent *e)
 {
 	struct count_ctx *c = arg;
 
 	if (S_ISDIR(e->st->st_mode) && e->depth >= RECOUNT_MAX_DEPTH) {
 		c->deep = true;
-		return UTIL_WALK_SKIP;
+		return WALK_SKIP;
 	}
 	if (S_ISREG(e->st->st_mode) &&
 	    (e->st->st_nlink == 1 || inoset_add(c->seen, (uint64_t)e->st->st_ino)))
@@ -431,7 +432,7 @@ static int count_cb(void *arg, const struct util_walk_ent *e)
 static uint64_t count_tree(int dirfd, struct inoset *seen)
 {
 	struct count_ctx c = { .seen = seen };
-	int rc = util_walk(dirfd, RECOUNT_MAX_DEPTH, UTIL_WALK_NOPATH, count_cb, &c);
+	int rc = walk_tree(dirfd, RECOUNT_MAX_DEPTH, WALK_NOPATH, count_cb, &c);
 
 	if (rc < 0)
 		log_warn("ram", "counting RAMDIR: %s (the count may be low)", strerror(-rc));
@@ -491,8 +492,8 @@ static int make_staging(struct ram_tier *t, const char *parent, const char *stag
 }
 
 /* Mirror src into dst: directories made, files hard-linked, symlinks copied
- * (util_walk callback; paths relative to dst). */
-static int link_cb(void *arg, const struct util_walk_ent *e)
+ * (walk_tree callback; paths relative to dst). */
+static int link_cb(void *arg, const struct walk_ent *e)
 {
 	int dst = *(const int *)arg;
 	const struct stat *st = e->st;
@@ -524,7 +525,7 @@ static int link_cb(void *arg, const struct util_walk_ent *e)
 /* As deep as a shard may be (MF_MAX_DEPTH): -ELOOP beyond. */
 static int link_tree(int src, int dst)
 {
-	return util_walk(src, MF_MAX_DEPTH, 0, link_cb, &dst);
+	return walk_tree(src, MF_MAX_DEPTH, 0, link_cb, &dst);
 }
 
 /* The committed tree cannot be a shard (why): record the step as SH_BAD,
