@@ -1,4 +1,5 @@
 #include "tiers/manifest.h"
+#include "common/par_for.h"
 #include "common/util.h"
 #include "common/walk.h"
 
@@ -6,8 +7,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,39 +249,23 @@ struct crc_work {
 	int dirfd;
 	struct mf_entry **files;   /* largest first */
 	size_t n;
-	_Atomic size_t next;
-	_Atomic int rc;
 };
 
-static void *crc_worker(void *arg)
+static int crc_one(void *arg, size_t i)
 {
 	struct crc_work *w = arg;
+	struct mf_entry *e = w->files[i];
+	uint64_t size;
+	int fd, rc;
 
-	for (;;) {
-		size_t i = atomic_fetch_add(&w->next, 1);
-		struct mf_entry *e;
-		uint64_t size;
-		int fd, rc;
-
-		if (i >= w->n || atomic_load(&w->rc) < 0)
-			break;
-		e = w->files[i];
-		fd = openat(w->dirfd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0) {
-			rc = -errno;
-		} else {
-			rc = mf_crc32c_fd(fd, &e->crc32c, &size);
-			close(fd);
-			if (rc == 0)
-				e->size = size;
-		}
-		if (rc < 0) {
-			int none = 0;
-			atomic_compare_exchange_strong(&w->rc, &none, rc);
-			break;
-		}
-	}
-	return NULL;
+	fd = openat(w->dirfd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	rc = mf_crc32c_fd(fd, &e->crc32c, &size);
+	close(fd);
+	if (rc == 0)
+		e->size = size;
+	return rc;
 }
 
 static int cmp_size_desc(const void *a, const void *b)
@@ -297,8 +280,8 @@ static int crc_files(int dirfd, struct mf_entry *e, size_t n)
 {
 	struct crc_work w = { .dirfd = dirfd };
 	uint64_t total = 0;
-	pthread_t th;
-	bool two = false;
+	size_t threads = 1;
+	int rc;
 
 	w.files = malloc((n ? n : 1) * sizeof(*w.files));
 	if (!w.files)
@@ -311,12 +294,10 @@ static int crc_files(int dirfd, struct mf_entry *e, size_t n)
 	qsort(w.files, w.n, sizeof(*w.files), cmp_size_desc);
 	/* a second core shortens the seal, and with it the time to redundancy */
 	if (w.n > 1 && total >= CRC_PARALLEL_MIN)
-		two = pthread_create(&th, NULL, crc_worker, &w) == 0;
-	crc_worker(&w);
-	if (two)
-		pthread_join(th, NULL);
+		threads = 2;
+	rc = par_for(w.n, threads, PAR_FOR_STOP, crc_one, NULL, &w, NULL);
 	free(w.files);
-	return atomic_load(&w.rc);
+	return rc;
 }
 
 int mf_build_err(int dirfd, struct manifest **out, char *err, size_t errlen)
