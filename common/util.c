@@ -1,4 +1,5 @@
 #include "common/util.h"
+#include "common/io.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -354,25 +355,14 @@ out:
 int util_write_file_atomic(int dirfd, const char *name, const void *buf, size_t len)
 {
 	char tmp[NAME_MAX + 1];
-	const char *p = buf;
-	int fd, rc = 0;
+	int fd, rc;
 
 	if ((size_t)snprintf(tmp, sizeof(tmp), ".%s.mtcfs-tmp", name) >= sizeof(tmp))
 		return -ENAMETOOLONG;
 	fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return -errno;
-	while (len > 0) {
-		ssize_t w = write(fd, p, len);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			rc = -errno;
-			break;
-		}
-		p += w;
-		len -= (size_t)w;
-	}
+	rc = io_write_full(fd, buf, len);
 	if (close(fd) < 0 && rc == 0)
 		rc = -errno;
 	if (rc == 0 && renameat(dirfd, tmp, dirfd, name) < 0)
@@ -387,6 +377,7 @@ int util_read_file_at(int dirfd, const char *name, size_t max, char **bufp, size
 	int fd, rc = 0;
 	char *buf = NULL;
 	size_t len = 0;
+	ssize_t got;
 
 	fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -396,22 +387,14 @@ int util_read_file_at(int dirfd, const char *name, size_t max, char **bufp, size
 		close(fd);
 		return -ENOMEM;
 	}
-	for (;;) {
-		ssize_t r = read(fd, buf + len, max + 1 - len);
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			rc = -errno;
-			break;
-		}
-		if (r == 0)
-			break;
-		len += (size_t)r;
-		if (len > max) {
-			rc = -EFBIG;
-			break;
-		}
-	}
+	/* one byte more than max tells a file that is too big */
+	got = io_read_upto(fd, buf, max + 1);
+	if (got < 0)
+		rc = (int)got;
+	else if ((size_t)got > max)
+		rc = -EFBIG;
+	else
+		len = (size_t)got;
 	close(fd);
 	if (rc < 0) {
 		free(buf);

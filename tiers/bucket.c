@@ -1,6 +1,7 @@
 /* bucket: URL dispatch, name checks, the last-error words, expected-CRC
  * checks and the parallel transfer helpers shared by both backends. */
 #include "tiers/bucket.h"
+#include "common/io.h"
 #include "common/log.h"
 #include "common/par_for.h"
 #include "common/util.h"
@@ -315,14 +316,9 @@ int bkt_pwrite_sparse(int fd, const void *buf, size_t len, uint64_t off)
 					break;
 				n += m;
 			}
-			for (size_t done = 0; done < n;) {
-				ssize_t w = pwrite(fd, p + done, n - done, (off_t)(off + done));
-				if (w < 0 && errno == EINTR)
-					continue;
-				if (w < 0)
-					return -errno;
-				done += (size_t)w;
-			}
+			int rc = io_pwrite_full(fd, p, n, off);
+			if (rc < 0)
+				return rc;
 		}
 		p += n;
 		off += n;

@@ -6,6 +6,7 @@
  * renameat2(RENAME_NOREPLACE), else a check-then-rename (racy; logged once).
  * Stateless apart from the root fd: every call is thread-safe. */
 #include "tiers/bucket.h"
+#include "common/io.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "tiers/manifest.h"
@@ -129,23 +130,6 @@ static int mkdirs_durable(int rootfd, const char *rel)
 	return 0;
 }
 
-static int write_all(int fd, const void *p, size_t len)
-{
-	const char *c = p;
-
-	while (len > 0) {
-		ssize_t w = write(fd, c, len);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		c += w;
-		len -= (size_t)w;
-	}
-	return 0;
-}
-
 /* Copy the source into tfd, computing its CRC32C as it goes. */
 static int copy_src(struct bkt *b, const char *name, const struct bkt_src *src, int tfd)
 {
@@ -156,7 +140,7 @@ static int copy_src(struct bkt *b, const char *name, const struct bkt_src *src, 
 
 	if (src->fd < 0) {
 		crc = mf_crc32c(0, src->buf, src->size);
-		rc = write_all(tfd, src->buf, src->size);
+		rc = io_write_full(tfd, src->buf, src->size);
 		goto out;
 	}
 	buf = malloc(COPY_BUF);
@@ -351,7 +335,7 @@ static int fbk_get_file(struct bkt *b, const char *name, int fd, unsigned ranges
 			break;
 		crc = mf_crc32c(crc, buf, (size_t)r);
 		rc = seekable ? bkt_pwrite_sparse(fd, buf, (size_t)r, off)
-			      : write_all(fd, buf, (size_t)r);
+			      : io_write_full(fd, buf, (size_t)r);
 		if (rc < 0) {
 			bkt_set_error("%s/%s: writing the local file: %s", bkt_url(b), name, strerror(-rc));
 			goto out;
@@ -380,7 +364,8 @@ static int fbk_get_buf(struct bkt *b, const char *name, size_t max, void **bufp,
 {
 	struct stat st;
 	char *buf = NULL;
-	size_t got = 0;
+	size_t got;
+	ssize_t r;
 	int fd, rc = 0;
 
 	fd = open_obj(b, name, &st);
@@ -397,16 +382,12 @@ static int fbk_get_buf(struct bkt *b, const char *name, size_t max, void **bufp,
 		rc = -ENOMEM;
 		goto out;
 	}
-	while (got < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			rc = r < 0 ? -errno : -EIO;
-			goto out;
-		}
-		got += (size_t)r;
+	r = io_read_upto(fd, buf, (size_t)st.st_size);
+	if (r < (ssize_t)st.st_size) {
+		rc = r < 0 ? (int)r : -EIO;   /* shorter than its size: changed meanwhile */
+		goto out;
 	}
+	got = (size_t)r;
 	buf[got] = '\0';
 	*bufp = buf;
 	*lenp = got;
