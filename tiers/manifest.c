@@ -511,18 +511,24 @@ static void put_entries(struct wbuf *w, const struct manifest *m)
 	}
 }
 
+/* Hand the encoded bytes to the caller, or free them on an earlier error. */
+static int wbuf_take(struct wbuf *w, uint8_t **bufp, size_t *lenp)
+{
+	if (w->err) {
+		free(w->p);
+		return w->err;
+	}
+	*bufp = w->p;
+	*lenp = w->n;
+	return 0;
+}
+
 static int encode_entries(const struct manifest *m, uint8_t **bufp, size_t *lenp)
 {
 	struct wbuf w = { 0 };
 	wu32(&w, (uint32_t)m->n);
 	put_entries(&w, m);
-	if (w.err) {
-		free(w.p);
-		return w.err;
-	}
-	*bufp = w.p;
-	*lenp = w.n;
-	return 0;
+	return wbuf_take(&w, bufp, lenp);
 }
 
 int mf_encode(const struct manifest *m, uint8_t **bufp, size_t *lenp)
@@ -533,13 +539,7 @@ int mf_encode(const struct manifest *m, uint8_t **bufp, size_t *lenp)
 	wput(&w, m->hash, 32);
 	wu32(&w, (uint32_t)m->n);
 	put_entries(&w, m);
-	if (w.err) {
-		free(w.p);
-		return w.err;
-	}
-	*bufp = w.p;
-	*lenp = w.n;
-	return 0;
+	return wbuf_take(&w, bufp, lenp);
 }
 
 struct rbuf { const uint8_t *p; size_t n, off; };
