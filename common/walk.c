@@ -121,3 +121,46 @@ out:
 	free(path);
 	return rc;
 }
+
+int walk_dir_open(struct walk_dir *w, int dirfd)
+{
+	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	w->d = NULL;
+	w->err = 0;
+	if (fd < 0)
+		return -errno;
+	w->d = fdopendir(fd);
+	if (!w->d) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	return 0;
+}
+
+const struct dirent *walk_dir_next(struct walk_dir *w)
+{
+	struct dirent *de;
+
+	if (!w->d || w->err)
+		return NULL;
+	for (;;) {
+		errno = 0;
+		de = readdir(w->d);
+		if (!de) {
+			w->err = errno ? -errno : 0;
+			return NULL;
+		}
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			return de;
+	}
+}
+
+int walk_dir_close(struct walk_dir *w)
+{
+	if (w->d)
+		closedir(w->d);
+	w->d = NULL;
+	return w->err;
+}

@@ -4,6 +4,7 @@
 #ifndef MTCFS_COMMON_WALK_H
 #define MTCFS_COMMON_WALK_H
 
+#include <dirent.h>
 #include <stddef.h>
 #include <sys/stat.h>
 
@@ -28,5 +29,27 @@ struct walk_ent {
 #define WALK_NOPATH 0x1u
 typedef int (*walk_fn)(void *arg, const struct walk_ent *e);
 int walk_tree(int rootfd, unsigned max_depth, unsigned flags, walk_fn fn, void *arg);
+
+/* One directory's entries, one level, "." and ".." left out, in readdir
+ * order: the loop that many callers wrote by hand around opendir. The
+ * directory is read through its own open of dirfd/".", so dirfd (and any
+ * other reader of it) keeps its offset and stays the caller's.
+ *
+ *	struct walk_dir w;
+ *	const struct dirent *de;
+ *	if (walk_dir_open(&w, dirfd) == 0) {
+ *		while ((de = walk_dir_next(&w)) != NULL)
+ *			...;
+ *		walk_dir_close(&w);
+ *	}
+ * A dirent is valid until the next call. Reading stops at the first error
+ * as at the end; walk_dir_close() returns it (0 or -errno). */
+struct walk_dir {
+	DIR *d;
+	int err;
+};
+int walk_dir_open(struct walk_dir *w, int dirfd);
+const struct dirent *walk_dir_next(struct walk_dir *w);
+int walk_dir_close(struct walk_dir *w);
 
 #endif
