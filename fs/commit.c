@@ -10,6 +10,7 @@
 #include "tiers/restore.h"
 #include "common/metrics.h"
 #include "common/util.h"
+#include "common/walk.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -424,20 +425,16 @@ void commit_hide(struct fs *fs, uint64_t step)
 static void unlink_views(struct fs *fs, const struct shard_key *k)
 {
 	char rel[512], target[600], buf[600];
-	int nsfd = ram_ns_fd(fs->ram), fd;
-	struct dirent *de;
-	DIR *d;
+	int nsfd = ram_ns_fd(fs->ram);
+	const struct dirent *de;
+	struct walk_dir d;
 
 	if (ram_shard_relpath(k, rel, sizeof(rel)) < 0)
 		return;
 	snprintf(target, sizeof(target), ".mtcfs/%s", rel);
-	fd = openat(nsfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
+	if (walk_dir_open(&d, nsfd) < 0)
 		return;
-	}
-	while ((de = readdir(d)) != NULL) {
+	while ((de = walk_dir_next(&d)) != NULL) {
 		ssize_t l;
 		if (de->d_type != DT_LNK)
 			continue;
@@ -448,7 +445,7 @@ static void unlink_views(struct fs *fs, const struct shard_key *k)
 		if (!strcmp(buf, target) || (!strncmp(buf, target, strlen(target)) && buf[strlen(target)] == '/'))
 			unlinkat(nsfd, de->d_name, 0);
 	}
-	closedir(d);
+	walk_dir_close(&d);
 }
 
 /* A framework: pytorch shard's files are also top-level .save names of
@@ -456,16 +453,16 @@ static void unlink_views(struct fs *fs, const struct shard_key *k)
 static void unlink_file_views(struct fs *fs, const struct shard_key *k)
 {
 	int nsfd = ram_ns_fd(fs->ram), sfd = ram_shard_open(fs->ram, k);
-	struct dirent *de;
-	DIR *d;
+	const struct dirent *de;
+	struct walk_dir d;
 
 	if (sfd < 0)
 		return;
-	if (!(d = fdopendir(sfd))) {
+	if (walk_dir_open(&d, sfd) < 0) {
 		close(sfd);
 		return;
 	}
-	while ((de = readdir(d)) != NULL) {
+	while ((de = walk_dir_next(&d)) != NULL) {
 		struct stat a, b;
 		size_t l = strlen(de->d_name);
 		if (l < 6 || strcmp(de->d_name + l - 5, ".save"))
@@ -475,7 +472,8 @@ static void unlink_file_views(struct fs *fs, const struct shard_key *k)
 		    unlinkat(nsfd, de->d_name, 0) == 0)
 			fs_forget_name(fs, de->d_name);
 	}
-	closedir(d);
+	walk_dir_close(&d);
+	close(sfd);
 }
 
 /* Drop one own shard: its store copy, its record, and its namespace view. */
@@ -745,16 +743,14 @@ int commit_init(struct fs *fs)
 /* Name of the top-level step directory with inode ino. 0 or -ENOENT. */
 static int find_top_dir(struct fs *fs, ino_t ino, char *name, size_t len, uint64_t *step)
 {
-	int fd = openat(ram_ns_fd(fs->ram), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = -ENOENT;
-	struct dirent *de;
-	DIR *d;
+	const struct dirent *de;
+	struct walk_dir d;
+	int rc = walk_dir_open(&d, ram_ns_fd(fs->ram));
 
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
-		return -errno;
-	}
-	while ((de = readdir(d)) != NULL) {
+	if (rc < 0)
+		return rc;
+	rc = -ENOENT;
+	while ((de = walk_dir_next(&d)) != NULL) {
 		if (de->d_ino == ino && util_is_step_name(de->d_name, step) &&
 		    strlen(de->d_name) < len) {
 			snprintf(name, len, "%s", de->d_name);
@@ -762,7 +758,7 @@ static int find_top_dir(struct fs *fs, ino_t ino, char *name, size_t len, uint64
 			break;
 		}
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	return rc;
 }
 
@@ -832,17 +828,17 @@ static void adopt_files(struct fs *fs, const struct shard_key *k)
 	char stepname[sizeof(((struct fs_step *)0)->name)] = "";
 	ino_t *files = NULL;
 	uint32_t nf = 0;
-	struct dirent *de;
+	const struct dirent *de;
 	struct fs_step *s;
-	DIR *d;
+	struct walk_dir d;
 
 	if (sfd < 0)
 		return;
-	if (!(d = fdopendir(sfd))) {
+	if (walk_dir_open(&d, sfd) < 0) {
 		close(sfd);
 		return;
 	}
-	while ((de = readdir(d)) != NULL) {
+	while ((de = walk_dir_next(&d)) != NULL) {
 		char sn[sizeof(stepname)];
 		struct stat a, b;
 		uint64_t step;
@@ -887,7 +883,8 @@ static void adopt_files(struct fs *fs, const struct shard_key *k)
 	}
 	pthread_mutex_unlock(&fs->mu);
 out:
-	closedir(d);
+	walk_dir_close(&d);
+	close(sfd);
 	free(files);
 }
 
@@ -977,9 +974,8 @@ void commit_top_file_done(struct fs *fs)
 	size_t n = 0, cap = 0;
 	uint32_t rank, workers;
 	char job[129];
-	struct dirent *de;
-	DIR *d;
-	int fd;
+	const struct dirent *de;
+	struct walk_dir d;
 
 	pthread_mutex_lock(&fs->mu);
 	if (!fs->save_files || fs->workers == 0) {
@@ -991,13 +987,9 @@ void commit_top_file_done(struct fs *fs)
 	workers = fs->workers;
 	pthread_mutex_unlock(&fs->mu);
 
-	fd = openat(ram_ns_fd(fs->ram), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
+	if (walk_dir_open(&d, ram_ns_fd(fs->ram)) < 0)
 		return;
-	}
-	while ((de = readdir(d)) != NULL && n < SAVE_SCAN_MAX) {
+	while (n < SAVE_SCAN_MAX && (de = walk_dir_next(&d)) != NULL) {
 		struct save_ent e;
 		struct stat st;
 		if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
@@ -1020,7 +1012,7 @@ void commit_top_file_done(struct fs *fs)
 		}
 		v[n++] = e;
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	if (n > 1)
 		qsort(v, n, sizeof(*v), cmp_save);
 	/* Each worker's file commits on its own once it is closed (GKE waits
@@ -1063,16 +1055,17 @@ static int find_save(struct fs *fs, const struct shard_key *k, uint32_t w, char 
 		     char *stepname, size_t slen)
 {
 	int sfd = ram_shard_open(fs->ram, k), rc = -ENODATA;
-	struct dirent *de;
-	DIR *d;
+	const struct dirent *de;
+	struct walk_dir d;
 
 	if (sfd < 0)
 		return sfd;
-	if (!(d = fdopendir(sfd))) {
-		close(sfd);
-		return -errno;
-	}
-	while ((de = readdir(d)) != NULL) {
+	rc = walk_dir_open(&d, sfd);
+	close(sfd);   /* the walk reads its own open of the directory */
+	if (rc < 0)
+		return rc;
+	rc = -ENODATA;
+	while ((de = walk_dir_next(&d)) != NULL) {
 		uint64_t step;
 		uint32_t fw;
 		size_t l = strlen(de->d_name);
@@ -1085,7 +1078,7 @@ static int find_save(struct fs *fs, const struct shard_key *k, uint32_t w, char 
 			break;
 		}
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	return rc;
 }
 

@@ -9,6 +9,7 @@
 #include "common/io.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "common/walk.h"
 #include "tiers/manifest.h"
 
 #include <dirent.h>
@@ -434,37 +435,31 @@ static bool is_tmp(const char *n)
 	return !strncmp(n, TMP_PREFIX, sizeof(TMP_PREFIX) - 1);
 }
 
-/* Does dirfd/name hold at least one object (at any depth)? */
-static bool has_objects(int pfd, const char *name, int depth)
-{
-	int fd;
-	DIR *d;
-	struct dirent *de;
-	bool found = false;
+#define HAS_OBJECTS_DEPTH 64   /* directories deeper than this count as empty */
 
-	if (depth > 64)
-		return false;
-	fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+static int has_objects_cb(void *arg, const struct walk_ent *e)
+{
+	(void)arg;
+	if (is_tmp(e->name))
+		return WALK_SKIP;
+	if (S_ISREG(e->st->st_mode))
+		return -EEXIST;   /* found one: stop */
+	if (S_ISDIR(e->st->st_mode) && e->depth > HAS_OBJECTS_DEPTH)
+		return WALK_SKIP;
+	return 0;
+}
+
+/* Does pfd/name hold at least one object (at any depth)? */
+static bool has_objects(int pfd, const char *name)
+{
+	int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	int rc;
+
 	if (fd < 0)
 		return false;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return false;
-	}
-	while (!found && (de = readdir(d)) != NULL) {
-		struct stat st;
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") || is_tmp(de->d_name))
-			continue;
-		if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			continue;
-		if (S_ISREG(st.st_mode))
-			found = true;
-		else if (S_ISDIR(st.st_mode))
-			found = has_objects(dirfd(d), de->d_name, depth + 1);
-	}
-	closedir(d);
-	return found;
+	rc = walk_tree(fd, HAS_OBJECTS_DEPTH + 1, WALK_NOPATH, has_objects_cb, NULL);
+	close(fd);
+	return rc == -EEXIST;
 }
 
 static void dents_free(struct dent *v, size_t n)
@@ -481,26 +476,18 @@ static int read_dir(int dirfd, const char *filter, struct dent **out, size_t *no
 {
 	struct dent *v = NULL;
 	size_t n = 0, cap = 0, fl = strlen(filter);
-	struct dirent *de;
-	DIR *d;
-	int fd, rc = 0;
+	const struct dirent *de;
+	struct walk_dir d;
+	int rc = walk_dir_open(&d, dirfd);
 
-	fd = dup(dirfd);
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
-	rewinddir(d);
-	while ((de = readdir(d)) != NULL) {
+	if (rc < 0)
+		return rc;
+	while ((de = walk_dir_next(&d)) != NULL) {
 		struct stat st;
 		struct dent e = { 0 };
 		size_t nl;
 
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") || is_tmp(de->d_name) ||
-		    strncmp(de->d_name, filter, fl))
+		if (is_tmp(de->d_name) || strncmp(de->d_name, filter, fl))
 			continue;
 		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			if (errno == ENOENT)
@@ -538,7 +525,7 @@ static int read_dir(int dirfd, const char *filter, struct dent **out, size_t *no
 		}
 		v[n++] = e;
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	if (rc < 0) {
 		dents_free(v, n);
 		return rc;
@@ -576,7 +563,7 @@ static int walk(int dirfd, const char *relpfx, const char *filter, bool delim, i
 			e.size = v[i].size;
 			rc = cb(arg, &e);
 		} else if (delim) {
-			if (!has_objects(dirfd, v[i].name, 0))
+			if (!has_objects(dirfd, v[i].name))
 				continue;
 			e.is_prefix = true;
 			rc = cb(arg, &e);

@@ -244,66 +244,63 @@ static bool shard_dir_orphan(struct ram_tier *t, const char *job, const char *st
  *  - a shard directory that no catalog record names (a publish or drop cut
  *    short by a crash) is data nothing can reach, counted in ram_used;
  * both are removed, and STEP and JOB directories left empty. */
+/* One STEP directory (sfd) of JOB: its unfinished and orphan shard
+ * directories go. */
+static void sweep_step(struct ram_tier *t, const char *job, const char *step, int sfd)
+{
+	const struct dirent *ke;
+	struct walk_dir kd;
+
+	if (walk_dir_open(&kd, sfd) < 0)
+		return;
+	while ((ke = walk_dir_next(&kd)) != NULL) {
+		if (ke->d_name[0] == '.') {
+			log_info("ram", "removing unfinished %s/%s/%s", job, step, ke->d_name);
+		} else if (shard_dir_orphan(t, job, step, ke->d_name)) {
+			log_warn("ram", "removing %s/%s/%s: no catalog record names it (left by a crash)",
+				 job, step, ke->d_name);
+		} else {
+			continue;
+		}
+		util_rmtree_at(sfd, ke->d_name, NULL);
+	}
+	walk_dir_close(&kd);
+}
+
 static void sweep_shards(struct ram_tier *t)
 {
-	DIR *jd = NULL;
-	struct dirent *je;
-	int fd = dup(t->shardsfd);
+	const struct dirent *je, *se;
+	struct walk_dir jd, sd;
 
-	if (fd < 0 || !(jd = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
+	if (walk_dir_open(&jd, t->shardsfd) < 0)
 		return;
-	}
-	while ((je = readdir(jd)) != NULL) {
+	while ((je = walk_dir_next(&jd)) != NULL) {
 		int jfd;
-		DIR *sd;
-		struct dirent *se;
 		if (je->d_name[0] == '.')
 			continue;
 		jfd = openat(t->shardsfd, je->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (jfd < 0)
 			continue;
-		sd = fdopendir(jfd);
-		if (!sd) {
+		if (walk_dir_open(&sd, jfd) < 0) {
 			close(jfd);
 			continue;
 		}
-		while ((se = readdir(sd)) != NULL) {
+		while ((se = walk_dir_next(&sd)) != NULL) {
 			int sfd;
-			DIR *kd;
-			struct dirent *ke;
 			if (se->d_name[0] == '.')
 				continue;
 			sfd = openat(jfd, se->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 			if (sfd < 0)
 				continue;
-			kd = fdopendir(sfd);
-			if (!kd) {
-				close(sfd);
-				continue;
-			}
-			while ((ke = readdir(kd)) != NULL) {
-				if (!strcmp(ke->d_name, ".") || !strcmp(ke->d_name, ".."))
-					continue;
-				if (ke->d_name[0] == '.') {
-					log_info("ram", "removing unfinished %s/%s/%s", je->d_name,
-						 se->d_name, ke->d_name);
-				} else if (shard_dir_orphan(t, je->d_name, se->d_name, ke->d_name)) {
-					log_warn("ram", "removing %s/%s/%s: no catalog record names it (left by a crash)",
-						 je->d_name, se->d_name, ke->d_name);
-				} else {
-					continue;
-				}
-				util_rmtree_at(sfd, ke->d_name, NULL);
-			}
-			closedir(kd);
+			sweep_step(t, je->d_name, se->d_name, sfd);
+			close(sfd);
 			unlinkat(jfd, se->d_name, AT_REMOVEDIR);   /* if now empty */
 		}
-		closedir(sd);
+		walk_dir_close(&sd);
+		close(jfd);
 		unlinkat(t->shardsfd, je->d_name, AT_REMOVEDIR);
 	}
-	closedir(jd);
+	walk_dir_close(&jd);
 }
 
 void ram_close(struct ram_tier *t)
