@@ -1,5 +1,6 @@
 #include "common/util.h"
 #include "common/io.h"
+#include "common/walk.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -166,22 +167,14 @@ struct rm_level {
 /* Remove the non-directories of dirfd, collect its subdirectories into lv. */
 static int rm_scan(int dirfd, struct rm_level *lv, uint64_t *freed)
 {
-	struct dirent *de;
-	DIR *d;
-	int fd = dup(dirfd), rc = 0;
+	const struct dirent *de;
+	struct walk_dir d;
+	int rc = walk_dir_open(&d, dirfd);
 
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -ENOMEM;
-	}
-	rewinddir(d);
-	while ((de = readdir(d)) != NULL) {
+	if (rc < 0)
+		return rc;
+	while ((de = walk_dir_next(&d)) != NULL) {
 		struct stat st;
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
 		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			if (errno == ENOENT)
 				continue;
@@ -217,7 +210,7 @@ static int rm_scan(int dirfd, struct rm_level *lv, uint64_t *freed)
 		if (freed && st.st_nlink == 1 && S_ISREG(st.st_mode))
 			*freed += (uint64_t)st.st_blocks * 512;
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	return rc;
 }
 
