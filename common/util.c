@@ -182,17 +182,12 @@ static int rm_scan(int dirfd, struct rm_level *lv, uint64_t *freed)
 			break;
 		}
 		if (S_ISDIR(st.st_mode)) {
-			char *n;
-			if (lv->nsub == lv->capsub) {
-				size_t nc = lv->capsub ? lv->capsub * 2 : 8;
-				char **ns = realloc(lv->sub, nc * sizeof(*ns));
-				if (!ns) {
-					rc = -ENOMEM;
-					break;
-				}
-				lv->sub = ns;
-				lv->capsub = nc;
+			char *n, **ns = util_grow(lv->sub, lv->nsub, &lv->capsub, sizeof(*ns), 8);
+			if (!ns) {
+				rc = -ENOMEM;
+				break;
 			}
+			lv->sub = ns;
 			n = strdup(de->d_name);
 			if (!n) {
 				rc = -ENOMEM;
@@ -397,6 +392,22 @@ int util_read_file_at(int dirfd, const char *name, size_t max, char **bufp, size
 	*bufp = buf;
 	*lenp = len;
 	return 0;
+}
+
+void *util_grow(void *v, size_t n, size_t *cap, size_t elem, size_t first)
+{
+	size_t nc;
+	void *p;
+
+	if (n < *cap)
+		return v;
+	nc = *cap ? *cap * 2 : first;
+	if (nc <= n || elem == 0 || nc > SIZE_MAX / elem)
+		return NULL;
+	p = realloc(v, nc * elem);
+	if (p)
+		*cap = nc;
+	return p;
 }
 
 uint64_t util_now_ns(void)

@@ -33,6 +33,11 @@ int util_rmtree_at(int dirfd, const char *name, uint64_t *freed);
 int util_write_file_atomic(int dirfd, const char *name, const void *buf, size_t len);
 /* Read a whole small file (<= max bytes) into a malloc'd NUL-terminated buffer. */
 int util_read_file_at(int dirfd, const char *name, size_t max, char **buf, size_t *len);
+/* Room for element n of the array v of *cap elements of elem bytes: v
+ * itself when n < *cap, else v grown to twice *cap (first elements the
+ * first time) with *cap updated. NULL when out of memory, v then still
+ * valid and *cap unchanged. The array-growing step the tree repeated. */
+void *util_grow(void *v, size_t n, size_t *cap, size_t elem, size_t first);
 /* Monotonic time in nanoseconds. */
 uint64_t util_now_ns(void);
 

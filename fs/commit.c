@@ -990,7 +990,7 @@ void commit_top_file_done(struct fs *fs)
 	if (walk_dir_open(&d, ram_ns_fd(fs->ram)) < 0)
 		return;
 	while (n < SAVE_SCAN_MAX && (de = walk_dir_next(&d)) != NULL) {
-		struct save_ent e;
+		struct save_ent e, *nv;
 		struct stat st;
 		if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
 			continue;
@@ -1002,14 +1002,10 @@ void commit_top_file_done(struct fs *fs)
 			continue;
 		e.ino = st.st_ino;
 		e.dev = st.st_dev;
-		if (n == cap) {
-			size_t nc = cap ? cap * 2 : 16;
-			struct save_ent *nv = realloc(v, nc * sizeof(*nv));
-			if (!nv)
-				break;
-			v = nv;
-			cap = nc;
-		}
+		nv = util_grow(v, n, &cap, sizeof(*nv), 16);
+		if (!nv)
+			break;
+		v = nv;
 		v[n++] = e;
 	}
 	walk_dir_close(&d);

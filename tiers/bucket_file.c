@@ -484,7 +484,7 @@ static int read_dir(int dirfd, const char *filter, struct dent **out, size_t *no
 		return rc;
 	while ((de = walk_dir_next(&d)) != NULL) {
 		struct stat st;
-		struct dent e = { 0 };
+		struct dent e = { 0 }, *nv;
 		size_t nl;
 
 		if (is_tmp(de->d_name) || strncmp(de->d_name, filter, fl))
@@ -511,18 +511,14 @@ static int read_dir(int dirfd, const char *filter, struct dent **out, size_t *no
 		memcpy(e.key, de->d_name, nl);
 		e.key[nl] = e.dir ? '/' : '\0';
 		e.key[nl + 1] = '\0';
-		if (n == cap) {
-			size_t nc = cap ? cap * 2 : 32;
-			struct dent *nv = realloc(v, nc * sizeof(*nv));
-			if (!nv) {
-				free(e.name);
-				free(e.key);
-				rc = -ENOMEM;
-				break;
-			}
-			v = nv;
-			cap = nc;
+		nv = util_grow(v, n, &cap, sizeof(*nv), 32);
+		if (!nv) {
+			free(e.name);
+			free(e.key);
+			rc = -ENOMEM;
+			break;
 		}
+		v = nv;
 		v[n++] = e;
 	}
 	walk_dir_close(&d);

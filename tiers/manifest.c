@@ -28,16 +28,14 @@ struct mf_builder {
 
 static int add_entry(struct mf_builder *b, struct mf_entry *ent)
 {
+	struct mf_entry *ne;
+
 	if (b->n == MF_MAX_ENTRIES)
 		return -EFBIG;
-	if (b->n == b->cap) {
-		size_t ncap = b->cap ? b->cap * 2 : 64;
-		struct mf_entry *ne = realloc(b->e, ncap * sizeof(*ne));
-		if (!ne)
-			return -ENOMEM;
-		b->e = ne;
-		b->cap = ncap;
-	}
+	ne = util_grow(b->e, b->n, &b->cap, sizeof(*ne), 64);
+	if (!ne)
+		return -ENOMEM;
+	b->e = ne;
 	b->e[b->n++] = *ent;
 	return 0;
 }

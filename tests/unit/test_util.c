@@ -948,6 +948,37 @@ static void test_metrics_families(void **s)
 	free(t);
 }
 
+/* util_grow: the same array until it is full, then twice the room with
+ * the elements kept; first room on the first call; an impossible size is
+ * NULL with the array and its capacity untouched. */
+static void test_grow(void **state)
+{
+	uint32_t *v = NULL, *nv;
+	size_t cap = 0, n = 0;
+
+	(void)state;
+	for (uint32_t i = 0; i < 1000; i++) {
+		nv = util_grow(v, n, &cap, sizeof(*v), 4);
+		assert_non_null(nv);
+		if (n < 4)
+			assert_int_equal(cap, 4);
+		v = nv;
+		v[n++] = i * 7;
+		assert_true(n <= cap);
+	}
+	assert_int_equal(cap, 1024);
+	for (uint32_t i = 0; i < 1000; i++)
+		assert_int_equal(v[i], i * 7);
+	nv = util_grow(v, 999, &cap, sizeof(*v), 4);
+	assert_ptr_equal(nv, v);   /* room left: no realloc */
+	assert_int_equal(cap, 1024);
+	nv = util_grow(v, cap, &cap, SIZE_MAX / 1024, 4);
+	assert_null(nv);
+	assert_int_equal(cap, 1024);
+	assert_int_equal(v[999], 999 * 7);
+	free(v);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -974,6 +1005,7 @@ int main(void)
 		cmocka_unit_test(test_log_json_truncated_stays_valid),
 		cmocka_unit_test(test_log_format_names),
 		cmocka_unit_test(test_metrics_families),
+		cmocka_unit_test(test_grow),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
