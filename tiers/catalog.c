@@ -466,7 +466,9 @@ int idx_list_dropping(struct idx *x, struct shard_key **keysp, size_t *np)
 	return 0;
 }
 
-int idx_put_meta(struct idx *x, const char *name, const void *val, size_t len)
+/* One write transaction on the meta table: put name = val, or (del) remove
+ * name, a missing name not being an error. */
+static int meta_write(struct idx *x, const char *name, bool del, const void *val, size_t len)
 {
 	MDB_val k = { strlen(name), (void *)name }, v = { len, (void *)val };
 	MDB_txn *txn;
@@ -477,12 +479,17 @@ int idx_put_meta(struct idx *x, const char *name, const void *val, size_t len)
 	rc = mdb_txn_begin(x->env, NULL, 0, &txn);
 	if (rc)
 		return idx_errno(rc);
-	rc = mdb_put(txn, x->meta, &k, &v, 0);
-	if (rc) {
+	rc = del ? mdb_del(txn, x->meta, &k, NULL) : mdb_put(txn, x->meta, &k, &v, 0);
+	if (rc && !(del && rc == MDB_NOTFOUND)) {
 		mdb_txn_abort(txn);
 		return idx_errno(rc);
 	}
 	return idx_errno(mdb_txn_commit(txn));
+}
+
+int idx_put_meta(struct idx *x, const char *name, const void *val, size_t len)
+{
+	return meta_write(x, name, false, val, len);
 }
 
 int idx_get_meta(struct idx *x, const char *name, void **valp, size_t *lenp)
@@ -513,19 +520,5 @@ int idx_get_meta(struct idx *x, const char *name, void **valp, size_t *lenp)
 
 int idx_del_meta(struct idx *x, const char *name)
 {
-	MDB_val k = { strlen(name), (void *)name };
-	MDB_txn *txn;
-	int rc;
-
-	if (x->ro)
-		return -EROFS;
-	rc = mdb_txn_begin(x->env, NULL, 0, &txn);
-	if (rc)
-		return idx_errno(rc);
-	rc = mdb_del(txn, x->meta, &k, NULL);
-	if (rc && rc != MDB_NOTFOUND) {
-		mdb_txn_abort(txn);
-		return idx_errno(rc);
-	}
-	return idx_errno(mdb_txn_commit(txn));
+	return meta_write(x, name, true, NULL, 0);
 }
