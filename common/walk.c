@@ -157,6 +157,11 @@ const struct dirent *walk_dir_next(struct walk_dir *w)
 	}
 }
 
+int walk_dir_fd(const struct walk_dir *w)
+{
+	return w->d ? dirfd(w->d) : -1;
+}
+
 int walk_dir_close(struct walk_dir *w)
 {
 	if (w->d)

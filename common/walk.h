@@ -50,6 +50,9 @@ struct walk_dir {
 };
 int walk_dir_open(struct walk_dir *w, int dirfd);
 const struct dirent *walk_dir_next(struct walk_dir *w);
+/* The directory being read, for *at() calls on its entries; valid until
+ * walk_dir_close(). */
+int walk_dir_fd(const struct walk_dir *w);
 int walk_dir_close(struct walk_dir *w);
 
 #endif

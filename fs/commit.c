@@ -448,20 +448,30 @@ static void unlink_views(struct fs *fs, const struct shard_key *k)
 	walk_dir_close(&d);
 }
 
+/* List the store directory of shard k: 0 or -errno. walk_dir_fd(d) is
+ * the directory for *at() calls on the entries. */
+static int shard_dir_open(struct fs *fs, const struct shard_key *k, struct walk_dir *d)
+{
+	int sfd = ram_shard_open(fs->ram, k), rc;
+
+	if (sfd < 0)
+		return sfd;
+	rc = walk_dir_open(d, sfd);
+	close(sfd);   /* the walk reads its own open of the directory */
+	return rc;
+}
+
 /* A framework: pytorch shard's files are also top-level .save names of
  * the app's view: those that are still the shard's own inodes go with it. */
 static void unlink_file_views(struct fs *fs, const struct shard_key *k)
 {
-	int nsfd = ram_ns_fd(fs->ram), sfd = ram_shard_open(fs->ram, k);
+	int nsfd = ram_ns_fd(fs->ram), sfd;
 	const struct dirent *de;
 	struct walk_dir d;
 
-	if (sfd < 0)
+	if (shard_dir_open(fs, k, &d) < 0)
 		return;
-	if (walk_dir_open(&d, sfd) < 0) {
-		close(sfd);
-		return;
-	}
+	sfd = walk_dir_fd(&d);
 	while ((de = walk_dir_next(&d)) != NULL) {
 		struct stat a, b;
 		size_t l = strlen(de->d_name);
@@ -473,7 +483,6 @@ static void unlink_file_views(struct fs *fs, const struct shard_key *k)
 			fs_forget_name(fs, de->d_name);
 	}
 	walk_dir_close(&d);
-	close(sfd);
 }
 
 /* Drop one own shard: its store copy, its record, and its namespace view. */
@@ -824,7 +833,7 @@ static bool parse_save(const char *fn, const char *job, uint32_t rank, uint64_t 
  * files of every worker. */
 static void adopt_files(struct fs *fs, const struct shard_key *k)
 {
-	int sfd = ram_shard_open(fs->ram, k), nsfd = ram_ns_fd(fs->ram);
+	int sfd, nsfd = ram_ns_fd(fs->ram);
 	char stepname[sizeof(((struct fs_step *)0)->name)] = "";
 	ino_t *files = NULL;
 	uint32_t nf = 0;
@@ -832,12 +841,9 @@ static void adopt_files(struct fs *fs, const struct shard_key *k)
 	struct fs_step *s;
 	struct walk_dir d;
 
-	if (sfd < 0)
+	if (shard_dir_open(fs, k, &d) < 0)
 		return;
-	if (walk_dir_open(&d, sfd) < 0) {
-		close(sfd);
-		return;
-	}
+	sfd = walk_dir_fd(&d);
 	while ((de = walk_dir_next(&d)) != NULL) {
 		char sn[sizeof(stepname)];
 		struct stat a, b;
@@ -884,7 +890,6 @@ static void adopt_files(struct fs *fs, const struct shard_key *k)
 	pthread_mutex_unlock(&fs->mu);
 out:
 	walk_dir_close(&d);
-	close(sfd);
 	free(files);
 }
 
@@ -1050,14 +1055,10 @@ bool commit_file_frozen_locked(struct fs *fs, ino_t ino, uint64_t *step)
 static int find_save(struct fs *fs, const struct shard_key *k, uint32_t w, char *fn, size_t fnlen,
 		     char *stepname, size_t slen)
 {
-	int sfd = ram_shard_open(fs->ram, k), rc = -ENODATA;
 	const struct dirent *de;
 	struct walk_dir d;
+	int rc = shard_dir_open(fs, k, &d);
 
-	if (sfd < 0)
-		return sfd;
-	rc = walk_dir_open(&d, sfd);
-	close(sfd);   /* the walk reads its own open of the directory */
 	if (rc < 0)
 		return rc;
 	rc = -ENODATA;

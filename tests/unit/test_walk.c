@@ -50,6 +50,9 @@ static void test_every_entry_once(void **state)
 	assert_true(root >= 0);
 	make_tree(root);
 	assert_int_equal(walk_dir_open(&w, root), 0);
+	/* walk_dir_fd is the directory itself, not the caller's descriptor */
+	assert_true(walk_dir_fd(&w) >= 0 && walk_dir_fd(&w) != root);
+	assert_int_equal(faccessat(walk_dir_fd(&w), "d000/inner", F_OK, 0), 0);
 	while ((de = walk_dir_next(&w)) != NULL) {
 		int i = atoi(de->d_name + 1);
 		assert_true(de->d_name[0] == 'd' || de->d_name[0] == 'f');
@@ -83,6 +86,7 @@ static void test_errors(void **state)
 
 	assert_true(root >= 0);
 	assert_int_equal(walk_dir_open(&w, -1), -EBADF);
+	assert_int_equal(walk_dir_fd(&w), -1);
 	assert_null(walk_dir_next(&w));
 	assert_int_equal(walk_dir_close(&w), 0);
 	fd = openat(root, "file", O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
