@@ -212,6 +212,13 @@ out:
 	return 0;
 }
 
+/* 0 for an encoder that takes more, -EINVAL for none, else the error
+ * that spoilt it. */
+static int enc_usable(const struct ec_enc *e)
+{
+	return e ? e->failed : -EINVAL;
+}
+
 int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
 {
 	const struct ec_geom *g;
@@ -224,10 +231,9 @@ int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
 
 	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
-	if (!e)
-		return -EINVAL;
-	if (e->failed)
-		return e->failed;
+	rc = enc_usable(e);
+	if (rc)
+		return rc;
 	g = &e->g;
 	memset(&f, 0, sizeof f);
 	rc = io_read_full(fd, fixed, sizeof fixed);
@@ -313,10 +319,9 @@ int ec_enc_finish(struct ec_enc *e, char *err, size_t errlen)
 
 	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
-	if (!e)
-		return -EINVAL;
-	if (e->failed)
-		return e->failed;
+	rc = enc_usable(e);
+	if (rc)
+		return rc;
 	g = &e->g;
 	for (unsigned j = 0; j < g->k; j++)
 		if (!(e->added >> j & 1)) {
