@@ -526,16 +526,26 @@ static int syntax_pass(struct parse *p)
 	}
 }
 
+/* An event the grammar only expects (stream start, document end). */
+static int skip_event(struct parse *p)
+{
+	yaml_event_t ev;
+	int rc = next_event(p, &ev);
+
+	if (!rc)
+		yaml_event_delete(&ev);
+	return rc;
+}
+
 /* Pass 2: the grammar. */
 static int parse_stream(struct parse *p)
 {
 	yaml_event_t ev;
 	int rc;
 
-	rc = next_event(p, &ev); /* STREAM-START */
+	rc = skip_event(p); /* STREAM-START */
 	if (rc)
 		return rc;
-	yaml_event_delete(&ev);
 	rc = next_event(p, &ev);
 	if (rc)
 		return rc;
@@ -561,10 +571,9 @@ static int parse_stream(struct parse *p)
 	if (rc)
 		return rc;
 
-	rc = next_event(p, &ev); /* DOCUMENT-END */
+	rc = skip_event(p); /* DOCUMENT-END */
 	if (rc)
 		return rc;
-	yaml_event_delete(&ev);
 	rc = next_event(p, &ev);
 	if (rc)
 		return rc;

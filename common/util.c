@@ -1,4 +1,6 @@
 #include "common/util.h"
+#include "common/io.h"
+#include "common/walk.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -165,22 +167,14 @@ struct rm_level {
 /* Remove the non-directories of dirfd, collect its subdirectories into lv. */
 static int rm_scan(int dirfd, struct rm_level *lv, uint64_t *freed)
 {
-	struct dirent *de;
-	DIR *d;
-	int fd = dup(dirfd), rc = 0;
+	const struct dirent *de;
+	struct walk_dir d;
+	int rc = walk_dir_open(&d, dirfd);
 
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -ENOMEM;
-	}
-	rewinddir(d);
-	while ((de = readdir(d)) != NULL) {
+	if (rc < 0)
+		return rc;
+	while ((de = walk_dir_next(&d)) != NULL) {
 		struct stat st;
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
 		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			if (errno == ENOENT)
 				continue;
@@ -188,17 +182,12 @@ static int rm_scan(int dirfd, struct rm_level *lv, uint64_t *freed)
 			break;
 		}
 		if (S_ISDIR(st.st_mode)) {
-			char *n;
-			if (lv->nsub == lv->capsub) {
-				size_t nc = lv->capsub ? lv->capsub * 2 : 8;
-				char **ns = realloc(lv->sub, nc * sizeof(*ns));
-				if (!ns) {
-					rc = -ENOMEM;
-					break;
-				}
-				lv->sub = ns;
-				lv->capsub = nc;
+			char *n, **ns = util_grow(lv->sub, lv->nsub, &lv->capsub, sizeof(*ns), 8);
+			if (!ns) {
+				rc = -ENOMEM;
+				break;
 			}
+			lv->sub = ns;
 			n = strdup(de->d_name);
 			if (!n) {
 				rc = -ENOMEM;
@@ -216,7 +205,7 @@ static int rm_scan(int dirfd, struct rm_level *lv, uint64_t *freed)
 		if (freed && st.st_nlink == 1 && S_ISREG(st.st_mode))
 			*freed += (uint64_t)st.st_blocks * 512;
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	return rc;
 }
 
@@ -351,141 +340,17 @@ out:
 	return rc;
 }
 
-/* One open directory of util_walk and the length of its path. */
-struct walk_frame {
-	DIR *d;
-	size_t plen;
-};
-
-int util_walk(int rootfd, unsigned max_depth, unsigned flags, util_walk_fn fn, void *arg)
-{
-	struct walk_frame *fr = NULL;
-	size_t n = 0;
-	char *path = NULL;
-	int fd, rc = 0;
-
-	if (max_depth == 0)
-		return -EINVAL;
-	fr = calloc(max_depth, sizeof(*fr));
-	path = malloc(PATH_MAX);
-	if (!fr || !path) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	path[0] = '\0';
-	fd = dup(rootfd);
-	if (fd < 0) {
-		rc = -errno;
-		goto out;
-	}
-	fr[0].d = fdopendir(fd);
-	if (!fr[0].d) {
-		rc = -errno;
-		close(fd);
-		goto out;
-	}
-	rewinddir(fr[0].d);
-	n = 1;
-	while (n > 0) {
-		struct walk_frame *f = &fr[n - 1];
-		struct util_walk_ent e = { 0 };
-		struct dirent *de;
-		struct stat st;
-		int pfd = dirfd(f->d), r;
-
-		errno = 0;
-		de = readdir(f->d);
-		if (!de) {
-			if (errno) {
-				rc = -errno;
-				goto out;
-			}
-			closedir(f->d);
-			f->d = NULL;
-			n--;
-			continue;
-		}
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		if (fstatat(pfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-			if (errno == ENOENT)
-				continue;
-			rc = -errno;
-			goto out;
-		}
-		e.dirfd = pfd;
-		e.name = de->d_name;
-		e.depth = (unsigned)n;
-		e.st = &st;
-		if (!(flags & UTIL_WALK_NOPATH)) {
-			size_t nl = strlen(de->d_name), sep = f->plen ? 1 : 0;
-			if (f->plen + sep + nl >= PATH_MAX) {
-				rc = -ENAMETOOLONG;
-				goto out;
-			}
-			path[f->plen] = '/';
-			memcpy(path + f->plen + sep, de->d_name, nl + 1);
-			e.path = path;
-			e.pathlen = f->plen + sep + nl;
-		}
-		r = fn(arg, &e);
-		if (r < 0) {
-			rc = r;
-			goto out;
-		}
-		if (!S_ISDIR(st.st_mode) || r == UTIL_WALK_SKIP)
-			continue;
-		if (n >= max_depth) {
-			rc = -ELOOP;
-			goto out;
-		}
-		fd = openat(pfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0) {
-			if (errno == ENOENT)
-				continue;
-			rc = -errno;
-			goto out;
-		}
-		fr[n].d = fdopendir(fd);
-		if (!fr[n].d) {
-			rc = -errno;
-			close(fd);
-			goto out;
-		}
-		fr[n].plen = e.pathlen;
-		n++;
-	}
-out:
-	for (size_t i = 0; i < n; i++)
-		if (fr[i].d)
-			closedir(fr[i].d);
-	free(fr);
-	free(path);
-	return rc;
-}
-
 int util_write_file_atomic(int dirfd, const char *name, const void *buf, size_t len)
 {
 	char tmp[NAME_MAX + 1];
-	const char *p = buf;
-	int fd, rc = 0;
+	int fd, rc;
 
 	if ((size_t)snprintf(tmp, sizeof(tmp), ".%s.mtcfs-tmp", name) >= sizeof(tmp))
 		return -ENAMETOOLONG;
 	fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return -errno;
-	while (len > 0) {
-		ssize_t w = write(fd, p, len);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			rc = -errno;
-			break;
-		}
-		p += w;
-		len -= (size_t)w;
-	}
+	rc = io_write_full(fd, buf, len);
 	if (close(fd) < 0 && rc == 0)
 		rc = -errno;
 	if (rc == 0 && renameat(dirfd, tmp, dirfd, name) < 0)
@@ -500,6 +365,7 @@ int util_read_file_at(int dirfd, const char *name, size_t max, char **bufp, size
 	int fd, rc = 0;
 	char *buf = NULL;
 	size_t len = 0;
+	ssize_t got;
 
 	fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -509,22 +375,14 @@ int util_read_file_at(int dirfd, const char *name, size_t max, char **bufp, size
 		close(fd);
 		return -ENOMEM;
 	}
-	for (;;) {
-		ssize_t r = read(fd, buf + len, max + 1 - len);
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			rc = -errno;
-			break;
-		}
-		if (r == 0)
-			break;
-		len += (size_t)r;
-		if (len > max) {
-			rc = -EFBIG;
-			break;
-		}
-	}
+	/* one byte more than max tells a file that is too big */
+	got = io_read_upto(fd, buf, max + 1);
+	if (got < 0)
+		rc = (int)got;
+	else if ((size_t)got > max)
+		rc = -EFBIG;
+	else
+		len = (size_t)got;
 	close(fd);
 	if (rc < 0) {
 		free(buf);
@@ -534,6 +392,22 @@ int util_read_file_at(int dirfd, const char *name, size_t max, char **bufp, size
 	*bufp = buf;
 	*lenp = len;
 	return 0;
+}
+
+void *util_grow(void *v, size_t n, size_t *cap, size_t elem, size_t first)
+{
+	size_t nc;
+	void *p;
+
+	if (n < *cap)
+		return v;
+	nc = *cap ? *cap * 2 : first;
+	if (nc <= n || elem == 0 || nc > SIZE_MAX / elem)
+		return NULL;
+	p = realloc(v, nc * elem);
+	if (p)
+		*cap = nc;
+	return p;
 }
 
 uint64_t util_now_ns(void)

@@ -1,5 +1,5 @@
 /* util: small helpers shared by fs/, tiers/ and net/: size parsing, bounded
- * path checks, directory walking and removal. Thread-safe, no global state.
+ * path checks, directory creation and removal. Thread-safe, no global state.
  * Returned strings are owned by the caller unless said otherwise. */
 #ifndef MTCFS_COMMON_UTIL_H
 #define MTCFS_COMMON_UTIL_H
@@ -29,32 +29,15 @@ int util_mkdirs_at(int dirfd, const char *rel, unsigned mode);
  * the inode recorded on the way down (-ESTALE if the tree moved). */
 int util_rmtree_at(int dirfd, const char *name, uint64_t *freed);
 
-/* ---- directory walks: iterative and bounded ----
- * util_walk() visits every entry below rootfd depth-first, a directory
- * before its entries, entries of a directory in readdir order. There is no
- * recursion: open directories live on a heap stack, one descriptor per
- * level, so a walk needs at most max_depth descriptors. A directory at
- * depth max_depth that would be entered fails the walk with -ELOOP; a path
- * of PATH_MAX or more fails it with -ENAMETOOLONG (unless UTIL_WALK_NOPATH).
- * Entries that vanish during the walk are skipped. */
-struct util_walk_ent {
-	int dirfd;               /* the entry's parent directory; borrowed, valid during the call */
-	const char *name;        /* its name in dirfd */
-	const char *path;        /* relative to the root ("a/b/c"); NULL with UTIL_WALK_NOPATH */
-	size_t pathlen;
-	unsigned depth;          /* 1 for the entries directly in the root */
-	const struct stat *st;   /* lstat of the entry */
-};
-/* The callback returns 0 to go on (and enter a directory), UTIL_WALK_SKIP
- * not to enter this directory, or -errno to stop the walk with that error. */
-#define UTIL_WALK_SKIP 1
-#define UTIL_WALK_NOPATH 0x1u
-typedef int (*util_walk_fn)(void *arg, const struct util_walk_ent *e);
-int util_walk(int rootfd, unsigned max_depth, unsigned flags, util_walk_fn fn, void *arg);
 /* Write a whole buffer to dirfd/name via name.tmp + rename. 0 or -errno. */
 int util_write_file_atomic(int dirfd, const char *name, const void *buf, size_t len);
 /* Read a whole small file (<= max bytes) into a malloc'd NUL-terminated buffer. */
 int util_read_file_at(int dirfd, const char *name, size_t max, char **buf, size_t *len);
+/* Room for element n of the array v of *cap elements of elem bytes: v
+ * itself when n < *cap, else v grown to twice *cap (first elements the
+ * first time) with *cap updated. NULL when out of memory, v then still
+ * valid and *cap unchanged. The array-growing step the tree repeated. */
+void *util_grow(void *v, size_t n, size_t *cap, size_t elem, size_t first);
 /* Monotonic time in nanoseconds. */
 uint64_t util_now_ns(void);
 

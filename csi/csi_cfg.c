@@ -36,9 +36,7 @@ void csi_cfg_free(struct csi_cfg *c)
 	csi_cfg_init(c);
 }
 
-static int fail(char *err, size_t cap, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t cap, const char *fmt, ...)
+int csi_fail(char *err, size_t cap, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -58,7 +56,7 @@ static int set_str(char **dst, yaml_node_t *v, const char *key, char *err, size_
 	const char *s = scalar(v);
 
 	if (!s || !*s)
-		return fail(err, cap, "%s: expected a non-empty string", key);
+		return csi_fail(err, cap, "%s: expected a non-empty string", key);
 	free(*dst);
 	*dst = strdup(s);
 	return *dst ? 0 : -ENOMEM;
@@ -71,7 +69,7 @@ static int set_uint(unsigned *dst, yaml_node_t *v, uint64_t max, const char *key
 	uint64_t u;
 
 	if (!s || util_parse_u64(s, max, &u) < 0)
-		return fail(err, cap, "%s: expected an integer 0..%llu", key, (unsigned long long)max);
+		return csi_fail(err, cap, "%s: expected an integer 0..%llu", key, (unsigned long long)max);
 	*dst = (unsigned)u;
 	return 0;
 }
@@ -84,9 +82,9 @@ static int set_bucket(struct csi_cfg *c, yaml_node_t *v, char *err, size_t cap)
 	size_t n;
 
 	if (!s || !*s)
-		return fail(err, cap, "cloudStorageBucketName: expected a bucket name");
+		return csi_fail(err, cap, "cloudStorageBucketName: expected a bucket name");
 	if (strchr(s, ','))
-		return fail(err, cap, "cloudStorageBucketName: a comma cannot be in a mount option");
+		return csi_fail(err, cap, "cloudStorageBucketName: a comma cannot be in a mount option");
 	free(c->bucket);
 	if (strstr(s, "://")) {
 		c->bucket = strdup(s);
@@ -106,13 +104,13 @@ static int set_list(yaml_document_t *d, yaml_node_t *v, char ***dst, size_t *n,
 	yaml_node_item_t *it;
 
 	if (!v || v->type != YAML_SEQUENCE_NODE)
-		return fail(err, cap, "%s: expected a list of strings", key);
+		return csi_fail(err, cap, "%s: expected a list of strings", key);
 	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
 		const char *s = scalar(yaml_document_get_node(d, *it));
 		char **grown;
 
 		if (!s || !*s || strchr(s, ','))
-			return fail(err, cap, "%s: items must be non-empty strings without ','", key);
+			return csi_fail(err, cap, "%s: items must be non-empty strings without ','", key);
 		if (!dst) {             /* counted only */
 			(*n)++;
 			continue;
@@ -139,22 +137,22 @@ static int apply(struct csi_cfg *c, yaml_document_t *d, const char *k, yaml_node
 		if (rc < 0)
 			return rc;
 		if (util_parse_size(c->ram_size, &c->ram_bytes) < 0 || !c->ram_bytes)
-			return fail(err, cap, "inMemoryVolumeSize: %s is not a size (200Gi, 512M)",
+			return csi_fail(err, cap, "inMemoryVolumeSize: %s is not a size (200Gi, 512M)",
 				    c->ram_size);
 		return 0;
 	}
 	/* scheduling of the DaemonSet: the driver only checks their shape */
 	if (!strcmp(k, "nodeSelector"))
 		return v->type == YAML_MAPPING_NODE ? 0 :
-			fail(err, cap, "nodeSelector: expected a map");
+			csi_fail(err, cap, "nodeSelector: expected a map");
 	if (!strcmp(k, "tolerations"))
 		return v->type == YAML_SEQUENCE_NODE ? 0 :
-			fail(err, cap, "tolerations: expected a list");
+			csi_fail(err, cap, "tolerations: expected a list");
 	if (!strcmp(k, "gcsFuseMountOptions"))
 		return set_list(d, v, NULL, &c->n_gcsfuse_opts, k, err, cap);
 	if (!strcmp(k, "peerPort")) {
 		int rc = set_uint(&c->peer_port, v, 65535, k, err, cap);
-		return rc < 0 ? rc : c->peer_port ? 0 : fail(err, cap, "peerPort: 0 is not a port");
+		return rc < 0 ? rc : c->peer_port ? 0 : csi_fail(err, cap, "peerPort: 0 is not a port");
 	}
 	if (!strcmp(k, "metricsPort"))
 		return set_uint(&c->metrics_port, v, 65535, k, err, cap);
@@ -168,7 +166,7 @@ static int apply(struct csi_cfg *c, yaml_document_t *d, const char *k, yaml_node
 		return set_str(&c->gcs_endpoint, v, k, err, cap);
 	if (!strcmp(k, "mountOptions"))
 		return set_list(d, v, &c->mount_opts, &c->n_mount_opts, k, err, cap);
-	return fail(err, cap, "unknown key %s", k);
+	return csi_fail(err, cap, "unknown key %s", k);
 }
 
 static yaml_node_t *map_get(yaml_document_t *d, yaml_node_t *m, const char *key)
@@ -196,7 +194,7 @@ int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, siz
 		return -ENOMEM;
 	yaml_parser_set_input_string(&parser, (const unsigned char *)buf, len);
 	if (!yaml_parser_load(&parser, &doc)) {
-		rc = fail(err, errcap, "not YAML: %s at line %zu",
+		rc = csi_fail(err, errcap, "not YAML: %s at line %zu",
 			  parser.problem ? parser.problem : "syntax error",
 			  parser.problem_mark.line + 1);
 		goto out;
@@ -206,13 +204,13 @@ int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, siz
 	if (!root)              /* an empty file: all defaults */
 		goto out;
 	if (root->type != YAML_MAPPING_NODE) {
-		rc = fail(err, errcap, "expected a mapping (a CheckpointConfiguration or its spec)");
+		rc = csi_fail(err, errcap, "expected a mapping (a CheckpointConfiguration or its spec)");
 		goto out;
 	}
 	spec = map_get(&doc, root, "spec");
 	if (spec) {
 		if (spec->type != YAML_MAPPING_NODE) {
-			rc = fail(err, errcap, "spec: expected a mapping");
+			rc = csi_fail(err, errcap, "spec: expected a mapping");
 			goto out;
 		}
 	} else {
@@ -223,7 +221,7 @@ int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, siz
 		yaml_node_t *v = yaml_document_get_node(&doc, p->value);
 
 		if (!k || !v) {
-			rc = fail(err, errcap, "a key must be a string");
+			rc = csi_fail(err, errcap, "a key must be a string");
 			goto out;
 		}
 		/* the object's envelope, when the whole resource was given */
@@ -239,7 +237,7 @@ int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, siz
 			const char *k = scalar(yaml_document_get_node(&doc, p->key));
 			if (!k || (strcmp(k, "apiVersion") && strcmp(k, "kind") &&
 				   strcmp(k, "metadata") && strcmp(k, "spec") && strcmp(k, "status"))) {
-				rc = fail(err, errcap, "unknown top-level key %s", k ? k : "?");
+				rc = csi_fail(err, errcap, "unknown top-level key %s", k ? k : "?");
 				goto out;
 			}
 		}

@@ -25,6 +25,9 @@ struct csi_cfg {
 
 /* Defaults only (no file). */
 void csi_cfg_init(struct csi_cfg *c);
+/* Format an error for the caller's err[cap] and return -EINVAL: the one
+ * way csi's parsers (config, pod info, watch answers) refuse input. */
+int csi_fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Parse PATH (YAML or JSON: a whole CheckpointConfiguration object or just
  * its spec map). Returns 0, or -EINVAL with a one-line reason in err (an

@@ -122,6 +122,17 @@ static int mount_point(const char *path, dev_t *dev)
 	return a.st_dev != b.st_dev || a.st_ino == b.st_ino;
 }
 
+/* Mount the RAM tier's tmpfs on root: bytes big (0: the kernel's default
+ * size), with huge pages if asked; the options used in opts. 0 or -errno. */
+static int mount_ram(const char *root, bool huge, uint64_t bytes, char *opts, size_t cap)
+{
+	int n = snprintf(opts, cap, "%smode=0700", huge ? "huge=always," : "");
+
+	if (bytes && n > 0 && (size_t)n < cap)
+		snprintf(opts + n, cap - (size_t)n, ",size=%llu", (unsigned long long)bytes);
+	return mount("mtcfs-ram", root, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0 ? -errno : 0;
+}
+
 static int ram_tier(struct csi_node *n, char *err, size_t cap)
 {
 	const uint64_t ram_bytes = n->ram_bytes;
@@ -142,27 +153,14 @@ static int ram_tier(struct csi_node *n, char *err, size_t cap)
 	}
 	if (rc == 1)
 		return fail(err, cap, -EEXIST, "%s is a mount point but not a tmpfs", n->o.ram_root);
-	if (ram_bytes)
-		snprintf(opts, sizeof(opts), "huge=always,mode=0700,size=%llu",
-			 (unsigned long long)ram_bytes);
-	else
-		snprintf(opts, sizeof(opts), "huge=always,mode=0700");
-	if (mount("mtcfs-ram", n->o.ram_root, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
-		rc = -errno;
-		if (rc != -EINVAL)
-			return fail(err, cap, rc, "mount tmpfs on %s: %s", n->o.ram_root, strerror(-rc));
+	rc = mount_ram(n->o.ram_root, true, ram_bytes, opts, sizeof(opts));
+	if (rc == -EINVAL) {
 		/* a kernel without transparent huge pages for shmem refuses huge= */
 		log_warn(MOD, "tmpfs huge=always refused (no THP for shmem?): mounting without it");
-		if (ram_bytes)
-			snprintf(opts, sizeof(opts), "mode=0700,size=%llu",
-				 (unsigned long long)ram_bytes);
-		else
-			snprintf(opts, sizeof(opts), "mode=0700");
-		if (mount("mtcfs-ram", n->o.ram_root, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
-			rc = -errno;
-			return fail(err, cap, rc, "mount tmpfs on %s: %s", n->o.ram_root, strerror(-rc));
-		}
+		rc = mount_ram(n->o.ram_root, false, ram_bytes, opts, sizeof(opts));
 	}
+	if (rc < 0)
+		return fail(err, cap, rc, "mount tmpfs on %s: %s", n->o.ram_root, strerror(-rc));
 	log_info(MOD, "RAM tier mounted at %s (tmpfs %s)", n->o.ram_root, opts);
 	return 0;
 }

@@ -1,6 +1,7 @@
 /* csi_pod.c: the JobSet pod's place in its job, from its name and the
  * volume attributes (csi.md "Volume attributes"). */
 #include "csi/csi_pod.h"
+#include "csi/csi_cfg.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -10,18 +11,6 @@
 #include <string.h>
 
 #define POD_PREFIX "csi.storage.k8s.io/"
-
-static int fail(char *err, size_t cap, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t cap, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, cap, fmt, ap);
-	va_end(ap);
-	return -EINVAL;
-}
 
 /* A name that is safe as one directory component and in a mount option:
  * letters, digits, '-', '_', '.', not starting with '.' (no "..", no
@@ -136,7 +125,7 @@ static int parse_uint(const char *k, const char *v, uint64_t max, unsigned *out,
 	uint64_t u;
 
 	if (util_parse_u64(v, max, &u) < 0)
-		return fail(err, cap, "volume attribute %s=%s: expected an integer 0..%llu", k, v,
+		return csi_fail(err, cap, "volume attribute %s=%s: expected an integer 0..%llu", k, v,
 			    (unsigned long long)max);
 	*out = (unsigned)u;
 	return 0;
@@ -158,7 +147,7 @@ int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *er
 			const char *s = k + sizeof(POD_PREFIX) - 1;
 			if (!strcmp(s, "pod.name")) {
 				if (copy(p->pod, sizeof(p->pod), v, strlen(v)) < 0)
-					return fail(err, errcap, "pod name too long");
+					return csi_fail(err, errcap, "pod name too long");
 			} else if (!strcmp(s, "pod.namespace")) {
 				a_ns = v;
 			}
@@ -177,7 +166,7 @@ int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *er
 			if (rc < 0)
 				return rc;
 			if (!p->pods_per_job)
-				return fail(err, errcap, "volume attribute podsPerJob=0: must be >= 1");
+				return csi_fail(err, errcap, "volume attribute podsPerJob=0: must be >= 1");
 		} else if (!strcmp(k, "rank")) {
 			rc = parse_uint(k, v, 1u << 20, &rank, err, errcap);
 			if (rc < 0)
@@ -188,27 +177,27 @@ int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *er
 			if (rc < 0)
 				return rc;
 			if (!p->peer_port)
-				return fail(err, errcap, "volume attribute peerPort=0 is not a port");
+				return csi_fail(err, errcap, "volume attribute peerPort=0 is not a port");
 		} else if (!strcmp(k, "coordinator")) {
 			if (!*v || strchr(v, ',') || strchr(v, '/') ||
 			    copy(p->coordinator, sizeof(p->coordinator), v, strlen(v)) < 0)
-				return fail(err, errcap, "volume attribute coordinator=%s: expected HOST:PORT", v);
+				return csi_fail(err, errcap, "volume attribute coordinator=%s: expected HOST:PORT", v);
 		} else if (!strcmp(k, "subdomain")) {
 			if (!safe_name(v, 63))
-				return fail(err, errcap, "volume attribute subdomain=%s: not a Service name", v);
+				return csi_fail(err, errcap, "volume attribute subdomain=%s: not a Service name", v);
 			copy(p->subdomain, sizeof(p->subdomain), v, strlen(v));
 		} else if (!strcmp(k, "ramSize")) {
 			uint64_t b;
 			if (util_parse_size(v, &b) < 0 || !b ||
 			    copy(p->ram_size, sizeof(p->ram_size), v, strlen(v)) < 0)
-				return fail(err, errcap, "volume attribute ramSize=%s: not a size (512M, 4Gi)", v);
+				return csi_fail(err, errcap, "volume attribute ramSize=%s: not a size (512M, 4Gi)", v);
 		} else {
-			return fail(err, errcap, "unknown volume attribute %s", k);
+			return csi_fail(err, errcap, "unknown volume attribute %s", k);
 		}
 	}
 	if (a_ns && *a_ns) {
 		if (!safe_name(a_ns, 63))
-			return fail(err, errcap, "namespace %s cannot name a directory", a_ns);
+			return csi_fail(err, errcap, "namespace %s cannot name a directory", a_ns);
 		copy(p->namespace_, sizeof(p->namespace_), a_ns, strlen(a_ns));
 	} else {
 		copy(p->namespace_, sizeof(p->namespace_), "default", 7);
@@ -216,21 +205,21 @@ int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *er
 	if (p->pod[0]) {
 		if (parse_pod_name(p, a_jobset, a_rjob) < 0) {
 			if (!a_job || !have_rank)
-				return fail(err, errcap,
+				return csi_fail(err, errcap,
 					    "pod %s is not named <jobset>-<rjob>-<jobIndex>-<podIndex>-<suffix>%s: "
 					    "set the jobName and rank volume attributes",
 					    p->pod, a_jobset || a_rjob ? " with the given jobSetName/replicatedJobName" : "");
 		}
 	} else if (!a_job || !have_rank) {
-		return fail(err, errcap, "no pod name (podInfoOnMount): the jobName and rank volume attributes are required");
+		return csi_fail(err, errcap, "no pod name (podInfoOnMount): the jobName and rank volume attributes are required");
 	}
 	if (a_job) {
 		if (!safe_name(a_job, 63))
-			return fail(err, errcap, "jobName %s: 1-63 of [A-Za-z0-9._-], not starting with '.'", a_job);
+			return csi_fail(err, errcap, "jobName %s: 1-63 of [A-Za-z0-9._-], not starting with '.'", a_job);
 		copy(p->job, sizeof(p->job), a_job, strlen(a_job));
 	} else {
 		if (!safe_name(p->jobset, 63))
-			return fail(err, errcap, "JobSet name %s cannot name a directory", p->jobset);
+			return csi_fail(err, errcap, "JobSet name %s cannot name a directory", p->jobset);
 		copy(p->job, sizeof(p->job), p->jobset, strlen(p->jobset));
 	}
 	if (have_rank) {
@@ -238,16 +227,16 @@ int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *er
 	} else {
 		uint64_t r = (uint64_t)p->job_index * p->pods_per_job + p->pod_index;
 		if (p->pod_index >= p->pods_per_job)
-			return fail(err, errcap, "pod index %u >= podsPerJob %u", p->pod_index,
+			return csi_fail(err, errcap, "pod index %u >= podsPerJob %u", p->pod_index,
 				    p->pods_per_job);
 		if (r > (1u << 20))
-			return fail(err, errcap, "rank %llu out of range", (unsigned long long)r);
+			return csi_fail(err, errcap, "rank %llu out of range", (unsigned long long)r);
 		p->rank = (unsigned)r;
 	}
 	if (!p->subdomain[0] && p->jobset[0])
 		copy(p->subdomain, sizeof(p->subdomain), p->jobset, strlen(p->jobset));
 	if (!p->coordinator[0] && !p->jobset[0])
-		return fail(err, errcap, "no JobSet pod name to find rank 0 by: set the coordinator volume attribute");
+		return csi_fail(err, errcap, "no JobSet pod name to find rank 0 by: set the coordinator volume attribute");
 	return 0;
 }
 

@@ -37,18 +37,6 @@ struct csi_watch {
 	int last;                   /* last answer logged: HTTP status, -1 no answer, 0 none yet */
 };
 
-static int fail(char *err, size_t cap, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t cap, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, cap, fmt, ap);
-	va_end(ap);
-	return -EINVAL;
-}
-
 /* A name the API would accept in a path (DNS-1123 subdomain characters):
  * nothing in it can change the URL. */
 static bool k8s_name(const char *s, size_t len)
@@ -71,18 +59,18 @@ static int build_url(struct csi_watch *w, char *err, size_t cap)
 	if (!base) {
 		const char *h = getenv("KUBERNETES_SERVICE_HOST"), *p = getenv("KUBERNETES_SERVICE_PORT");
 		if (!h || !*h)
-			return fail(err, cap, "--watch-config: KUBERNETES_SERVICE_HOST is not set "
+			return csi_fail(err, cap, "--watch-config: KUBERNETES_SERVICE_HOST is not set "
 				    "(not in a pod? give --kube-api URL)");
 		n = snprintf(defbase, sizeof(defbase), strchr(h, ':') ? "https://[%s]:%s" : "https://%s:%s",
 			     h, p && *p ? p : "443");
 		if (n < 0 || (size_t)n >= sizeof(defbase))
-			return fail(err, cap, "KUBERNETES_SERVICE_HOST too long");
+			return csi_fail(err, cap, "KUBERNETES_SERVICE_HOST too long");
 		base = defbase;
 	}
 	if (!strncmp(what, "checkpointconfiguration/", 24)) {
 		what += 24;
 		if (!k8s_name(what, strlen(what)))
-			return fail(err, cap, "--watch-config %s: bad name", w->o.what);
+			return csi_fail(err, cap, "--watch-config %s: bad name", w->o.what);
 		n = snprintf(w->url, sizeof(w->url),
 			     "%s/apis/checkpointing.mtcfs.dev/v1/checkpointconfigurations/%s", base, what);
 	} else if (!strncmp(what, "configmap/", 10)) {
@@ -90,17 +78,17 @@ static int build_url(struct csi_watch *w, char *err, size_t cap)
 		slash = strchr(what, '/');
 		if (!slash || !k8s_name(what, (size_t)(slash - what)) ||
 		    !k8s_name(slash + 1, strlen(slash + 1)))
-			return fail(err, cap, "--watch-config %s: expected configmap/NAMESPACE/NAME",
+			return csi_fail(err, cap, "--watch-config %s: expected configmap/NAMESPACE/NAME",
 				    w->o.what);
 		w->configmap = true;
 		n = snprintf(w->url, sizeof(w->url), "%s/api/v1/namespaces/%.*s/configmaps/%s", base,
 			     (int)(slash - what), what, slash + 1);
 	} else {
-		return fail(err, cap, "--watch-config %s: expected checkpointconfiguration/NAME or "
+		return csi_fail(err, cap, "--watch-config %s: expected checkpointconfiguration/NAME or "
 			    "configmap/NAMESPACE/NAME", w->o.what);
 	}
 	if (n < 0 || (size_t)n >= sizeof(w->url))
-		return fail(err, cap, "--watch-config: URL too long");
+		return csi_fail(err, cap, "--watch-config: URL too long");
 	return 0;
 }
 
@@ -202,7 +190,7 @@ static int object_size(struct csi_watch *w, const struct buf *b, uint64_t *bytes
 	int rc;
 
 	if (!b->p)
-		return fail(err, cap, "empty answer");
+		return csi_fail(err, cap, "empty answer");
 	if (w->configmap) {
 		json_error_t je;
 		json_t *v;
@@ -211,7 +199,7 @@ static int object_size(struct csi_watch *w, const struct buf *b, uint64_t *bytes
 		v = json_object_get(json_object_get(root, "data"), "config.yaml");
 		if (!json_is_string(v)) {
 			json_decref(root);
-			return fail(err, cap, "the ConfigMap has no data key config.yaml");
+			return csi_fail(err, cap, "the ConfigMap has no data key config.yaml");
 		}
 		spec = json_string_value(v);
 		len = json_string_length(v);
@@ -296,7 +284,7 @@ int csi_watch_start(const struct csi_watch_opts *o, struct csi_node *n, struct c
 
 	*out = NULL;
 	if (!o->interval_s || !o->grace)
-		return fail(err, errcap, "--watch-interval and --watch-grace must be >= 1");
+		return csi_fail(err, errcap, "--watch-interval and --watch-grace must be >= 1");
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
@@ -313,7 +301,7 @@ int csi_watch_start(const struct csi_watch_opts *o, struct csi_node *n, struct c
 	}
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
 		free(w);
-		return fail(err, errcap, "curl_global_init failed");
+		return csi_fail(err, errcap, "curl_global_init failed");
 	}
 	pthread_mutex_init(&w->mu, NULL);
 	pthread_condattr_init(&ca);
@@ -325,7 +313,7 @@ int csi_watch_start(const struct csi_watch_opts *o, struct csi_node *n, struct c
 		pthread_cond_destroy(&w->cv);
 		pthread_mutex_destroy(&w->mu);
 		free(w);
-		return fail(err, errcap, "watch thread: %s", strerror(rc));
+		return csi_fail(err, errcap, "watch thread: %s", strerror(rc));
 	}
 	log_info(MOD, "watching %s at %s every %u s (deleted after %u not-found polls in a row)",
 		 o->what, w->url, o->interval_s, o->grace);

@@ -10,6 +10,7 @@
 #include "tiers/restore.h"
 #include "common/metrics.h"
 #include "common/util.h"
+#include "common/walk.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -424,20 +425,16 @@ void commit_hide(struct fs *fs, uint64_t step)
 static void unlink_views(struct fs *fs, const struct shard_key *k)
 {
 	char rel[512], target[600], buf[600];
-	int nsfd = ram_ns_fd(fs->ram), fd;
-	struct dirent *de;
-	DIR *d;
+	int nsfd = ram_ns_fd(fs->ram);
+	const struct dirent *de;
+	struct walk_dir d;
 
 	if (ram_shard_relpath(k, rel, sizeof(rel)) < 0)
 		return;
 	snprintf(target, sizeof(target), ".mtcfs/%s", rel);
-	fd = openat(nsfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
+	if (walk_dir_open(&d, nsfd) < 0)
 		return;
-	}
-	while ((de = readdir(d)) != NULL) {
+	while ((de = walk_dir_next(&d)) != NULL) {
 		ssize_t l;
 		if (de->d_type != DT_LNK)
 			continue;
@@ -448,24 +445,34 @@ static void unlink_views(struct fs *fs, const struct shard_key *k)
 		if (!strcmp(buf, target) || (!strncmp(buf, target, strlen(target)) && buf[strlen(target)] == '/'))
 			unlinkat(nsfd, de->d_name, 0);
 	}
-	closedir(d);
+	walk_dir_close(&d);
+}
+
+/* List the store directory of shard k: 0 or -errno. walk_dir_fd(d) is
+ * the directory for *at() calls on the entries. */
+static int shard_dir_open(struct fs *fs, const struct shard_key *k, struct walk_dir *d)
+{
+	int sfd = ram_shard_open(fs->ram, k), rc;
+
+	if (sfd < 0)
+		return sfd;
+	rc = walk_dir_open(d, sfd);
+	close(sfd);   /* the walk reads its own open of the directory */
+	return rc;
 }
 
 /* A framework: pytorch shard's files are also top-level .save names of
  * the app's view: those that are still the shard's own inodes go with it. */
 static void unlink_file_views(struct fs *fs, const struct shard_key *k)
 {
-	int nsfd = ram_ns_fd(fs->ram), sfd = ram_shard_open(fs->ram, k);
-	struct dirent *de;
-	DIR *d;
+	int nsfd = ram_ns_fd(fs->ram), sfd;
+	const struct dirent *de;
+	struct walk_dir d;
 
-	if (sfd < 0)
+	if (shard_dir_open(fs, k, &d) < 0)
 		return;
-	if (!(d = fdopendir(sfd))) {
-		close(sfd);
-		return;
-	}
-	while ((de = readdir(d)) != NULL) {
+	sfd = walk_dir_fd(&d);
+	while ((de = walk_dir_next(&d)) != NULL) {
 		struct stat a, b;
 		size_t l = strlen(de->d_name);
 		if (l < 6 || strcmp(de->d_name + l - 5, ".save"))
@@ -475,7 +482,7 @@ static void unlink_file_views(struct fs *fs, const struct shard_key *k)
 		    unlinkat(nsfd, de->d_name, 0) == 0)
 			fs_forget_name(fs, de->d_name);
 	}
-	closedir(d);
+	walk_dir_close(&d);
 }
 
 /* Drop one own shard: its store copy, its record, and its namespace view. */
@@ -745,16 +752,14 @@ int commit_init(struct fs *fs)
 /* Name of the top-level step directory with inode ino. 0 or -ENOENT. */
 static int find_top_dir(struct fs *fs, ino_t ino, char *name, size_t len, uint64_t *step)
 {
-	int fd = openat(ram_ns_fd(fs->ram), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = -ENOENT;
-	struct dirent *de;
-	DIR *d;
+	const struct dirent *de;
+	struct walk_dir d;
+	int rc = walk_dir_open(&d, ram_ns_fd(fs->ram));
 
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
-		return -errno;
-	}
-	while ((de = readdir(d)) != NULL) {
+	if (rc < 0)
+		return rc;
+	rc = -ENOENT;
+	while ((de = walk_dir_next(&d)) != NULL) {
 		if (de->d_ino == ino && util_is_step_name(de->d_name, step) &&
 		    strlen(de->d_name) < len) {
 			snprintf(name, len, "%s", de->d_name);
@@ -762,7 +767,7 @@ static int find_top_dir(struct fs *fs, ino_t ino, char *name, size_t len, uint64
 			break;
 		}
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	return rc;
 }
 
@@ -828,21 +833,18 @@ static bool parse_save(const char *fn, const char *job, uint32_t rank, uint64_t 
  * files of every worker. */
 static void adopt_files(struct fs *fs, const struct shard_key *k)
 {
-	int sfd = ram_shard_open(fs->ram, k), nsfd = ram_ns_fd(fs->ram);
+	int sfd, nsfd = ram_ns_fd(fs->ram);
 	char stepname[sizeof(((struct fs_step *)0)->name)] = "";
 	ino_t *files = NULL;
 	uint32_t nf = 0;
-	struct dirent *de;
+	const struct dirent *de;
 	struct fs_step *s;
-	DIR *d;
+	struct walk_dir d;
 
-	if (sfd < 0)
+	if (shard_dir_open(fs, k, &d) < 0)
 		return;
-	if (!(d = fdopendir(sfd))) {
-		close(sfd);
-		return;
-	}
-	while ((de = readdir(d)) != NULL) {
+	sfd = walk_dir_fd(&d);
+	while ((de = walk_dir_next(&d)) != NULL) {
 		char sn[sizeof(stepname)];
 		struct stat a, b;
 		uint64_t step;
@@ -887,7 +889,7 @@ static void adopt_files(struct fs *fs, const struct shard_key *k)
 	}
 	pthread_mutex_unlock(&fs->mu);
 out:
-	closedir(d);
+	walk_dir_close(&d);
 	free(files);
 }
 
@@ -977,9 +979,8 @@ void commit_top_file_done(struct fs *fs)
 	size_t n = 0, cap = 0;
 	uint32_t rank, workers;
 	char job[129];
-	struct dirent *de;
-	DIR *d;
-	int fd;
+	const struct dirent *de;
+	struct walk_dir d;
 
 	pthread_mutex_lock(&fs->mu);
 	if (!fs->save_files || fs->workers == 0) {
@@ -993,15 +994,12 @@ void commit_top_file_done(struct fs *fs)
 
 	/* no create or write open is between its open and its writer count */
 	pthread_rwlock_wrlock(&fs->open_lk);
-	fd = openat(ram_ns_fd(fs->ram), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
+	if (walk_dir_open(&d, ram_ns_fd(fs->ram)) < 0) {
 		pthread_rwlock_unlock(&fs->open_lk);
 		return;
 	}
-	while ((de = readdir(d)) != NULL && n < SAVE_SCAN_MAX) {
-		struct save_ent e;
+	while (n < SAVE_SCAN_MAX && (de = walk_dir_next(&d)) != NULL) {
+		struct save_ent e, *nv;
 		struct stat st;
 		if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
 			continue;
@@ -1013,17 +1011,13 @@ void commit_top_file_done(struct fs *fs)
 			continue;
 		e.ino = st.st_ino;
 		e.dev = st.st_dev;
-		if (n == cap) {
-			size_t nc = cap ? cap * 2 : 16;
-			struct save_ent *nv = realloc(v, nc * sizeof(*nv));
-			if (!nv)
-				break;
-			v = nv;
-			cap = nc;
-		}
+		nv = util_grow(v, n, &cap, sizeof(*nv), 16);
+		if (!nv)
+			break;
+		v = nv;
 		v[n++] = e;
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	if (n > 1)
 		qsort(v, n, sizeof(*v), cmp_save);
 	/* Each worker's file commits on its own once it is closed (GKE waits
@@ -1066,17 +1060,14 @@ bool commit_file_frozen_locked(struct fs *fs, ino_t ino, uint64_t *step)
 static int find_save(struct fs *fs, const struct shard_key *k, uint32_t w, char *fn, size_t fnlen,
 		     char *stepname, size_t slen)
 {
-	int sfd = ram_shard_open(fs->ram, k), rc = -ENODATA;
-	struct dirent *de;
-	DIR *d;
+	const struct dirent *de;
+	struct walk_dir d;
+	int rc = shard_dir_open(fs, k, &d);
 
-	if (sfd < 0)
-		return sfd;
-	if (!(d = fdopendir(sfd))) {
-		close(sfd);
-		return -errno;
-	}
-	while ((de = readdir(d)) != NULL) {
+	if (rc < 0)
+		return rc;
+	rc = -ENODATA;
+	while ((de = walk_dir_next(&d)) != NULL) {
 		uint64_t step;
 		uint32_t fw;
 		size_t l = strlen(de->d_name);
@@ -1089,7 +1080,7 @@ static int find_save(struct fs *fs, const struct shard_key *k, uint32_t w, char 
 			break;
 		}
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	return rc;
 }
 

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
+#include "common/walk.h"
 #include "tiers/lifecycle.h"
 #include "tiers/restore.h"
 
@@ -65,25 +66,22 @@ static void report_failed(struct fs *fs, const char *msg)
  * Committed steps leave only the app's view: the shard store keeps them. */
 static void clean_namespace(struct fs *fs)
 {
-	int nsfd = ram_ns_fd(fs->ram), fd;
-	struct dirent *de;
-	DIR *d;
+	int nsfd = ram_ns_fd(fs->ram), rc;
+	const struct dirent *de;
+	struct walk_dir d;
 	uint64_t freed = 0;
 
 	/* let in-flight commits finish sealing first */
 	workq_drain(fs->sealq);
-	fd = openat(nsfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
-		log_err("ctl", "cannot list the namespace: %s", strerror(errno));
+	rc = walk_dir_open(&d, nsfd);
+	if (rc < 0) {
+		log_err("ctl", "cannot list the namespace: %s", strerror(-rc));
 		return;
 	}
-	while ((de = readdir(d)) != NULL) {
+	while ((de = walk_dir_next(&d)) != NULL) {
 		struct stat st;
 		uint64_t step;
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
-		    !strcmp(de->d_name, YAML) || !strcmp(de->d_name, JAXINFO))
+		if (!strcmp(de->d_name, YAML) || !strcmp(de->d_name, JAXINFO))
 			continue;
 		if (fstatat(nsfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
 		    util_is_step_name(de->d_name, &step) && commit_is_step_dir(fs, step, st.st_ino))
@@ -92,7 +90,7 @@ static void clean_namespace(struct fs *fs)
 		fs_forget_name(fs, de->d_name);
 		log_dbg("ctl", "cleaned %s", de->d_name);
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	ram_adjust(fs->ram, -(int64_t)freed);
 }
 

@@ -3,7 +3,7 @@
 #include "fs/fs_i.h"
 #include "fs/fs_ll_i.h"
 #include "common/log.h"
-#include "common/util.h"
+#include "common/walk.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -85,7 +85,7 @@ struct freeze_arg {
 	unsigned reported;
 };
 
-static int freeze_one(void *arg, const struct util_walk_ent *e)
+static int freeze_one(void *arg, const struct walk_ent *e)
 {
 	struct freeze_arg *a = arg;
 	struct fs *fs = a->fs;
@@ -120,15 +120,15 @@ static int freeze_one(void *arg, const struct util_walk_ent *e)
 	/* a tree deeper than a shard may be is refused by the seal (marked
 	 * bad): what lies below that need not be frozen */
 	if (S_ISDIR(st->st_mode) && e->depth > MF_MAX_DEPTH)
-		return UTIL_WALK_SKIP;
+		return WALK_SKIP;
 	return 0;
 }
 
-/* Iterative (util_walk): the depth of the tree is the application's. */
+/* Iterative (walk_tree): the depth of the tree is the application's. */
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step)
 {
 	struct freeze_arg a = { .fs = fs, .step = step };
-	int rc = util_walk(dirfd, MF_MAX_DEPTH + 2, 0, freeze_one, &a);
+	int rc = walk_tree(dirfd, MF_MAX_DEPTH + 2, 0, freeze_one, &a);
 	if (rc < 0)
 		log_warn("commit", "step %llu: freezing its tree stopped early: %s",
 			 (unsigned long long)step, strerror(-rc));
@@ -139,7 +139,7 @@ struct load_arg {
 	int err;
 };
 
-static int load_one(void *arg, const struct util_walk_ent *e)
+static int load_one(void *arg, const struct walk_ent *e)
 {
 	struct load_arg *a = arg;
 	struct fs *fs = a->fs;
@@ -167,7 +167,7 @@ void fs_frozen_load(struct fs *fs)
 	if (sfd < 0)
 		return;
 	/* shards/JOB/STEP/nR-wW/ above a tree of at most MF_MAX_DEPTH levels */
-	rc = util_walk(sfd, MF_MAX_DEPTH + 4, UTIL_WALK_NOPATH, load_one, &a);
+	rc = walk_tree(sfd, MF_MAX_DEPTH + 4, WALK_NOPATH, load_one, &a);
 	err = a.err;
 	close(sfd);
 	if (rc < 0 || err < 0)

@@ -122,54 +122,48 @@ static bool rank_ok(int rank)
 	return rank >= AUTH_RANK_TOOL && rank <= AUTH_RANK_MAX;
 }
 
+/* HMAC of label || first || second || decimal rank || tail: the one layout
+ * of both handshake messages (tail is "" for the welcome). */
+static int mac_of(const struct net_auth *a, const char *label, const uint8_t first[AUTH_NONCE_LEN],
+		  const uint8_t second[AUTH_NONCE_LEN], int rank, const char *tail,
+		  uint8_t mac[AUTH_MAC_LEN])
+{
+	uint8_t msg[sizeof(WELCOME_LABEL) + sizeof(HELLO_LABEL) + 2 * AUTH_NONCE_LEN + 16 + 16];
+	size_t n = 0, llen = strlen(label), tlen = strlen(tail);
+	int k;
+
+	memcpy(msg, label, llen);
+	n += llen;
+	memcpy(msg + n, first, AUTH_NONCE_LEN);
+	n += AUTH_NONCE_LEN;
+	memcpy(msg + n, second, AUTH_NONCE_LEN);
+	n += AUTH_NONCE_LEN;
+	k = snprintf((char *)msg + n, sizeof(msg) - n, "%d", rank);
+	n += (size_t)k;
+	memcpy(msg + n, tail, tlen);
+	n += tlen;
+	k = hmac(a, msg, n, mac);
+	OPENSSL_cleanse(msg, sizeof(msg));
+	return k;
+}
+
 int auth_hello_mac(const struct net_auth *a, const uint8_t nonce_s[AUTH_NONCE_LEN],
 		   const uint8_t nonce_c[AUTH_NONCE_LEN], int rank, const char *purpose,
 		   uint8_t mac[AUTH_MAC_LEN])
 {
-	uint8_t msg[sizeof(HELLO_LABEL) + 2 * AUTH_NONCE_LEN + 16 + 16];
-	size_t n = 0, plen;
-	int k;
-
 	if (!rank_ok(rank) || !purpose ||
 	    (strcmp(purpose, "control") != 0 && strcmp(purpose, "data") != 0))
 		return -EINVAL;
-	plen = strlen(purpose);
-	memcpy(msg, HELLO_LABEL, sizeof(HELLO_LABEL) - 1);
-	n += sizeof(HELLO_LABEL) - 1;
-	memcpy(msg + n, nonce_s, AUTH_NONCE_LEN);
-	n += AUTH_NONCE_LEN;
-	memcpy(msg + n, nonce_c, AUTH_NONCE_LEN);
-	n += AUTH_NONCE_LEN;
-	k = snprintf((char *)msg + n, sizeof(msg) - n, "%d", rank);
-	n += (size_t)k;
-	memcpy(msg + n, purpose, plen);
-	n += plen;
-	k = hmac(a, msg, n, mac);
-	OPENSSL_cleanse(msg, sizeof(msg));
-	return k;
+	return mac_of(a, HELLO_LABEL, nonce_s, nonce_c, rank, purpose, mac);
 }
 
 int auth_welcome_mac(const struct net_auth *a, const uint8_t nonce_c[AUTH_NONCE_LEN],
 		     const uint8_t nonce_s[AUTH_NONCE_LEN], int server_rank,
 		     uint8_t mac[AUTH_MAC_LEN])
 {
-	uint8_t msg[sizeof(WELCOME_LABEL) + 2 * AUTH_NONCE_LEN + 16];
-	size_t n = 0;
-	int k;
-
 	if (!rank_ok(server_rank))
 		return -EINVAL;
-	memcpy(msg, WELCOME_LABEL, sizeof(WELCOME_LABEL) - 1);
-	n += sizeof(WELCOME_LABEL) - 1;
-	memcpy(msg + n, nonce_c, AUTH_NONCE_LEN);
-	n += AUTH_NONCE_LEN;
-	memcpy(msg + n, nonce_s, AUTH_NONCE_LEN);
-	n += AUTH_NONCE_LEN;
-	k = snprintf((char *)msg + n, sizeof(msg) - n, "%d", server_rank);
-	n += (size_t)k;
-	k = hmac(a, msg, n, mac);
-	OPENSSL_cleanse(msg, sizeof(msg));
-	return k;
+	return mac_of(a, WELCOME_LABEL, nonce_c, nonce_s, server_rank, "", mac);
 }
 
 bool auth_mac_equal(const uint8_t a[AUTH_MAC_LEN], const uint8_t b[AUTH_MAC_LEN])

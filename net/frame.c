@@ -233,20 +233,14 @@ int net_json_int(json_t *o, const char *key, int64_t min, int64_t max, int64_t *
 
 int net_json_u64(json_t *o, const char *key, uint64_t max, uint64_t *out)
 {
-	json_t *v = get(o, key);
-	json_int_t i;
-
-	if (!v)
-		return -ENOENT;
-	if (!json_is_integer(v))
-		return -EBADMSG;
+	int64_t i;
 	/* jansson holds integers as long long: values above INT64_MAX do not
 	 * parse at all, so the largest representable u64 here is INT64_MAX. */
-	i = json_integer_value(v);
-	if (i < 0 || (uint64_t)i > max)
-		return -EBADMSG;
-	*out = (uint64_t)i;
-	return 0;
+	int rc = net_json_int(o, key, 0, max > INT64_MAX ? INT64_MAX : (int64_t)max, &i);
+
+	if (rc == 0)
+		*out = (uint64_t)i;
+	return rc;
 }
 
 int net_json_str(json_t *o, const char *key, size_t maxlen, const char **out)

@@ -109,17 +109,14 @@ static int objs_add(void *arg, const struct bkt_entry *e)
 {
 	struct objs *o = arg;
 	size_t nl = strlen(e->name);
+	struct obj *nv;
 
 	if (nl < o->skip)
 		return 0;
-	if (o->n == o->cap) {
-		size_t nc = o->cap ? o->cap * 2 : 64;
-		struct obj *nv = realloc(o->v, nc * sizeof(*nv));
-		if (!nv)
-			return -ENOMEM;
-		o->v = nv;
-		o->cap = nc;
-	}
+	nv = util_grow(o->v, o->n, &o->cap, sizeof(*nv), 64);
+	if (!nv)
+		return -ENOMEM;
+	o->v = nv;
 	o->v[o->n].name = strdup(e->name + o->skip);
 	if (!o->v[o->n].name)
 		return -ENOMEM;

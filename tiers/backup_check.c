@@ -154,14 +154,11 @@ static int shard_cmp(const void *pa, const void *pb)
 
 static int add_shard(struct bk_backup *out, size_t *cap, const struct bk_shard *s)
 {
-	if (out->nshards == *cap) {
-		size_t nc = *cap ? *cap * 2 : 16;
-		struct bk_shard *nv = realloc(out->shards, nc * sizeof(*nv));
-		if (!nv)
-			return -ENOMEM;
-		out->shards = nv;
-		*cap = nc;
-	}
+	struct bk_shard *nv = util_grow(out->shards, out->nshards, cap, sizeof(*nv), 16);
+
+	if (!nv)
+		return -ENOMEM;
+	out->shards = nv;
 	out->shards[out->nshards++] = *s;
 	return 0;
 }

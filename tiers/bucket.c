@@ -1,7 +1,9 @@
 /* bucket: URL dispatch, name checks, the last-error words, expected-CRC
  * checks and the parallel transfer helpers shared by both backends. */
 #include "tiers/bucket.h"
+#include "common/io.h"
 #include "common/log.h"
+#include "common/par_for.h"
 #include "common/util.h"
 #include "tiers/manifest.h"
 
@@ -10,7 +12,6 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,14 +316,9 @@ int bkt_pwrite_sparse(int fd, const void *buf, size_t len, uint64_t off)
 					break;
 				n += m;
 			}
-			for (size_t done = 0; done < n;) {
-				ssize_t w = pwrite(fd, p + done, n - done, (off_t)(off + done));
-				if (w < 0 && errno == EINTR)
-					continue;
-				if (w < 0)
-					return -errno;
-				done += (size_t)w;
-			}
+			int rc = io_pwrite_full(fd, p, n, off);
+			if (rc < 0)
+				return rc;
 		}
 		p += n;
 		off += n;
@@ -460,13 +456,9 @@ int bkt_delete(struct bkt *b, const char *name)
 struct pool {
 	struct bkt *b;
 	struct bkt_xfer *x;
-	size_t n;
 	bool get;
 	unsigned ranges;            /* ranged GETs per download */
-	atomic_size_t next;
-	pthread_mutex_t mu;         /* protects first, first_err */
-	size_t first;               /* lowest failed index, n if none */
-	char first_err[sizeof(last_err)];
+	char first_err[sizeof(last_err)];   /* of the lowest failed index (par_for's lock) */
 };
 
 static int open_get_target(struct bkt_xfer *x)
@@ -522,34 +514,30 @@ static int run_one(struct pool *p, struct bkt_xfer *x)
 	return rc;
 }
 
-static void *pool_worker(void *arg)
+static int pool_one(void *arg, size_t i)
 {
 	struct pool *p = arg;
-	size_t i;
 
-	while ((i = atomic_fetch_add(&p->next, 1)) < p->n) {
-		struct bkt_xfer *x = &p->x[i];
+	err_clear();
+	p->x[i].rc = run_one(p, &p->x[i]);
+	return p->x[i].rc;
+}
 
-		err_clear();
-		x->rc = run_one(p, x);
-		if (x->rc < 0) {
-			pthread_mutex_lock(&p->mu);
-			if (i < p->first) {
-				p->first = i;
-				snprintf(p->first_err, sizeof(p->first_err), "%s", last_err);
-			}
-			pthread_mutex_unlock(&p->mu);
-		}
-	}
-	return NULL;
+/* The lowest failed transfer's error text is the one bkt_last_error() shows. */
+static void pool_fail(void *arg, size_t i, int rc)
+{
+	struct pool *p = arg;
+
+	(void)i;
+	(void)rc;
+	snprintf(p->first_err, sizeof(p->first_err), "%s", last_err);
 }
 
 static int run_pool(struct bkt *b, struct bkt_xfer *x, size_t n, bool get)
 {
-	struct pool p = { .b = b, .x = x, .n = n, .get = get, .first = n };
+	struct pool p = { .b = b, .x = x, .get = get };
 	size_t par = (size_t)b->o.parallelism, nt;
-	pthread_t *th;
-	size_t started = 0;
+	int rc;
 
 	err_clear();
 	if (n == 0)
@@ -557,22 +545,11 @@ static int run_pool(struct bkt *b, struct bkt_xfer *x, size_t n, bool get)
 	nt = par < n ? par : n;
 	/* a few large files may use the spare parallelism as ranges */
 	p.ranges = (unsigned)(par / nt);
-	atomic_init(&p.next, 0);
-	pthread_mutex_init(&p.mu, NULL);
-	th = nt > 1 ? calloc(nt - 1, sizeof(*th)) : NULL;
-	for (size_t i = 0; th && i < nt - 1; i++) {
-		if (pthread_create(&th[i], NULL, pool_worker, &p) != 0)
-			break;
-		started++;
-	}
-	pool_worker(&p);            /* the caller's thread works too */
-	for (size_t i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
-	free(th);
-	pthread_mutex_destroy(&p.mu);
-	if (p.first < n) {
+	/* every transfer runs: callers read each one's rc */
+	rc = par_for(n, nt, 0, pool_one, pool_fail, &p, NULL);
+	if (rc < 0) {
 		snprintf(last_err, sizeof(last_err), "%s", p.first_err);
-		return x[p.first].rc;
+		return rc;
 	}
 	err_clear();
 	return 0;

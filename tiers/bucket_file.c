@@ -6,8 +6,10 @@
  * renameat2(RENAME_NOREPLACE), else a check-then-rename (racy; logged once).
  * Stateless apart from the root fd: every call is thread-safe. */
 #include "tiers/bucket.h"
+#include "common/io.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "common/walk.h"
 #include "tiers/manifest.h"
 
 #include <dirent.h>
@@ -129,23 +131,6 @@ static int mkdirs_durable(int rootfd, const char *rel)
 	return 0;
 }
 
-static int write_all(int fd, const void *p, size_t len)
-{
-	const char *c = p;
-
-	while (len > 0) {
-		ssize_t w = write(fd, c, len);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		c += w;
-		len -= (size_t)w;
-	}
-	return 0;
-}
-
 /* Copy the source into tfd, computing its CRC32C as it goes. */
 static int copy_src(struct bkt *b, const char *name, const struct bkt_src *src, int tfd)
 {
@@ -156,7 +141,7 @@ static int copy_src(struct bkt *b, const char *name, const struct bkt_src *src, 
 
 	if (src->fd < 0) {
 		crc = mf_crc32c(0, src->buf, src->size);
-		rc = write_all(tfd, src->buf, src->size);
+		rc = io_write_full(tfd, src->buf, src->size);
 		goto out;
 	}
 	buf = malloc(COPY_BUF);
@@ -351,7 +336,7 @@ static int fbk_get_file(struct bkt *b, const char *name, int fd, unsigned ranges
 			break;
 		crc = mf_crc32c(crc, buf, (size_t)r);
 		rc = seekable ? bkt_pwrite_sparse(fd, buf, (size_t)r, off)
-			      : write_all(fd, buf, (size_t)r);
+			      : io_write_full(fd, buf, (size_t)r);
 		if (rc < 0) {
 			bkt_set_error("%s/%s: writing the local file: %s", bkt_url(b), name, strerror(-rc));
 			goto out;
@@ -380,7 +365,8 @@ static int fbk_get_buf(struct bkt *b, const char *name, size_t max, void **bufp,
 {
 	struct stat st;
 	char *buf = NULL;
-	size_t got = 0;
+	size_t got;
+	ssize_t r;
 	int fd, rc = 0;
 
 	fd = open_obj(b, name, &st);
@@ -397,16 +383,12 @@ static int fbk_get_buf(struct bkt *b, const char *name, size_t max, void **bufp,
 		rc = -ENOMEM;
 		goto out;
 	}
-	while (got < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			rc = r < 0 ? -errno : -EIO;
-			goto out;
-		}
-		got += (size_t)r;
+	r = io_read_upto(fd, buf, (size_t)st.st_size);
+	if (r < (ssize_t)st.st_size) {
+		rc = r < 0 ? (int)r : -EIO;   /* shorter than its size: changed meanwhile */
+		goto out;
 	}
+	got = (size_t)r;
 	buf[got] = '\0';
 	*bufp = buf;
 	*lenp = got;
@@ -453,37 +435,31 @@ static bool is_tmp(const char *n)
 	return !strncmp(n, TMP_PREFIX, sizeof(TMP_PREFIX) - 1);
 }
 
-/* Does dirfd/name hold at least one object (at any depth)? */
-static bool has_objects(int pfd, const char *name, int depth)
-{
-	int fd;
-	DIR *d;
-	struct dirent *de;
-	bool found = false;
+#define HAS_OBJECTS_DEPTH 64   /* directories deeper than this count as empty */
 
-	if (depth > 64)
-		return false;
-	fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+static int has_objects_cb(void *arg, const struct walk_ent *e)
+{
+	(void)arg;
+	if (is_tmp(e->name))
+		return WALK_SKIP;
+	if (S_ISREG(e->st->st_mode))
+		return -EEXIST;   /* found one: stop */
+	if (S_ISDIR(e->st->st_mode) && e->depth > HAS_OBJECTS_DEPTH)
+		return WALK_SKIP;
+	return 0;
+}
+
+/* Does pfd/name hold at least one object (at any depth)? */
+static bool has_objects(int pfd, const char *name)
+{
+	int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	int rc;
+
 	if (fd < 0)
 		return false;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return false;
-	}
-	while (!found && (de = readdir(d)) != NULL) {
-		struct stat st;
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") || is_tmp(de->d_name))
-			continue;
-		if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			continue;
-		if (S_ISREG(st.st_mode))
-			found = true;
-		else if (S_ISDIR(st.st_mode))
-			found = has_objects(dirfd(d), de->d_name, depth + 1);
-	}
-	closedir(d);
-	return found;
+	rc = walk_tree(fd, HAS_OBJECTS_DEPTH + 1, WALK_NOPATH, has_objects_cb, NULL);
+	close(fd);
+	return rc == -EEXIST;
 }
 
 static void dents_free(struct dent *v, size_t n)
@@ -500,26 +476,18 @@ static int read_dir(int dirfd, const char *filter, struct dent **out, size_t *no
 {
 	struct dent *v = NULL;
 	size_t n = 0, cap = 0, fl = strlen(filter);
-	struct dirent *de;
-	DIR *d;
-	int fd, rc = 0;
+	const struct dirent *de;
+	struct walk_dir d;
+	int rc = walk_dir_open(&d, dirfd);
 
-	fd = dup(dirfd);
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
-	rewinddir(d);
-	while ((de = readdir(d)) != NULL) {
+	if (rc < 0)
+		return rc;
+	while ((de = walk_dir_next(&d)) != NULL) {
 		struct stat st;
-		struct dent e = { 0 };
+		struct dent e = { 0 }, *nv;
 		size_t nl;
 
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") || is_tmp(de->d_name) ||
-		    strncmp(de->d_name, filter, fl))
+		if (is_tmp(de->d_name) || strncmp(de->d_name, filter, fl))
 			continue;
 		if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			if (errno == ENOENT)
@@ -543,21 +511,17 @@ static int read_dir(int dirfd, const char *filter, struct dent **out, size_t *no
 		memcpy(e.key, de->d_name, nl);
 		e.key[nl] = e.dir ? '/' : '\0';
 		e.key[nl + 1] = '\0';
-		if (n == cap) {
-			size_t nc = cap ? cap * 2 : 32;
-			struct dent *nv = realloc(v, nc * sizeof(*nv));
-			if (!nv) {
-				free(e.name);
-				free(e.key);
-				rc = -ENOMEM;
-				break;
-			}
-			v = nv;
-			cap = nc;
+		nv = util_grow(v, n, &cap, sizeof(*nv), 32);
+		if (!nv) {
+			free(e.name);
+			free(e.key);
+			rc = -ENOMEM;
+			break;
 		}
+		v = nv;
 		v[n++] = e;
 	}
-	closedir(d);
+	walk_dir_close(&d);
 	if (rc < 0) {
 		dents_free(v, n);
 		return rc;
@@ -595,7 +559,7 @@ static int walk(int dirfd, const char *relpfx, const char *filter, bool delim, i
 			e.size = v[i].size;
 			rc = cb(arg, &e);
 		} else if (delim) {
-			if (!has_objects(dirfd, v[i].name, 0))
+			if (!has_objects(dirfd, v[i].name))
 				continue;
 			e.is_prefix = true;
 			rc = cb(arg, &e);

@@ -4,13 +4,12 @@
 #include "tiers/bucket.h"
 #include "tiers/bucket_gcs_i.h"
 #include "common/log.h"
+#include "common/par_for.h"
 #include "tiers/manifest.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,12 +32,7 @@ struct dl {
 	bool seek;
 	int64_t gen;
 	struct part *parts;
-	size_t nparts;
-	atomic_size_t next;
-	atomic_bool stop;
-	pthread_mutex_t mu;         /* protects first, first_err */
-	size_t first;
-	char first_err[512];
+	char first_err[512];        /* of the lowest failed part (par_for's lock) */
 };
 
 static int fetch_part(struct dl *d, struct part *p)
@@ -66,29 +60,22 @@ static int fetch_part(struct dl *d, struct part *p)
 	return rc;
 }
 
-static void *dl_worker(void *arg)
+static int dl_one(void *arg, size_t i)
 {
 	struct dl *d = arg;
-	size_t i;
 
-	while ((i = atomic_fetch_add(&d->next, 1)) < d->nparts) {
-		struct part *p = &d->parts[i];
-		if (atomic_load(&d->stop)) {
-			p->rc = -ECANCELED;
-			continue;
-		}
-		p->rc = fetch_part(d, p);
-		if (p->rc < 0) {
-			atomic_store(&d->stop, true);
-			pthread_mutex_lock(&d->mu);
-			if (i < d->first) {
-				d->first = i;
-				snprintf(d->first_err, sizeof(d->first_err), "%s", bkt_last_error());
-			}
-			pthread_mutex_unlock(&d->mu);
-		}
-	}
-	return NULL;
+	d->parts[i].rc = fetch_part(d, &d->parts[i]);
+	return d->parts[i].rc;
+}
+
+/* The lowest failed part's error text is the one the download reports. */
+static void dl_fail(void *arg, size_t i, int rc)
+{
+	struct dl *d = arg;
+
+	(void)i;
+	(void)rc;
+	snprintf(d->first_err, sizeof(d->first_err), "%s", bkt_last_error());
 }
 
 /* Fetch [start, total) in parts, up to ranges at once; *crc extended. */
@@ -96,9 +83,7 @@ static int fetch_rest(struct dl *d, uint64_t start, uint64_t total, uint64_t par
 		      unsigned ranges, uint32_t *crc)
 {
 	size_t n = (size_t)((total - start + part - 1) / part), nt;
-	pthread_t *th = NULL;
-	size_t started = 0;
-	int rc = 0;
+	int rc;
 
 	d->parts = calloc(n, sizeof(*d->parts));
 	if (!d->parts)
@@ -107,26 +92,10 @@ static int fetch_rest(struct dl *d, uint64_t start, uint64_t total, uint64_t par
 		d->parts[i].start = start + i * part;
 		d->parts[i].end = (i + 1 == n ? total : start + (i + 1) * part) - 1;
 	}
-	d->nparts = n;
-	d->first = n;
-	atomic_init(&d->next, 0);
-	atomic_init(&d->stop, false);
-	pthread_mutex_init(&d->mu, NULL);
 	nt = d->seek ? (ranges < n ? ranges : n) : 1;   /* a pipe takes bytes in order */
-	if (nt > 1)
-		th = calloc(nt - 1, sizeof(*th));
-	for (size_t i = 0; th && i < nt - 1; i++) {
-		if (pthread_create(&th[i], NULL, dl_worker, d) != 0)
-			break;
-		started++;
-	}
-	dl_worker(d);
-	for (size_t i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
-	free(th);
-	pthread_mutex_destroy(&d->mu);
-	if (d->first < n) {
-		rc = d->parts[d->first].rc;
+	/* after a failure the parts not yet started are not fetched */
+	rc = par_for(n, nt, PAR_FOR_STOP, dl_one, dl_fail, d, NULL);
+	if (rc < 0) {
 		bkt_set_error("%s", d->first_err);
 	} else {
 		for (size_t i = 0; i < n; i++)

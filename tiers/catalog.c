@@ -1,5 +1,6 @@
 #include "tiers/catalog.h"
 #include "common/log.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -370,20 +371,16 @@ struct list_acc {
 static int list_one(void *arg, const MDB_val *k, const MDB_val *v)
 {
 	struct list_acc *a = arg;
-	struct shard_rec r = { 0 };
+	struct shard_rec r = { 0 }, *nr;
 
 	if (parse_key(k, &r.key) < 0)
 		return 0;
 	if (a->job && strcmp(a->job, r.key.job))
 		return 0;
-	if (a->n == a->cap) {
-		size_t ncap = a->cap ? a->cap * 2 : 16;
-		struct shard_rec *nr = realloc(a->recs, ncap * sizeof(*nr));
-		if (!nr)
-			return -ENOMEM;
-		a->recs = nr;
-		a->cap = ncap;
-	}
+	nr = util_grow(a->recs, a->n, &a->cap, sizeof(*nr), 16);
+	if (!nr)
+		return -ENOMEM;
+	a->recs = nr;
 	if (decode_val(v, &r) < 0)
 		return 0;
 	if (r.state == SH_DROPPING) {
@@ -439,7 +436,7 @@ struct dropping_acc {
 static int dropping_one(void *arg, const MDB_val *k, const MDB_val *v)
 {
 	struct dropping_acc *a = arg;
-	struct shard_key key;
+	struct shard_key key, *nk;
 	struct rec_v1 h;
 
 	if (v->mv_size < sizeof(h) || parse_key(k, &key) < 0)
@@ -447,14 +444,10 @@ static int dropping_one(void *arg, const MDB_val *k, const MDB_val *v)
 	memcpy(&h, v->mv_data, sizeof(h));
 	if (h.version != 1 || h.state != SH_DROPPING)
 		return 0;
-	if (a->n == a->cap) {
-		size_t ncap = a->cap ? a->cap * 2 : 8;
-		struct shard_key *nk = realloc(a->keys, ncap * sizeof(*nk));
-		if (!nk)
-			return -ENOMEM;
-		a->keys = nk;
-		a->cap = ncap;
-	}
+	nk = util_grow(a->keys, a->n, &a->cap, sizeof(*nk), 8);
+	if (!nk)
+		return -ENOMEM;
+	a->keys = nk;
 	a->keys[a->n++] = key;
 	return 0;
 }
@@ -473,7 +466,9 @@ int idx_list_dropping(struct idx *x, struct shard_key **keysp, size_t *np)
 	return 0;
 }
 
-int idx_put_meta(struct idx *x, const char *name, const void *val, size_t len)
+/* One write transaction on the meta table: put name = val, or (del) remove
+ * name, a missing name not being an error. */
+static int meta_write(struct idx *x, const char *name, bool del, const void *val, size_t len)
 {
 	MDB_val k = { strlen(name), (void *)name }, v = { len, (void *)val };
 	MDB_txn *txn;
@@ -484,12 +479,17 @@ int idx_put_meta(struct idx *x, const char *name, const void *val, size_t len)
 	rc = mdb_txn_begin(x->env, NULL, 0, &txn);
 	if (rc)
 		return idx_errno(rc);
-	rc = mdb_put(txn, x->meta, &k, &v, 0);
-	if (rc) {
+	rc = del ? mdb_del(txn, x->meta, &k, NULL) : mdb_put(txn, x->meta, &k, &v, 0);
+	if (rc && !(del && rc == MDB_NOTFOUND)) {
 		mdb_txn_abort(txn);
 		return idx_errno(rc);
 	}
 	return idx_errno(mdb_txn_commit(txn));
+}
+
+int idx_put_meta(struct idx *x, const char *name, const void *val, size_t len)
+{
+	return meta_write(x, name, false, val, len);
 }
 
 int idx_get_meta(struct idx *x, const char *name, void **valp, size_t *lenp)
@@ -520,19 +520,5 @@ int idx_get_meta(struct idx *x, const char *name, void **valp, size_t *lenp)
 
 int idx_del_meta(struct idx *x, const char *name)
 {
-	MDB_val k = { strlen(name), (void *)name };
-	MDB_txn *txn;
-	int rc;
-
-	if (x->ro)
-		return -EROFS;
-	rc = mdb_txn_begin(x->env, NULL, 0, &txn);
-	if (rc)
-		return idx_errno(rc);
-	rc = mdb_del(txn, x->meta, &k, NULL);
-	if (rc && rc != MDB_NOTFOUND) {
-		mdb_txn_abort(txn);
-		return idx_errno(rc);
-	}
-	return idx_errno(mdb_txn_commit(txn));
+	return meta_write(x, name, true, NULL, 0);
 }

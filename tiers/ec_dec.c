@@ -198,7 +198,7 @@ retry:
 			goto out;
 		}
 		ec_hdr_encode(g, want, hdr);
-		rc = ec_write_full(sink->fd, hdr, EC_HDR_LEN(k));
+		rc = io_write_full(sink->fd, hdr, EC_HDR_LEN(k));
 		if (rc)
 			goto out;
 	}
@@ -217,7 +217,7 @@ retry:
 		ec_encode_data((int)len, (int)k, 1, tbls, src, &outb);
 		ocrc = mf_crc32c(ocrc, outb, len);
 		rc = sink->shard ? ec_stream_io(&s, g->d[want].off + pos, outb, len, err, errlen) :
-				   ec_write_full(sink->fd, outb, len);
+				   io_write_full(sink->fd, outb, len);
 		if (rc)
 			goto out;
 	}
@@ -276,7 +276,7 @@ retry:
 		}
 		t.payload_crc = ocrc;
 		ec_trl_encode(k, &t, tb);
-		rc = ec_write_full(sink->fd, tb, EC_TRL_LEN(k));
+		rc = io_write_full(sink->fd, tb, EC_TRL_LEN(k));
 	}
 out:
 	if (sopen)

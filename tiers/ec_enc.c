@@ -91,7 +91,7 @@ int ec_encode(const int *in, unsigned k, const int *out, unsigned m, char *err, 
 			goto out;
 		}
 		ec_hdr_encode(g, k + j, hdr);
-		rc = ec_pwrite_full(out[j], hdr, EC_HDR_LEN(k), 0);
+		rc = io_pwrite_full(out[j], hdr, EC_HDR_LEN(k), 0);
 		if (rc)
 			goto out;
 	}
@@ -111,7 +111,7 @@ int ec_encode(const int *in, unsigned k, const int *out, unsigned m, char *err, 
 		ec_encode_data((int)n, (int)k, (int)m, tbls, dp, pp);
 		for (unsigned j = 0; j < m; j++) {
 			pcrc[j] = mf_crc32c(pcrc[j], pp[j], n);
-			rc = ec_pwrite_full(out[j], pp[j], n, EC_HDR_LEN(k) + pos);
+			rc = io_pwrite_full(out[j], pp[j], n, EC_HDR_LEN(k) + pos);
 			if (rc)
 				goto out;
 		}
@@ -129,7 +129,7 @@ int ec_encode(const int *in, unsigned k, const int *out, unsigned m, char *err, 
 				     .payload_crc = pcrc[j] };
 		memcpy(t.crc, dcrc, sizeof dcrc);
 		ec_trl_encode(k, &t, tb);
-		rc = ec_pwrite_full(out[j], tb, EC_TRL_LEN(k), EC_HDR_LEN(k) + cw);
+		rc = io_pwrite_full(out[j], tb, EC_TRL_LEN(k), EC_HDR_LEN(k) + cw);
 		if (rc)
 			goto out;
 	}
@@ -154,26 +154,6 @@ struct ec_enc {
 	uint32_t crc[EC_MAX_N];      /* their payload CRCs */
 	int failed;                  /* a spoilt fold: returned ever after */
 };
-
-/* Reads exactly len bytes from the stream; an early end is -EBADMSG. */
-static int read_full(int fd, void *buf, size_t len)
-{
-	uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = read(fd, p, len);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EBADMSG;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
 
 void ec_enc_free(struct ec_enc *e)
 {
@@ -216,7 +196,7 @@ int ec_enc_open(const struct ec_geom *g, unsigned first, unsigned cnt, const int
 			goto out;
 		}
 		ec_hdr_encode(g, g->k + first + j, hdr);
-		rc = ec_pwrite_full(out[j], hdr, EC_HDR_LEN(g->k), 0);
+		rc = io_pwrite_full(out[j], hdr, EC_HDR_LEN(g->k), 0);
 		if (rc)
 			goto out;
 	}
@@ -232,6 +212,13 @@ out:
 	return 0;
 }
 
+/* 0 for an encoder that takes more, -EINVAL for none, else the error
+ * that spoilt it. */
+static int enc_usable(const struct ec_enc *e)
+{
+	return e ? e->failed : -EINVAL;
+}
+
 int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
 {
 	const struct ec_geom *g;
@@ -244,13 +231,12 @@ int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
 
 	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
-	if (!e)
-		return -EINVAL;
-	if (e->failed)
-		return e->failed;
+	rc = enc_usable(e);
+	if (rc)
+		return rc;
 	g = &e->g;
 	memset(&f, 0, sizeof f);
-	rc = read_full(fd, fixed, sizeof fixed);
+	rc = io_read_full(fd, fixed, sizeof fixed);
 	if (rc == -EBADMSG)
 		snprintf(err, errlen, "data fragment: the stream ends inside its header");
 	if (!rc)
@@ -266,7 +252,7 @@ int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
 	if (!h)
 		return -ENOMEM;
 	memcpy(h, fixed, sizeof fixed);
-	rc = read_full(fd, h + sizeof fixed, EC_HDR_LEN(k) - sizeof fixed);
+	rc = io_read_full(fd, h + sizeof fixed, EC_HDR_LEN(k) - sizeof fixed);
 	if (rc == -EBADMSG)
 		snprintf(err, errlen, "data fragment: the stream ends inside its header");
 	if (!rc)
@@ -286,7 +272,7 @@ int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
 		pp[j] = e->bufs + (size_t)(j + 1) * g->seg;
 	for (uint64_t pos = 0; !rc && pos < f.len; pos += g->seg) {
 		size_t n = f.len - pos < g->seg ? (size_t)(f.len - pos) : g->seg;
-		rc = read_full(fd, e->bufs, n);
+		rc = io_read_full(fd, e->bufs, n);
 		if (rc == -EBADMSG)
 			snprintf(err, errlen, "data fragment %u: the stream ends inside its payload",
 				 f.index);
@@ -294,16 +280,16 @@ int ec_enc_add(struct ec_enc *e, int fd, char *err, size_t errlen)
 			break;
 		crc = mf_crc32c(crc, e->bufs, n);
 		for (unsigned j = 0; !rc && j < e->cnt; j++)
-			rc = ec_pread_full(e->out[j], pp[j], n, EC_HDR_LEN(k) + pos);
+			rc = io_pread_full(e->out[j], pp[j], n, EC_HDR_LEN(k) + pos);
 		if (rc)
 			break;
 		ec_encode_data_update((int)n, (int)k, (int)e->cnt, (int)f.index, e->tbls, e->bufs,
 				      pp);
 		for (unsigned j = 0; !rc && j < e->cnt; j++)
-			rc = ec_pwrite_full(e->out[j], pp[j], n, EC_HDR_LEN(k) + pos);
+			rc = io_pwrite_full(e->out[j], pp[j], n, EC_HDR_LEN(k) + pos);
 	}
 	if (!rc) {
-		rc = read_full(fd, tb, EC_TRL_LEN(k));
+		rc = io_read_full(fd, tb, EC_TRL_LEN(k));
 		if (rc == -EBADMSG)
 			snprintf(err, errlen, "data fragment %u: the stream ends inside its trailer",
 				 f.index);
@@ -333,10 +319,9 @@ int ec_enc_finish(struct ec_enc *e, char *err, size_t errlen)
 
 	ec_err_buf(&err, &errlen, dummy, sizeof dummy);
 	err[0] = '\0';
-	if (!e)
-		return -EINVAL;
-	if (e->failed)
-		return e->failed;
+	rc = enc_usable(e);
+	if (rc)
+		return rc;
 	g = &e->g;
 	for (unsigned j = 0; j < g->k; j++)
 		if (!(e->added >> j & 1)) {
@@ -348,13 +333,13 @@ int ec_enc_finish(struct ec_enc *e, char *err, size_t errlen)
 		struct trailer t = { .mask = g->k == 32 ? 0xffffffffu : (1u << g->k) - 1 };
 		for (uint64_t pos = 0; !rc && pos < cw; pos += g->seg) {
 			size_t n = cw - pos < g->seg ? (size_t)(cw - pos) : g->seg;
-			rc = ec_pread_full(e->out[j], e->bufs, n, EC_HDR_LEN(g->k) + pos);
+			rc = io_pread_full(e->out[j], e->bufs, n, EC_HDR_LEN(g->k) + pos);
 			t.payload_crc = mf_crc32c(t.payload_crc, e->bufs, n);
 		}
 		memcpy(t.crc, e->crc, sizeof t.crc);
 		ec_trl_encode(g->k, &t, tb);
 		if (!rc)
-			rc = ec_pwrite_full(e->out[j], tb, EC_TRL_LEN(g->k), EC_HDR_LEN(g->k) + cw);
+			rc = io_pwrite_full(e->out[j], tb, EC_TRL_LEN(g->k), EC_HDR_LEN(g->k) + cw);
 	}
 	if (rc)
 		e->failed = rc;

@@ -78,64 +78,6 @@ void ec_trl_encode(unsigned k, const struct trailer *t, uint8_t *b)
 	put32(b + 8 + 4 * k, mf_crc32c(0, b, 8 + 4 * k));
 }
 
-/* ---- full I/O ---- */
-
-int ec_write_full(int fd, const void *buf, size_t len)
-{
-	const uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = write(fd, p, len);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-int ec_pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
-{
-	const uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = pwrite(fd, p, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += n;
-		off += (uint64_t)n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-/* Reads exactly len bytes at off; a short file is -EBADMSG. */
-int ec_pread_full(int fd, void *buf, size_t len, uint64_t off)
-{
-	uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = pread(fd, p, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EBADMSG;
-		p += n;
-		off += (uint64_t)n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 void *ec_seg_alloc(size_t n)
 {
 	void *p = NULL;
@@ -222,7 +164,7 @@ int ec_frag_read_info(int fd, struct frag *f, char *err, size_t errlen)
 	f->fd = fd;
 	if (fstat(fd, &st) < 0)
 		return -errno;
-	rc = ec_pread_full(fd, fixed, sizeof fixed, 0);
+	rc = io_pread_full(fd, fixed, sizeof fixed, 0);
 	if (rc == -EBADMSG) {
 		snprintf(err, errlen, "not an mtcfs fragment (magic or version)");
 		return rc;
@@ -234,7 +176,7 @@ int ec_frag_read_info(int fd, struct frag *f, char *err, size_t errlen)
 	h = malloc(EC_HDR_LEN(k));
 	if (!h)
 		return -ENOMEM;
-	rc = ec_pread_full(fd, h, EC_HDR_LEN(k), 0);
+	rc = io_pread_full(fd, h, EC_HDR_LEN(k), 0);
 	if (rc)
 		goto short_or_rc;
 	rc = ec_hdr_parse(h, k, m, f, err, errlen);
@@ -247,7 +189,7 @@ int ec_frag_read_info(int fd, struct frag *f, char *err, size_t errlen)
 		rc = -EBADMSG;
 		goto out;
 	}
-	rc = ec_pread_full(fd, tb, EC_TRL_LEN(k), want - EC_TRL_LEN(k));
+	rc = io_pread_full(fd, tb, EC_TRL_LEN(k), want - EC_TRL_LEN(k));
 	if (rc)
 		goto short_or_rc;
 	rc = ec_trl_parse(tb, f, err, errlen);
@@ -281,7 +223,7 @@ int ec_frag_info(int fd, struct ec_geom *g, unsigned *index, char *err, size_t e
 int ec_frag_read(const struct frag *f, uint64_t off, uint8_t *buf, size_t len)
 {
 	size_t have = off >= f->len ? 0 : (f->len - off < len ? (size_t)(f->len - off) : len);
-	int rc = have ? ec_pread_full(f->fd, buf, have, EC_HDR_LEN(f->g.k) + off) : 0;
+	int rc = have ? io_pread_full(f->fd, buf, have, EC_HDR_LEN(f->g.k) + off) : 0;
 
 	memset(buf + have, 0, len - have);
 	return rc;
@@ -295,7 +237,7 @@ int ec_frag_check_payload(const struct frag *f, uint8_t *buf, size_t seg)
 
 	for (uint64_t off = 0; off < f->len; off += seg) {
 		size_t n = f->len - off < seg ? (size_t)(f->len - off) : seg;
-		rc = ec_pread_full(f->fd, buf, n, EC_HDR_LEN(f->g.k) + off);
+		rc = io_pread_full(f->fd, buf, n, EC_HDR_LEN(f->g.k) + off);
 		if (rc)
 			return rc;
 		crc = mf_crc32c(crc, buf, n);
@@ -405,11 +347,11 @@ static bool all_zero(const uint8_t *p, size_t n)
 static int zero_if_written(int fd, const uint8_t *zeros, size_t len, uint64_t off)
 {
 	uint8_t cur[HOLE_BLOCK];
-	int rc = ec_pread_full(fd, cur, len, off);
+	int rc = io_pread_full(fd, cur, len, off);
 
 	if (rc)
 		return rc == -EBADMSG ? -EIO : rc;   /* inside the size: cannot be short */
-	return all_zero(cur, len) ? 0 : ec_pwrite_full(fd, zeros, len, off);
+	return all_zero(cur, len) ? 0 : io_pwrite_full(fd, zeros, len, off);
 }
 
 /* Stream bytes [off, off + len) to or from buf. Reading, a file shorter
@@ -431,7 +373,7 @@ int ec_stream_io(struct stream *s, uint64_t off, uint8_t *buf, size_t len, char 
 		foff = off - s->start[fi];
 		n = e->size - foff < len ? (size_t)(e->size - foff) : len;
 		if (!s->wr) {
-			rc = ec_pread_full(s->fd, buf, n, foff);
+			rc = io_pread_full(s->fd, buf, n, foff);
 			if (rc == -EBADMSG)
 				snprintf(err, errlen, "%s: shorter than its manifest entry", e->path);
 		} else {
@@ -443,7 +385,7 @@ int ec_stream_io(struct stream *s, uint64_t off, uint8_t *buf, size_t len, char 
 					b = n - done;
 				if (all_zero(buf + done, b)) {
 					if (done > run)
-						rc = ec_pwrite_full(s->fd, buf + run, done - run, foff + run);
+						rc = io_pwrite_full(s->fd, buf + run, done - run, foff + run);
 					/* writing again: zeros only over what the failed
 					 * attempt wrote, so untouched holes stay holes */
 					if (!rc && s->rewrite)
@@ -453,7 +395,7 @@ int ec_stream_io(struct stream *s, uint64_t off, uint8_t *buf, size_t len, char 
 				done += b;
 			}
 			if (!rc && done > run)
-				rc = ec_pwrite_full(s->fd, buf + run, done - run, foff + run);
+				rc = io_pwrite_full(s->fd, buf + run, done - run, foff + run);
 		}
 		if (rc)
 			return rc;
@@ -537,12 +479,12 @@ int ec_frag_data(const struct ec_geom *g, unsigned index, const struct ec_shard 
 		goto out;
 	}
 	ec_hdr_encode(g, index, hdr);
-	rc = ec_write_full(fd, hdr, EC_HDR_LEN(g->k));
+	rc = io_write_full(fd, hdr, EC_HDR_LEN(g->k));
 	for (uint64_t pos = 0; !rc && pos < g->d[index].len; pos += g->seg) {
 		size_t n = g->d[index].len - pos < g->seg ? (size_t)(g->d[index].len - pos) : g->seg;
 		rc = ec_stream_io(&s, g->d[index].off + pos, buf, n, err, errlen);
 		if (!rc)
-			rc = ec_write_full(fd, buf, n);
+			rc = io_write_full(fd, buf, n);
 		t.payload_crc = mf_crc32c(t.payload_crc, buf, n);
 	}
 	if (rc)
@@ -550,7 +492,7 @@ int ec_frag_data(const struct ec_geom *g, unsigned index, const struct ec_shard 
 	t.mask = 1u << index;
 	t.crc[index] = t.payload_crc;
 	ec_trl_encode(g->k, &t, tb);
-	rc = ec_write_full(fd, tb, EC_TRL_LEN(g->k));
+	rc = io_write_full(fd, tb, EC_TRL_LEN(g->k));
 out:
 	if (sopen)
 		ec_stream_close(&s);

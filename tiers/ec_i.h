@@ -5,6 +5,8 @@
 #ifndef MTCFS_TIERS_EC_I_H
 #define MTCFS_TIERS_EC_I_H
 
+#include "common/io.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -85,9 +87,6 @@ static inline bool shard_matches(const struct ec_shard *s, const struct ec_membe
 
 void ec_hdr_encode(const struct ec_geom *g, unsigned index, uint8_t *h);
 void ec_trl_encode(unsigned k, const struct trailer *t, uint8_t *b);
-int ec_write_full(int fd, const void *buf, size_t len);
-int ec_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
-int ec_pread_full(int fd, void *buf, size_t len, uint64_t off);
 void *ec_seg_alloc(size_t n);
 int ec_hdr_fixed(const uint8_t fixed[44], unsigned *k, unsigned *m, char *err, size_t errlen);
 int ec_hdr_parse(const uint8_t *h, unsigned k, unsigned m, struct frag *f, char *err,

@@ -1,12 +1,12 @@
 #include "tiers/manifest.h"
+#include "common/par_for.h"
 #include "common/util.h"
+#include "common/walk.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,22 +28,20 @@ struct mf_builder {
 
 static int add_entry(struct mf_builder *b, struct mf_entry *ent)
 {
+	struct mf_entry *ne;
+
 	if (b->n == MF_MAX_ENTRIES)
 		return -EFBIG;
-	if (b->n == b->cap) {
-		size_t ncap = b->cap ? b->cap * 2 : 64;
-		struct mf_entry *ne = realloc(b->e, ncap * sizeof(*ne));
-		if (!ne)
-			return -ENOMEM;
-		b->e = ne;
-		b->cap = ncap;
-	}
+	ne = util_grow(b->e, b->n, &b->cap, sizeof(*ne), 64);
+	if (!ne)
+		return -ENOMEM;
+	b->e = ne;
 	b->e[b->n++] = *ent;
 	return 0;
 }
 
-/* One entry of the tree being built (util_walk callback). */
-static int build_cb(void *arg, const struct util_walk_ent *w)
+/* One entry of the tree being built (walk_tree callback). */
+static int build_cb(void *arg, const struct walk_ent *w)
 {
 	struct mf_builder *b = arg;
 	struct mf_entry ent = { 0 };
@@ -249,39 +247,23 @@ struct crc_work {
 	int dirfd;
 	struct mf_entry **files;   /* largest first */
 	size_t n;
-	_Atomic size_t next;
-	_Atomic int rc;
 };
 
-static void *crc_worker(void *arg)
+static int crc_one(void *arg, size_t i)
 {
 	struct crc_work *w = arg;
+	struct mf_entry *e = w->files[i];
+	uint64_t size;
+	int fd, rc;
 
-	for (;;) {
-		size_t i = atomic_fetch_add(&w->next, 1);
-		struct mf_entry *e;
-		uint64_t size;
-		int fd, rc;
-
-		if (i >= w->n || atomic_load(&w->rc) < 0)
-			break;
-		e = w->files[i];
-		fd = openat(w->dirfd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0) {
-			rc = -errno;
-		} else {
-			rc = mf_crc32c_fd(fd, &e->crc32c, &size);
-			close(fd);
-			if (rc == 0)
-				e->size = size;
-		}
-		if (rc < 0) {
-			int none = 0;
-			atomic_compare_exchange_strong(&w->rc, &none, rc);
-			break;
-		}
-	}
-	return NULL;
+	fd = openat(w->dirfd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	rc = mf_crc32c_fd(fd, &e->crc32c, &size);
+	close(fd);
+	if (rc == 0)
+		e->size = size;
+	return rc;
 }
 
 static int cmp_size_desc(const void *a, const void *b)
@@ -296,8 +278,8 @@ static int crc_files(int dirfd, struct mf_entry *e, size_t n)
 {
 	struct crc_work w = { .dirfd = dirfd };
 	uint64_t total = 0;
-	pthread_t th;
-	bool two = false;
+	size_t threads = 1;
+	int rc;
 
 	w.files = malloc((n ? n : 1) * sizeof(*w.files));
 	if (!w.files)
@@ -310,12 +292,10 @@ static int crc_files(int dirfd, struct mf_entry *e, size_t n)
 	qsort(w.files, w.n, sizeof(*w.files), cmp_size_desc);
 	/* a second core shortens the seal, and with it the time to redundancy */
 	if (w.n > 1 && total >= CRC_PARALLEL_MIN)
-		two = pthread_create(&th, NULL, crc_worker, &w) == 0;
-	crc_worker(&w);
-	if (two)
-		pthread_join(th, NULL);
+		threads = 2;
+	rc = par_for(w.n, threads, PAR_FOR_STOP, crc_one, NULL, &w, NULL);
 	free(w.files);
-	return atomic_load(&w.rc);
+	return rc;
 }
 
 int mf_build_err(int dirfd, struct manifest **out, char *err, size_t errlen)
@@ -330,7 +310,7 @@ int mf_build_err(int dirfd, struct manifest **out, char *err, size_t errlen)
 		errlen = sizeof(dummy);
 	}
 	err[0] = '\0';
-	rc = util_walk(dirfd, MF_MAX_DEPTH, 0, build_cb, &b);
+	rc = walk_tree(dirfd, MF_MAX_DEPTH, 0, build_cb, &b);
 	if (rc < 0) {
 		rc = mf_refusal(rc, err, errlen);
 		goto fail;
@@ -529,18 +509,24 @@ static void put_entries(struct wbuf *w, const struct manifest *m)
 	}
 }
 
+/* Hand the encoded bytes to the caller, or free them on an earlier error. */
+static int wbuf_take(struct wbuf *w, uint8_t **bufp, size_t *lenp)
+{
+	if (w->err) {
+		free(w->p);
+		return w->err;
+	}
+	*bufp = w->p;
+	*lenp = w->n;
+	return 0;
+}
+
 static int encode_entries(const struct manifest *m, uint8_t **bufp, size_t *lenp)
 {
 	struct wbuf w = { 0 };
 	wu32(&w, (uint32_t)m->n);
 	put_entries(&w, m);
-	if (w.err) {
-		free(w.p);
-		return w.err;
-	}
-	*bufp = w.p;
-	*lenp = w.n;
-	return 0;
+	return wbuf_take(&w, bufp, lenp);
 }
 
 int mf_encode(const struct manifest *m, uint8_t **bufp, size_t *lenp)
@@ -551,13 +537,7 @@ int mf_encode(const struct manifest *m, uint8_t **bufp, size_t *lenp)
 	wput(&w, m->hash, 32);
 	wu32(&w, (uint32_t)m->n);
 	put_entries(&w, m);
-	if (w.err) {
-		free(w.p);
-		return w.err;
-	}
-	*bufp = w.p;
-	*lenp = w.n;
-	return 0;
+	return wbuf_take(&w, bufp, lenp);
 }
 
 struct rbuf { const uint8_t *p; size_t n, off; };

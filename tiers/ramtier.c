@@ -2,6 +2,7 @@
 #include "tiers/lifecycle.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "common/walk.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -243,66 +244,63 @@ static bool shard_dir_orphan(struct ram_tier *t, const char *job, const char *st
  *  - a shard directory that no catalog record names (a publish or drop cut
  *    short by a crash) is data nothing can reach, counted in ram_used;
  * both are removed, and STEP and JOB directories left empty. */
+/* One STEP directory (sfd) of JOB: its unfinished and orphan shard
+ * directories go. */
+static void sweep_step(struct ram_tier *t, const char *job, const char *step, int sfd)
+{
+	const struct dirent *ke;
+	struct walk_dir kd;
+
+	if (walk_dir_open(&kd, sfd) < 0)
+		return;
+	while ((ke = walk_dir_next(&kd)) != NULL) {
+		if (ke->d_name[0] == '.') {
+			log_info("ram", "removing unfinished %s/%s/%s", job, step, ke->d_name);
+		} else if (shard_dir_orphan(t, job, step, ke->d_name)) {
+			log_warn("ram", "removing %s/%s/%s: no catalog record names it (left by a crash)",
+				 job, step, ke->d_name);
+		} else {
+			continue;
+		}
+		util_rmtree_at(sfd, ke->d_name, NULL);
+	}
+	walk_dir_close(&kd);
+}
+
 static void sweep_shards(struct ram_tier *t)
 {
-	DIR *jd = NULL;
-	struct dirent *je;
-	int fd = dup(t->shardsfd);
+	const struct dirent *je, *se;
+	struct walk_dir jd, sd;
 
-	if (fd < 0 || !(jd = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
+	if (walk_dir_open(&jd, t->shardsfd) < 0)
 		return;
-	}
-	while ((je = readdir(jd)) != NULL) {
+	while ((je = walk_dir_next(&jd)) != NULL) {
 		int jfd;
-		DIR *sd;
-		struct dirent *se;
 		if (je->d_name[0] == '.')
 			continue;
 		jfd = openat(t->shardsfd, je->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (jfd < 0)
 			continue;
-		sd = fdopendir(jfd);
-		if (!sd) {
+		if (walk_dir_open(&sd, jfd) < 0) {
 			close(jfd);
 			continue;
 		}
-		while ((se = readdir(sd)) != NULL) {
+		while ((se = walk_dir_next(&sd)) != NULL) {
 			int sfd;
-			DIR *kd;
-			struct dirent *ke;
 			if (se->d_name[0] == '.')
 				continue;
 			sfd = openat(jfd, se->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 			if (sfd < 0)
 				continue;
-			kd = fdopendir(sfd);
-			if (!kd) {
-				close(sfd);
-				continue;
-			}
-			while ((ke = readdir(kd)) != NULL) {
-				if (!strcmp(ke->d_name, ".") || !strcmp(ke->d_name, ".."))
-					continue;
-				if (ke->d_name[0] == '.') {
-					log_info("ram", "removing unfinished %s/%s/%s", je->d_name,
-						 se->d_name, ke->d_name);
-				} else if (shard_dir_orphan(t, je->d_name, se->d_name, ke->d_name)) {
-					log_warn("ram", "removing %s/%s/%s: no catalog record names it (left by a crash)",
-						 je->d_name, se->d_name, ke->d_name);
-				} else {
-					continue;
-				}
-				util_rmtree_at(sfd, ke->d_name, NULL);
-			}
-			closedir(kd);
+			sweep_step(t, je->d_name, se->d_name, sfd);
+			close(sfd);
 			unlinkat(jfd, se->d_name, AT_REMOVEDIR);   /* if now empty */
 		}
-		closedir(sd);
+		walk_dir_close(&sd);
+		close(jfd);
 		unlinkat(t->shardsfd, je->d_name, AT_REMOVEDIR);
 	}
-	closedir(jd);
+	walk_dir_close(&jd);
 }
 
 void ram_close(struct ram_tier *t)
@@ -414,13 +412,13 @@ struct count_ctx {
 	bool deep;
 };
 
-static int count_cb(void *arg, const struct util_walk_ent *e)
+static int count_cb(void *arg, const struct walk_ent *e)
 {
 	struct count_ctx *c = arg;
 
 	if (S_ISDIR(e->st->st_mode) && e->depth >= RECOUNT_MAX_DEPTH) {
 		c->deep = true;
-		return UTIL_WALK_SKIP;
+		return WALK_SKIP;
 	}
 	if (S_ISREG(e->st->st_mode) &&
 	    (e->st->st_nlink == 1 || inoset_add(c->seen, (uint64_t)e->st->st_ino)))
@@ -431,7 +429,7 @@ static int count_cb(void *arg, const struct util_walk_ent *e)
 static uint64_t count_tree(int dirfd, struct inoset *seen)
 {
 	struct count_ctx c = { .seen = seen };
-	int rc = util_walk(dirfd, RECOUNT_MAX_DEPTH, UTIL_WALK_NOPATH, count_cb, &c);
+	int rc = walk_tree(dirfd, RECOUNT_MAX_DEPTH, WALK_NOPATH, count_cb, &c);
 
 	if (rc < 0)
 		log_warn("ram", "counting RAMDIR: %s (the count may be low)", strerror(-rc));
@@ -491,8 +489,8 @@ static int make_staging(struct ram_tier *t, const char *parent, const char *stag
 }
 
 /* Mirror src into dst: directories made, files hard-linked, symlinks copied
- * (util_walk callback; paths relative to dst). */
-static int link_cb(void *arg, const struct util_walk_ent *e)
+ * (walk_tree callback; paths relative to dst). */
+static int link_cb(void *arg, const struct walk_ent *e)
 {
 	int dst = *(const int *)arg;
 	const struct stat *st = e->st;
@@ -524,7 +522,7 @@ static int link_cb(void *arg, const struct util_walk_ent *e)
 /* As deep as a shard may be (MF_MAX_DEPTH): -ELOOP beyond. */
 static int link_tree(int src, int dst)
 {
-	return util_walk(src, MF_MAX_DEPTH, 0, link_cb, &dst);
+	return walk_tree(src, MF_MAX_DEPTH, 0, link_cb, &dst);
 }
 
 /* The committed tree cannot be a shard (why): record the step as SH_BAD,

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "common/util.h"
+#include "common/walk.h"
 #include "tiers/catalog.h"
 #include "tiers/manifest.h"
 #include "tiers/ramtier.h"
@@ -226,7 +227,7 @@ static void test_seal_races_stage_tidy(void **state)
  * once: what ram_used must be after a recount. */
 struct du { uint64_t total; ino_t seen[4096]; size_t n; };
 
-static int du_cb(void *arg, const struct util_walk_ent *e)
+static int du_cb(void *arg, const struct walk_ent *e)
 {
 	struct du *d = arg;
 	if (!S_ISREG(e->st->st_mode))
@@ -246,10 +247,10 @@ static uint64_t du_ramdir(struct ram_tier *t)
 	int fd;
 
 	memset(&d, 0, sizeof(d));
-	assert_int_equal(util_walk(ram_ns_fd(t), 64, 0, du_cb, &d), 0);
+	assert_int_equal(walk_tree(ram_ns_fd(t), 64, 0, du_cb, &d), 0);
 	fd = openat(ram_root_fd(t), "shards", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	assert_true(fd >= 0);
-	assert_int_equal(util_walk(fd, 64, 0, du_cb, &d), 0);
+	assert_int_equal(walk_tree(fd, 64, 0, du_cb, &d), 0);
 	close(fd);
 	return d.total;
 }

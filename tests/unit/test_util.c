@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "common/util.h"
+#include "common/walk.h"
 
 #define SENTINEL 0x5a5a5a5a5a5a5a5aULL
 
@@ -677,11 +678,11 @@ struct seen {
 	char paths[64][64];
 	unsigned depth[64];
 	int n;
-	int skip_dir;   /* return UTIL_WALK_SKIP for the directory named "skip" */
+	int skip_dir;   /* return WALK_SKIP for the directory named "skip" */
 	int fail_at;    /* return -EIO at this entry (0: never) */
 };
 
-static int seen_cb(void *arg, const struct util_walk_ent *e)
+static int seen_cb(void *arg, const struct walk_ent *e)
 {
 	struct seen *s = arg;
 
@@ -695,7 +696,7 @@ static int seen_cb(void *arg, const struct util_walk_ent *e)
 	if (s->fail_at && s->n == s->fail_at)
 		return -EIO;
 	if (s->skip_dir && !strcmp(e->name, "skip"))
-		return UTIL_WALK_SKIP;
+		return WALK_SKIP;
 	return 0;
 }
 
@@ -723,7 +724,7 @@ static void test_walk(void **state)
 
 	/* every entry once, parents first, exact paths and depths; symlinks
 	 * are entries, never followed */
-	assert_int_equal(util_walk(root, 8, 0, seen_cb, &s), 0);
+	assert_int_equal(walk_tree(root, 8, 0, seen_cb, &s), 0);
 	assert_int_equal(s.n, 7);
 	assert_true(seen_index(&s, "a") >= 0 && seen_index(&s, "a") < seen_index(&s, "a/b"));
 	assert_true(seen_index(&s, "a/b") < seen_index(&s, "a/b/f"));
@@ -732,29 +733,29 @@ static void test_walk(void **state)
 	assert_int_equal(s.depth[seen_index(&s, "a/b/f")], 3);
 	assert_true(seen_index(&s, "ln") >= 0);
 
-	/* UTIL_WALK_SKIP: the directory is an entry, its contents are not visited */
+	/* WALK_SKIP: the directory is an entry, its contents are not visited */
 	memset(&s, 0, sizeof(s));
 	s.skip_dir = 1;
-	assert_int_equal(util_walk(root, 8, 0, seen_cb, &s), 0);
+	assert_int_equal(walk_tree(root, 8, 0, seen_cb, &s), 0);
 	assert_int_equal(s.n, 6);
 	assert_int_equal(seen_index(&s, "skip/inner"), -1);
 
 	/* depth bound: entries up to max_depth are fine, entering below fails */
 	memset(&s, 0, sizeof(s));
-	assert_int_equal(util_walk(root, 3, 0, seen_cb, &s), 0);
+	assert_int_equal(walk_tree(root, 3, 0, seen_cb, &s), 0);
 	memset(&s, 0, sizeof(s));
-	assert_int_equal(util_walk(root, 2, 0, seen_cb, &s), -ELOOP);
+	assert_int_equal(walk_tree(root, 2, 0, seen_cb, &s), -ELOOP);
 
 	/* a callback error stops the walk with it */
 	memset(&s, 0, sizeof(s));
 	s.fail_at = 2;
-	assert_int_equal(util_walk(root, 8, 0, seen_cb, &s), -EIO);
+	assert_int_equal(walk_tree(root, 8, 0, seen_cb, &s), -EIO);
 	assert_int_equal(s.n, 2);
-	assert_int_equal(util_walk(root, 0, 0, seen_cb, &s), -EINVAL);
+	assert_int_equal(walk_tree(root, 0, 0, seen_cb, &s), -EINVAL);
 	close(root);
 }
 
-static int count_cb(void *arg, const struct util_walk_ent *e)
+static int count_cb(void *arg, const struct walk_ent *e)
 {
 	(void)e;
 	(*(int *)arg)++;
@@ -774,13 +775,13 @@ static void test_walk_deep(void **state)
 	assert_true(root >= 0);
 	fd_before = dup(0);
 	close(fd_before);
-	assert_int_equal(util_walk(root, 64, 0, count_cb, &n), -ELOOP);
+	assert_int_equal(walk_tree(root, 64, 0, count_cb, &n), -ELOOP);
 	assert_int_equal(n, 64);
 	n = 0;
-	assert_int_equal(util_walk(root, 4000, 0, count_cb, &n), -ENAMETOOLONG);
+	assert_int_equal(walk_tree(root, 4000, 0, count_cb, &n), -ENAMETOOLONG);
 	assert_true(n > 1000 && n < 2100);   /* "d/" per level: 2 bytes of PATH_MAX */
 	n = 0;
-	assert_int_equal(util_walk(root, 100000, UTIL_WALK_NOPATH, count_cb, &n), 0);
+	assert_int_equal(walk_tree(root, 100000, WALK_NOPATH, count_cb, &n), 0);
 	assert_int_equal(n, 4999 + 49 + 1);
 	fd_after = dup(0);
 	close(fd_after);
@@ -950,6 +951,37 @@ static void test_metrics_families(void **s)
 	free(t);
 }
 
+/* util_grow: the same array until it is full, then twice the room with
+ * the elements kept; first room on the first call; an impossible size is
+ * NULL with the array and its capacity untouched. */
+static void test_grow(void **state)
+{
+	uint32_t *v = NULL, *nv;
+	size_t cap = 0, n = 0;
+
+	(void)state;
+	for (uint32_t i = 0; i < 1000; i++) {
+		nv = util_grow(v, n, &cap, sizeof(*v), 4);
+		assert_non_null(nv);
+		if (n < 4)
+			assert_int_equal(cap, 4);
+		v = nv;
+		v[n++] = i * 7;
+		assert_true(n <= cap);
+	}
+	assert_int_equal(cap, 1024);
+	for (uint32_t i = 0; i < 1000; i++)
+		assert_int_equal(v[i], i * 7);
+	nv = util_grow(v, 999, &cap, sizeof(*v), 4);
+	assert_ptr_equal(nv, v);   /* room left: no realloc */
+	assert_int_equal(cap, 1024);
+	nv = util_grow(v, cap, &cap, SIZE_MAX / 1024, 4);
+	assert_null(nv);
+	assert_int_equal(cap, 1024);
+	assert_int_equal(v[999], 999 * 7);
+	free(v);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -976,6 +1008,7 @@ int main(void)
 		cmocka_unit_test(test_log_json_truncated_stays_valid),
 		cmocka_unit_test(test_log_format_names),
 		cmocka_unit_test(test_metrics_families),
+		cmocka_unit_test(test_grow),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
