@@ -255,6 +255,7 @@ static void test_calls_and_events(void **state)
 struct interrupter {
 	struct eng *e;
 	struct fake *f;
+	void (*how)(struct eng *e);   /* eng_restore_interrupt or eng_restore_stop */
 };
 
 static bool request_arrived(void *arg)
@@ -271,8 +272,35 @@ static void *interrupt_later(void *arg)
 {
 	struct interrupter *i = arg;
 	wait_for(request_arrived, i->f, 5000);
-	eng_restore_interrupt(i->e);
+	i->how(i->e);
 	return NULL;
+}
+
+static void set_restoring(struct eng *e, bool on)
+{
+	pthread_mutex_lock(&e->ctl_mu);
+	e->restoring = on;
+	e->restore_cancel = false;
+	e->restore_thr = pthread_self();
+	pthread_mutex_unlock(&e->ctl_mu);
+}
+
+/* This thread's restore waits in a call the coordinator never answers;
+ * another thread ends the restore with how() once the request is out: the
+ * call returns -ECANCELED at once, not at its 20 s timeout. */
+static void call_ended_by(struct fixture *x, void (*how)(struct eng *e))
+{
+	struct interrupter in = { x->e, &x->f, how };
+	uint64_t t0;
+	pthread_t thr;
+
+	set_mode(&x->f, SILENT);
+	set_restoring(x->e, true);
+	assert_int_equal(pthread_create(&thr, NULL, interrupt_later, &in), 0);
+	t0 = util_now_ns();
+	assert_int_equal(call(x->e, "ready", 20000, NULL, 0), -ECANCELED);
+	assert_true(util_now_ns() - t0 < 10000 * 1000000ull);
+	assert_int_equal(pthread_join(thr, NULL), 0);
 }
 
 /* An unanswered call ends at its timeout; a restore's call ends at once
@@ -282,78 +310,39 @@ static void test_timeout_and_interrupt(void **state)
 {
 	struct fixture *x = *state;
 	struct eng *e = x->e;
-	struct interrupter in = { e, &x->f };
 	uint64_t t0;
-	pthread_t thr;
 
 	set_mode(&x->f, SILENT);
 	t0 = util_now_ns();
 	assert_int_equal(call(e, "slow", 300, NULL, 0), -ETIMEDOUT);
 	assert_true(util_now_ns() - t0 >= 290 * 1000000ull);
 
-	pthread_mutex_lock(&e->ctl_mu);
-	e->restoring = true;
-	e->restore_cancel = false;
-	e->restore_thr = pthread_self();
-	pthread_mutex_unlock(&e->ctl_mu);
-	assert_int_equal(pthread_create(&thr, NULL, interrupt_later, &in), 0);
-	t0 = util_now_ns();
-	assert_int_equal(call(e, "ready", 20000, NULL, 0), -ECANCELED);
-	assert_true(util_now_ns() - t0 < 10000 * 1000000ull);
-	assert_int_equal(pthread_join(thr, NULL), 0);
+	call_ended_by(x, eng_restore_interrupt);
 	assert_int_equal(call(e, "ready", 20000, NULL, 0), -ECANCELED);
 
 	/* another thread's calls are not the restore's */
-	pthread_mutex_lock(&e->ctl_mu);
-	e->restoring = false;
-	e->restore_cancel = false;
-	pthread_mutex_unlock(&e->ctl_mu);
+	set_restoring(e, false);
 	set_mode(&x->f, ANSWER);
 	assert_int_equal(call(e, "ping", 5000, NULL, 0), 0);
 }
 
-static void *stop_later(void *arg)
-{
-	struct interrupter *i = arg;
-	wait_for(request_arrived, i->f, 5000);
-	eng_restore_stop(i->e);
-	return NULL;
-}
-
 /* The daemon stops (unmount) while a restore's call waits for an answer
  * that does not come: the call ends at once, not at its timeout, and the
- * stop is sticky: it also ends calls of a restore that begins later
+ * stop is sticky: it also ends the calls of a restore that begins later
  * (eng_restore itself then refuses to start). */
 static void test_stop_ends_restore_call(void **state)
 {
 	struct fixture *x = *state;
 	struct eng *e = x->e;
-	struct interrupter in = { e, &x->f };
 	uint64_t t0;
-	pthread_t thr;
 
-	set_mode(&x->f, SILENT);
-	pthread_mutex_lock(&e->ctl_mu);
-	e->restoring = true;
-	e->restore_cancel = false;
-	e->restore_thr = pthread_self();
-	pthread_mutex_unlock(&e->ctl_mu);
-	assert_int_equal(pthread_create(&thr, NULL, stop_later, &in), 0);
-	t0 = util_now_ns();
-	assert_int_equal(call(e, "ready", 20000, NULL, 0), -ECANCELED);
-	assert_true(util_now_ns() - t0 < 10000 * 1000000ull);
-	assert_int_equal(pthread_join(thr, NULL), 0);
-	/* a new restore's flags are reset, the stop still holds */
-	pthread_mutex_lock(&e->ctl_mu);
-	e->restore_cancel = false;
-	pthread_mutex_unlock(&e->ctl_mu);
+	call_ended_by(x, eng_restore_stop);
+	set_restoring(e, true);   /* a new restore: its flags reset, the stop holds */
 	t0 = util_now_ns();
 	assert_int_equal(call(e, "ready", 20000, NULL, 0), -ECANCELED);
 	assert_true(util_now_ns() - t0 < 1000 * 1000000ull);
 	/* calls that are not a restore's still work */
-	pthread_mutex_lock(&e->ctl_mu);
-	e->restoring = false;
-	pthread_mutex_unlock(&e->ctl_mu);
+	set_restoring(e, false);
 	set_mode(&x->f, ANSWER);
 	assert_int_equal(call(e, "ping", 5000, NULL, 0), 0);
 }
