@@ -1,22 +1,15 @@
-/* coord.c — see coord.h. Protocol (JSON over NT_REQ/NT_RESP/NT_EVENT):
- *   register {rank, addr}                       -> {ok, addrs:[...]}
- *   table {}                                    -> {addrs:[...]}
- *   catalog {job, nodes, dp, [workers], holds:[[owner, step, hash, [worker, [content]]]...]}
- *                                               -> (when planned) plan entry
- *   fetch_failed {job, plan, holder, owner, step} -> a new plan entry
- *   ready {job, plan}                           -> (barrier) {op:"go"} or a new plan entry
- *   committed {job, nodes, dp, step, hash} (event) -> event lkg {job, step, safe} to all
- *   replicated {job, nodes, dp, step} (event: every push of the node's own
- *               step succeeded)                  -> event lkg {job, step, safe} to all
+/* coord.c — see coord.h; the messages are net/proto.h's. This half keeps
+ * the jobs and the rank -> address table (register, table, status), the
+ * steady-state LKG (committed, replicated -> lkg to every node), backups
+ * (backup to every node, backup_done), the message table and the
+ * lifecycle; coord_restore.c runs restore rounds.
  * lkg.step: the newest step every node has committed (backups start from it);
  * lkg.safe: the newest step every node has committed and replicated (nodes
  * drop older steps only below it, so a node lost before its newest step's
- * replicas exist still leaves the previous step complete).
- * A plan entry: {op:"plan", plan, found, step, holder, owner, hash, addr}. */
-#include "cluster/coord.h"
+ * replicas exist still leaves the previous step complete). */
+#include "cluster/coord_i.h"
 #include "net/frame.h"
 #include "net/server.h"
-#include "cluster/lkg.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "common/workq.h"
@@ -29,121 +22,22 @@
 #include <string.h>
 #include <unistd.h>
 
-#define COORD_MAX_NODES 65536
-#define COORD_MAX_HOLDS 4096      /* per node and catalog: 64 (steps, owners) x workers */
-#define COMMITS_KEPT    4         /* newest steps remembered per owner */
-#define COORD_MAX_WORKERS 64      /* RCFG_WORKERS_MAX: shards per node */
-
-struct pending { uint64_t conn; uint32_t req_id; bool waiting; };
-
-/* The newest commits of one (node, worker) shard: a node keeps one shard
- * per step, or (framework: pytorch) one per worker, each committed and
- * replicated on its own; a step is the job's when every (node, worker)
- * has it. */
-struct wlog {
-	uint64_t commits[COMMITS_KEPT];  /* +1, 0 empty; slot 0 newest */
-	uint8_t commit_hash[COMMITS_KEPT][32];
-	uint64_t repl[COMMITS_KEPT];     /* of those, replicated to every peer; +1, 0 empty */
-	uint8_t repl_hash[COMMITS_KEPT][32];
-};
-
-struct cnode {
-	uint64_t conn;            /* 0 = not connected */
-	bool reported;            /* catalog received in this round */
-	bool ready;               /* at the barrier of the current plan */
-	struct pending cat, rdy;
-	struct wlog lg;           /* worker 0 */
-	struct wlog *lgx;         /* workers 1..nlgx, grown as they report */
-	uint32_t nlgx;
-};
-
-struct cjob {
-	struct cjob *next;
-	char name[129];
-	uint32_t nodes, dp;
-	uint32_t workers;             /* shards per node (>= 1), as the nodes say */
-	struct cnode *n;
-	bool has_lkg;
-	uint64_t lkg;
-	bool has_safe;                /* lkg.safe: committed and replicated job-wide */
-	uint64_t safe;
-	/* restore round */
-	enum { R_IDLE, R_COLLECT, R_PLANNING, R_PLANNED } state;
-	uint64_t round_start, plan_time;
-	struct lkg_hold *holds;
-	size_t nholds, capholds;
-	struct lkg_hold *bad;
-	size_t nbad, capbad;
-	struct lkg_plan plan;
-	uint32_t plan_id;
-	uint64_t round;               /* bumped by every new restore round */
-	uint64_t plan_round;          /* the round the current plan belongs to */
-	/* the bucket's part of the plan */
-	bool bucket_plan;             /* plan.found/step come from a backup */
-	char bucket_name[64];
-	char notes[1024];
-	char (*excluded)[64];         /* backups that failed during this round */
-	size_t nexcluded;
-	bool forced_restore;          /* this round restored restore.version */
-	bool rv_seen;                 /* this round found restore.version, valid or not */
-	bool rv_delete_pending;       /* delete it after the next commit */
-	bool rv_after_any;            /* ... any step (nothing was restored) */
-	uint64_t restored_step;
-	/* backups */
-	uint32_t bi_min, bi_steps;
-	bool bk_running, has_last_bk;
-	uint64_t bk_step, last_bk_step, last_bk_start, bk_start, job_seen;
-	uint64_t bk_retry_at, postponed_step;
-	uint32_t bk_backoff_s;
-	char bk_name[64];
-	/* the last attempt that failed, until it is resumed (same step: same
-	 * name) or discarded (another step), so no retry leaves a new partial
-	 * directory behind */
-	char bk_failed[64];
-	uint64_t bk_failed_step;
-	bool *bk_done;
-};
-
-struct coord {
-	struct nsrv *srv;
-	pthread_mutex_t mu;       /* protects everything below */
-	struct cjob *jobs;
-	char **addrs;             /* rank -> address, from register */
-	uint32_t naddrs;
-	uint64_t timeout_ns;
-	pthread_t tick;
-	bool stop;
-	pthread_cond_t cv;
-	struct coord_bucket bk;       /* .decide NULL: no bucket */
-	struct workq *worker;         /* bucket calls, off the loop thread */
-};
-
-static void send_msg(struct coord *c, uint64_t conn, uint8_t type, uint32_t req_id, json_t *m)
+void coord_send(struct coord *c, uint64_t conn, uint8_t type, uint32_t req_id, json_t *m)
 {
 	nsrv_send(c->srv, conn, type, req_id, m);   /* takes m */
 }
 
-static void reply_err(struct coord *c, uint64_t conn, uint32_t req_id, int err, const char *what)
+void coord_reply_err(struct coord *c, uint64_t conn, uint32_t req_id, int err, const char *what)
 {
-	send_msg(c, conn, NT_ERROR, req_id, net_error_msg(err, what));
+	coord_send(c, conn, NT_ERROR, req_id, net_error_msg(err, what));
 }
 
-static json_t *addrs_json(struct coord *c)
-{
-	json_t *a = json_array();
-	for (uint32_t i = 0; i < c->naddrs; i++)
-		json_array_append_new(a, c->addrs[i] ? json_string(c->addrs[i]) : json_null());
-	return a;
-}
-
-static const char *addr_of(struct coord *c, uint32_t rank)
+const char *coord_addr_of(struct coord *c, uint32_t rank)
 {
 	return rank < c->naddrs && c->addrs[rank] ? c->addrs[rank] : "";
 }
 
-/* Worker w's log of node n; NULL when it has none and create is false
- * (or memory ran out). */
-static struct wlog *wlog_of(struct cnode *n, uint32_t w, bool create)
+struct wlog *coord_wlog_of(struct cnode *n, uint32_t w, bool create)
 {
 	if (w == 0)
 		return &n->lg;
@@ -174,7 +68,7 @@ static void job_free(struct cjob *j)
 	free(j);
 }
 
-static struct cjob *job_get(struct coord *c, const char *name, uint32_t nodes, uint32_t dp)
+struct cjob *coord_job_get(struct coord *c, const char *name, uint32_t nodes, uint32_t dp)
 {
 	struct cjob *j;
 	for (j = c->jobs; j; j = j->next)
@@ -213,571 +107,25 @@ static struct cjob *job_get(struct coord *c, const char *name, uint32_t nodes, u
 	return j;
 }
 
-static json_t *plan_entry(struct coord *c, struct cjob *j, uint32_t rank)
+/* A bad request: the reason in the reply and the log. */
+void coord_reply_bad(struct coord *c, const struct proto_in *in, const char *why)
 {
-	json_t *m = json_object();
-	char hex[65];
+	char text[256];
 
-	json_object_set_new(m, "op", json_string("plan"));
-	json_object_set_new(m, "plan", json_integer(j->plan_id));
-	json_object_set_new(m, "found", json_boolean(j->plan.found));
-	if (j->notes[0])
-		json_object_set_new(m, "notes", json_string(j->notes));
-	if (j->plan.found && j->bucket_plan) {
-		json_object_set_new(m, "step", json_integer((json_int_t)j->plan.step));
-		json_object_set_new(m, "source", json_string("bucket"));
-		json_object_set_new(m, "backup", json_string(j->bucket_name));
-	} else if (j->plan.found && rank < j->plan.nodes) {
-		uint32_t W = j->plan.workers ? j->plan.workers : 1;
-		const struct lkg_src *s = &j->plan.src[(size_t)rank * W];
-		net_hex_encode(s->hash, 32, hex);
-		json_object_set_new(m, "step", json_integer((json_int_t)j->plan.step));
-		json_object_set_new(m, "holder", json_integer(s->holder));
-		json_object_set_new(m, "owner", json_integer(s->owner));
-		json_object_set_new(m, "hash", json_string(hex));
-		json_object_set_new(m, "addr", json_string(addr_of(c, s->holder)));
-		if (W > 1) {
-			/* one source per worker shard; worker 0's is also the
-			 * entry's own fields above */
-			json_t *a = json_array();
-			for (uint32_t w = 0; w < W; w++) {
-				const struct lkg_src *x = &j->plan.src[(size_t)rank * W + w];
-				net_hex_encode(x->hash, 32, hex);
-				json_array_append_new(a, json_pack("{s:i,s:i,s:i,s:s,s:s}", "worker",
-								   (int)w, "holder", (int)x->holder,
-								   "owner", (int)x->owner, "hash", hex,
-								   "addr", addr_of(c, x->holder)));
-			}
-			json_object_set_new(m, "shards", a);
-		}
-	}
-	return m;
+	snprintf(text, sizeof(text), "bad %s: %s", proto_op_name(in->op), why);
+	log_dbg("coord", "rank %d: %s", in->rank, text);
+	coord_reply_err(c, in->conn, in->req_id, EINVAL, text);
 }
 
-static void compute_plan(struct coord *c, struct cjob *j);
-static void send_plan_to_waiters(struct coord *c, struct cjob *j);
-
-/* The bucket's say in a plan (restore.version, or the newest complete
- * backup when nothing is complete in the cluster): on the worker thread. */
-struct bk_plan_job {
-	struct coord *c;
-	char job[129];
-	uint64_t round;
-	uint32_t nodes;
-	char (*exclude)[64];
-	size_t nexclude;
-};
-
-static void bucket_plan_run(void *arg)
+struct cjob *coord_job_of(struct coord *c, const char *name, int rank)
 {
-	struct bk_plan_job *p = arg;
-	struct coord *c = p->c;
-	struct coord_bk_decision d;
 	struct cjob *j;
-	int rc;
-
-	bool need_newest = true;
-
-	memset(&d, 0, sizeof(d));
-	/* peek at the cluster: the bucket's newest backup matters only when
-	 * no step is complete in RAM */
-	pthread_mutex_lock(&c->mu);
-	for (j = c->jobs; j; j = j->next)
-		if (!strcmp(j->name, p->job))
-			break;
-	if (j) {
-		bool *live = calloc(j->nodes, sizeof(bool));
-		struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .workers = j->workers,
-					.h = j->holds, .nh = j->nholds,
-					.live = live, .bad = j->bad, .nbad = j->nbad };
-		struct lkg_plan tmp;
-		if (live) {
-			for (uint32_t r = 0; r < j->nodes; r++)
-				live[r] = j->n[r].reported && j->n[r].conn != 0;
-			if (lkg_plan(&in, &tmp) == 0) {
-				need_newest = !tmp.found;
-				lkg_plan_free(&tmp);
-			}
-			free(live);
-		}
-	}
-	pthread_mutex_unlock(&c->mu);
-	rc = c->bk.decide(c->bk.arg, p->job, p->nodes, (const char (*)[64])p->exclude, p->nexclude,
-			  need_newest, &d);
-	pthread_mutex_lock(&c->mu);
-	for (j = c->jobs; j; j = j->next)
-		if (!strcmp(j->name, p->job))
-			break;
-	if (j && j->round == p->round && j->state == R_PLANNING) {
-		bool was_found = j->plan.found, was_bucket = j->bucket_plan;
-		uint64_t was_step = j->plan.step;
-		uint32_t was_id = j->plan_id;
-		char was_name[64];
-		snprintf(was_name, sizeof(was_name), "%s", j->bucket_name);
-		compute_plan(c, j);        /* the cluster's part */
-		j->bucket_plan = false;
-		j->forced_restore = false;
-		j->rv_seen = rc == 0 && d.forced;
-		snprintf(j->notes, sizeof(j->notes), "%s", rc < 0 || (!d.forced && j->plan.found) ? "" : d.notes);
-		if (rc < 0) {
-			snprintf(j->notes, sizeof(j->notes), "the bucket could not be read (%s); planning from the cluster only",
-				 strerror(-rc));
-		} else if (d.forced) {
-			j->plan.found = d.forced_ok;
-			j->plan.step = d.step;
-			j->bucket_plan = d.forced_ok;
-			j->forced_restore = d.forced_ok;
-			snprintf(j->bucket_name, sizeof(j->bucket_name), "%s", d.name);
-		} else if (!j->plan.found && d.have_newest) {
-			j->plan.found = true;
-			j->plan.step = d.step;
-			j->bucket_plan = true;
-			snprintf(j->bucket_name, sizeof(j->bucket_name), "%s", d.name);
-		}
-		if (j->plan_id == was_id && (j->plan.found != was_found || j->plan.step != was_step ||
-					     j->bucket_plan != was_bucket ||
-					     strcmp(was_name, j->bucket_name))) {
-			/* another backup: every node fetches again */
-			j->plan_id++;
-			j->plan_time = util_now_ns();
-			for (uint32_t r = 0; r < j->nodes; r++)
-				j->n[r].ready = false;
-		}
-		if (j->bucket_plan)
-			log_info("coord", "plan job=%s plan=%u: restore backup %s (step %llu)%s", j->name,
-				 j->plan_id, j->bucket_name, (unsigned long long)j->plan.step,
-				 j->forced_restore ? " named by restore.version" : "");
-		if (j->notes[0])
-			log_warn("coord", "job %s: %s", j->name, j->notes);
-		send_plan_to_waiters(c, j);
-	}
-	pthread_mutex_unlock(&c->mu);
-	free(p->exclude);
-	free(p);
-}
-
-/* All catalogs are in (or the wait timed out): plan, asking the bucket
- * first when there is one. Called with c->mu held. */
-static void start_plan(struct coord *c, struct cjob *j)
-{
-	struct bk_plan_job *p;
-
-	if (!c->bk.decide || !c->worker)
-		goto direct;
-	p = calloc(1, sizeof(*p));
-	if (!p)
-		goto direct;
-	p->c = c;
-	snprintf(p->job, sizeof(p->job), "%s", j->name);
-	p->round = j->round;
-	p->nodes = j->nodes;
-	if (j->nexcluded) {
-		p->exclude = malloc(j->nexcluded * sizeof(*p->exclude));
-		if (p->exclude) {
-			memcpy(p->exclude, j->excluded, j->nexcluded * sizeof(*p->exclude));
-			p->nexclude = j->nexcluded;
-		}
-	}
-	if (workq_submit(c->worker, bucket_plan_run, p) == 0) {
-		j->state = R_PLANNING;
-		return;
-	}
-	free(p->exclude);
-	free(p);
-direct:
-	compute_plan(c, j);
-	send_plan_to_waiters(c, j);
-}
-
-static void compute_plan(struct coord *c, struct cjob *j)
-{
-	bool *live = calloc(j->nodes, sizeof(bool));
-	struct lkg_input in = { .nodes = j->nodes, .dp = j->dp, .workers = j->workers,
-				.h = j->holds, .nh = j->nholds,
-				.live = live, .bad = j->bad, .nbad = j->nbad };
-	uint64_t t0 = util_now_ns(), old_step = j->plan.step;
-	bool was_planned = j->plan_round == j->round && j->plan_id, old_found = j->plan.found;
-	uint32_t missing = 0;
-
-	if (!live)
-		return;
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		live[r] = j->n[r].reported && j->n[r].conn != 0;
-		if (!j->n[r].reported)
-			missing++;
-	}
-	lkg_plan_free(&j->plan);
-	if (lkg_plan(&in, &j->plan) < 0)
-		memset(&j->plan, 0, sizeof(j->plan));
-	if (was_planned && j->plan.found == old_found && j->plan.step == old_step) {
-		/* another source for the same step: nodes that already have
-		 * their shard stay at the barrier */
-	} else {
-		j->plan_id++;
-		j->plan_time = util_now_ns();
-		for (uint32_t r = 0; r < j->nodes; r++)
-			j->n[r].ready = false;
-	}
-	j->state = R_PLANNED;
-	j->plan_round = j->round;
-	log_info("coord", "plan job=%s plan=%u found=%d step=%llu nodes=%u missing=%u holds=%zu bad=%zu plan_ms=%.2f",
-		 j->name, j->plan_id, j->plan.found, (unsigned long long)j->plan.step, j->nodes,
-		 missing, j->nholds, j->nbad, (double)(util_now_ns() - t0) / 1e6);
-	free(live);
-}
-
-/* Answer every node waiting for a plan (catalog) or at the barrier of an
- * older plan (ready) with its entry of the current plan. */
-static void send_plan_to_waiters(struct coord *c, struct cjob *j)
-{
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		struct cnode *n = &j->n[r];
-		if (n->cat.waiting) {
-			send_msg(c, n->cat.conn, NT_RESP, n->cat.req_id, plan_entry(c, j, r));
-			n->cat.waiting = false;
-		}
-		if (n->rdy.waiting) {
-			send_msg(c, n->rdy.conn, NT_RESP, n->rdy.req_id, plan_entry(c, j, r));
-			n->rdy.waiting = false;
-		}
-	}
-}
-
-static void release_barrier(struct coord *c, struct cjob *j)
-{
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		struct cnode *n = &j->n[r];
-		if (n->rdy.waiting) {
-			json_t *m = json_object();
-			json_object_set_new(m, "op", json_string("go"));
-			json_object_set_new(m, "plan", json_integer(j->plan_id));
-			send_msg(c, n->rdy.conn, NT_RESP, n->rdy.req_id, m);
-			n->rdy.waiting = false;
-		}
-	}
-	/* what was committed before the restore belongs to a timeline the job
-	 * left: from now on every node's history starts at the restored step */
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		struct cnode *n = &j->n[r];
-		memset(&n->lg, 0, sizeof(n->lg));
-		if (n->nlgx)
-			memset(n->lgx, 0, (size_t)n->nlgx * sizeof(*n->lgx));
-		for (uint32_t w = 0; j->plan.found && w < j->workers; w++) {
-			struct wlog *l = wlog_of(n, w, true);
-			uint32_t W = j->plan.workers ? j->plan.workers : 1;
-			if (!l)
-				break;
-			l->commits[0] = l->repl[0] = j->plan.step + 1;
-			if (!j->bucket_plan && r < j->plan.nodes && w < W)
-				memcpy(l->commit_hash[0], j->plan.src[(size_t)r * W + w].hash, 32);
-			memcpy(l->repl_hash[0], l->commit_hash[0], 32);
-		}
-	}
-	j->has_lkg = false;
-	j->has_safe = false;
-	if (j->plan.found) {
-		/* every node restores this step: it is complete job-wide, and
-		 * what is older than it belongs to the past */
-		j->has_lkg = true;
-		j->lkg = j->plan.step;
-		j->has_safe = true;
-		j->safe = j->plan.step;
-		j->restored_step = j->plan.step;
-		/* after a restore from it, restore.version goes with the next commit */
-		if (j->forced_restore) {
-			j->rv_delete_pending = true;
-			j->rv_after_any = false;
-		}
-		if (j->bucket_plan && !j->has_last_bk) {
-			/* that backup already holds this step */
-			j->has_last_bk = true;
-			j->last_bk_step = j->plan.step;
-			j->last_bk_start = util_now_ns();
-		}
-	}
-	if (j->rv_seen && !j->plan.found) {
-		/* restore.version named a missing or incomplete backup: the job
-		 * started empty, and the file is used once all the same (GKE's
-		 * documented rule): it goes with the first checkpoint saved */
-		j->rv_delete_pending = true;
-		j->rv_after_any = true;
-	}
-	log_info("coord", "barrier released job=%s plan=%u step=%llu", j->name, j->plan_id,
-		 (unsigned long long)(j->plan.found ? j->plan.step : 0));
-	j->state = R_IDLE;
-}
-
-static void maybe_release(struct coord *c, struct cjob *j, bool timed_out)
-{
-	uint32_t ready = 0, expected = 0;
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		if (j->n[r].reported && j->n[r].conn) {
-			expected++;
-			if (j->n[r].ready)
-				ready++;
-		}
-	}
-	if (ready == expected || (timed_out && ready > 0))
-		release_barrier(c, j);
-}
-
-static int parse_job(json_t *m, const char **name, uint32_t *nodes, uint32_t *dp)
-{
-	uint64_t n = 0, d = 0;
-	if (net_json_str(m, "job", 128, name) < 0 || !**name ||
-	    net_json_u64(m, "nodes", COORD_MAX_NODES, &n) < 0 || n == 0)
-		return -EBADMSG;
-	if (net_json_u64(m, "dp", COORD_MAX_NODES, &d) == -EBADMSG)
-		return -EBADMSG;
-	if (d && n % d)
-		return -EBADMSG;
-	*nodes = (uint32_t)n;
-	*dp = (uint32_t)d;
-	return 0;
-}
-
-static void on_catalog(struct coord *c, uint64_t conn, int rank, uint32_t req_id, json_t *m)
-{
-	const char *name;
-	uint32_t nodes, dp;
-	struct cjob *j;
-	json_t *holds = json_object_get(m, "holds");
-	size_t i;
-	json_t *h;
-
-	if (parse_job(m, &name, &nodes, &dp) < 0 || rank < 0 || (uint32_t)rank >= nodes ||
-	    !json_is_array(holds) || json_array_size(holds) > COORD_MAX_HOLDS) {
-		reply_err(c, conn, req_id, EINVAL, "bad catalog");
-		return;
-	}
-	j = job_get(c, name, nodes, dp);
-	if (!j) {
-		reply_err(c, conn, req_id, ENOMEM, "out of memory");
-		return;
-	}
-	j->dp = dp;
-	{
-		uint64_t w;
-		if (net_json_u64(m, "workers", COORD_MAX_WORKERS, &w) == 0 && w > 0)
-			j->workers = (uint32_t)w;
-	}
-	if (j->state == R_IDLE || j->n[rank].reported) {
-		/* A new restore round: abandon the previous one.  A rank that
-		 * reports twice in one round is a new incarnation of the job
-		 * there (a new replicator.yaml): as GKE's replicator restarts at
-		 * once, the round starts over now, its timeout with it, rather
-		 * than waiting restore_timeout for the old round to end. */
-		if (j->state != R_IDLE)
-			log_warn("coord", "job %s: rank %d restarted its restore; starting a new round",
-				 name, rank);
-		for (uint32_t r = 0; r < j->nodes; r++) {
-			struct cnode *n = &j->n[r];
-			if (n->rdy.waiting) {
-				json_t *x = json_object();
-				json_object_set_new(x, "op", json_string("restart"));
-				send_msg(c, n->rdy.conn, NT_RESP, n->rdy.req_id, x);
-				n->rdy.waiting = false;
-			}
-			if (n->cat.waiting && r != (uint32_t)rank) {
-				/* keep waiting: their catalogs stay valid for the new round */
-			}
-			if (!n->cat.waiting)
-				n->reported = false;
-			n->ready = false;
-		}
-		j->nbad = 0;
-		j->nexcluded = 0;
-		j->notes[0] = '\0';
-		j->bucket_plan = false;
-		j->forced_restore = false;
-		j->rv_seen = false;
-		j->round++;
-		j->state = R_COLLECT;
-		j->round_start = util_now_ns();
-		/* keep the holdings of nodes still waiting, drop the others */
-		size_t k = 0;
-		for (size_t x = 0; x < j->nholds; x++)
-			if (j->n[j->holds[x].holder].reported)
-				j->holds[k++] = j->holds[x];
-		j->nholds = k;
-	}
-	/* replace this node's holdings */
-	{
-		size_t k = 0;
-		for (size_t x = 0; x < j->nholds; x++)
-			if (j->holds[x].holder != (uint32_t)rank)
-				j->holds[k++] = j->holds[x];
-		j->nholds = k;
-	}
-	json_array_foreach(holds, i, h) {
-		struct lkg_hold lh = { .holder = (uint32_t)rank };
-		json_t *o = json_array_get(h, 0), *s = json_array_get(h, 1), *hx = json_array_get(h, 2);
-		json_t *wk = json_array_get(h, 3);   /* absent: worker 0 */
-		if (wk && (!json_is_integer(wk) || json_integer_value(wk) < 0 ||
-			   json_integer_value(wk) >= COORD_MAX_WORKERS)) {
-			reply_err(c, conn, req_id, EINVAL, "bad holding in catalog");
-			return;
-		}
-		lh.worker = wk ? (uint32_t)json_integer_value(wk) : 0;
-		{
-			/* the content key of a worker's file (its name apart) */
-			json_t *ck = json_array_get(h, 4);
-			if (ck && (!json_is_string(ck) ||
-				   net_hex_decode(json_string_value(ck), json_string_length(ck),
-						  lh.content, 32) < 0)) {
-				reply_err(c, conn, req_id, EINVAL, "bad holding in catalog");
-				return;
-			}
-			lh.has_content = ck != NULL;
-		}
-		if (!json_is_integer(o) || !json_is_integer(s) || !json_is_string(hx) ||
-		    json_integer_value(o) < 0 || json_integer_value(o) >= (json_int_t)nodes ||
-		    json_integer_value(s) < 0 ||
-		    net_hex_decode(json_string_value(hx), json_string_length(hx), lh.hash, 32) < 0) {
-			reply_err(c, conn, req_id, EINVAL, "bad holding in catalog");
-			return;
-		}
-		lh.owner = (uint32_t)json_integer_value(o);
-		lh.step = (uint64_t)json_integer_value(s);
-		if (j->nholds == j->capholds) {
-			size_t nc = j->capholds ? j->capholds * 2 : 64;
-			struct lkg_hold *nh = realloc(j->holds, nc * sizeof(*nh));
-			if (!nh) {
-				reply_err(c, conn, req_id, ENOMEM, "out of memory");
-				return;
-			}
-			j->holds = nh;
-			j->capholds = nc;
-		}
-		j->holds[j->nholds++] = lh;
-	}
-	j->n[rank].conn = conn;
-	j->n[rank].reported = true;
-	if (j->state == R_PLANNING) {
-		j->n[rank].cat = (struct pending){ conn, req_id, true };
-		return;
-	}
-	if (j->state == R_PLANNED) {
-		/* a late node: the plan stands */
-		send_msg(c, conn, NT_RESP, req_id, plan_entry(c, j, (uint32_t)rank));
-		return;
-	}
-	j->n[rank].cat = (struct pending){ conn, req_id, true };
-	{
-		uint32_t got = 0;
-		for (uint32_t r = 0; r < j->nodes; r++)
-			got += j->n[r].reported;
-		if (got == j->nodes && j->state == R_COLLECT)
-			start_plan(c, j);
-	}
-}
-
-static struct cjob *job_of(struct coord *c, json_t *m, int rank)
-{
-	const char *name;
-	struct cjob *j;
-	if (net_json_str(m, "job", 128, &name) < 0)
-		return NULL;
 	for (j = c->jobs; j; j = j->next)
 		if (!strcmp(j->name, name))
 			break;
 	if (!j || rank < 0 || (uint32_t)rank >= j->nodes)
 		return NULL;
 	return j;
-}
-
-static void on_fetch_failed(struct coord *c, uint64_t conn, int rank, uint32_t req_id, json_t *m)
-{
-	struct cjob *j = job_of(c, m, rank);
-	uint64_t holder, owner, step;
-	struct lkg_hold b = { 0 };
-	uint64_t old_step;
-	bool old_found;
-
-	if (j && j->state == R_PLANNED && j->bucket_plan && json_is_true(json_object_get(m, "bucket"))) {
-		/* a shard of the backup is bad or missing: plan without that backup */
-		char (*ne)[64] = realloc(j->excluded, (j->nexcluded + 1) * sizeof(*ne));
-		if (!ne) {
-			reply_err(c, conn, req_id, ENOMEM, "out of memory");
-			return;
-		}
-		j->excluded = ne;
-		snprintf(j->excluded[j->nexcluded++], 64, "%s", j->bucket_name);
-		log_warn("coord", "job %s: rank %d could not fetch its shard of backup %s; planning without that backup",
-			 j->name, rank, j->bucket_name);
-		j->n[rank].cat = (struct pending){ conn, req_id, true };
-		j->state = R_COLLECT;
-		start_plan(c, j);
-		return;
-	}
-	if (!j || net_json_u64(m, "holder", COORD_MAX_NODES - 1, &holder) < 0 ||
-	    net_json_u64(m, "owner", COORD_MAX_NODES - 1, &owner) < 0 ||
-	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) < 0 || j->state != R_PLANNED) {
-		reply_err(c, conn, req_id, EINVAL, "bad fetch_failed");
-		return;
-	}
-	b.holder = (uint32_t)holder;
-	b.owner = (uint32_t)owner;
-	b.step = step;
-	{
-		uint64_t w;
-		if (net_json_u64(m, "worker", COORD_MAX_WORKERS - 1, &w) == 0)
-			b.worker = (uint32_t)w;
-	}
-	if (j->nbad == j->capbad) {
-		size_t nc = j->capbad ? j->capbad * 2 : 16;
-		struct lkg_hold *nb = realloc(j->bad, nc * sizeof(*nb));
-		if (!nb) {
-			reply_err(c, conn, req_id, ENOMEM, "out of memory");
-			return;
-		}
-		j->bad = nb;
-		j->capbad = nc;
-	}
-	j->bad[j->nbad++] = b;
-	log_warn("coord", "job %s: rank %d could not use the shard of node %llu at step %llu held by %llu; re-planning",
-		 j->name, rank, (unsigned long long)owner, (unsigned long long)step,
-		 (unsigned long long)holder);
-	if (c->bk.decide && c->worker) {
-		/* with a bucket, a cluster that lost its last copy may still
-		 * restore from a backup: plan again with the bucket's say */
-		j->n[rank].cat = (struct pending){ conn, req_id, true };
-		j->state = R_COLLECT;
-		start_plan(c, j);
-		return;
-	}
-	old_step = j->plan.step;
-	old_found = j->plan.found;
-	compute_plan(c, j);
-	send_msg(c, conn, NT_RESP, req_id, plan_entry(c, j, (uint32_t)rank));
-	if (j->plan.found != old_found || j->plan.step != old_step)
-		send_plan_to_waiters(c, j);   /* nodes at the barrier must fetch again */
-}
-
-static void on_ready(struct coord *c, uint64_t conn, int rank, uint32_t req_id, json_t *m)
-{
-	struct cjob *j = job_of(c, m, rank);
-	uint64_t pid;
-
-	if (!j || net_json_u64(m, "plan", UINT32_MAX, &pid) < 0) {
-		reply_err(c, conn, req_id, EINVAL, "bad ready");
-		return;
-	}
-	if (j->state == R_IDLE && pid == j->plan_id) {
-		/* the barrier was released while this node was late */
-		json_t *x = json_object();
-		json_object_set_new(x, "op", json_string("go"));
-		json_object_set_new(x, "plan", json_integer(j->plan_id));
-		send_msg(c, conn, NT_RESP, req_id, x);
-		return;
-	}
-	if (j->state != R_PLANNED || pid != j->plan_id) {
-		send_msg(c, conn, NT_RESP, req_id, plan_entry(c, j, (uint32_t)rank));
-		return;
-	}
-	j->n[rank].ready = true;
-	j->n[rank].rdy = (struct pending){ conn, req_id, true };
-	maybe_release(c, j, false);
 }
 
 /* ---- backups (DESIGN §4): the coordinator names them, nodes upload ---- */
@@ -794,7 +142,7 @@ static void bk_abandon(struct cjob *j, const char *why, bool is_error);
 
 static bool hash_at_w(struct cnode *n, uint32_t w, uint64_t step, uint8_t out[32])
 {
-	struct wlog *l = wlog_of(n, w, false);
+	struct wlog *l = coord_wlog_of(n, w, false);
 	for (int k = 0; l && k < COMMITS_KEPT; k++)
 		if (l->commits[k] == step + 1) {
 			memcpy(out, l->commit_hash[k], 32);
@@ -865,8 +213,8 @@ static void backup_start_run(void *arg)
 		/* the other nodes' replicator.errors say it too (rank 0, where
 		 * the bucket call failed, reported it itself) */
 		for (uint32_t r = 1; r < j->nodes; r++) {
-			json_t *e = json_pack("{s:s,s:s,s:s}", "op", "report", "job", j->name, "text", why);
-			send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
+			struct proto_report e = { .job = j->name, .text = why };
+			coord_send(c, j->n[r].conn, NT_EVENT, 0, proto_report_encode(&e));
 		}
 		pthread_mutex_unlock(&c->mu);
 		free(b);
@@ -880,13 +228,9 @@ static void backup_start_run(void *arg)
 		 * uploads only its manifest and .meta */
 		bool data = r < P || !hash_at(&j->n[r], j->bk_step, h) ||
 			    !hash_at(&j->n[r % P], j->bk_step, hc) || memcmp(h, hc, 32);
-		json_t *e = json_object();
-		json_object_set_new(e, "op", json_string("backup"));
-		json_object_set_new(e, "job", json_string(j->name));
-		json_object_set_new(e, "name", json_string(name));
-		json_object_set_new(e, "step", json_integer((json_int_t)j->bk_step));
-		json_object_set_new(e, "data", json_boolean(data));
-		send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
+		struct proto_backup e = { .job = j->name, .name = name, .step = j->bk_step,
+					  .data = data };
+		coord_send(c, j->n[r].conn, NT_EVENT, 0, proto_backup_encode(&e));
 	}
 	log_info("coord", "backup job=%s name=%s step=%llu started on %u nodes", j->name, name,
 		 (unsigned long long)j->bk_step, j->nodes);
@@ -960,19 +304,20 @@ static void bk_abandon(struct cjob *j, const char *why, bool is_error)
 	j->bk_running = false;
 }
 
-static void on_backup_done(struct coord *c, int rank, json_t *m)
+static void on_backup_done(void *arg, const struct proto_in *in)
 {
-	const char *name = NULL, *err = NULL;
-	struct cjob *j = job_of(c, m, rank);
+	struct coord *c = arg;
+	struct proto_backup_done m;
+	int rank = in->rank;
+	struct cjob *j;
 	uint32_t done = 0;
 
-	if (!j || !j->bk_running || net_json_str(m, "name", 63, &name) < 0 ||
-	    strcmp(name, j->bk_name))
+	if (proto_backup_done_decode(in->msg, &m, NULL, 0) < 0 ||
+	    !(j = coord_job_of(c, m.job, rank)) || !j->bk_running || strcmp(m.name, j->bk_name))
 		return;
-	if (!json_is_true(json_object_get(m, "ok"))) {
+	if (!m.ok) {
 		char why[512];
-		net_json_str(m, "error", 4000, &err);
-		snprintf(why, sizeof(why), "node %d: %s", rank, err ? err : "failed");
+		snprintf(why, sizeof(why), "node %d: %s", rank, m.error ? m.error : "failed");
 		/* a WARN: that node logged its failure as an ERROR already */
 		bk_abandon(j, why, false);
 		return;
@@ -1014,7 +359,7 @@ static bool newest_of(struct cjob *j, bool replicated, uint64_t *step)
 		return false;
 	for (uint32_t r = 0; r < j->nodes; r++) {
 		for (uint32_t w = 0; w < W; w++) {
-			const struct wlog *l = wlog_of(&j->n[r], w, false);
+			const struct wlog *l = coord_wlog_of(&j->n[r], w, false);
 			for (int k = 0; l && k < COMMITS_KEPT; k++) {
 				uint64_t s1 = replicated ? l->repl[k] : l->commits[k];
 				if (!s1)
@@ -1045,69 +390,57 @@ static void send_lkg(struct coord *c, struct cjob *j)
 	for (uint32_t r = 0; r < j->nodes; r++) {
 		if (!j->n[r].conn)
 			continue;
-		json_t *e = json_object();
-		json_object_set_new(e, "op", json_string("lkg"));
-		json_object_set_new(e, "job", json_string(j->name));
-		json_object_set_new(e, "step", json_integer((json_int_t)j->lkg));
-		if (j->has_safe)
-			json_object_set_new(e, "safe", json_integer((json_int_t)j->safe));
-		send_msg(c, j->n[r].conn, NT_EVENT, 0, e);
+		struct proto_lkg e = { .job = j->name, .step = j->lkg, .has_safe = j->has_safe,
+				       .safe = j->safe };
+		coord_send(c, j->n[r].conn, NT_EVENT, 0, proto_lkg_encode(&e));
 	}
 }
 
-/* A node's event about one of its steps ({job, nodes, dp, step}): its job
- * (made if new) and node, whose connection is noted. false: malformed. */
-static bool event_node(struct coord *c, uint64_t conn, int rank, json_t *m, struct cjob **jp,
-		       struct cnode **np, uint64_t *step, uint32_t *worker)
+/* A node's event about one of its steps: its job (made if new) and node,
+ * whose connection is noted. false: not a rank of that job, or no memory. */
+static bool event_node(struct coord *c, const struct proto_in *in, const struct proto_step_ev *m,
+		       struct cjob **jp, struct cnode **np)
 {
-	const char *name;
-	uint32_t nodes, dp;
-	uint64_t w = 0, nw = 1;
-
-	if (parse_job(m, &name, &nodes, &dp) < 0 || rank < 0 || (uint32_t)rank >= nodes ||
-	    net_json_u64(m, "step", UINT64_MAX >> 1, step) < 0)
+	if (in->rank < 0 || (uint32_t)in->rank >= m->job.nodes)
 		return false;
-	/* worker, workers: absent from a node keeping one shard per step */
-	if (net_json_u64(m, "workers", COORD_MAX_WORKERS, &nw) == -EBADMSG || nw == 0 ||
-	    net_json_u64(m, "worker", COORD_MAX_WORKERS - 1, &w) == -EBADMSG || w >= nw)
-		return false;
-	*jp = job_get(c, name, nodes, dp);
+	*jp = coord_job_get(c, m->job.name, m->job.nodes, m->job.dp);
 	if (!*jp)
 		return false;
-	(*jp)->workers = (uint32_t)nw;
-	*worker = (uint32_t)w;
-	*np = &(*jp)->n[rank];
-	(*np)->conn = conn;
+	(*jp)->workers = m->workers;
+	*np = &(*jp)->n[in->rank];
+	(*np)->conn = in->conn;
 	return true;
 }
 
 /* The steady-state LKG: the newest step every owner has committed. */
-static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
+static void on_committed(void *arg, const struct proto_in *in)
 {
+	struct coord *c = arg;
+	struct proto_step_ev m;
 	uint64_t step;
-	uint8_t hash[32];
 	struct cjob *j;
 	struct cnode *n;
 	struct wlog *l;
 	uint64_t newest;
-	uint32_t w;
+	char why[160];
 
-	if (net_json_hex(m, "hash", hash, 32) < 0 ||
-	    !event_node(c, conn, rank, m, &j, &n, &step, &w) || !(l = wlog_of(n, w, true)))
+	if (proto_committed_decode(in->msg, &m, why, sizeof(why)) < 0) {
+		log_dbg("coord", "rank %d: bad committed: %s", in->rank, why);
 		return;
-	{
-		uint64_t v;
-		if (net_json_u64(m, "bi_min", 1u << 20, &v) == 0)
-			j->bi_min = (uint32_t)v;
-		if (net_json_u64(m, "bi_steps", 1u << 30, &v) == 0)
-			j->bi_steps = (uint32_t)v;
 	}
+	if (!event_node(c, in, &m, &j, &n) || !(l = coord_wlog_of(n, m.worker, true)))
+		return;
+	step = m.step;
+	if (m.has_bi_min)
+		j->bi_min = m.bi_min;
+	if (m.has_bi_steps)
+		j->bi_steps = m.bi_steps;
 	/* keep the newest COMMITS_KEPT steps, slot 0 newest */
 	if (step + 1 > l->commits[0]) {
 		memmove(&l->commits[1], &l->commits[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
 		memmove(&l->commit_hash[1], &l->commit_hash[0], (COMMITS_KEPT - 1) * 32);
 		l->commits[0] = step + 1;   /* stored +1: 0 is empty */
-		memcpy(l->commit_hash[0], hash, 32);
+		memcpy(l->commit_hash[0], m.hash, 32);
 	}
 	if (newest_of(j, false, &newest) && (!j->has_lkg || newest > j->lkg)) {
 		j->has_lkg = true;
@@ -1132,18 +465,25 @@ static void on_committed(struct coord *c, uint64_t conn, int rank, json_t *m)
 }
 
 /* A node's pushes of its own step all succeeded. */
-static void on_replicated(struct coord *c, uint64_t conn, int rank, json_t *m)
+static void on_replicated(void *arg, const struct proto_in *in)
 {
+	struct coord *c = arg;
+	struct proto_step_ev m;
 	uint64_t step, safe;
 	uint8_t hash[32];
 	struct cjob *j;
 	struct cnode *n;
 	struct wlog *l;
-	uint32_t w;
+	char why[160];
 
-	if (!event_node(c, conn, rank, m, &j, &n, &step, &w))
+	if (proto_replicated_decode(in->msg, &m, why, sizeof(why)) < 0) {
+		log_dbg("coord", "rank %d: bad replicated: %s", in->rank, why);
 		return;
-	if (!hash_at_w(n, w, step, hash) || !(l = wlog_of(n, w, false)))
+	}
+	if (!event_node(c, in, &m, &j, &n))
+		return;
+	step = m.step;
+	if (!hash_at_w(n, m.worker, step, hash) || !(l = coord_wlog_of(n, m.worker, false)))
 		return;   /* not a commit we know (a timeline left by a restore) */
 	if (step + 1 > l->repl[0]) {
 		memmove(&l->repl[1], &l->repl[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
@@ -1160,20 +500,25 @@ static void on_replicated(struct coord *c, uint64_t conn, int rank, json_t *m)
 	}
 }
 
-static void on_register(struct coord *c, uint64_t conn, int rank, uint32_t req_id, json_t *m)
+static void on_register(void *arg, const struct proto_in *in)
 {
-	const char *addr, *job;
-	json_t *r;
-	uint64_t nodes;
+	struct coord *c = arg;
+	struct proto_register m;
+	int rank = in->rank;
+	char why[160];
 
-	if (rank < 0 || rank >= COORD_MAX_NODES || net_json_str(m, "addr", 256, &addr) < 0) {
-		reply_err(c, conn, req_id, EINVAL, "bad register");
+	if (proto_register_decode(in->msg, &m, why, sizeof(why)) < 0) {
+		coord_reply_bad(c, in, why);
+		return;
+	}
+	if (rank < 0 || rank >= (int)COORD_MAX_NODES) {
+		coord_reply_bad(c, in, "rank out of range");
 		return;
 	}
 	if ((uint32_t)rank >= c->naddrs) {
 		char **na = realloc(c->addrs, ((size_t)rank + 1) * sizeof(*na));
 		if (!na) {
-			reply_err(c, conn, req_id, ENOMEM, "out of memory");
+			coord_reply_err(c, in->conn, in->req_id, ENOMEM, "out of memory");
 			return;
 		}
 		for (uint32_t i = c->naddrs; i <= (uint32_t)rank; i++)
@@ -1181,43 +526,46 @@ static void on_register(struct coord *c, uint64_t conn, int rank, uint32_t req_i
 		c->addrs = na;
 		c->naddrs = (uint32_t)rank + 1;
 	}
-	if (c->addrs[rank] && strcmp(c->addrs[rank], addr))
-		log_info("coord", "rank %d moved from %s to %s", rank, c->addrs[rank], addr);
+	if (c->addrs[rank] && strcmp(c->addrs[rank], m.addr))
+		log_info("coord", "rank %d moved from %s to %s", rank, c->addrs[rank], m.addr);
 	free(c->addrs[rank]);
-	c->addrs[rank] = strdup(addr);
+	c->addrs[rank] = strdup(m.addr);
 	/* remember the connection for events of a job it names */
-	if (net_json_str(m, "job", 128, &job) == 0 && net_json_u64(m, "nodes", COORD_MAX_NODES, &nodes) == 0 &&
-	    nodes > (uint64_t)rank) {
-		uint64_t dp = 0;
-		net_json_u64(m, "dp", COORD_MAX_NODES, &dp);
-		struct cjob *j = job_get(c, job, (uint32_t)nodes, (uint32_t)dp);
+	if (m.job && m.nodes > (uint32_t)rank) {
+		struct cjob *j = coord_job_get(c, m.job, m.nodes, m.dp);
 		if (j)
-			j->n[rank].conn = conn;
+			j->n[rank].conn = in->conn;
 	}
-	r = json_object();
-	json_object_set_new(r, "ok", json_true());
 	/* the table only on request: at 4096 nodes answering every register
 	 * with it costs O(n^2) */
-	if (json_is_true(json_object_get(m, "want_table")))
-		json_object_set_new(r, "addrs", addrs_json(c));
-	send_msg(c, conn, NT_RESP, req_id, r);
+	coord_send(c, in->conn, NT_RESP, in->req_id,
+		 proto_addrs_reply(true, m.want_table, c->addrs, c->naddrs));
+}
+
+static void on_table(void *arg, const struct proto_in *in)
+{
+	struct coord *c = arg;
+	coord_send(c, in->conn, NT_RESP, in->req_id, proto_addrs_reply(false, true, c->addrs, c->naddrs));
 }
 
 /* {job} -> what the coordinator knows of a job, for mtcfs-admin. */
-static void on_status(struct coord *c, uint64_t conn, uint32_t req_id, json_t *m)
+static void on_status(void *arg, const struct proto_in *in)
 {
-	const char *name;
+	struct coord *c = arg;
+	struct proto_status m;
+	uint64_t conn = in->conn;
+	uint32_t req_id = in->req_id;
 	struct cjob *j = NULL;
-	json_t *r = json_object(), *nodes;
+	json_t *r, *nodes;
 
-	if (net_json_str(m, "job", 128, &name) == 0)
-		for (j = c->jobs; j; j = j->next)
-			if (!strcmp(j->name, name))
-				break;
-	json_object_set_new(r, "addrs", addrs_json(c));
+	proto_status_decode(in->msg, &m, NULL, 0);
+	for (j = m.job ? c->jobs : NULL; j; j = j->next)
+		if (!strcmp(j->name, m.job))
+			break;
+	r = proto_addrs_reply(false, true, c->addrs, c->naddrs);
 	if (!j) {
 		json_object_set_new(r, "known", json_false());
-		send_msg(c, conn, NT_RESP, req_id, r);
+		coord_send(c, conn, NT_RESP, req_id, r);
 		return;
 	}
 	json_object_set_new(r, "known", json_true());
@@ -1244,43 +592,35 @@ static void on_status(struct coord *c, uint64_t conn, uint32_t req_id, json_t *m
 		json_array_append_new(nodes, n);
 	}
 	json_object_set_new(r, "nodes", nodes);
-	send_msg(c, conn, NT_RESP, req_id, r);
+	coord_send(c, conn, NT_RESP, req_id, r);
 }
+
+static const struct proto_route coord_routes[] = {
+	{ PROTO_REGISTER,     PROTO_T(NT_REQ), on_register },
+	{ PROTO_TABLE,        PROTO_T(NT_REQ), on_table },
+	{ PROTO_CATALOG,      PROTO_T(NT_REQ), coord_on_catalog },
+	{ PROTO_FETCH_FAILED, PROTO_T(NT_REQ), coord_on_fetch_failed },
+	{ PROTO_READY,        PROTO_T(NT_REQ), coord_on_ready },
+	{ PROTO_STATUS,       PROTO_T(NT_REQ), on_status },
+	/* events, taken in any frame (a request gets no reply), as ever */
+	{ PROTO_COMMITTED,    PROTO_T_ANY, on_committed },
+	{ PROTO_REPLICATED,   PROTO_T_ANY, on_replicated },
+	{ PROTO_BACKUP_DONE,  PROTO_T_ANY, on_backup_done },
+};
 
 void coord_on_msg(struct coord *c, uint64_t conn, int rank, uint8_t type, uint32_t req_id,
 		  json_t *msg)
 {
-	const char *op = NULL;
+	struct proto_in in = { .type = type, .req_id = req_id, .rank = rank, .conn = conn,
+			       .msg = msg };
+	int rc;
 
-	if (net_json_str(msg, "op", 32, &op) < 0) {
-		if (type == NT_REQ)
-			reply_err(c, conn, req_id, EINVAL, "missing op");
-		return;
-	}
 	pthread_mutex_lock(&c->mu);
-	if (!strcmp(op, "register") && type == NT_REQ)
-		on_register(c, conn, rank, req_id, msg);
-	else if (!strcmp(op, "table") && type == NT_REQ) {
-		json_t *r = json_object();
-		json_object_set_new(r, "addrs", addrs_json(c));
-		send_msg(c, conn, NT_RESP, req_id, r);
-	} else if (!strcmp(op, "catalog") && type == NT_REQ)
-		on_catalog(c, conn, rank, req_id, msg);
-	else if (!strcmp(op, "fetch_failed") && type == NT_REQ)
-		on_fetch_failed(c, conn, rank, req_id, msg);
-	else if (!strcmp(op, "ready") && type == NT_REQ)
-		on_ready(c, conn, rank, req_id, msg);
-	else if (!strcmp(op, "status") && type == NT_REQ)
-		on_status(c, conn, req_id, msg);
-	else if (!strcmp(op, "committed"))
-		on_committed(c, conn, rank, msg);
-	else if (!strcmp(op, "replicated"))
-		on_replicated(c, conn, rank, msg);
-	else if (!strcmp(op, "backup_done"))
-		on_backup_done(c, rank, msg);
-	else if (type == NT_REQ)
-		reply_err(c, conn, req_id, ENOSYS, "unknown op");
+	rc = proto_dispatch(coord_routes, sizeof(coord_routes) / sizeof(coord_routes[0]), c, &in);
 	pthread_mutex_unlock(&c->mu);
+	if (rc < 0 && type == NT_REQ)
+		coord_reply_err(c, conn, req_id, rc == -EINVAL ? EINVAL : ENOSYS,
+			  rc == -EINVAL ? "missing op" : "unknown op");
 }
 
 void coord_on_close(struct coord *c, uint64_t conn, int rank)
@@ -1297,7 +637,7 @@ void coord_on_close(struct coord *c, uint64_t conn, int rank)
 			if (j->bk_running && !j->bk_done[r])
 				bk_abandon(j, "a node disconnected", false);
 			if (j->state == R_PLANNED)
-				maybe_release(c, j, false);
+				coord_maybe_release(c, j, false);
 		}
 	}
 	pthread_mutex_unlock(&c->mu);
@@ -1326,12 +666,12 @@ static void *tick_main(void *arg)
 					missing += !j->n[r].reported;
 				log_warn("coord", "job %s: %u of %u nodes did not report within restore_timeout; planning without them",
 					 j->name, missing, j->nodes);
-				start_plan(c, j);
+				coord_start_plan(c, j);
 			}
 			maybe_backup(c, j);
 			if (j->state == R_PLANNED && now - j->plan_time > c->timeout_ns) {
 				log_warn("coord", "job %s: barrier timed out; releasing the nodes that are ready", j->name);
-				maybe_release(c, j, true);
+				coord_maybe_release(c, j, true);
 				j->plan_time = now;
 			}
 		}

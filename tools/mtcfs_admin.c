@@ -35,6 +35,7 @@
 #include "net/client.h"
 #include "net/tls.h"
 #include "net/frame.h"
+#include "net/proto.h"
 
 static bool want_json;
 
@@ -256,7 +257,7 @@ static void query_cluster(struct view *v, struct idx *x, int my_rank)
 		fprintf(stderr, "mtcfs-admin: coordinator %s not reachable; showing this node's view only\n", coord);
 		goto out;
 	}
-	req = json_pack("{s:s,s:s}", "op", "status", "job", v->job);
+	req = proto_status_encode(&(struct proto_status){ .job = v->job });
 	if (nconn_call(c, req, &resp, 5000) < 0)
 		goto out;
 	v->coord_ok = true;
@@ -273,7 +274,7 @@ static void query_cluster(struct view *v, struct idx *x, int my_rank)
 			continue;
 		if (nconn_connect(json_string_value(a), AUTH_RANK_TOOL, "data", &auth, 2000, &d, NULL) < 0)
 			continue;
-		lr = json_pack("{s:s,s:s}", "op", "list", "job", v->job);
+		lr = proto_list_encode(v->job);
 		if (nconn_call(d, lr, &lresp, 5000) == 0) {
 			v->reached[r] = true;
 			json_array_foreach(json_object_get(lresp, "shards"), i, sh) {
@@ -783,7 +784,7 @@ static int status_once(const char *ramdir)
 		json_object_set(root, "coordinator", json_object_get(peer, "coordinator"));
 		if (peer_auth(peer, &auth) == 0 && coord &&
 		    nconn_connect(coord, AUTH_RANK_TOOL, "control", &auth, 2000, &c, NULL) == 0) {
-			req = json_pack("{s:s,s:s}", "op", "status", "job", have_cfg ? cfg.job : "");
+			req = proto_status_encode(&(struct proto_status){ .job = have_cfg ? cfg.job : "" });
 			if (nconn_call(c, req, &resp, 3000) == 0) {
 				json_t *nodes = json_object_get(resp, "nodes"), *nd;
 				size_t i;
