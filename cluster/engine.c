@@ -1,5 +1,6 @@
 /* engine.c — see engine.h; its pieces are listed in engine_int.h. */
 #include "cluster/engine_int.h"
+#include "cluster/engine_ec.h"
 #include "cluster/placement.h"
 #include "net/tls.h"
 #include "common/log.h"
@@ -194,6 +195,14 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 			goto fail;
 		}
 	}
+	{
+		char err[200];
+		rc = eng_ec_start(e, o->redundancy, err, sizeof(err));
+		if (rc < 0) {
+			log_err("engine", "%s", err);
+			goto fail;
+		}
+	}
 	rc = workq_start("mtcfs-repl", &e->replq);
 	if (rc == 0)
 		rc = workq_start("mtcfs-backup", &e->bkq);
@@ -282,6 +291,7 @@ void eng_stop(struct eng *e)
 	e->auth.tls = NULL;
 	auth_clear(&e->auth);
 	bkt_close(e->bkt);
+	eng_ec_stop(e);
 	pthread_mutex_destroy(&e->mu);
 	pthread_mutex_destroy(&e->ctl_mu);
 	pthread_cond_destroy(&e->ctl_cv);

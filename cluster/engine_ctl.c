@@ -1,5 +1,6 @@
 /* engine_ctl.c — the control connection to the coordinator (see engine_int.h). */
 #include "cluster/engine_int.h"
+#include "cluster/engine_ec.h"
 #include "tiers/backup.h"
 #include "common/log.h"
 
@@ -85,6 +86,8 @@ static void handle_event(struct eng *e, json_t *m)
 		if (has_safe)
 			log_dbg("engine", "job %s: step %llu committed and replicated on every node",
 				job, (unsigned long long)safe);
+		if (has_safe)
+			eng_ec_gc(e, job, safe);
 		if (e->cb.on_lkg)
 			e->cb.on_lkg(e->cb.arg, job, step);
 	}

@@ -6,6 +6,7 @@
  *            {ok:true} once every CRC32C matched and the replica is published
  *   fetch {job, step, owner, worker} -> {manifest:b64}, then one NT_FILE per file */
 #include "cluster/engine_int.h"
+#include "cluster/engine_ec.h"
 #include "common/jobname.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -232,6 +233,8 @@ static void on_data(void *arg, struct nconn *c, int peer_rank)
 		serve_push(e, c, peer_rank, h.req_id, m);
 	else if (!strcmp(op, "list"))
 		serve_list(e, c, h.req_id, m);
+	else if (!strncmp(op, "ec_", 3))
+		eng_ec_serve(e, c, peer_rank, h.req_id, m, op);
 	else
 		send_error(c, h.req_id, ENOSYS, "unknown op");
 	json_decref(m);

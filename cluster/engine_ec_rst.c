@@ -1,0 +1,260 @@
+/* engine_ec_rst.c — the erasure-coded tier as a restore source (see
+ * engine_ec.h): this node lost its shard of a step; the coordinator
+ * planned it here because enough members of each of its pieces'
+ * codewords survive. get() fetches the group's manifests (ec_metas), then
+ * for each piece every surviving member of its codeword (ec_get: parity
+ * files from their holders, data fragments cut by the survivors from
+ * their own shards) and decodes the piece into the stage (ec_decode: a
+ * fragment that fails its CRC32C is passed over and another used);
+ * ec_shard_finish checks every rebuilt file against the manifest. */
+#include "cluster/engine_ec.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct ec_tier {
+	struct eng *e;
+	uint32_t nodes, dp;
+	unsigned fetched, passed;   /* for got()'s log line */
+	uint64_t t0;
+	char red[32];
+	char notes[400];
+};
+
+/* The group's manifests from any surviving member, stored into dirfd. */
+static int fetch_metas(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step,
+		       char *why, size_t whylen)
+{
+	const struct ecplan_group *g = &x->plan->g[x->gi];
+	int rc = -ENOENT;
+
+	for (unsigned p = 0; p < g->n; p++) {
+		struct nconn *c = NULL;
+		json_t *req, *resp = NULL, *metas;
+		const char *key;
+		json_t *v;
+		int u = g->unit[p], stored = 0;
+
+		if (u == x->rank)
+			continue;
+		req = json_pack("{s:s,s:s,s:I}", "op", "ec_metas", "job", job, "step", (json_int_t)step);
+		rc = ecx_connect(x->e, (uint32_t)u, &c);
+		if (rc == 0)
+			rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
+		json_decref(req);
+		nconn_close(c);
+		metas = rc == 0 ? json_object_get(resp, "metas") : NULL;
+		json_object_foreach(metas, key, v) {
+			struct manifest *mf = NULL;
+			uint8_t *buf = NULL;
+			size_t len = 0;
+			char name[32], *end;
+			long owner = strtol(key, &end, 10);
+			json_t *wrap = json_pack("{s:O}", "manifest", v);
+			if (*end || owner < 0 || owner >= (long)x->nodes ||
+			    xfer_decode_manifest(wrap, &mf, NULL, 0) < 0 || mf_encode(mf, &buf, &len) < 0) {
+				json_decref(wrap);
+				mf_free(mf);
+				continue;
+			}
+			snprintf(name, sizeof(name), "m%ld.mf", owner);
+			if (util_write_file_atomic(dirfd, name, buf, len) == 0)
+				stored++;
+			json_decref(wrap);
+			free(buf);
+			mf_free(mf);
+		}
+		json_decref(resp);
+		if (stored == (int)g->n)
+			return 0;
+	}
+	snprintf(why, whylen, "no surviving member of group %d has the group's manifests", x->gi);
+	return rc < 0 ? rc : -ENOENT;
+}
+
+/* Member slot of codeword cw from rank into a temporary file of dirfd. */
+static int fetch_member(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step,
+			unsigned cw, unsigned slot, int rank, char tmp[64])
+{
+	struct nconn *c = NULL;
+	struct net_hdr h;
+	json_t *req, *resp = NULL, *f = NULL;
+	uint64_t size = 0, want = 0;
+	uint32_t crc;
+	int fd = -1, rc;
+
+	req = json_pack("{s:s,s:s,s:I,s:i,s:i,s:i}", "op", "ec_get", "job", job, "step",
+			(json_int_t)step, "group", x->gi, "cw", (int)cw, "slot", (int)slot);
+	rc = ecx_connect(x->e, (uint32_t)rank, &c);
+	if (rc == 0)
+		rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
+	if (rc == 0)
+		rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &f);
+	if (rc == 0 && (h.type != NT_FILE || net_json_u64(f, "size", EC_MAX_MEMBER, &size) < 0))
+		rc = -EPROTO;
+	if (rc == 0) {
+		want = nconn_file_data(c);
+		rc = ram_reserve(x->e->ram, want);
+	}
+	if (rc == 0)
+		rc = fd = ecx_tmpfile(dirfd, "rst", tmp);
+	if (rc >= 0)
+		rc = nconn_recv_file(c, fd, size, DATA_TIMEOUT_MS, &crc);
+	if (rc < 0 && fd >= 0) {
+		close(fd);
+		unlinkat(dirfd, tmp, 0);
+		fd = -1;
+	}
+	if (rc < 0 && want)
+		ram_adjust(x->e->ram, -(int64_t)want);
+	json_decref(req);
+	json_decref(resp);
+	json_decref(f);
+	nconn_close(c);
+	return rc < 0 ? rc : fd;
+}
+
+/* Piece t of this node's shard into the staged files. */
+static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, const char *job,
+			uint64_t step, unsigned t, const struct ec_shard *sh, char *why,
+			size_t whylen)
+{
+	const struct ecplan_group *g = &x->plan->g[x->gi];
+	int fds[EC_MAX_N];
+	char names[EC_MAX_N][64];
+	unsigned cw, slot, n = 0;
+	int rc;
+
+	ecplan_piece(g, (unsigned)x->pos, t, &cw, &slot);
+	/* every other member: more than K when there are, so that a corrupt
+	 * one costs no second round */
+	for (unsigned s = 0; s < g->n; s++) {
+		int r = g->unit[ecplan_slot_pos(g, cw, s)];
+		if (s == slot || r == x->rank)
+			continue;
+		int fd = fetch_member(x, dirfd, job, step, cw, s, r, names[n]);
+		if (fd < 0) {
+			log_info("engine", "ec restore: job=%s step=%" PRIu64 " cw %u slot %u from rank %d: %s",
+				 job, step, cw, s, r, strerror(-fd));
+			continue;
+		}
+		fds[n++] = fd;
+	}
+	T->fetched += n;
+	struct ec_sink sink = { .shard = sh, .fd = -1 };
+	rc = n ? ec_decode(fds, n, slot, &sink, why, whylen) : -ENODATA;
+	if (rc == -ENODATA && !n)
+		snprintf(why, whylen, "no member of codeword %u could be fetched", cw);
+	for (unsigned i = 0; i < n; i++) {
+		struct ec_geom gg;
+		unsigned idx;
+		char e2[200];
+		/* count what the decode passed over, for the log line */
+		if (ec_frag_verify(fds[i], &gg, &idx, e2, sizeof(e2)) < 0) {
+			T->passed++;
+			snprintf(T->notes, sizeof(T->notes), "cw %u: a fragment was passed over (%s)",
+				 cw, e2);
+		}
+		close(fds[i]);
+		unlinkat(dirfd, names[i], 0);
+	}
+	return rc;
+}
+
+static int ec_get(void *self, struct tier_get *g, struct ram_stage *st, struct manifest **mf,
+		  char *why, size_t whylen)
+{
+	struct ec_tier *T = self;
+	struct eng_ec_ctx x;
+	struct manifest *mine = NULL;
+	uint64_t *size = NULL;
+	uint8_t (*hash)[32] = NULL;
+	int dirfd = -1, rc;
+
+	T->t0 = util_now_ns();
+	rc = ecx_ctx(T->e, T->nodes, T->dp, &x);
+	if (rc < 0) {
+		snprintf(why, whylen, "this node is in no erasure-coded group");
+		goto out;
+	}
+	ec_redundancy_str(&x.red, T->red, sizeof(T->red));
+	size = calloc(T->nodes, sizeof(uint64_t));
+	hash = calloc(T->nodes, 32);
+	rc = !size || !hash ? -ENOMEM : 0;
+	if (rc == 0)
+		rc = dirfd = ecx_dir(T->e, g->want.job, g->want.step, true);
+	if (rc >= 0)
+		rc = fetch_metas(&x, dirfd, g->want.job, g->want.step, why, whylen);
+	if (rc == 0)
+		rc = ecx_load_metas(&x, dirfd, size, hash, x.rank, &mine, NULL);
+	if (rc == 0)
+		rc = ram_stage_begin(g->ram, &g->as, st);
+	struct ec_shard sh = { st->fd, mine };
+	if (rc == 0)
+		rc = ec_shard_prepare(&sh);
+	for (unsigned t = 0; rc == 0 && t < x.plan->g[x.gi].k; t++)
+		rc = decode_piece(T, &x, dirfd, g->want.job, g->want.step, t, &sh, why, whylen);
+	if (rc == 0)
+		rc = ec_shard_finish(&sh, why, whylen);
+	if (rc == 0) {
+		*mf = mine;
+		mine = NULL;
+	}
+out:
+	if (dirfd >= 0)
+		close(dirfd);
+	mf_free(mine);
+	free(size);
+	free(hash);
+	ecx_ctx_free(&x);
+	if (rc < 0 && !why[0])
+		snprintf(why, whylen, "erasure-coded restore: %s", strerror(-rc));
+	return rc;
+}
+
+static void ec_got(void *self, const struct tier_get *g, const struct manifest *mf, int rc,
+		   char *why, size_t whylen)
+{
+	struct ec_tier *T = self;
+	if (rc < 0) {
+		snprintf(why, whylen, "publishing the rebuilt shard: %s", strerror(-rc));
+		return;
+	}
+	metrics_add(MC_RESTORE_BYTES, mf->total);
+	log_info("engine", "restored job=%s step=%" PRIu64 " from erasure code %s: %u fragments fetched, %u passed over%s%s bytes=%" PRIu64 " secs=%.3f",
+		 g->as.job, g->as.step, T->red, T->fetched, T->passed, T->notes[0] ? "; " : "",
+		 T->notes, mf->total, (double)(util_now_ns() - T->t0) / 1e9);
+}
+
+static void ec_close(void *self)
+{
+	free(self);
+}
+
+static const struct tier_ops ec_tier_ops = {
+	.name = "ec",
+	.get = ec_get,
+	.got = ec_got,
+	.close = ec_close,
+};
+
+int eng_ec_tier(struct eng *e, uint32_t nodes, uint32_t dp, struct tier *t)
+{
+	struct ec_tier *T = calloc(1, sizeof(*T));
+	if (!T)
+		return -ENOMEM;
+	T->e = e;
+	T->nodes = nodes;
+	T->dp = dp;
+	t->ops = &ec_tier_ops;
+	t->self = T;
+	return 0;
+}
