@@ -23,6 +23,7 @@ struct ec_ent {
 struct coord_ec {
 	struct ec_redundancy red;
 	int red_rank;                 /* who set red; -1 none */
+	char mismatch[300];           /* a node runs another redundancy: the note */
 	struct ec_ent *v;
 	size_t n, cap;
 };
@@ -82,11 +83,14 @@ void coord_ec_catalog(struct cjob *j, int rank, json_t *msg)
 		char a[32], b[32];
 		ec_redundancy_str(&red, a, sizeof(a));
 		ec_redundancy_str(&x->red, b, sizeof(b));
-		snprintf(j->notes, sizeof(j->notes), "node %d runs redundancy %s, node %d %s: every node of a job needs the same; its fragments are not used",
+		snprintf(x->mismatch, sizeof(x->mismatch), "node %d runs redundancy %s, node %d %s: every node of a job needs the same; its fragments are not used",
 			 rank, a, x->red_rank, b);
-		log_warn("coord", "job %s: %s", j->name, j->notes);
+		log_warn("coord", "job %s: %s", j->name, x->mismatch);
+		coord_ec_note(j);
 		return;
 	}
+	if (x->red_rank == rank)
+		x->mismatch[0] = '\0';
 	x->red = red;
 	x->red_rank = rank;
 	par = json_object_get(ec, "parity");
@@ -114,6 +118,16 @@ void coord_ec_catalog(struct cjob *j, int rank, json_t *msg)
 				return;
 		}
 	}
+}
+
+void coord_ec_note(struct cjob *j)
+{
+	struct coord_ec *x = j->ec;
+	size_t n = strlen(j->notes);
+
+	if (!x || !x->mismatch[0] || strstr(j->notes, x->mismatch))
+		return;
+	snprintf(j->notes + n, sizeof(j->notes) - n, "%s%s", n ? "; " : "", x->mismatch);
 }
 
 static bool holds_own(const struct lkg_input *in, uint32_t r, uint64_t step)

@@ -21,6 +21,9 @@ void coord_ec_catalog(struct cjob *j, int rank, json_t *msg);
  * as a new array the caller frees (in->h/nh are pointed at it), or NULL
  * (in unchanged) when nothing is added. */
 struct lkg_hold *coord_ec_augment(struct cjob *j, struct lkg_input *in);
+/* A node's redundancy differs from the job's: the note goes into j->notes
+ * (replicator.errors on every node), once. */
+void coord_ec_note(struct cjob *j);
 void coord_ec_free(struct coord_ec *x);   /* accepts NULL */
 
 #endif

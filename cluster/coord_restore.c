@@ -136,6 +136,7 @@ static void bucket_plan_run(void *arg)
 			log_info("coord", "plan job=%s plan=%u: restore backup %s (step %llu)%s", j->name,
 				 j->plan_id, j->bucket_name, (unsigned long long)j->plan.step,
 				 j->forced_restore ? " named by restore.version" : "");
+		coord_ec_note(j);
 		if (j->notes[0])
 			log_warn("coord", "job %s: %s", j->name, j->notes);
 		send_plan_to_waiters(c, j);

@@ -101,6 +101,7 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	memcpy(e->peers, peers, (size_t)n * sizeof(int));
 	e->npeers = n;
 	e->job_set = true;
+	eng_ec_set_job(e, c->has_redundancy, &c->redundancy);
 	e->bi_min = (uint32_t)c->backup_interval_minutes;
 	e->bi_steps = (uint32_t)c->backup_interval_steps;
 	if (strcmp(e->lkg_job, c->job))

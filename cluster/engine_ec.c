@@ -981,7 +981,8 @@ static int job_dir(struct eng *e, const char *job)
 
 /* "ec": {redundancy, parity: [[step, [[owner, hash], ...]], ...]}: the
  * steps this node stores all its parity of, and the hashes of its group's
- * shards at each (the coordinator names a lost shard by them). */
+ * shards at each (the coordinator names a lost shard by them). Under
+ * replication only {redundancy}: the coordinator sees a mismatch either way. */
 json_t *eng_ec_catalog(struct eng *e, const char *job)
 {
 	struct ec_redundancy red;
@@ -990,11 +991,14 @@ json_t *eng_ec_catalog(struct eng *e, const char *job)
 	DIR *d;
 	int fd;
 
-	if (!eng_ec_get(e, &red))
+	if (!e->ec)
 		return NULL;
 	o = json_object();
-	arr = json_array();
+	eng_ec_get(e, &red);
 	json_object_set_new(o, "redundancy", json_string(ec_redundancy_str(&red, buf, sizeof(buf))));
+	if (red.kind != EC_RS)
+		return o;
+	arr = json_array();
 	json_object_set_new(o, "parity", arr);
 	fd = job_dir(e, job);
 	if (fd < 0 || !(d = fdopendir(fd))) {

@@ -201,6 +201,50 @@ class EcCase(unittest.TestCase):
         c.nodes[5].start()
         self.restart_verify(job, 1, [5])
 
+    # -- the setting ---------------------------------------------------------
+
+    def test_yaml_key_overrides_mount(self):
+        # mounted with replication; the job's replicator.yaml asks rs:2+1
+        c = self.make(3, "replication")
+        job = "ecyaml"
+        self.assertEqual(c.job_start(job, extra="redundancy: rs:2+1"), {r: 0 for r in range(3)})
+        self.save_protected(job, 4)
+        self.lose([2])
+        got = c.job_start(job, extra="redundancy: rs:2+1")
+        self.assertEqual(got, {r: 4 for r in range(3)})
+        for r in range(3):
+            c.restore_and_verify(job, r, 4, size=SIZE)
+        self.assertRegex(c.nodes[2].log_text(),
+                         r"restored job=%s step=4 from erasure code rs:2\+1" % job)
+
+    def test_yaml_bad_value_fails(self):
+        c = self.make(1, "replication")
+        mnt = c.nodes[0].mnt
+        with open(os.path.join(mnt, "replicator.yaml"), "w") as f:
+            f.write(c.yaml("ecbad", 0, "redundancy: rs:4+2x"))
+        failed = os.path.join(mnt, "replicator.failed")
+        wait_until(lambda: os.path.exists(failed), 30, "replicator.failed")
+        with open(failed) as f:
+            text = f.read()
+        self.assertIn("redundancy: 'rs:4+2x' is neither 'replication' nor 'rs:K+M' (e.g. rs:4+2)",
+                      text)
+        c.nodes[0].expect_log(r"rs:4\+2x")
+
+    def test_mismatch_named(self):
+        c = Cluster(3, ram_size="256M", restore_timeout=20, extra="redundancy=rs:2+1")
+        c.nodes[2].opts = c.nodes[2].opts.replace("redundancy=rs:2+1", "redundancy=replication")
+        self.addCleanup(c.close)
+        self.c = c
+        c.start()
+        for d in c.nodes:
+            d.expect_log(r"runs redundancy")
+        c.job_start("ecmis")
+        errs = os.path.join(c.nodes[0].mnt, "replicator.errors")
+        wait_until(lambda: os.path.exists(errs), 30, "replicator.errors on node 0")
+        with open(errs) as f:
+            self.assertRegex(f.read(), r"node \d runs redundancy (replication|rs:2\+1), node \d "
+                             r"(rs:2\+1|replication): every node of a job needs the same")
+
     # -- RAM -------------------------------------------------------------------
 
     def test_ram_per_node(self):
