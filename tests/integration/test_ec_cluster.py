@@ -255,6 +255,12 @@ class EcCase(unittest.TestCase):
                 job = "ecram%d" % m
                 self.assertEqual(c.job_start(job), {r: 0 for r in range(n)})
                 self.save_protected(job, 3, size=size)
+                # and every node done sending (its data fragment in flight
+                # is a temporary file of S/K)
+                wait_until(lambda: all(re.search(r"ec: job=%s step=3 sent" % job,
+                                                 c.nodes[r].log_text()) and
+                                       not [x for x in self.frags(r, job, 3) if x.endswith(".tmp")]
+                                       for r in range(n)), 60, "fragments sent")
                 S = sum(len(v) for v in shard_files(job, 3, 0, size).values())
                 for r in range(n):
                     held = du(os.path.join(c.nodes[r].ramdir, "shards", job)) + \
