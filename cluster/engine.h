@@ -6,8 +6,8 @@
  * threads, a reader thread for the control connection, the replication
  * worker, and the caller's (the control thread for restores, the seal
  * worker for commits). Lock order: e->mu before ram/catalog internals. */
-#ifndef MTCFS_TIERS_ENGINE_H
-#define MTCFS_TIERS_ENGINE_H
+#ifndef MTCFS_CLUSTER_ENGINE_H
+#define MTCFS_CLUSTER_ENGINE_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -180,10 +180,9 @@ out:
 	pthread_mutex_lock(&e->mu);
 	e->pins--;
 	pthread_mutex_unlock(&e->mu);
-	ev = json_pack("{s:s,s:s,s:s,s:I,s:b}", "op", "backup_done", "job", u->job, "name", u->name,
-		       "step", (json_int_t)u->step, "ok", rc == 0);
-	if (rc < 0)
-		json_object_set_new(ev, "error", json_string(err[0] ? err : strerror(-rc)));
+	ev = proto_backup_done_encode(&(struct proto_backup_done){
+		.job = u->job, .name = u->name, .step = u->step, .ok = rc == 0,
+		.error = rc < 0 ? (err[0] ? err : strerror(-rc)) : NULL });
 	if (eng_ctl_event(e, ev) < 0)
 		log_warn("engine", "cannot report backup %s to the coordinator", u->name);
 	json_decref(ev);

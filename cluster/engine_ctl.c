@@ -23,74 +23,88 @@ static void ctl_fail_all(struct eng *e, int rc)
 	pthread_cond_broadcast(&e->ctl_cv);
 }
 
+/* The coordinator's events on the control connection (ctx: the engine);
+ * a malformed one is dropped. */
+static void on_ev_backup(void *arg, const struct proto_in *in)
+{
+	struct eng *e = arg;
+	struct proto_backup m;
+	struct bk_upload *u;
+
+	if (!e->bkt || proto_backup_decode(in->msg, &m, NULL, 0) < 0 || !bk_backup_name_ok(m.name))
+		return;
+	u = calloc(1, sizeof(*u));
+	if (!u)
+		return;
+	u->e = e;
+	snprintf(u->job, sizeof(u->job), "%s", m.job);
+	snprintf(u->name, sizeof(u->name), "%s", m.name);
+	u->step = m.step;
+	u->data = m.data;
+	pthread_mutex_lock(&e->mu);
+	e->pins++;
+	e->pin_step = m.step;
+	snprintf(e->pin_job, sizeof(e->pin_job), "%s", m.job);
+	pthread_mutex_unlock(&e->mu);
+	if (workq_submit(e->bkq, eng_backup_run, u) < 0) {
+		pthread_mutex_lock(&e->mu);
+		e->pins--;
+		pthread_mutex_unlock(&e->mu);
+		free(u);
+	}
+}
+
+static void on_ev_report(void *arg, const struct proto_in *in)
+{
+	struct proto_report m;
+
+	if (proto_report_decode(in->msg, &m, NULL, 0) == 0)
+		eng_report(arg, "%s", m.text);
+}
+
+static void on_ev_lkg(void *arg, const struct proto_in *in)
+{
+	struct eng *e = arg;
+	struct proto_lkg m;
+	bool news;
+
+	if (proto_lkg_decode(in->msg, &m, NULL, 0) < 0)
+		return;
+	pthread_mutex_lock(&e->mu);
+	news = !e->has_lkg || e->lkg != m.step || strcmp(e->lkg_job, m.job);
+	if (strcmp(e->lkg_job, m.job))
+		e->has_safe = false;
+	e->has_lkg = true;
+	e->lkg = m.step;
+	if (m.has_safe) {
+		e->has_safe = true;
+		e->safe = m.safe;
+	}
+	snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", m.job);
+	pthread_mutex_unlock(&e->mu);
+	if (news)
+		log_info("engine", "job %s: step %llu complete on every node", m.job,
+			 (unsigned long long)m.step);
+	if (m.has_safe)
+		log_dbg("engine", "job %s: step %llu committed and replicated on every node",
+			m.job, (unsigned long long)m.safe);
+	if (m.has_safe)
+		eng_ec_gc(e, m.job, m.safe);   /* parity of older steps goes */
+	if (e->cb.on_lkg)
+		e->cb.on_lkg(e->cb.arg, m.job, m.step);
+}
+
+static const struct proto_route ctl_routes[] = {
+	{ PROTO_BACKUP, PROTO_T(NT_EVENT), on_ev_backup },
+	{ PROTO_REPORT, PROTO_T(NT_EVENT), on_ev_report },
+	{ PROTO_LKG,    PROTO_T(NT_EVENT), on_ev_lkg },
+};
+
 static void handle_event(struct eng *e, json_t *m)
 {
-	const char *op, *job;
-	uint64_t step;
+	struct proto_in in = { .type = NT_EVENT, .rank = 0, .msg = m };
 
-	if (net_json_str(m, "op", 32, &op) < 0)
-		return;
-	if (!strcmp(op, "backup") && e->bkt && net_json_str(m, "job", RCFG_JOB_MAX, &job) == 0 &&
-	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) == 0) {
-		const char *name;
-		struct bk_upload *u;
-		if (net_json_str(m, "name", 63, &name) < 0 || !bk_backup_name_ok(name))
-			return;
-		u = calloc(1, sizeof(*u));
-		if (!u)
-			return;
-		u->e = e;
-		snprintf(u->job, sizeof(u->job), "%s", job);
-		snprintf(u->name, sizeof(u->name), "%s", name);
-		u->step = step;
-		u->data = !json_is_false(json_object_get(m, "data"));
-		pthread_mutex_lock(&e->mu);
-		e->pins++;
-		e->pin_step = step;
-		snprintf(e->pin_job, sizeof(e->pin_job), "%s", job);
-		pthread_mutex_unlock(&e->mu);
-		if (workq_submit(e->bkq, eng_backup_run, u) < 0) {
-			pthread_mutex_lock(&e->mu);
-			e->pins--;
-			pthread_mutex_unlock(&e->mu);
-			free(u);
-		}
-		return;
-	}
-	if (!strcmp(op, "report")) {
-		const char *text;
-		if (net_json_str(m, "text", 1000, &text) == 0)
-			eng_report(e, "%s", text);
-		return;
-	}
-	if (!strcmp(op, "lkg") && net_json_str(m, "job", RCFG_JOB_MAX, &job) == 0 &&
-	    net_json_u64(m, "step", UINT64_MAX >> 1, &step) == 0) {
-		uint64_t safe = 0;
-		bool has_safe = net_json_u64(m, "safe", UINT64_MAX >> 1, &safe) == 0 && safe <= step;
-		bool news;
-		pthread_mutex_lock(&e->mu);
-		news = !e->has_lkg || e->lkg != step || strcmp(e->lkg_job, job);
-		if (strcmp(e->lkg_job, job))
-			e->has_safe = false;
-		e->has_lkg = true;
-		e->lkg = step;
-		if (has_safe) {
-			e->has_safe = true;
-			e->safe = safe;
-		}
-		snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", job);
-		pthread_mutex_unlock(&e->mu);
-		if (news)
-			log_info("engine", "job %s: step %llu complete on every node", job,
-				 (unsigned long long)step);
-		if (has_safe)
-			log_dbg("engine", "job %s: step %llu committed and replicated on every node",
-				job, (unsigned long long)safe);
-		if (has_safe)
-			eng_ec_gc(e, job, safe);
-		if (e->cb.on_lkg)
-			e->cb.on_lkg(e->cb.arg, job, step);
-	}
+	proto_dispatch(ctl_routes, sizeof(ctl_routes) / sizeof(ctl_routes[0]), e, &in);
 }
 
 static void *ctl_reader(void *arg)
@@ -159,15 +173,16 @@ static void *ctl_reader(void *arg)
 
 static json_t *register_msg(struct eng *e)
 {
-	json_t *m = json_object();
-	json_object_set_new(m, "op", json_string("register"));
-	json_object_set_new(m, "addr", json_string(e->listen));
+	struct proto_register r = { .addr = e->listen };
+	json_t *m;
+
 	pthread_mutex_lock(&e->mu);
 	if (e->job_set) {
-		json_object_set_new(m, "job", json_string(e->job));
-		json_object_set_new(m, "nodes", json_integer(e->nodes));
-		json_object_set_new(m, "dp", json_integer(e->dp));
+		r.job = e->job;
+		r.nodes = e->nodes;
+		r.dp = e->dp;
 	}
+	m = proto_register_encode(&r);   /* copies e->job under e->mu */
 	pthread_mutex_unlock(&e->mu);
 	return m;
 }

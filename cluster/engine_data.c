@@ -214,28 +214,50 @@ static void serve_list(struct eng *e, struct nconn *c, uint32_t id, json_t *req)
 	json_decref(resp);
 }
 
+/* The data server's ops (ctx: the engine; in->stream: the connection). */
+static void on_fetch(void *arg, const struct proto_in *in)
+{
+	serve_fetch(arg, in->stream, in->req_id, in->msg);
+}
+
+static void on_push(void *arg, const struct proto_in *in)
+{
+	serve_push(arg, in->stream, in->rank, in->req_id, in->msg);
+}
+
+static void on_list(void *arg, const struct proto_in *in)
+{
+	serve_list(arg, in->stream, in->req_id, in->msg);
+}
+
+static const struct proto_route data_routes[] = {
+	{ PROTO_FETCH, PROTO_T(NT_REQ), on_fetch },
+	{ PROTO_PUSH,  PROTO_T(NT_REQ), on_push },
+	{ PROTO_LIST,  PROTO_T(NT_REQ), on_list },
+};
+
+/* One request per data connection; one without a string "op" just
+ * closes it. */
 static void on_data(void *arg, struct nconn *c, int peer_rank)
 {
-	struct eng *e = arg;
 	struct net_hdr h;
 	json_t *m = NULL;
-	const char *op;
+	enum proto_op op;
+	struct proto_in in = { .rank = peer_rank, .stream = c };
 
 	if (nconn_recv(c, DATA_TIMEOUT_MS, &h, &m) < 0 || h.type != NT_REQ ||
-	    net_json_str(m, "op", 32, &op) < 0) {
+	    proto_msg_op(m, &op) < 0) {
 		json_decref(m);
 		nconn_close(c);
 		return;
 	}
-	if (!strcmp(op, "fetch"))
-		serve_fetch(e, c, h.req_id, m);
-	else if (!strcmp(op, "push"))
-		serve_push(e, c, peer_rank, h.req_id, m);
-	else if (!strcmp(op, "list"))
-		serve_list(e, c, h.req_id, m);
-	else if (!strncmp(op, "ec_", 3))
-		eng_ec_serve(e, c, peer_rank, h.req_id, m, op);
-	else
+	in.type = h.type;
+	in.req_id = h.req_id;
+	in.msg = m;
+	const char *name = json_string_value(json_object_get(m, "op"));
+	if (op == PROTO_OP_UNKNOWN && name && !strncmp(name, "ec_", 3))
+		eng_ec_serve(arg, c, peer_rank, h.req_id, m, name);   /* engine_ec.c */
+	else if (proto_dispatch(data_routes, sizeof(data_routes) / sizeof(data_routes[0]), arg, &in) < 0)
 		send_error(c, h.req_id, ENOSYS, "unknown op");
 	json_decref(m);
 	nconn_close(c);

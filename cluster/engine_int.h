@@ -1,13 +1,15 @@
 /* engine_int.h: what the pieces of the engine share (engine.h is the
  * public side). The engine is one object, struct eng, split by seam:
  *   engine.c          life cycle (eng_start/eng_stop), the job, state queries
- *   engine_data.c     the data server: push/fetch/list on "data" connections,
- *                     and the shard wire helpers (files, manifests, keys)
+ *   engine_data.c     the data server: push/fetch/list on "data" connections
+ *                     (the wire of a shard's files is tiers/xfer.h's)
  *   engine_ctl.c      the control connection to the coordinator: calls,
  *                     events, its reader thread, registration, addresses
- *   engine_repl.c     replication of a committed shard to the peers
+ *   engine_repl.c     replication of a committed shard to the peers (the
+ *                     peer tier's put, tiers/tier.h)
  *   engine_backup.c   backup uploads, and the coordinator's bucket callbacks
- *   engine_restore.c  the restore of DESIGN §5
+ *   engine_restore.c  the restore of DESIGN §5 (shards brought in through
+ *                     tiers/tier.h's tier_obtain)
  * Only the engine's files include this header. */
 #ifndef MTCFS_CLUSTER_ENGINE_INT_H
 #define MTCFS_CLUSTER_ENGINE_INT_H
@@ -17,6 +19,7 @@
 #include "net/auth.h"
 #include "net/client.h"
 #include "net/frame.h"
+#include "net/proto.h"
 #include "net/server.h"
 #include "tiers/bucket.h"
 #include "tiers/manifest.h"
@@ -28,11 +31,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#define CTL_TIMEOUT_MS   10000
-#define DATA_TIMEOUT_MS  XFER_TIMEOUT_MS
-#define MAX_PEERS        64
-#define MAX_HOLDS        64
 
 #define CTL_TIMEOUT_MS   10000
 #define DATA_TIMEOUT_MS  XFER_TIMEOUT_MS

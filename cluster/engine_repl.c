@@ -1,6 +1,7 @@
 /* engine_repl.c — replication of committed shards (see engine_int.h). */
 #include "cluster/engine_int.h"
 #include "cluster/engine_ec.h"
+#include "tiers/tier.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -20,14 +21,14 @@ struct repl_job {
 	int attempt;
 };
 
+/* Replicate shard k (its catalog record rec, manifest mf) to rank peer
+ * through the peer tier: 0 sent, 1 the peer had the content, or -errno. */
 static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
 		   const struct shard_rec *rec, const struct manifest *mf)
 {
+	struct tier t = { 0 };
 	char addr[256];
-	struct nconn *c = NULL;
-	json_t *req, *resp = NULL;
-	char *b64;
-	int rank, dfd = -1, rc;
+	int rank, rc;
 
 	rc = eng_addr_of(e, peer, addr, sizeof(addr));
 	if (rc < 0)
@@ -35,48 +36,11 @@ static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
 	pthread_mutex_lock(&e->mu);
 	rank = e->rank;
 	pthread_mutex_unlock(&e->mu);
-	rc = nconn_connect(addr, rank, "data", &e->auth, 5000, &c, NULL);
+	rc = tier_peer_open(addr, peer, rank, &e->auth, &t);
 	if (rc < 0)
 		return rc;
-	b64 = xfer_b64_encode(rec->mf, rec->mflen);
-	req = json_object();
-	json_object_set_new(req, "op", json_string("push"));
-	json_object_set_new(req, "key", xfer_key_json(k));
-	json_object_set_new(req, "manifest", json_string(b64 ? b64 : ""));
-	free(b64);
-	rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
-	json_decref(req);
-	if (rc < 0)
-		goto out;
-	if (json_is_true(json_object_get(resp, "have"))) {
-		rc = 1;   /* the peer had the content: nothing sent */
-		goto out;
-	}
-	if (!json_is_true(json_object_get(resp, "send"))) {
-		rc = -EPROTO;
-		goto out;
-	}
-	json_decref(resp);
-	resp = NULL;
-	dfd = ram_shard_open(e->ram, k);
-	if (dfd < 0) {
-		rc = dfd;
-		goto out;
-	}
-	rc = xfer_send_files(c, dfd, mf);
-	if (rc == 0) {
-		struct net_hdr h;
-		rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &resp);
-		if (rc == 0 && h.type == NT_ERROR)
-			rc = net_error_errno(resp);
-		else if (rc == 0 && !json_is_true(json_object_get(resp, "ok")))
-			rc = -EPROTO;
-	}
-out:
-	if (dfd >= 0)
-		close(dfd);
-	json_decref(resp);
-	nconn_close(c);
+	rc = tier_put(&t, e->ram, k, rec->mf, rec->mflen, mf);
+	tier_close(&t);
 	return rc;
 }
 
@@ -88,7 +52,7 @@ static void repl_run(void *arg)
 	struct manifest *mf = NULL;
 	int peers[MAX_PEERS], npeers, failed = 0;
 	uint32_t nodes, dp, workers;
-	char hex[65];
+	struct proto_step_ev se;
 	json_t *ev;
 
 	pthread_mutex_lock(&e->mu);
@@ -99,26 +63,18 @@ static void repl_run(void *arg)
 	workers = e->workers ? e->workers : 1;
 	pthread_mutex_unlock(&e->mu);
 
-	/* tell the coordinator first: it decides the job-wide LKG */
-	net_hex_encode(j->hash, 32, hex);
+	/* tell the coordinator first: it decides the job-wide LKG. With one
+	 * shard per worker the step is the job's once every (node, worker)
+	 * committed it (worker, workers are sent when workers > 1). */
+	se = (struct proto_step_ev){ .job = { j->key.job, nodes, dp }, .step = j->key.step,
+				     .worker = j->key.worker, .workers = workers };
+	memcpy(se.hash, j->hash, 32);
 	if (j->attempt == 0) {
-		ev = json_object();
-		json_object_set_new(ev, "op", json_string("committed"));
-		json_object_set_new(ev, "job", json_string(j->key.job));
-		json_object_set_new(ev, "nodes", json_integer(nodes));
-		json_object_set_new(ev, "dp", json_integer(dp));
-		json_object_set_new(ev, "step", json_integer((json_int_t)j->key.step));
-		json_object_set_new(ev, "hash", json_string(hex));
-		if (workers > 1) {
-			/* one shard per worker: the step is the job's once
-			 * every (node, worker) committed it */
-			json_object_set_new(ev, "worker", json_integer(j->key.worker));
-			json_object_set_new(ev, "workers", json_integer(workers));
-		}
 		pthread_mutex_lock(&e->mu);
-		json_object_set_new(ev, "bi_min", json_integer(e->bi_min));
-		json_object_set_new(ev, "bi_steps", json_integer(e->bi_steps));
+		se.bi_min = e->bi_min;
+		se.bi_steps = e->bi_steps;
 		pthread_mutex_unlock(&e->mu);
+		ev = proto_committed_encode(&se);
 		if (eng_ctl_event(e, ev) < 0)
 			log_warn("engine", "cannot report step %llu to the coordinator at %s",
 				 (unsigned long long)j->key.step, e->coord_addr);
@@ -155,16 +111,7 @@ static void repl_run(void *arg)
 		 * job's older steps go */
 		if (npeers > 0)
 			idx_set_state(ram_idx(e->ram), &j->key, SH_REPLICATED, 0, 0);
-		ev = json_object();
-		json_object_set_new(ev, "op", json_string("replicated"));
-		json_object_set_new(ev, "job", json_string(j->key.job));
-		json_object_set_new(ev, "nodes", json_integer(nodes));
-		json_object_set_new(ev, "dp", json_integer(dp));
-		json_object_set_new(ev, "step", json_integer((json_int_t)j->key.step));
-		if (workers > 1) {
-			json_object_set_new(ev, "worker", json_integer(j->key.worker));
-			json_object_set_new(ev, "workers", json_integer(workers));
-		}
+		ev = proto_replicated_encode(&se);
 		if (eng_ctl_event(e, ev) < 0)
 			log_warn("engine", "cannot report step %llu as replicated to the coordinator at %s",
 				 (unsigned long long)j->key.step, e->coord_addr);

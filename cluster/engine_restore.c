@@ -42,63 +42,32 @@ struct plan_entry {
 
 static int parse_plan(json_t *m, struct plan_entry *p)
 {
-	uint64_t v;
-	const char *addr = "";
+	struct proto_plan_src sh[RCFG_WORKERS_MAX];
+	struct proto_plan x;
+	char why[160];
 
 	memset(p, 0, sizeof(*p));
-	if (net_json_u64(m, "plan", UINT32_MAX, &v) < 0)
+	if (proto_plan_decode(m, &x, sh, RCFG_WORKERS_MAX, why, sizeof(why)) < 0 ||
+	    (x.bucket && !bk_backup_name_ok(x.backup))) {
+		log_dbg("engine", "a plan entry is refused: %s", x.bucket ? "bad backup name" : why);
 		return -EPROTO;
-	p->plan = (uint32_t)v;
-	p->found = json_is_true(json_object_get(m, "found"));
-	{
-		const char *notes;
-		if (net_json_str(m, "notes", sizeof(p->notes) - 1, &notes) == 0)
-			snprintf(p->notes, sizeof(p->notes), "%s", notes);
 	}
-	if (!p->found)
-		return 0;
-	{
-		const char *src, *bk;
-		if (net_json_str(m, "source", 16, &src) == 0 && !strcmp(src, "bucket")) {
-			if (net_json_u64(m, "step", UINT64_MAX >> 1, &p->step) < 0 ||
-			    net_json_str(m, "backup", 63, &bk) < 0 || !bk_backup_name_ok(bk))
-				return -EPROTO;
-			p->bucket = true;
-			snprintf(p->backup, sizeof(p->backup), "%s", bk);
-			return 0;
-		}
-	}
-	if (net_json_u64(m, "step", UINT64_MAX >> 1, &p->step) < 0 ||
-	    net_json_u64(m, "holder", RCFG_NODES_MAX - 1, &v) < 0)
-		return -EPROTO;
-	p->holder = (uint32_t)v;
-	if (net_json_u64(m, "owner", RCFG_NODES_MAX - 1, &v) < 0 || net_json_hex(m, "hash", p->hash, 32) < 0)
-		return -EPROTO;
-	p->owner = (uint32_t)v;
-	net_json_str(m, "addr", 255, &addr);
-	snprintf(p->addr, sizeof(p->addr), "%s", addr);
-	{
-		json_t *a = json_object_get(m, "shards"), *x;
-		size_t i;
-		if (!a)
-			return 0;
-		if (!json_is_array(a) || json_array_size(a) > RCFG_WORKERS_MAX)
-			return -EPROTO;
-		json_array_foreach(a, i, x) {
-			struct plan_src *ps = &p->src[i];
-			const char *xa = "";
-			if (net_json_u64(x, "worker", RCFG_WORKERS_MAX - 1, &v) < 0 || v != i ||
-			    net_json_u64(x, "holder", RCFG_NODES_MAX - 1, &v) < 0)
-				return -EPROTO;
-			ps->holder = (uint32_t)v;
-			if (net_json_u64(x, "owner", RCFG_NODES_MAX - 1, &v) < 0 ||
-			    net_json_hex(x, "hash", ps->hash, 32) < 0)
-				return -EPROTO;
-			ps->owner = (uint32_t)v;
-			net_json_str(x, "addr", 255, &xa);
-			snprintf(ps->addr, sizeof(ps->addr), "%s", xa);
-		}
-		p->nsrc = (uint32_t)json_array_size(a);
+	p->plan = x.plan;
+	p->found = x.found;
+	snprintf(p->notes, sizeof(p->notes), "%s", x.notes ? x.notes : "");
+	p->step = x.step;
+	p->bucket = x.bucket;
+	snprintf(p->backup, sizeof(p->backup), "%s", x.bucket ? x.backup : "");
+	p->holder = x.src.holder;
+	p->owner = x.src.owner;
+	memcpy(p->hash, x.src.hash, 32);
+	snprintf(p->addr, sizeof(p->addr), "%s", x.src.addr ? x.src.addr : "");
+	p->nsrc = x.nshards;
+	for (uint32_t i = 0; i < x.nshards; i++) {
+		p->src[i].holder = sh[i].holder;
+		p->src[i].owner = sh[i].owner;
+		memcpy(p->src[i].hash, sh[i].hash, 32);
+		snprintf(p->src[i].addr, sizeof(p->src[i].addr), "%s", sh[i].addr);
 	}
 	return 0;
 }
@@ -144,47 +113,39 @@ static uint32_t job_workers(const struct rcfg *c)
 static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
 {
 	struct shard_rec *recs = NULL;
-	size_t n = 0, k = 0;
+	size_t n = 0;
 	uint32_t W = job_workers(c);
-	json_t *m = json_object(), *holds = json_array();
+	struct proto_catalog m = { .job = { c->job, (uint32_t)c->nodes, (uint32_t)c->assume_dp },
+				   .workers = W > 1 ? W : 0 };
+	json_t *out;
+	bool listed = idx_list_shards(ram_idx(e->ram), c->job, &recs, &n) == 0;
 
-	json_object_set_new(m, "op", json_string("catalog"));
-	json_object_set_new(m, "job", json_string(c->job));
-	json_object_set_new(m, "nodes", json_integer(c->nodes));
-	json_object_set_new(m, "dp", json_integer(c->assume_dp));
-	if (W > 1)
-		json_object_set_new(m, "workers", json_integer(W));
-	if (idx_list_shards(ram_idx(e->ram), c->job, &recs, &n) == 0) {
-		for (size_t i = n; i-- > 0 && k < (size_t)MAX_HOLDS * W;) {
-			char hex[65];
-			if (recs[i].state < SH_COMMITTED || recs[i].state == SH_BAD || !recs[i].mf ||
-			    recs[i].key.worker >= W || recs[i].key.rank >= (uint32_t)c->nodes)
-				continue;
-			net_hex_encode(recs[i].hash, 32, hex);
-			if (W > 1) {
-				uint8_t ck[32];
-				char ckhex[65];
-				json_t *x = json_pack("[i,I,s,i]", (int)recs[i].key.rank,
-						      (json_int_t)recs[i].key.step, hex,
-						      (int)recs[i].key.worker);
-				if (content_key(&recs[i], ck) == 0) {
-					net_hex_encode(ck, 32, ckhex);
-					json_array_append_new(x, json_string(ckhex));
-				}
-				json_array_append_new(holds, x);
-			}
-			else
-				json_array_append_new(holds, json_pack("[i,I,s]", (int)recs[i].key.rank,
-								       (json_int_t)recs[i].key.step, hex));
-			k++;
+	if (listed && n > 0)
+		m.holds = calloc(n < (size_t)MAX_HOLDS * W ? n : (size_t)MAX_HOLDS * W,
+				 sizeof(*m.holds));
+	for (size_t i = n; m.holds && i-- > 0 && m.nholds < (size_t)MAX_HOLDS * W;) {
+		struct proto_hold *h = &m.holds[m.nholds];
+		if (recs[i].state < SH_COMMITTED || recs[i].state == SH_BAD || !recs[i].mf ||
+		    recs[i].key.worker >= W || recs[i].key.rank >= (uint32_t)c->nodes)
+			continue;
+		h->owner = recs[i].key.rank;
+		h->step = recs[i].key.step;
+		memcpy(h->hash, recs[i].hash, 32);
+		if (W > 1) {
+			h->has_worker = true;
+			h->worker = recs[i].key.worker;
+			h->has_content = content_key(&recs[i], h->content) == 0;
 		}
-		idx_recs_free(recs, n);
+		m.nholds++;
 	}
-	json_object_set_new(m, "holds", holds);
-	json_t *ec = eng_ec_catalog(e, c->job);
+	if (listed)
+		idx_recs_free(recs, n);
+	out = proto_catalog_encode(&m);
+	free(m.holds);
+	json_t *ec = out ? eng_ec_catalog(e, c->job) : NULL;
 	if (ec)
-		json_object_set_new(m, "ec", ec);
-	return m;
+		json_object_set_new(out, "ec", ec);
+	return out;
 }
 
 /* framework: pytorch under D: a column mate's shard restored as this
@@ -361,10 +322,10 @@ restart:
 		goto out;
 	}
 	for (;;) {
-		const char *op = "";
+		enum proto_op op;
 		char why[512] = "";
 
-		if (net_json_str(resp, "op", 32, &op) == 0 && !strcmp(op, "restart")) {
+		if (proto_msg_op(resp, &op) == 0 && op == PROTO_RESTART) {
 			json_decref(resp);
 			resp = NULL;
 			goto restart;
@@ -430,17 +391,10 @@ restart:
 				log_warn("engine", "%s", line);
 				if (rep)
 					rep(arg, line);
-				ff = json_object();
-				json_object_set_new(ff, "op", json_string("fetch_failed"));
-				json_object_set_new(ff, "job", json_string(c->job));
-				json_object_set_new(ff, "plan", json_integer(p.plan));
-				json_object_set_new(ff, "holder", json_integer(p.holder));
-				json_object_set_new(ff, "owner", json_integer(p.owner));
-				json_object_set_new(ff, "step", json_integer((json_int_t)p.step));
-				if (fw > 0)
-					json_object_set_new(ff, "worker", json_integer(fw));
-				if (p.bucket)
-					json_object_set_new(ff, "bucket", json_true());
+				ff = proto_fetch_failed_encode(&(struct proto_fetch_failed){
+					.job = c->job, .plan = p.plan, .holder = p.holder,
+					.owner = p.owner, .step = p.step, .worker = fw,
+					.bucket = p.bucket });
 				rc = eng_ctl_call(e, ff, &resp, call_ms);
 				json_decref(ff);
 				if (rc < 0 || util_now_ns() > deadline)
@@ -449,15 +403,12 @@ restart:
 			}
 		}
 		/* the job-wide barrier */
-		json_t *rd = json_object();
-		json_object_set_new(rd, "op", json_string("ready"));
-		json_object_set_new(rd, "job", json_string(c->job));
-		json_object_set_new(rd, "plan", json_integer(p.plan));
+		json_t *rd = proto_ready_encode(&(struct proto_ready){ .job = c->job, .plan = p.plan });
 		rc = eng_ctl_call(e, rd, &resp, call_ms);
 		json_decref(rd);
 		if (rc < 0)
 			goto out;
-		if (net_json_str(resp, "op", 32, &op) == 0 && !strcmp(op, "go")) {
+		if (proto_msg_op(resp, &op) == 0 && op == PROTO_GO) {
 			json_decref(resp);
 			resp = NULL;
 			if (p.found) {

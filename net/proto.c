@@ -583,6 +583,60 @@ json_t *proto_plan_encode(const struct proto_plan *m)
 	return o;
 }
 
+static int get_src(json_t *o, struct proto_plan_src *x, struct why *w)
+{
+	if (get_u32(o, "holder", PROTO_MAX_NODES - 1, false, &x->holder, w) < 0 ||
+	    get_u32(o, "owner", PROTO_MAX_NODES - 1, false, &x->owner, w) < 0 ||
+	    get_hash(o, "hash", x->hash, w) < 0)
+		return -EINVAL;
+	x->addr = opt_str(o, "addr", 255);
+	if (!x->addr)
+		x->addr = "";
+	return 0;
+}
+
+int proto_plan_decode(json_t *o, struct proto_plan *m, struct proto_plan_src *shards,
+		      size_t maxshards, char *why, size_t whylen)
+{
+	struct why w = { why, whylen };
+	const char *src = NULL;
+	json_t *a, *x;
+	size_t i;
+
+	memset(m, 0, sizeof(*m));
+	if (get_u32(o, "plan", UINT32_MAX, false, &m->plan, &w) < 0)
+		return -EINVAL;
+	m->found = json_is_true(json_object_get(o, "found"));
+	m->notes = opt_str(o, "notes", PROTO_NOTES_MAX);
+	if (!m->found)
+		return 0;
+	if (get_u64(o, "step", PROTO_STEP_MAX, false, &m->step, &w) < 0)
+		return -EINVAL;
+	if (net_json_str(o, "source", 16, &src) == 0 && !strcmp(src, "bucket")) {
+		m->bucket = true;
+		return get_str(o, "backup", PROTO_NAME_MAX, &m->backup, &w);
+	}
+	if (get_src(o, &m->src, &w) < 0)
+		return -EINVAL;
+	a = json_object_get(o, "shards");
+	if (!a)
+		return 0;
+	if (!json_is_array(a) || json_array_size(a) > maxshards)
+		return bad(&w, "shards is not an array of at most %zu", maxshards);
+	json_array_foreach(a, i, x) {
+		uint64_t wk;
+		if (get_u64(x, "worker", PROTO_MAX_WORKERS - 1, false, &wk, &w) < 0)
+			return -EINVAL;
+		if (wk != i)
+			return bad(&w, "shards[%zu] names worker %llu", i, (unsigned long long)wk);
+		if (get_src(x, &shards[i], &w) < 0)
+			return -EINVAL;
+	}
+	m->shards = shards;
+	m->nshards = (uint32_t)json_array_size(a);
+	return 0;
+}
+
 json_t *proto_go_encode(uint32_t plan)
 {
 	json_t *o = op_obj(PROTO_GO);

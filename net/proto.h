@@ -223,6 +223,14 @@ struct proto_plan {
 	uint32_t nshards;
 };
 json_t *proto_plan_encode(const struct proto_plan *m);
+/* Decode into m, the shards into shards[0..maxshards) (m->shards points
+ * there; each must name its own index as worker). Required: plan; when
+ * found, step and either backup (source "bucket") or holder, owner, hash.
+ * Lenient: notes (<= PROTO_NOTES_MAX) and addr (<= 255 bytes; "" when
+ * absent or malformed). */
+#define PROTO_NOTES_MAX 1023u
+int proto_plan_decode(json_t *o, struct proto_plan *m, struct proto_plan_src *shards,
+		      size_t maxshards, char *why, size_t whylen);
 
 /* go {op, plan} (the barrier is released), restart {op} (a new round
  * began: send the catalog again), NT_RESP. */

@@ -5,11 +5,13 @@
  * { ops, self }; callers go through the tier_* wrappers below, never
  * t->ops directly, so that a wrapper (a cache, the unit tests' fault
  * injector) can sit between. The restore brings shards in through
- * tier_obtain(). Threads: whichever calls; a tier keeps no per-call state.
- * The caller owns every struct it passes; *mf results are the caller's. */
+ * tier_obtain(), replication sends them out through tier_put().
+ * Threads: whichever calls; a tier keeps no per-call state. The caller
+ * owns every struct it passes; *mf results are the caller's. */
 #ifndef MTCFS_TIERS_TIER_H
 #define MTCFS_TIERS_TIER_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -24,6 +26,8 @@ struct net_auth;
 /* get's answer when the shard is already in place under g->as on g->ram
  * (a local shard of this node's own key): nothing was staged. */
 #define TIER_IN_PLACE 1
+/* put's answer when the tier already held the content: nothing was sent. */
+#define TIER_HAD 1
 
 /* One shard wanted from a tier, and where it goes. */
 struct tier_get {
@@ -57,6 +61,11 @@ struct tier_ops {
 	 * success, its words for a failure. May be NULL. */
 	void (*got)(void *self, const struct tier_get *g, const struct manifest *mf, int rc,
 		    char *why, size_t whylen);
+	/* Store shard k, held on ram with manifest mf (encoded: raw[0..rawlen),
+	 * as the catalog keeps it), in the tier. 0, TIER_HAD, or -errno.
+	 * NULL: the tier takes no shards. */
+	int (*put)(void *self, struct ram_tier *ram, const struct shard_key *k, const uint8_t *raw,
+		   size_t rawlen, const struct manifest *mf);
 	void (*close)(void *self);  /* may be NULL */
 };
 
@@ -83,13 +92,20 @@ static inline void tier_got(struct tier *t, const struct tier_get *g, const stru
 		t->ops->got(t->self, g, mf, rc, why, whylen);
 }
 
+static inline int tier_put(struct tier *t, struct ram_tier *ram, const struct shard_key *k,
+			   const uint8_t *raw, size_t rawlen, const struct manifest *mf)
+{
+	return t->ops->put ? t->ops->put(t->self, ram, k, raw, rawlen, mf) : -EOPNOTSUPP;
+}
+
 /* Release t (accepts a zeroed struct tier). */
 void tier_close(struct tier *t);
 
 /* Make shard g->want present on g->ram as g->as, owned and restored
  * (SHF_OWN | SHF_RESTORED), from the first of the n sources that gives
  * it: each one's get -> g->rename -> publish -> got, its stage aborted on
- * failure; TIER_IN_PLACE only sets the flags on the record. 0, or the last source's -errno with its words in why. */
+ * failure; TIER_IN_PLACE only sets the flags on the record. 0, or the
+ * last source's -errno with its words in why. */
 int tier_obtain(struct tier *const *src, size_t n, struct tier_get *g, char *why, size_t whylen);
 
 /* This node's RAM tier: get verifies the local copy of g->want (a copy that
@@ -100,7 +116,9 @@ void tier_ram_init(struct ram_tier *ram, struct tier *t);
 /* The RAM tier of the node `holder` at addr (host:port), reached on a
  * data connection as rank my_rank with auth (borrowed, must outlive t):
  * get fetches the shard and checks each file's CRC32C and the manifest's
- * hash against g->hash. 0 or -ENOMEM; tier_close frees. */
+ * hash against g->hash; put pushes a shard of this node's to the peer as a
+ * replica (the peer links it when it holds the same content: TIER_HAD).
+ * 0 or -ENOMEM; tier_close frees. */
 int tier_peer_open(const char *addr, uint32_t holder, int my_rank, const struct net_auth *auth,
 		   struct tier *t);
 

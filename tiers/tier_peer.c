@@ -1,9 +1,10 @@
-/* tier_peer.c — a peer node's RAM tier, fetched from over a data
- * connection (see tier.h; the wire is xfer.h's). */
+/* tier_peer.c — a peer node's RAM tier, fetched from and pushed to over a
+ * data connection (see tier.h; the wire is xfer.h's). */
 #include "tiers/tier.h"
 #include "tiers/xfer.h"
 #include "net/auth.h"
 #include "net/client.h"
+#include "net/frame.h"
 #include "common/log.h"
 #include "common/metrics.h"
 
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct peer_tier {
 	char addr[256];
@@ -72,6 +74,60 @@ static void peer_got(void *self, const struct tier_get *g, const struct manifest
 		 (unsigned long long)mf->total, g->as.worker);
 }
 
+static int peer_put(void *self, struct ram_tier *ram, const struct shard_key *k, const uint8_t *raw,
+		    size_t rawlen, const struct manifest *mf)
+{
+	struct peer_tier *p = self;
+	struct nconn *c = NULL;
+	json_t *req, *resp = NULL;
+	char *b64;
+	int dfd = -1, rc;
+
+	rc = nconn_connect(p->addr, p->my_rank, "data", p->auth, 5000, &c, NULL);
+	if (rc < 0)
+		return rc;
+	b64 = xfer_b64_encode(raw, rawlen);
+	req = json_object();
+	json_object_set_new(req, "op", json_string("push"));
+	json_object_set_new(req, "key", xfer_key_json(k));
+	json_object_set_new(req, "manifest", json_string(b64 ? b64 : ""));
+	free(b64);
+	rc = nconn_call(c, req, &resp, XFER_TIMEOUT_MS);
+	json_decref(req);
+	if (rc < 0)
+		goto out;
+	if (json_is_true(json_object_get(resp, "have"))) {
+		rc = TIER_HAD;   /* the peer had the content: nothing sent */
+		goto out;
+	}
+	if (!json_is_true(json_object_get(resp, "send"))) {
+		rc = -EPROTO;
+		goto out;
+	}
+	json_decref(resp);
+	resp = NULL;
+	dfd = ram_shard_open(ram, k);
+	if (dfd < 0) {
+		rc = dfd;
+		goto out;
+	}
+	rc = xfer_send_files(c, dfd, mf);
+	if (rc == 0) {
+		struct net_hdr h;
+		rc = nconn_recv(c, XFER_TIMEOUT_MS, &h, &resp);
+		if (rc == 0 && h.type == NT_ERROR)
+			rc = net_error_errno(resp);
+		else if (rc == 0 && !json_is_true(json_object_get(resp, "ok")))
+			rc = -EPROTO;
+	}
+out:
+	if (dfd >= 0)
+		close(dfd);
+	json_decref(resp);
+	nconn_close(c);
+	return rc;
+}
+
 static void peer_close(void *self)
 {
 	free(self);
@@ -81,6 +137,7 @@ static const struct tier_ops peer_tier_ops = {
 	.name = "peer",
 	.get = peer_get,
 	.got = peer_got,
+	.put = peer_put,
 	.close = peer_close,
 };
 

@@ -15,8 +15,11 @@
  * JSON layer. Checked contracts (abort on breach): a decoded header
  * re-encodes to the same 24 bytes; a decoded payload rebuilt with
  * net_frame_build decodes to an equal object; accessor results respect their
- * bounds; a parsed NT_FILE header rebuilds and parses back equal. */
+ * bounds; a parsed NT_FILE header rebuilds and parses back equal; every
+ * typed-message decoder of net/proto either refuses with a reason or
+ * accepts something whose own encoding it accepts again, equal. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +30,7 @@
 
 #include "common/util.h"
 #include "net/frame.h"
+#include "net/proto.h"
 #include "tiers/manifest.h"
 
 #define CHALLENGE_LEN 32u
@@ -128,6 +132,94 @@ static void check_hostport(json_t *o)
 	}
 }
 
+/* The typed messages (net/proto): every decoder on every object. A refusal
+ * must say why; what one accepts must encode to something it accepts
+ * again, with the same values (same: a condition on v and v2). */
+#define PROTO_CHECK(T, dec, enc, v, same)                                            \
+	do {                                                                         \
+		T v2;                                                                \
+		json_t *e;                                                           \
+		why[0] = '\0';                                                       \
+		rc = dec(o, &v, why, sizeof(why));                                   \
+		if (rc == -EINVAL && !why[0])                                        \
+			die(#dec " refused without a reason");                       \
+		if (rc != 0)                                                         \
+			break;                                                       \
+		e = enc(&v);                                                         \
+		if (!e || dec(e, &v2, why, sizeof(why)) != 0 || !(same))             \
+			die(#dec ": its own encoding is refused or changed");        \
+		json_decref(e);                                                      \
+	} while (0)
+
+static bool holds_in_range(const struct proto_catalog *c)
+{
+	for (size_t i = 0; i < c->nholds; i++)
+		if (c->holds[i].owner >= c->job.nodes || c->holds[i].worker >= PROTO_MAX_WORKERS)
+			return false;
+	return true;
+}
+
+/* Frees both catalogs: the condition of the catalog's PROTO_CHECK. */
+static bool catalogs_equal(struct proto_catalog *a, struct proto_catalog *b)
+{
+	bool eq = holds_in_range(a) && a->nholds == b->nholds && a->job.nodes == b->job.nodes &&
+		  (a->nholds == 0 || !memcmp(a->holds[0].hash, b->holds[0].hash, 32));
+	proto_catalog_free(a);
+	proto_catalog_free(b);
+	return eq;
+}
+
+/* The plan decoder takes its shard array: wrapped to PROTO_CHECK's shape. */
+static struct proto_plan_src plan_sh[PROTO_MAX_WORKERS];
+static int plan_decode(json_t *o, struct proto_plan *m, char *why, size_t whylen)
+{
+	return proto_plan_decode(o, m, plan_sh, PROTO_MAX_WORKERS, why, whylen);
+}
+
+static void check_proto(json_t *o)
+{
+	char why[160];
+	enum proto_op op;
+	struct proto_catalog c;
+	struct proto_step_ev se;
+	struct proto_fetch_failed ff;
+	struct proto_ready rd;
+	struct proto_register rg;
+	struct proto_backup_done bd;
+	struct proto_lkg lk;
+	struct proto_backup bk;
+	struct proto_report rp;
+	struct proto_plan pl;
+	int rc;
+
+	if (proto_msg_op(o, &op) == 0 && (op < PROTO_OP_UNKNOWN || op >= PROTO_OP_COUNT))
+		die("proto_msg_op returned an op out of range");
+	PROTO_CHECK(struct proto_catalog, proto_catalog_decode, proto_catalog_encode, c,
+		    catalogs_equal(&c, &v2));
+	PROTO_CHECK(struct proto_step_ev, proto_committed_decode, proto_committed_encode, se,
+		    v2.step == se.step && v2.worker == se.worker && v2.workers == se.workers &&
+		    !memcmp(v2.hash, se.hash, 32));
+	PROTO_CHECK(struct proto_step_ev, proto_replicated_decode, proto_replicated_encode, se,
+		    v2.step == se.step && v2.worker == se.worker);
+	PROTO_CHECK(struct proto_fetch_failed, proto_fetch_failed_decode, proto_fetch_failed_encode,
+		    ff, v2.holder == ff.holder && v2.step == ff.step && v2.worker == ff.worker);
+	PROTO_CHECK(struct proto_ready, proto_ready_decode, proto_ready_encode, rd,
+		    v2.plan == rd.plan);
+	PROTO_CHECK(struct proto_register, proto_register_decode, proto_register_encode, rg,
+		    !strcmp(v2.addr, rg.addr) && !v2.job == !rg.job);
+	PROTO_CHECK(struct proto_backup_done, proto_backup_done_decode, proto_backup_done_encode,
+		    bd, v2.ok == bd.ok && !strcmp(v2.name, bd.name));
+	PROTO_CHECK(struct proto_lkg, proto_lkg_decode, proto_lkg_encode, lk,
+		    v2.step == lk.step && v2.has_safe == lk.has_safe && lk.safe <= lk.step);
+	PROTO_CHECK(struct proto_backup, proto_backup_decode, proto_backup_encode, bk,
+		    v2.data == bk.data && v2.step == bk.step);
+	PROTO_CHECK(struct proto_report, proto_report_decode, proto_report_encode, rp,
+		    !strcmp(v2.text, rp.text));
+	PROTO_CHECK(struct proto_plan, plan_decode, proto_plan_encode, pl,
+		    v2.plan == pl.plan && v2.found == pl.found && v2.step == pl.step &&
+		    v2.bucket == pl.bucket && pl.nshards <= PROTO_MAX_WORKERS);
+}
+
 /* Everything the receivers ask of a decoded JSON payload. */
 static void check_object(uint8_t type, uint32_t req_id, json_t *o)
 {
@@ -166,6 +258,7 @@ static void check_object(uint8_t type, uint32_t req_id, json_t *o)
 	}
 	check_manifest_field(o);
 	check_hostport(o);
+	check_proto(o);
 	if (type == NT_ERROR) {
 		rc = net_error_errno(o);
 		if (rc > -1 || rc < -4095)

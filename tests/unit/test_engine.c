@@ -1,9 +1,10 @@
 /* Unit tests for the engine's pieces without Python: the data server
  * (cluster/engine_data.c) answering pushes over a socketpair() and fetches
  * from the peer tier over loopback, and tier_obtain() (tiers/tier.h) over
- * the RAM, peer and bucket tiers (an in-memory bucket): bytes restored equal bytes sealed, a corrupt or
- * failing source is refused and the next one is used, nothing is left
- * staged after a failure. Each test runs in a private directory holding
+ * the RAM, peer and bucket tiers (an in-memory bucket): bytes restored
+ * equal bytes sealed, a corrupt or failing source is refused and the next
+ * one is used, nothing is left staged after a failure; the peer tier's put
+ * (replication). Each test runs in a private directory holding
  * the nodes' RAMDIRs; a "holder" is a node's RAM tier with its data
  * server on 127.0.0.1 (a struct eng of just what the server reads). */
 #include <errno.h>
@@ -458,6 +459,54 @@ static void test_bucket_tier_restores_backup(void **state)
 	holder_stop(&c);
 }
 
+/* Replication's way out: the peer tier's put pushes a shard to the
+ * peer's data server, which keeps it as a replica; a second put finds it
+ * there (TIER_HAD); a put the wrapper fails never reaches the peer. */
+static void test_peer_tier_put(void **state)
+{
+	struct holder owner, to;
+	struct manifest *mf = NULL;
+	struct shard_rec rec = { 0 };
+	struct shard_key k;
+	struct tier_fault f = { .fail_nth = 1, .fail_rc = -EIO };
+	struct tier tf;
+	uint8_t *big = big_bytes(), *p;
+	size_t len;
+
+	holder_start(*state, "owner", 1, false, &owner);
+	holder_start(*state, "to", 0, true, &to);
+	key_of(&k, 21, 1);
+	seal(&owner, &k, SHF_OWN, &mf);
+	assert_int_equal(idx_get_shard(ram_idx(owner.ram), &k, &rec), 0);
+	assert_int_equal(tier_peer_open(to.addr, 0, 1, NULL, &f.inner), 0);
+	tier_fault_init(&f, &tf);
+
+	assert_int_equal(tier_put(&tf, owner.ram, &k, rec.mf, rec.mflen, mf), -EIO);
+	assert_int_equal(f.inner_calls, 0);
+	assert_int_equal(idx_get_shard(ram_idx(to.ram), &k, &(struct shard_rec){ 0 }), -ENOENT);
+
+	assert_int_equal(tier_put(&tf, owner.ram, &k, rec.mf, rec.mflen, mf), 0);
+	p = shard_file(&to, &k, "big", &len);
+	assert_int_equal(len, BIG_SIZE);
+	assert_memory_equal(p, big, BIG_SIZE);
+	free(p);
+	assert_int_equal(tier_put(&tf, owner.ram, &k, rec.mf, rec.mflen, mf), TIER_HAD);
+	assert_int_equal(f.inner_calls, 2);
+
+	/* the RAM tier takes no shards this way */
+	{
+		struct tier t;
+		tier_ram_init(owner.ram, &t);
+		assert_int_equal(tier_put(&t, owner.ram, &k, rec.mf, rec.mflen, mf), -EOPNOTSUPP);
+	}
+	idx_rec_clear(&rec);
+	tier_close(&f.inner);
+	free(big);
+	mf_free(mf);
+	holder_stop(&owner);
+	holder_stop(&to);
+}
+
 /* ---- the data server's push handler over a socketpair ---- */
 
 struct serve {
@@ -594,6 +643,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_obtain_falls_back_from_failing_tier, tmp_setup,
 						tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_ram_tier, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_peer_tier_put, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_bucket_tier_restores_backup, tmp_setup,
 						tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_serve_push_over_socketpair, tmp_setup,

@@ -405,6 +405,44 @@ static void test_roundtrip(void **state)
 	assert_string_equal(b2.name, "n");
 	json_decref(m);
 
+	{
+		struct proto_plan_src sh[2] = { { .holder = 1, .owner = 0, .addr = "h:1" },
+						{ .holder = 2, .owner = 1, .addr = "" } }, got[2];
+		struct proto_plan pl = { .plan = 7, .found = true, .notes = "n", .step = 300,
+					 .src = sh[0], .shards = sh, .nshards = 2 }, pl2;
+		memcpy(sh[0].hash, H1, 32);
+		memcpy(sh[1].hash, H2, 32);
+		pl.src = sh[0];
+		m = proto_plan_encode(&pl);
+		assert_int_equal(proto_plan_decode(m, &pl2, got, 2, NULL, 0), 0);
+		assert_int_equal(pl2.plan, 7);
+		assert_true(pl2.found && !pl2.bucket);
+		assert_string_equal(pl2.notes, "n");
+		assert_int_equal(pl2.step, 300);
+		assert_int_equal(pl2.src.holder, 1);
+		assert_string_equal(pl2.src.addr, "h:1");
+		assert_memory_equal(pl2.src.hash, H1, 32);
+		assert_int_equal(pl2.nshards, 2);
+		assert_int_equal(got[1].holder, 2);
+		assert_int_equal(got[1].owner, 1);
+		assert_memory_equal(got[1].hash, H2, 32);
+		assert_string_equal(got[1].addr, "");
+		json_decref(m);
+		/* with room for one shard only: refused */
+		m = proto_plan_encode(&pl);
+		assert_int_equal(proto_plan_decode(m, &pl2, got, 1, NULL, 0), -EINVAL);
+		json_decref(m);
+		pl = (struct proto_plan){ .plan = 8, .found = true, .step = 9, .bucket = true,
+					  .backup = "b-1" };
+		m = proto_plan_encode(&pl);
+		assert_int_equal(proto_plan_decode(m, &pl2, got, 2, NULL, 0), 0);
+		assert_true(pl2.bucket);
+		assert_string_equal(pl2.backup, "b-1");
+		assert_int_equal(pl2.step, 9);
+		assert_null(pl2.notes);
+		json_decref(m);
+	}
+
 	m = proto_report_encode(&rp);
 	assert_int_equal(proto_report_decode(m, &rp2, NULL, 0), 0);
 	assert_string_equal(rp2.text, "t");
@@ -541,6 +579,22 @@ static const struct reject rejects[] = {
 	{ "backup: no name", PROTO_BACKUP, "{\"job\":\"j\",\"step\":1}", "missing name" },
 	{ "report: no text", PROTO_REPORT, "{\"job\":\"j\"}", "missing text" },
 	{ "report: text not a string", PROTO_REPORT, "{\"text\":[]}", "text is not a string" },
+	{ "plan: no plan", PROTO_PLAN, "{\"found\":false}", "missing plan" },
+	{ "plan: found without step", PROTO_PLAN, "{\"plan\":1,\"found\":true}", "missing step" },
+	{ "plan: bucket without backup", PROTO_PLAN,
+	  "{\"plan\":1,\"found\":true,\"step\":5,\"source\":\"bucket\"}", "missing backup" },
+	{ "plan: no holder", PROTO_PLAN,
+	  "{\"plan\":1,\"found\":true,\"step\":5,\"owner\":0,\"hash\":" HOLD "}", "missing holder" },
+	{ "plan: bad hash", PROTO_PLAN,
+	  "{\"plan\":1,\"found\":true,\"step\":5,\"holder\":0,\"owner\":0,\"hash\":\"x\"}",
+	  "hash is not 64 hex digits" },
+	{ "plan: shards out of order", PROTO_PLAN,
+	  "{\"plan\":1,\"found\":true,\"step\":5,\"holder\":0,\"owner\":0,\"hash\":" HOLD ","
+	  "\"shards\":[{\"worker\":1,\"holder\":0,\"owner\":0,\"hash\":" HOLD "}]}",
+	  "shards[0] names worker 1" },
+	{ "plan: more shards than workers", PROTO_PLAN,
+	  "{\"plan\":1,\"found\":true,\"step\":5,\"holder\":0,\"owner\":0,\"hash\":" HOLD ","
+	  "\"shards\":[{},{},{}]}", "shards is not an array of at most 2" },
 };
 
 static int decode_any(enum proto_op op, json_t *m, char *why, size_t n)
@@ -555,7 +609,9 @@ static int decode_any(enum proto_op op, json_t *m, char *why, size_t n)
 		struct proto_lkg l;
 		struct proto_backup b;
 		struct proto_report p;
+		struct proto_plan n;
 	} u;
+	struct proto_plan_src sh[2];
 	int rc;
 
 	switch (op) {
@@ -573,6 +629,7 @@ static int decode_any(enum proto_op op, json_t *m, char *why, size_t n)
 	case PROTO_LKG: return proto_lkg_decode(m, &u.l, why, n);
 	case PROTO_BACKUP: return proto_backup_decode(m, &u.b, why, n);
 	case PROTO_REPORT: return proto_report_decode(m, &u.p, why, n);
+	case PROTO_PLAN: return proto_plan_decode(m, &u.n, sh, 2, why, n);
 	default: return -ENOSYS;
 	}
 }

@@ -1,7 +1,8 @@
 /* tier_fault.h: a tier that wraps another (STYLE: wrap, don't flag) and
- * injects failures: its get number fail_nth (1-based; 0 never) fails with
- * fail_rc before the inner tier is asked, every other call is passed
- * through. calls/inner_calls count what happened. Header-only, for unit
+ * injects failures: its call number fail_nth (get and put counted
+ * together, 1-based; 0 never) fails with fail_rc before the inner tier is
+ * asked, every other call is passed through. calls/inner_calls count what
+ * happened. Header-only, for unit
  * tests; the wrapper and its inner tier belong to the test. */
 #ifndef MTCFS_TESTS_UNIT_TIER_FAULT_H
 #define MTCFS_TESTS_UNIT_TIER_FAULT_H
@@ -37,10 +38,22 @@ static void fault_got(void *self, const struct tier_get *g, const struct manifes
 	tier_got(&f->inner, g, mf, rc, why, whylen);
 }
 
+static int fault_put(void *self, struct ram_tier *ram, const struct shard_key *k,
+		     const uint8_t *raw, size_t rawlen, const struct manifest *mf)
+{
+	struct tier_fault *f = self;
+
+	if (++f->calls == f->fail_nth)
+		return f->fail_rc;
+	f->inner_calls++;
+	return tier_put(&f->inner, ram, k, raw, rawlen, mf);
+}
+
 static const struct tier_ops tier_fault_ops = {
 	.name = "fault",
 	.get = fault_get,
 	.got = fault_got,
+	.put = fault_put,
 };
 
 /* t: the wrapper as a tier over f (which holds the inner tier). */
