@@ -1,5 +1,6 @@
 /* coord_ec.c — see coord_ec.h. */
 #include "cluster/coord_ec.h"
+#include "cluster/coord_i.h"
 #include "net/frame.h"
 #include "tiers/ec.h"
 #include "tiers/ecplan.h"
@@ -59,11 +60,12 @@ static int add(struct coord_ec *x, const struct ec_ent *e)
 	return 0;
 }
 
-void coord_ec_catalog(struct cjob *j, int rank, json_t *msg)
+int coord_ec_report(struct coord_ec **xp, uint32_t nodes, int rank, json_t *msg, char *note,
+		    size_t notelen)
 {
 	json_t *ec = json_object_get(msg, "ec"), *par, *st;
 	struct ec_redundancy red;
-	struct coord_ec *x = j->ec;
+	struct coord_ec *x = *xp;
 	const char *rs;
 	size_t i;
 
@@ -71,11 +73,11 @@ void coord_ec_catalog(struct cjob *j, int rank, json_t *msg)
 		drop_reporter(x, (uint32_t)rank);
 	if (!json_is_object(ec) || net_json_str(ec, "redundancy", 32, &rs) < 0 ||
 	    ec_parse_redundancy(rs, &red, NULL, 0) < 0)
-		return;
+		return 0;
 	if (!x) {
-		x = j->ec = calloc(1, sizeof(*x));
+		x = *xp = calloc(1, sizeof(*x));
 		if (!x)
-			return;
+			return 0;
 		x->red = red;
 		x->red_rank = rank;
 	}
@@ -85,9 +87,9 @@ void coord_ec_catalog(struct cjob *j, int rank, json_t *msg)
 		ec_redundancy_str(&x->red, b, sizeof(b));
 		snprintf(x->mismatch, sizeof(x->mismatch), "node %d runs redundancy %s, node %d %s: every node of a job needs the same; its fragments are not used",
 			 rank, a, x->red_rank, b);
-		log_warn("coord", "job %s: %s", j->name, x->mismatch);
-		coord_ec_note(j);
-		return;
+		if (note)
+			snprintf(note, notelen, "%s", x->mismatch);
+		return 1;
 	}
 	if (x->red_rank == rank)
 		x->mismatch[0] = '\0';
@@ -110,13 +112,37 @@ void coord_ec_catalog(struct cjob *j, int rank, json_t *msg)
 			if (k >= EC_MAX_N || !json_is_array(h) || json_array_size(h) != 2 ||
 			    !json_is_integer(json_array_get(h, 0)) ||
 			    (owner = json_integer_value(json_array_get(h, 0))) < 0 ||
-			    (uint64_t)owner >= j->nodes || !(hex = json_string_value(json_array_get(h, 1))) ||
+			    (uint64_t)owner >= nodes || !(hex = json_string_value(json_array_get(h, 1))) ||
 			    net_hex_decode(hex, strlen(hex), e.hash, 32) < 0)
 				continue;
 			e.owner = (uint32_t)owner;
 			if (add(x, &e) < 0)
-				return;
+				return 0;
 		}
+	}
+	return 0;
+}
+
+bool coord_ec_parity(const struct coord_ec *x, uint32_t rank, uint64_t step)
+{
+	for (size_t i = 0; x && i < x->n; i++)
+		if (x->v[i].reporter == rank && x->v[i].step == step)
+			return true;
+	return false;
+}
+
+const char *coord_ec_red(const struct coord_ec *x, char *buf, size_t len)
+{
+	if (!x || x->red.kind != EC_RS)
+		return NULL;
+	return ec_redundancy_str(&x->red, buf, len);
+}
+
+void coord_ec_catalog(struct cjob *j, int rank, json_t *msg)
+{
+	if (coord_ec_report(&j->ec, j->nodes, rank, msg, NULL, 0) == 1) {
+		log_warn("coord", "job %s: %s", j->name, j->ec->mismatch);
+		coord_ec_note(j);
 	}
 }
 
@@ -157,9 +183,9 @@ static const struct ec_ent *hash_of(const struct coord_ec *x, uint32_t o, uint64
 }
 
 /* Holds the code adds at one step: appended to *out. */
-static int augment_step(struct cjob *j, const struct coord_ec *x, const struct ecplan *plan,
-			const struct lkg_input *in, uint64_t step, bool *has_data, bool *has_parity,
-			struct lkg_hold **out, size_t *n, size_t *cap)
+static int augment_step(const char *job, bool quiet, const struct coord_ec *x,
+			const struct ecplan *plan, const struct lkg_input *in, uint64_t step,
+			bool *has_data, bool *has_parity, struct lkg_hold **out, size_t *n, size_t *cap)
 {
 	uint32_t N = in->nodes;
 
@@ -178,8 +204,9 @@ static int augment_step(struct cjob *j, const struct coord_ec *x, const struct e
 		if ((in->live && !in->live[o]) || held_anywhere(in, o, step))
 			continue;
 		if (ecplan_restorable(plan, has_data, has_parity, (int)o, why, sizeof(why)) != 1) {
-			log_warn("coord", "job %s step %" PRIu64 ": node %u's shard is held nowhere and the erasure code cannot rebuild it: %s",
-				 j->name, step, o, why[0] ? why : "no group");
+			if (!quiet)
+				log_warn("coord", "job %s step %" PRIu64 ": node %u's shard is held nowhere and the erasure code cannot rebuild it: %s",
+					 job, step, o, why[0] ? why : "no group");
 			continue;
 		}
 		h = hash_of(x, o, step);
@@ -196,15 +223,21 @@ static int augment_step(struct cjob *j, const struct coord_ec *x, const struct e
 		struct lkg_hold lh = { .holder = o, .owner = o, .step = step };
 		memcpy(lh.hash, h->hash, 32);
 		(*out)[(*n)++] = lh;
-		log_info("coord", "job %s step %" PRIu64 ": node %u's shard is rebuilt from the erasure code (rs:%u+%u)",
-			 j->name, step, o, x->red.k, x->red.m);
+		if (!quiet)
+			log_info("coord", "job %s step %" PRIu64 ": node %u's shard is rebuilt from the erasure code (rs:%u+%u)",
+				 job, step, o, x->red.k, x->red.m);
 	}
 	return 0;
 }
 
 struct lkg_hold *coord_ec_augment(struct cjob *j, struct lkg_input *in)
 {
-	struct coord_ec *x = j->ec;
+	return coord_ec_rebuilt(j->ec, j->name, in, false);
+}
+
+struct lkg_hold *coord_ec_rebuilt(struct coord_ec *x, const char *job, struct lkg_input *in,
+				  bool quiet)
+{
 	struct ecplan *plan = NULL;
 	struct lkg_hold *out = NULL;
 	bool *has_data = NULL, *has_parity = NULL;
@@ -238,7 +271,7 @@ struct lkg_hold *coord_ec_augment(struct cjob *j, struct lkg_input *in)
 		if (d < ndone || ndone == EC_MAX_STEPS)
 			continue;
 		done[ndone++] = s;
-		if (augment_step(j, x, plan, in, s, has_data, has_parity, &out, &n, &cap) < 0)
+		if (augment_step(job, quiet, x, plan, in, s, has_data, has_parity, &out, &n, &cap) < 0)
 			goto fail;
 	}
 	if (n == in->nh)

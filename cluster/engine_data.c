@@ -210,6 +210,9 @@ static void serve_list(struct eng *e, struct nconn *c, uint32_t id, json_t *req)
 	json_object_set_new(resp, "rank", json_integer(e->rank));
 	pthread_mutex_unlock(&e->mu);
 	json_object_set_new(resp, "shards", arr);
+	json_t *ec = job ? eng_ec_catalog(e, job) : NULL;   /* for mtcfs-admin steps */
+	if (ec)
+		json_object_set_new(resp, "ec", ec);
 	nconn_send(c, NT_RESP, id, resp);
 	json_decref(resp);
 }

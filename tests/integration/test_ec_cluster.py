@@ -23,6 +23,7 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
 """
 
 import itertools
+import json
 import os
 import re
 import shutil
@@ -125,6 +126,11 @@ class EcCase(unittest.TestCase):
         self.assertEqual(c.job_start(job), {r: 0 for r in range(5)})
         self.save_protected(job, 1)
         self.lose([1, 3])
+        steps = json.loads(harness.admin("steps", c.nodes[0].ramdir, "--json"))
+        row = [x for x in steps["steps"] if x["step"] == 1][0]
+        self.assertFalse(row["complete"], row)
+        self.assertEqual(row["missing"], [1, 3])
+        self.assertEqual(row["ec"]["rebuilt"], [])
         got = c.job_start(job)
         self.assertEqual(got, {r: 0 for r in range(5)}, "nothing restorable")
         log = c.nodes[0].log_text()
@@ -210,6 +216,15 @@ class EcCase(unittest.TestCase):
         self.assertEqual(c.job_start(job, extra="redundancy: rs:2+1"), {r: 0 for r in range(3)})
         self.save_protected(job, 4)
         self.lose([2])
+        # mtcfs-admin steps: node 2's shard has no copy, the code rebuilds it
+        steps = json.loads(harness.admin("steps", c.nodes[0].ramdir, "--json"))
+        row = [x for x in steps["steps"] if x["step"] == 4][0]
+        self.assertTrue(row["complete"], row)
+        self.assertEqual(row["ec"], {"redundancy": "rs:2+1", "parity": [0, 1],
+                                     "rebuilt": [2]})
+        self.assertEqual(row["holders"]["2"], [])
+        text = harness.admin("steps", c.nodes[0].ramdir)
+        self.assertRegex(text, r"\n4 +0 +1 +rs +complete  rs:2\+1 parity 2/3 nodes")
         got = c.job_start(job, extra="redundancy: rs:2+1")
         self.assertEqual(got, {r: 4 for r in range(3)})
         for r in range(3):

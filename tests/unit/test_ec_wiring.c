@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "cluster/coord_ec.h"
+#include "cluster/coord_i.h"
 #include "cluster/rcfg.h"
 
 #include <errno.h>
