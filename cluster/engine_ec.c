@@ -563,6 +563,50 @@ static void job_shape(struct eng *e, uint32_t *nodes, uint32_t *dp)
 	pthread_mutex_unlock(&e->mu);
 }
 
+/* A request about a codeword member, and the plan for it. */
+static int parse_ctx(struct eng *e, json_t *m, struct ec_req *r, bool slot, struct eng_ec_ctx *x)
+{
+	uint32_t nodes, dp;
+	int rc = parse_req(m, r, slot);
+	if (rc < 0)
+		return rc;
+	job_shape(e, &nodes, &dp);
+	return ecx_ctx(e, nodes, dp, x);
+}
+
+int ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix, char tmp[64],
+		  uint64_t *reserved)
+{
+	struct net_hdr h;
+	json_t *f = NULL;
+	uint64_t size = 0;
+	uint32_t crc;
+	int fd = -1, rc;
+
+	*reserved = 0;
+	rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &f);
+	if (rc == 0 && (h.type != NT_FILE || net_json_u64(f, "size", EC_MAX_MEMBER, &size) < 0))
+		rc = -EPROTO;
+	json_decref(f);
+	if (rc == 0 && (rc = ram_reserve(e->ram, nconn_file_data(c))) == 0)
+		*reserved = nconn_file_data(c);
+	if (rc == 0)
+		rc = fd = ecx_tmpfile(dirfd, prefix, tmp);
+	if (rc >= 0)
+		rc = nconn_recv_file(c, fd, size, DATA_TIMEOUT_MS, &crc);
+	if (rc >= 0 && lseek(fd, 0, SEEK_SET) < 0)
+		rc = -errno;
+	if (rc >= 0)
+		return fd;
+	if (fd >= 0) {
+		close(fd);
+		unlinkat(dirfd, tmp, 0);
+	}
+	ram_adjust(e->ram, -(int64_t)*reserved);
+	*reserved = 0;
+	return rc;
+}
+
 static void serve_meta(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *m)
 {
 	struct manifest *mf = NULL;
@@ -745,34 +789,15 @@ static void serve_data(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 {
 	struct eng_ec_ctx x = { 0 };
 	struct ec_req r;
-	struct net_hdr h;
-	json_t *f = NULL;
-	uint64_t size = 0, want = 0;
-	uint32_t nodes, dp, crc;
+	uint64_t want = 0;
 	char why[400] = "", tmp[64];
 	int dirfd = -1, fd = -1, rc;
 
-	rc = parse_req(m, &r, true);
-	if (rc == 0) {
-		job_shape(e, &nodes, &dp);
-		rc = ecx_ctx(e, nodes, dp, &x);
-	}
-	if (rc == 0)
-		rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &f);
-	if (rc == 0 && (h.type != NT_FILE || net_json_u64(f, "size", EC_MAX_MEMBER, &size) < 0))
-		rc = -EPROTO;
+	rc = parse_ctx(e, m, &r, true, &x);
 	if (rc == 0)
 		rc = dirfd = ecx_dir(e, r.job, r.step, true);
 	if (rc >= 0)
-		rc = fd = ecx_tmpfile(dirfd, "in", tmp);
-	if (rc >= 0) {
-		want = nconn_file_data(c);
-		rc = ram_reserve(e->ram, want);
-		if (rc < 0)
-			want = 0;
-	}
-	if (rc >= 0)
-		rc = nconn_recv_file(c, fd, size, DATA_TIMEOUT_MS, &crc);
+		rc = fd = ecx_recv_frag(e, c, dirfd, "in", tmp, &want);
 	if (rc >= 0)
 		rc = fold(&x, dirfd, &r, fd, why, sizeof(why));
 	if (rc < 0) {
@@ -790,7 +815,6 @@ static void serve_data(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 		ram_adjust(e->ram, -(int64_t)want);
 	if (dirfd >= 0)
 		close(dirfd);
-	json_decref(f);
 	ecx_ctx_free(&x);
 }
 
@@ -869,15 +893,10 @@ static void serve_get(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 {
 	struct eng_ec_ctx x = { 0 };
 	struct ec_req r;
-	uint32_t nodes, dp;
 	char why[300] = "", tmp[64] = "", name[64];
 	int dirfd = -1, fd = -1, rc;
 
-	rc = parse_req(m, &r, true);
-	if (rc == 0) {
-		job_shape(e, &nodes, &dp);
-		rc = ecx_ctx(e, nodes, dp, &x);
-	}
+	rc = parse_ctx(e, m, &r, true, &x);
 	if (rc == 0)
 		rc = dirfd = ecx_dir(e, r.job, r.step, false);
 	if (rc >= 0 && r.slot >= x.plan->g[x.gi].k) {
@@ -909,15 +928,10 @@ static void serve_metas(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 {
 	struct eng_ec_ctx x = { 0 };
 	struct ec_req r;
-	uint32_t nodes, dp;
 	json_t *resp = NULL, *metas;
 	int dirfd = -1, rc;
 
-	rc = parse_req(m, &r, false);
-	if (rc == 0) {
-		job_shape(e, &nodes, &dp);
-		rc = ecx_ctx(e, nodes, dp, &x);
-	}
+	rc = parse_ctx(e, m, &r, false, &x);
 	if (rc == 0)
 		rc = dirfd = ecx_dir(e, r.job, r.step, false);
 	if (rc < 0) {

@@ -79,6 +79,12 @@ int  ecx_load_metas(const struct eng_ec_ctx *x, int dirfd, uint64_t *size, uint8
 		    int rank, struct manifest **mine, int *missing);
 /* Connect a data connection to rank. 0 or -errno. */
 int  ecx_connect(struct eng *e, uint32_t rank, struct nconn **c);
+/* After a request answered with one NT_FILE: its bytes into a new
+ * temporary file of dirfd (name into tmp), ram reserved (*reserved: the
+ * caller ram_adjusts it back once the file is gone). The fd at offset 0,
+ * or -errno (nothing left behind). */
+int  ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix, char tmp[64],
+		   uint64_t *reserved);
 /* A unique temporary file in dirfd (name into name[64]). fd or -errno. */
 int  ecx_tmpfile(int dirfd, const char *prefix, char name[64]);
 

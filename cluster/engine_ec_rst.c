@@ -82,14 +82,11 @@ static int fetch_metas(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_
 
 /* Member slot of codeword cw from rank into a temporary file of dirfd. */
 static int fetch_member(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step,
-			unsigned cw, unsigned slot, int rank, char tmp[64])
+			unsigned cw, unsigned slot, int rank, char tmp[64], uint64_t *reserved)
 {
 	struct nconn *c = NULL;
-	struct net_hdr h;
-	json_t *req, *resp = NULL, *f = NULL;
-	uint64_t size = 0, want = 0;
-	uint32_t crc;
-	int fd = -1, rc;
+	json_t *req, *resp = NULL;
+	int rc;
 
 	req = json_pack("{s:s,s:s,s:I,s:i,s:i,s:i}", "op", "ec_get", "job", job, "step",
 			(json_int_t)step, "group", x->gi, "cw", (int)cw, "slot", (int)slot);
@@ -97,29 +94,11 @@ static int fetch_member(struct eng_ec_ctx *x, int dirfd, const char *job, uint64
 	if (rc == 0)
 		rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
 	if (rc == 0)
-		rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &f);
-	if (rc == 0 && (h.type != NT_FILE || net_json_u64(f, "size", EC_MAX_MEMBER, &size) < 0))
-		rc = -EPROTO;
-	if (rc == 0) {
-		want = nconn_file_data(c);
-		rc = ram_reserve(x->e->ram, want);
-	}
-	if (rc == 0)
-		rc = fd = ecx_tmpfile(dirfd, "rst", tmp);
-	if (rc >= 0)
-		rc = nconn_recv_file(c, fd, size, DATA_TIMEOUT_MS, &crc);
-	if (rc < 0 && fd >= 0) {
-		close(fd);
-		unlinkat(dirfd, tmp, 0);
-		fd = -1;
-	}
-	if (rc < 0 && want)
-		ram_adjust(x->e->ram, -(int64_t)want);
+		rc = ecx_recv_frag(x->e, c, dirfd, "rst", tmp, reserved);
 	json_decref(req);
 	json_decref(resp);
-	json_decref(f);
 	nconn_close(c);
-	return rc < 0 ? rc : fd;
+	return rc;
 }
 
 /* Piece t of this node's shard into the staged files. */
@@ -130,6 +109,7 @@ static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, cons
 	const struct ecplan_group *g = &x->plan->g[x->gi];
 	int fds[EC_MAX_N];
 	char names[EC_MAX_N][64];
+	uint64_t reserved[EC_MAX_N];
 	unsigned cw, slot, n = 0;
 	int rc;
 
@@ -140,7 +120,7 @@ static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, cons
 		int r = g->unit[ecplan_slot_pos(g, cw, s)];
 		if (s == slot || r == x->rank)
 			continue;
-		int fd = fetch_member(x, dirfd, job, step, cw, s, r, names[n]);
+		int fd = fetch_member(x, dirfd, job, step, cw, s, r, names[n], &reserved[n]);
 		if (fd < 0) {
 			log_info("engine", "ec restore: job=%s step=%" PRIu64 " cw %u slot %u from rank %d: %s",
 				 job, step, cw, s, r, strerror(-fd));
@@ -165,6 +145,7 @@ static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, cons
 		}
 		close(fds[i]);
 		unlinkat(dirfd, names[i], 0);
+		ram_adjust(x->e->ram, -(int64_t)reserved[i]);
 	}
 	return rc;
 }
