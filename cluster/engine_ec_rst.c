@@ -24,6 +24,7 @@ struct ec_tier {
 	struct eng *e;
 	uint32_t nodes, dp;
 	unsigned fetched, passed;   /* for got()'s log line */
+	uint64_t reserved;          /* the rebuilt shard's bytes, in ram_size */
 	uint64_t t0;
 	char red[32];
 	char notes[400];
@@ -176,6 +177,10 @@ static int ec_get(void *self, struct tier_get *g, struct ram_stage *st, struct m
 		rc = fetch_metas(&x, dirfd, g->want.job, g->want.step, why, whylen);
 	if (rc == 0)
 		rc = ecx_load_metas(&x, dirfd, size, hash, x.rank, &mine, NULL);
+	/* the rebuilt files are written here, not through a reservation of
+	 * their own: take the shard's size first (ENOSPC before any work) */
+	if (rc == 0 && (rc = ram_reserve(g->ram, mine->total)) == 0)
+		T->reserved = mine->total;
 	if (rc == 0)
 		rc = ram_stage_begin(g->ram, &g->as, st);
 	struct ec_shard sh = { st->fd, mine };
@@ -196,6 +201,10 @@ out:
 	free(size);
 	free(hash);
 	ecx_ctx_free(&x);
+	if (rc < 0 && T->reserved) {
+		ram_adjust(g->ram, -(int64_t)T->reserved);
+		T->reserved = 0;
+	}
 	if (rc < 0 && !why[0])
 		snprintf(why, whylen, "erasure-coded restore: %s", strerror(-rc));
 	return rc;
@@ -206,9 +215,13 @@ static void ec_got(void *self, const struct tier_get *g, const struct manifest *
 {
 	struct ec_tier *T = self;
 	if (rc < 0) {
+		ram_adjust(g->ram, -(int64_t)T->reserved);
 		snprintf(why, whylen, "publishing the rebuilt shard: %s", strerror(-rc));
 		return;
 	}
+	/* the reservation was the manifest's size; holes take no RAM: count
+	 * what is held, as after a restore from the bucket */
+	ram_recount(g->ram);
 	metrics_add(MC_RESTORE_BYTES, mf->total);
 	log_info("engine", "restored job=%s step=%" PRIu64 " from erasure code %s: %u fragments fetched, %u passed over%s%s bytes=%" PRIu64 " secs=%.3f",
 		 g->as.job, g->as.step, T->red, T->fetched, T->passed, T->notes[0] ? "; " : "",

@@ -207,6 +207,23 @@ class EcCase(unittest.TestCase):
         c.nodes[5].start()
         self.restart_verify(job, 1, [5])
 
+    def test_ram_account_after_rebuild(self):
+        # the RAM account (ram_size's) of a node rebuilt from fragments is
+        # what it holds: the fragments it fetched and dropped are given back
+        size = 1 << 20
+        c = self.make(6, "rs:4+2")
+        job = "ecacct"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
+        self.save_protected(job, 2, size=size)
+        self.lose([3])
+        self.restart_verify(job, 2, [3], size=size)
+        node = c.nodes[3]
+        held = du_trees([os.path.join(node.ramdir, d) for d in ("ns", "shards", "frags")])
+        used = json.loads(harness.admin("status", node.ramdir, "--json"))["ram_used"]
+        S = sum(len(v) for v in shard_files(job, 2, 3, size).values())
+        self.assertLess(abs(used - held), S // 10,
+                        "ram_used %d, held %d (shard %d)" % (used, held, S))
+
     # -- the setting ---------------------------------------------------------
 
     def test_yaml_key_overrides_mount(self):
@@ -286,16 +303,23 @@ class EcCase(unittest.TestCase):
                 c.close()
 
 
-def du(path):
+def du_trees(paths):
+    """Bytes of the files under paths, each inode once (shards are hard
+    links of the namespace's files)."""
     seen, total = set(), 0
-    for root, dirs, files in os.walk(path):
-        for f in files:
-            st = os.lstat(os.path.join(root, f))
-            if st.st_ino in seen:
-                continue
-            seen.add(st.st_ino)
-            total += st.st_blocks * 512
+    for path in paths:
+        for root, dirs, files in os.walk(path):
+            for f in files:
+                st = os.lstat(os.path.join(root, f))
+                if st.st_ino in seen:
+                    continue
+                seen.add(st.st_ino)
+                total += st.st_blocks * 512
     return total
+
+
+def du(path):
+    return du_trees([path])
 
 
 if __name__ == "__main__":
