@@ -201,7 +201,9 @@ static int augment_step(const char *job, bool quiet, const struct coord_ec *x,
 	for (uint32_t o = 0; o < N; o++) {
 		const struct ec_ent *h;
 		char why[200] = "";
-		if ((in->live && !in->live[o]) || held_anywhere(in, o, step))
+		/* a data-parallel twin's shard comes from its column mates
+		 * (lkg_plan); the code rebuilds representatives only */
+		if ((in->live && !in->live[o]) || held_anywhere(in, o, step) || plan->rep[o] != (int)o)
 			continue;
 		if (ecplan_restorable(plan, has_data, has_parity, (int)o, why, sizeof(why)) != 1) {
 			if (!quiet)

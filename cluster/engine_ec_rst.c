@@ -177,6 +177,12 @@ static int ec_get(void *self, struct tier_get *g, struct ram_stage *st, struct m
 		rc = fetch_metas(&x, dirfd, g->want.job, g->want.step, why, whylen);
 	if (rc == 0)
 		rc = ecx_load_metas(&x, dirfd, size, hash, x.rank, &mine, NULL);
+	if (rc == 0 && !mine) {
+		/* a data-parallel twin: its column mates hold its data */
+		snprintf(why, whylen, "node %d is not its unit's representative: nothing to rebuild here",
+			 x.rank);
+		rc = -ENOENT;
+	}
 	/* the rebuilt files are written here, not through a reservation of
 	 * their own: take the shard's size first (ENOSPC before any work) */
 	if (rc == 0 && (rc = ram_reserve(g->ram, mine->total)) == 0)

@@ -80,8 +80,9 @@ static void repl_run(void *arg)
 				 (unsigned long long)j->key.step, e->coord_addr);
 		json_decref(ev);
 	}
-	if (eng_ec_get(e, NULL)) {
-		/* rs:K+M: the code protects the step instead of replicas */
+	if (workers == 1 && eng_ec_get(e, NULL)) {
+		/* rs:K+M: the code protects the step instead of replicas (one
+		 * shard per step: per-worker shards are still replicated) */
 		eng_ec_committed(e, &j->key, nodes, dp);
 		goto out;
 	}
