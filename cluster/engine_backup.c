@@ -1,6 +1,7 @@
 /* engine_backup.c — backup uploads and the bucket, as the coordinator asks
  * for it (see engine_int.h). */
 #include "cluster/engine_int.h"
+#include "tiers/lifecycle.h"
 #include "tiers/backup.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -160,7 +161,7 @@ void eng_backup_run(void *arg)
 	}
 	if (rc < 0)
 		goto out;
-	idx_set_state(ram_idx(e->ram), &k, SH_BACKED_UP, 0, 0);
+	life_backed_up(ram_idx(e->ram), &k);
 	metrics_add(MC_BACKUPS, 1);
 	metrics_add(MC_BACKUP_BYTES, u->data ? mf->total : 0);
 	metrics_observe(MH_BACKUP_SECONDS, (double)(util_now_ns() - t0) / 1e9);

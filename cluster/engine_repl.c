@@ -1,6 +1,7 @@
 /* engine_repl.c — replication of committed shards (see engine_int.h). */
 #include "cluster/engine_int.h"
 #include "cluster/engine_ec.h"
+#include "tiers/lifecycle.h"
 #include "tiers/tier.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -111,7 +112,7 @@ static void repl_run(void *arg)
 		/* every copy it should have exists: the coordinator may let the
 		 * job's older steps go */
 		if (npeers > 0)
-			idx_set_state(ram_idx(e->ram), &j->key, SH_REPLICATED, 0, 0);
+			life_replicated(ram_idx(e->ram), &j->key);
 		ev = proto_replicated_encode(&se);
 		if (eng_ctl_event(e, ev) < 0)
 			log_warn("engine", "cannot report step %llu as replicated to the coordinator at %s",

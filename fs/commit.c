@@ -6,6 +6,7 @@
 #include "fs/fs_i.h"
 #include "cluster/rcfg.h"
 #include "common/log.h"
+#include "tiers/lifecycle.h"
 #include "tiers/restore.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -83,59 +84,6 @@ static void key_of(const struct fs_step *s, struct shard_key *k)
 	k->worker = s->worker;
 }
 
-/* A step's spelling ("05", "00000100") is kept in the catalog beside its
- * shard, only when it is not the plain decimal: the namespace name goes
- * with the next clean, and the .restore marker still needs it. */
-static void name_meta_key(const struct shard_key *k, char *buf, size_t len)
-{
-	if (k->worker)
-		snprintf(buf, len, "stepname/%s/%u/%" PRIu64 "/w%u", k->job, k->rank, k->step,
-			 k->worker);
-	else
-		snprintf(buf, len, "stepname/%s/%u/%" PRIu64, k->job, k->rank, k->step);
-}
-
-static void name_store(struct fs *fs, const struct shard_key *k, const char *name)
-{
-	char key[256], plain[32];
-
-	name_meta_key(k, key, sizeof(key));
-	snprintf(plain, sizeof(plain), "%" PRIu64, k->step);
-	if (!strcmp(name, plain))
-		idx_del_meta(ram_idx(fs->ram), key);
-	else if (idx_put_meta(ram_idx(fs->ram), key, name, strlen(name)) < 0)
-		log_warn("commit", "cannot record the name %s of step %" PRIu64 ": it restores as %s",
-			 name, k->step, plain);
-}
-
-static void name_forget(struct fs *fs, const struct shard_key *k)
-{
-	char key[256];
-	name_meta_key(k, key, sizeof(key));
-	idx_del_meta(ram_idx(fs->ram), key);
-}
-
-/* The step's name as the app wrote it, else its decimal. */
-static void name_of(struct fs *fs, const struct shard_key *k, char *buf, size_t len)
-{
-	char key[256];
-	void *v = NULL;
-	size_t vl = 0;
-	uint64_t step;
-
-	name_meta_key(k, key, sizeof(key));
-	if (idx_get_meta(ram_idx(fs->ram), key, &v, &vl) == 0 && vl < len) {
-		memcpy(buf, v, vl);
-		buf[vl] = '\0';
-		if (util_is_step_name(buf, &step) && step == k->step) {
-			free(v);
-			return;
-		}
-	}
-	free(v);
-	snprintf(buf, len, "%" PRIu64, k->step);
-}
-
 bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
 {
 	struct fs_step *s;
@@ -153,7 +101,7 @@ bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
 static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 		 ino_t *files, uint32_t nfiles, uint32_t w)
 {
-	struct shard_rec rec = { 0 };
+	struct shard_key k;
 	struct fs_step *s;
 	int rc;
 
@@ -197,16 +145,14 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 	s->visible = true;
 	s->sealed = false;
 	s->failed = false;
-	key_of(s, &rec.key);
+	key_of(s, &k);
 	pthread_mutex_unlock(&fs->mu);
-	name_store(fs, &rec.key, name);
+	if (life_name_set(ram_idx(fs->ram), &k, name) < 0)
+		log_warn("commit", "cannot record the name %s of step %" PRIu64 ": it restores as %" PRIu64,
+			 name, k.step, k.step);
 
 	atomic_fetch_add(&fs->sealing, 1);
-	rec.state = SH_SEALING;
-	rec.flags = SHF_OWN;
-	rec.ns_ino = dir_ino;
-	rec.commit_time = (uint64_t)time(NULL);
-	rc = idx_put_shard(ram_idx(fs->ram), &rec);
+	rc = life_seal_begin(ram_idx(fs->ram), &k, SHF_OWN, dir_ino);
 	if (rc < 0) {
 		log_err("commit", "cannot record step %llu in the catalog: %s",
 			(unsigned long long)step, strerror(-rc));
@@ -239,8 +185,8 @@ static void abort_w(struct fs *fs, uint64_t step, uint32_t w)
 	step_remove(fs, step, w);
 	pthread_mutex_unlock(&fs->mu);
 	atomic_fetch_sub(&fs->sealing, 1);
-	idx_del_shard(ram_idx(fs->ram), &k);
-	name_forget(fs, &k);
+	life_forget(ram_idx(fs->ram), &k);
+	life_name_forget(ram_idx(fs->ram), &k);
 }
 
 void commit_abort(struct fs *fs, uint64_t step)
@@ -469,7 +415,7 @@ void commit_hide(struct fs *fs, uint64_t step)
 	}
 	pthread_mutex_unlock(&fs->mu);
 	for (size_t i = 0; i < n; i++)
-		idx_set_state(ram_idx(fs->ram), &k[i], 0, SHF_HIDDEN, 0);
+		life_hide(ram_idx(fs->ram), &k[i]);
 }
 
 /* Top-level symlinks into a shard's store directory (a renamed .restore
@@ -552,7 +498,7 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	}
 	pthread_mutex_unlock(&fs->mu);
 	if (!name[0])
-		name_of(fs, k, name, sizeof(name));
+		life_name_get(ram_idx(fs->ram), k, name, sizeof(name));
 	if (in_ns && fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
 	    st.st_ino == ns_ino) {
 		util_rmtree_at(ram_ns_fd(fs->ram), name, &freed);
@@ -560,7 +506,7 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	}
 	unlink_views(fs, k);
 	unlink_file_views(fs, k);
-	name_forget(fs, k);
+	life_name_forget(ram_idx(fs->ram), k);
 	ram_drop(fs->ram, k, &freed);
 	metrics_add(MC_GC_DROPPED, 1);
 	if (in_ns)
@@ -583,95 +529,62 @@ static uint64_t drop_replica(struct fs *fs, const struct shard_key *k)
 	return freed;
 }
 
-/* framework: pytorch, one shard per worker: has every worker 0..W-1 of
- * this node committed step (or is it a restored worker-0 shard holding
- * every worker's file, as a bucket restore writes it, or a directory)? */
-static bool step_complete(const struct shard_rec *recs, size_t n, uint32_t rank, uint64_t step,
-			  uint32_t workers)
+static bool pinned_cb(void *eng, const char *job, uint64_t step)
 {
-	uint64_t seen = 0;   /* workers <= RCFG_WORKERS_MAX (64) */
-	bool restored0 = false;
-
-	for (size_t i = 0; i < n; i++) {
-		const struct shard_rec *r = &recs[i];
-		if (r->key.step != step || r->key.rank != rank || !(r->flags & SHF_OWN) ||
-		    r->state < SH_COMMITTED || r->state == SH_BAD || r->key.worker >= workers)
-			continue;
-		seen |= 1ull << r->key.worker;
-		/* a directory step is worker 0's alone (GKE's pytorch mode has
-		 * none: an mtcfs extra, complete on the node) */
-		if (r->key.worker == 0 && ((r->flags & SHF_RESTORED) || r->ns_ino != 0))
-			restored0 = true;
-	}
-	if (workers >= 64 ? seen == UINT64_MAX : seen == (1ull << workers) - 1)
-		return true;
-	return restored0 && seen == 1;
+	return eng_pinned(eng, job, step);
 }
 
-/* Which shards of the current job may go (DESIGN §4-5):
- *  - single node: own steps older than the newest committed one, except
- *    the restored step until a newer commit exists;
- *  - with peers: own steps and replicas older than the newest step that is
- *    complete across the job (the coordinator's LKG), never the LKG itself.
- * Returns bytes freed; stops once `want` bytes are free (0 = all). */
-static uint64_t gc_own(struct fs *fs, uint64_t want)
+/* Drop what the retention plan (tiers/lifecycle) chose, first to last,
+ * until `want` bytes are free (0: all). Returns bytes freed. */
+static uint64_t run_plan(struct fs *fs, const struct life_drop *d, size_t nd, uint64_t want,
+			 const char *job)
+{
+	uint64_t freed = 0;
+
+	for (size_t i = 0; i < nd && (!want || freed < want); i++) {
+		const struct shard_rec *r = d[i].rec;
+		/* a backup may have pinned it since the plan was made */
+		if (eng_pinned(fs->eng, r->key.job, r->key.step))
+			continue;
+		freed += d[i].own ? drop_own(fs, &r->key, r->ns_ino) : drop_replica(fs, &r->key);
+		if (d[i].why == LIFE_OTHER_JOB)
+			log_warn("gc", "RAM tier full: job %s is not the current job (%s): step %llu node %u dropped for room",
+				 r->key.job, job, (unsigned long long)r->key.step, r->key.rank);
+	}
+	return freed;
+}
+
+/* Collect what the retention plan allows (DESIGN §4-5): routine GC
+ * (want 0) keeps every step from the one committed and replicated
+ * job-wide; under RAM pressure the LKG is enough, and shards of earlier
+ * jobs go too. Returns bytes freed; stops once `want` bytes are free. */
+static uint64_t gc_plan(struct fs *fs, uint64_t want)
 {
 	struct shard_rec *recs = NULL;
-	size_t n = 0, i;
-	uint64_t newest = 0, freed = 0, keep_restored, lkg = 0;
-	bool have_newest = false, have_restored, cluster;
+	struct life_drop *d = NULL;
+	struct life_in in = { .want = want, .pinned = pinned_cb, .pin_arg = fs->eng };
+	size_t n = 0, nd = 0;
+	uint64_t freed = 0;
 	char job[129];
-	uint32_t rank, workers;
 
 	pthread_mutex_lock(&fs->mu);
 	snprintf(job, sizeof(job), "%s", fs->job);
-	keep_restored = fs->restored_step;
-	have_restored = fs->have_restored;
-	rank = fs->rank;
-	workers = fs->save_files && fs->workers > 1 ? fs->workers : 1;
+	in.restored_step = fs->restored_step;
+	in.have_restored = fs->have_restored;
+	in.rank = fs->rank;
+	in.workers = fs->save_files && fs->workers > 1 ? fs->workers : 1;
 	pthread_mutex_unlock(&fs->mu);
-	cluster = fs->eng != NULL;
-	/* Routine GC keeps every step from the newest one that is committed and
-	 * replicated job-wide; under RAM pressure (want) the newest committed
-	 * one is enough. Nothing known: keep all. */
-	if (cluster && !(want ? eng_lkg(fs->eng, job, &lkg) : eng_gc_step(fs->eng, job, &lkg)))
+	in.job = job;
+	in.cluster = fs->eng != NULL;
+	if (in.cluster)
+		in.have_step = want ? eng_lkg(fs->eng, job, &in.step) : eng_gc_step(fs->eng, job, &in.step);
+	if ((!want && in.cluster && !in.have_step) ||
+	    idx_list_shards(ram_idx(fs->ram), want ? NULL : job, &recs, &n) < 0)
 		return 0;
-	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) < 0)
-		return 0;
-	for (i = 0; i < n; i++) {
-		if ((recs[i].flags & SHF_OWN) && recs[i].key.rank == rank &&
-		    recs[i].state >= SH_COMMITTED && recs[i].state != SH_BAD &&
-		    (!have_newest || recs[i].key.step > newest) &&
-		    (workers == 1 || step_complete(recs, n, rank, recs[i].key.step, workers))) {
-			newest = recs[i].key.step;
-			have_newest = true;
-		}
-	}
-	if (cluster) {
-		newest = lkg;
-		have_newest = true;
-		have_restored = false;   /* the restored step is <= the LKG */
-	} else if (!(have_restored && keep_restored >= newest)) {
-		have_restored = false;   /* a newer commit supersedes the restored step */
-	}
-	for (i = 0; have_newest && i < n; i++) {
-		struct shard_rec *r = &recs[i];
-		bool own = (r->flags & SHF_OWN) && r->key.rank == rank;
-		if (r->key.step >= newest || r->state == SH_SEALING)
-			continue;
-		if (have_restored && r->key.step == keep_restored)
-			continue;
-		if (eng_pinned(fs->eng, r->key.job, r->key.step))
-			continue;   /* a backup is uploading it */
-		if (own)
-			freed += drop_own(fs, &r->key, r->ns_ino);
-		else if (cluster)
-			freed += drop_replica(fs, &r->key);
-		else
-			continue;
-		if (want && freed >= want)
-			break;
-	}
+	d = calloc(n ? n : 1, sizeof(*d));
+	if (d && life_plan_gc(&in, recs, n, d, &nd) == 0)
+		freed = run_plan(fs, d, nd, want, job);
+	free(d);
 	idx_recs_free(recs, n);
 	return freed;
 }
@@ -682,21 +595,24 @@ static uint64_t gc_own(struct fs *fs, uint64_t want)
 void commit_drop_newer(struct fs *fs, const char *job, uint64_t step)
 {
 	struct shard_rec *recs = NULL;
-	size_t n = 0;
+	struct life_drop *d = NULL;
+	size_t n = 0, nd = 0;
 
 	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) < 0)
 		return;
-	for (size_t i = 0; i < n; i++) {
-		struct shard_rec *r = &recs[i];
-		if (r->key.step <= step || r->state == SH_SEALING || r->state == SH_BAD)
-			continue;   /* bad shards are never restored: kept for inspection */
-		log_info("gc", "job %s step %llu node %u is newer than the restored step %llu: dropped",
-			 job, (unsigned long long)r->key.step, r->key.rank, (unsigned long long)step);
-		if ((r->flags & SHF_OWN) && r->key.rank == fs->rank)
-			drop_own(fs, &r->key, r->ns_ino);
-		else
-			drop_replica(fs, &r->key);
+	d = calloc(n ? n : 1, sizeof(*d));
+	if (d && life_plan_newer(job, fs->rank, step, recs, n, d, &nd) == 0) {
+		for (size_t i = 0; i < nd; i++) {
+			const struct shard_rec *r = d[i].rec;
+			log_info("gc", "job %s step %llu node %u is newer than the restored step %llu: dropped",
+				 job, (unsigned long long)r->key.step, r->key.rank, (unsigned long long)step);
+			if (d[i].own)
+				drop_own(fs, &r->key, r->ns_ino);
+			else
+				drop_replica(fs, &r->key);
+		}
 	}
+	free(d);
 	idx_recs_free(recs, n);
 }
 
@@ -717,61 +633,13 @@ void commit_on_lkg(void *arg, const char *job, uint64_t step)
 		workq_submit(fs->sealq, gc_job, fs);
 }
 
-static int cmp_older_first(const void *a, const void *b)
-{
-	const struct shard_rec *x = a, *y = b;
-	if (x->commit_time != y->commit_time)
-		return x->commit_time < y->commit_time ? -1 : 1;
-	return x->key.step < y->key.step ? -1 : x->key.step > y->key.step;
-}
-
-/* Shards of other jobs (an earlier job on this mount: the namespace no
- * longer shows them and no restore of the current job can use them) go
- * before a write of the current job is refused, oldest first. */
-static uint64_t gc_other_jobs(struct fs *fs, uint64_t want)
-{
-	struct shard_rec *recs = NULL;
-	size_t n = 0, kept = 0;
-	uint64_t freed = 0;
-	uint32_t rank;
-	char job[129];
-
-	pthread_mutex_lock(&fs->mu);
-	snprintf(job, sizeof(job), "%s", fs->job);
-	rank = fs->rank;
-	pthread_mutex_unlock(&fs->mu);
-	if (idx_list_shards(ram_idx(fs->ram), NULL, &recs, &n) < 0)
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		if (strcmp(recs[i].key.job, job) && recs[i].state != SH_SEALING) {
-			struct shard_rec t = recs[kept];
-			recs[kept++] = recs[i];
-			recs[i] = t;
-		}
-	}
-	if (kept > 1)
-		qsort(recs, kept, sizeof(*recs), cmp_older_first);
-	for (size_t i = 0; i < kept && freed < want; i++) {
-		struct shard_rec *r = &recs[i];
-		uint64_t f;
-		if (eng_pinned(fs->eng, r->key.job, r->key.step))
-			continue;
-		f = (r->flags & SHF_OWN) && r->key.rank == rank ? drop_own(fs, &r->key, r->ns_ino)
-								    : drop_replica(fs, &r->key);
-		log_warn("gc", "RAM tier full: job %s is not the current job (%s): step %llu node %u dropped for room",
-			 r->key.job, job, (unsigned long long)r->key.step, r->key.rank);
-		freed += f;
-	}
-	idx_recs_free(recs, n);
-	return freed;
-}
-
+/* ram_reserve()'s reclaim callback: runs under the RAM tier's reclaim_mu
+ * (DESIGN.md LOCKING: under it this takes fs->mu, the engine's mu,
+ * a RAM key and the catalog, each alone). */
 uint64_t commit_reclaim(void *arg, uint64_t want)
 {
 	struct fs *fs = arg;
-	uint64_t freed = gc_own(fs, want);
-	if (freed < want)
-		freed += gc_other_jobs(fs, want - freed);
+	uint64_t freed = gc_plan(fs, want);
 	if (freed)
 		log_info("ram", "reclaimed %llu bytes for a write of %llu",
 			 (unsigned long long)freed, (unsigned long long)want);
@@ -783,40 +651,7 @@ uint64_t commit_reclaim(void *arg, uint64_t want)
 
 void commit_gc(struct fs *fs)
 {
-	gc_own(fs, 0);
-}
-
-/* Cheap consistency check at start-up: every file of the manifest is there
- * with its size. Full CRC checks happen before a restore uses the shard. */
-static int check_sizes(struct fs *fs, const struct shard_rec *r, char *err, size_t errlen)
-{
-	struct manifest *mf = NULL;
-	int fd, rc = mf_decode(r->mf, r->mflen, &mf);
-
-	if (rc < 0) {
-		snprintf(err, errlen, "manifest does not decode");
-		return rc;
-	}
-	fd = ram_shard_open(fs->ram, &r->key);
-	if (fd < 0) {
-		snprintf(err, errlen, "shard directory missing");
-		mf_free(mf);
-		return -EBADMSG;
-	}
-	for (size_t i = 0; i < mf->n && rc == 0; i++) {
-		struct stat st;
-		if (fstatat(fd, mf->e[i].path, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-			snprintf(err, errlen, "%s missing", mf->e[i].path);
-			rc = -EBADMSG;
-		} else if (mf->e[i].type == MF_FILE && (uint64_t)st.st_size != mf->e[i].size) {
-			snprintf(err, errlen, "%s has %lld bytes, manifest says %llu", mf->e[i].path,
-				 (long long)st.st_size, (unsigned long long)mf->e[i].size);
-			rc = -EBADMSG;
-		}
-	}
-	close(fd);
-	mf_free(mf);
-	return rc;
+	gc_plan(fs, 0);
 }
 
 void commit_free(struct fs *fs)
@@ -854,7 +689,7 @@ int commit_init(struct fs *fs)
 		}
 		if (!(r->flags & SHF_OWN))
 			continue;
-		name_of(fs, &r->key, name, sizeof(name));
+		life_name_get(ram_idx(fs->ram), &r->key, name, sizeof(name));
 		in_ns = fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
 			S_ISDIR(st.st_mode) && st.st_ino == r->ns_ino;
 		if (r->state == SH_SEALING) {
@@ -863,19 +698,19 @@ int commit_init(struct fs *fs)
 				 * is loaded commits them again if complete */
 				log_info("commit", "step %llu (.save files) was being committed when mtcfs stopped: it is committed again from the files",
 					 (unsigned long long)r->key.step);
-				idx_del_shard(ram_idx(fs->ram), &r->key);
+				life_forget(ram_idx(fs->ram), &r->key);
 				continue;
 			}
 			if (!in_ns) {
 				log_warn("commit", "step %llu was being committed when mtcfs stopped and its directory is gone; forgetting it",
 					 (unsigned long long)r->key.step);
-				idx_del_shard(ram_idx(fs->ram), &r->key);
+				life_forget(ram_idx(fs->ram), &r->key);
 				continue;
 			}
-		} else if (r->state != SH_BAD && check_sizes(fs, r, err, sizeof(err)) < 0) {
+		} else if (r->state != SH_BAD && ram_check_sizes(fs->ram, r, err, sizeof(err)) < 0) {
 			log_err("commit", "job=%s step=%llu rank=%u does not match its manifest (%s): marked bad, it will not be restored",
 				r->key.job, (unsigned long long)r->key.step, r->key.rank, err);
-			idx_set_state(ram_idx(fs->ram), &r->key, SH_BAD, 0, 0);
+			life_bad(ram_idx(fs->ram), &r->key);
 			r->state = SH_BAD;
 		}
 		if (!in_ns && r->ns_ino == 0 && r->state >= SH_COMMITTED && r->state != SH_BAD)
@@ -1294,7 +1129,7 @@ int commit_marker(struct fs *fs, const char *job, int rank, const struct restore
 		if ((size_t)snprintf(target, tlen, ".mtcfs/%s/%s", rel, fn) >= tlen)
 			return -ENAMETOOLONG;
 	} else if (rc == -ENODATA) {
-		name_of(fs, &p->key, stepname, sizeof(stepname));
+		life_name_get(ram_idx(fs->ram), &p->key, stepname, sizeof(stepname));
 		if ((size_t)snprintf(target, tlen, ".mtcfs/%s", rel) >= tlen)
 			return -ENAMETOOLONG;
 	} else {

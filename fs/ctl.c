@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
+#include "tiers/lifecycle.h"
 #include "tiers/restore.h"
 
 #include <dirent.h>
@@ -164,7 +165,7 @@ static void remember_restored(struct fs *fs, const struct restore_plan *p)
 	if (p->found) {
 		n = snprintf(buf, sizeof(buf), "%s %llu", p->key.job, (unsigned long long)p->step);
 		idx_put_meta(ram_idx(fs->ram), "restored", buf, (size_t)n);
-		idx_set_state(ram_idx(fs->ram), &p->key, 0, SHF_RESTORED, 0);
+		life_restored(ram_idx(fs->ram), &p->key);
 	} else {
 		idx_del_meta(ram_idx(fs->ram), "restored");
 	}

@@ -1,7 +1,10 @@
 /* catalog: the LMDB index in RAMDIR/db — shards held locally (own and
  * replicas) with their state and manifest, and small named metadata values
  * (the current job config, restore state). All writes go through this module
- * (one short write transaction per call); readers may be other processes
+ * (one short write transaction per call), and shard records are written by
+ * tiers/lifecycle.c alone (its life_* calls name each transition; the unit
+ * test test_lifecycle fails on any other caller of the four shard writes
+ * below). Readers may be other processes
  * (mtcfs-admin opens it read-only). Every function is thread-safe. Values
  * handed out are copies owned by the caller. */
 #ifndef MTCFS_TIERS_CATALOG_H
@@ -59,6 +62,7 @@ const char *shard_state_name(uint32_t state);
  * -ENOENT). It stays only so that a crash while its files are deleted is
  * finished at the next start instead of leaking them. */
 
+/* Shard writes: for tiers/lifecycle.c only. */
 /* Insert or replace. rec->mf may be NULL. 0 or -errno. */
 int idx_put_shard(struct idx *x, const struct shard_rec *rec);
 /* 0, -ENOENT, or -errno; rec->mf malloc'd (free with idx_rec_clear). */

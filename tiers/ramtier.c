@@ -1,4 +1,5 @@
 #include "tiers/ramtier.h"
+#include "tiers/lifecycle.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -23,15 +24,24 @@ struct ram_tier {
 	struct idx *idx;
 	uint64_t cap;
 	_Atomic int64_t used;
-	pthread_mutex_t reclaim_mu;   /* serialises reclaim; taken before nothing else */
+	/* Serialises reclaim, and is the outermost lock of the daemon:
+	 * ram_reserve() holds it across the reclaim callback (fs/commit.c
+	 * commit_reclaim), which takes fs->mu, the engine's mu, a shard key
+	 * here (keys_mu, waiting on keys_cv), the catalog's LMDB write lock
+	 * and a work queue's mu, one at a time. So no caller of ram_reserve()
+	 * may hold any lock (the FUSE write path and tiers/xfer.c's
+	 * xfer_recv_files, for pushes and peer restores, hold none), nor a
+	 * shard key. */
+	pthread_mutex_t reclaim_mu;
 	ram_reclaim_fn reclaim;
 	void *reclaim_arg;
 	/* Keys a seal, publish or drop is working on: these replace or delete
 	 * a shard's directory in several steps, and two of them on one key
 	 * must not interleave (a drop would delete the files a publish just
 	 * renamed into place, leaving a record that names nothing). keys_mu
-	 * is a leaf lock; while a key is held only the catalog is used (no
-	 * reservation, so reclaim cannot re-enter a drop of a held key). */
+	 * is a leaf lock. While a key is held only the files and the catalog
+	 * are used: no reservation, so a reclaim, which waits for a key while
+	 * holding reclaim_mu, never waits for a holder that waits for it. */
 	pthread_mutex_t keys_mu;
 	pthread_cond_t keys_cv;
 	struct shard_key *busy;
@@ -199,7 +209,7 @@ static void finish_drops(struct ram_tier *t)
 			continue;
 		}
 		tidy_parents(t, rel);
-		idx_forget_dropping(t->idx, &keys[i]);
+		life_drop_done(t->idx, &keys[i]);
 	}
 	free(keys);
 }
@@ -530,7 +540,6 @@ static int link_tree(int src, int dst)
 static void record_unsealable(struct ram_tier *t, const struct shard_key *k, const char *rel,
 			      uint64_t ns_ino, uint32_t rec_flags, const char *why)
 {
-	struct shard_rec rec = { 0 };
 	uint64_t freed = 0;
 	int rc;
 
@@ -538,12 +547,7 @@ static void record_unsealable(struct ram_tier *t, const struct shard_key *k, con
 		(unsigned long long)k->step, k->rank, why);
 	util_rmtree_at(t->shardsfd, rel, &freed);
 	ram_adjust(t, -(int64_t)freed);
-	rec.key = *k;
-	rec.state = SH_BAD;
-	rec.flags = rec_flags;
-	rec.commit_time = (uint64_t)time(NULL);
-	rec.ns_ino = ns_ino;
-	rc = idx_put_shard(t->idx, &rec);
+	rc = life_unsealable(t->idx, k, rec_flags, ns_ino);
 	if (rc < 0)
 		log_err("ram", "cannot record job=%s step=%llu as bad: %s", k->job,
 			(unsigned long long)k->step, strerror(-rc));
@@ -555,7 +559,6 @@ static int seal_locked(struct ram_tier *t, const struct shard_key *k, int src_di
 {
 	char rel[PATH_MAX], parent[PATH_MAX], staging[PATH_MAX], why[512] = "";
 	struct manifest *mf = NULL;
-	struct shard_rec rec = { 0 };
 	struct stat st;
 	int sfd = -1, rc;
 	uint64_t freed = 0;
@@ -601,19 +604,7 @@ static int seal_locked(struct ram_tier *t, const struct shard_key *k, int src_di
 		rc = -errno;
 		goto out;
 	}
-	rec.key = *k;
-	rec.state = SH_COMMITTED;
-	rec.flags = rec_flags;
-	memcpy(rec.hash, mf->hash, 32);
-	rec.bytes = mf->total;
-	rec.nfiles = mf->nfiles;
-	rec.commit_time = (uint64_t)time(NULL);
-	rec.ns_ino = ns_ino;
-	rc = mf_encode(mf, &rec.mf, &rec.mflen);
-	if (rc < 0)
-		goto out;
-	rc = idx_put_shard(t->idx, &rec);
-	free(rec.mf);
+	rc = life_committed(t->idx, k, mf, rec_flags, ns_ino);
 out:
 	if (sfd >= 0)
 		close(sfd);
@@ -657,7 +648,7 @@ static int drop_locked(struct ram_tier *t, const struct shard_key *k, uint64_t *
 	/* mark, delete the files, forget: a crash in between leaves a record
 	 * that the next start finishes (finish_drops), never files that no
 	 * record names */
-	rc = idx_set_state(t->idx, k, SH_DROPPING, 0, 0);
+	rc = life_drop_mark(t->idx, k);
 	if (rc < 0 && rc != -ENOENT)
 		return rc;
 	marked = rc == 0;
@@ -674,7 +665,7 @@ static int drop_locked(struct ram_tier *t, const struct shard_key *k, uint64_t *
 	}
 	tidy_parents(t, rel);
 	if (marked)
-		idx_forget_dropping(t->idx, k);
+		life_drop_done(t->idx, k);
 	return 0;
 }
 
@@ -720,6 +711,38 @@ out:
 		close(fd);
 	mf_free(mf);
 	idx_rec_clear(&rec);
+	return rc;
+}
+
+/* Sizes only (start-up): see ramtier.h. */
+int ram_check_sizes(struct ram_tier *t, const struct shard_rec *r, char *err, size_t errlen)
+{
+	struct manifest *mf = NULL;
+	int fd, rc = mf_decode(r->mf, r->mflen, &mf);
+
+	if (rc < 0) {
+		snprintf(err, errlen, "manifest does not decode");
+		return rc;
+	}
+	fd = ram_shard_open(t, &r->key);
+	if (fd < 0) {
+		snprintf(err, errlen, "shard directory missing");
+		mf_free(mf);
+		return -EBADMSG;
+	}
+	for (size_t i = 0; i < mf->n && rc == 0; i++) {
+		struct stat st;
+		if (fstatat(fd, mf->e[i].path, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			snprintf(err, errlen, "%s missing", mf->e[i].path);
+			rc = -EBADMSG;
+		} else if (mf->e[i].type == MF_FILE && (uint64_t)st.st_size != mf->e[i].size) {
+			snprintf(err, errlen, "%s has %lld bytes, manifest says %llu", mf->e[i].path,
+				 (long long)st.st_size, (unsigned long long)mf->e[i].size);
+			rc = -EBADMSG;
+		}
+	}
+	close(fd);
+	mf_free(mf);
 	return rc;
 }
 
@@ -778,7 +801,6 @@ static int publish_locked(struct ram_tier *t, struct ram_stage *st, const struct
 			  uint32_t flags)
 {
 	char rel[PATH_MAX];
-	struct shard_rec rec = { 0 };
 	uint64_t freed = 0;
 	int rc;
 
@@ -795,7 +817,7 @@ static int publish_locked(struct ram_tier *t, struct ram_stage *st, const struct
 	if (rc < 0)
 		return rc;
 	/* the old copy (if any) goes first: its record, then its files */
-	idx_del_shard(t->idx, &st->key);
+	life_forget(t->idx, &st->key);
 	util_rmtree_at(t->shardsfd, rel, &freed);
 	ram_adjust(t, -(int64_t)freed);
 	if (renameat(t->shardsfd, st->rel, t->shardsfd, rel) < 0)
@@ -803,19 +825,7 @@ static int publish_locked(struct ram_tier *t, struct ram_stage *st, const struct
 	close(st->fd);
 	st->fd = -1;
 	st->rel[0] = '\0';
-	rec.key = st->key;
-	rec.state = SH_COMMITTED;
-	rec.flags = flags;
-	memcpy(rec.hash, mf->hash, 32);
-	rec.bytes = mf->total;
-	rec.nfiles = mf->nfiles;
-	rec.commit_time = (uint64_t)time(NULL);
-	rc = mf_encode(mf, &rec.mf, &rec.mflen);
-	if (rc < 0)
-		return rc;
-	rc = idx_put_shard(t->idx, &rec);
-	free(rec.mf);
-	return rc;
+	return life_committed(t->idx, &st->key, mf, flags, 0);
 }
 
 int ram_stage_publish(struct ram_tier *t, struct ram_stage *st, const struct manifest *mf,

@@ -18,7 +18,9 @@
 struct ram_tier;
 
 /* Called when a reservation does not fit: free what policy allows and
- * return the bytes freed (0 if nothing may go). Runs on the caller's thread. */
+ * return the bytes freed (0 if nothing may go). Runs on the caller's
+ * thread, under the tier's reclaim lock (one reclaim at a time): it may
+ * take other locks and drop shards (ram_drop), never reserve. */
 typedef uint64_t (*ram_reclaim_fn)(void *arg, uint64_t want);
 
 /* Create/open RAMDIR's layout and catalog. cap 0 = free space of RAMDIR's
@@ -65,6 +67,10 @@ int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freed);
 /* Re-check a shard's files against its catalog manifest (CRC32C).
  * 0, -EBADMSG (described in err), -ENOENT. */
 int ram_verify(struct ram_tier *t, const struct shard_key *k, char *err, size_t errlen);
+/* Cheap consistency check of a record (start-up): every file of its
+ * manifest is in the store with its size; full CRC checks (ram_verify)
+ * happen before a restore uses the shard. 0, or -errno with why in err. */
+int ram_check_sizes(struct ram_tier *t, const struct shard_rec *r, char *err, size_t errlen);
 
 /* Shards arriving from elsewhere (replicas pushed by peers, restores
  * fetched from a peer or the bucket) are written into a private staging

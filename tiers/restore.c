@@ -1,4 +1,5 @@
 #include "tiers/restore.h"
+#include "tiers/lifecycle.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -59,7 +60,7 @@ int restore_plan_local(struct ram_tier *t, const char *job, uint32_t rank,
 		log_err("restore", "%s", line);
 		if (report)
 			report(arg, line);
-		idx_set_state(ram_idx(t), &r->key, SH_BAD, 0, 0);
+		life_bad(ram_idx(t), &r->key);
 	}
 	idx_recs_free(recs, n);
 	return 0;
@@ -92,7 +93,7 @@ static bool usable_rec(struct ram_tier *t, struct shard_rec *r, restore_report_f
 	log_err("restore", "%s", line);
 	if (report)
 		report(arg, line);
-	idx_set_state(ram_idx(t), &r->key, SH_BAD, 0, 0);
+	life_bad(ram_idx(t), &r->key);
 	r->state = SH_BAD;
 	return false;
 }

@@ -1,5 +1,6 @@
 /* tier.c — see tier.h: what every tier shares. */
 #include "tiers/tier.h"
+#include "tiers/lifecycle.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -23,7 +24,7 @@ static int obtain_one(struct tier *t, struct tier_get *g, char *why, size_t whyl
 
 	rc = tier_get(t, g, &st, &mf, why, whylen);
 	if (rc == TIER_IN_PLACE) {
-		rc = idx_set_state(ram_idx(g->ram), &g->as, 0, SHF_OWN | SHF_RESTORED, 0);
+		rc = life_adopt(ram_idx(g->ram), &g->as);
 		goto out;
 	}
 	if (rc < 0)

@@ -1,5 +1,6 @@
 /* tier_ram.c — this node's RAM tier as a source (see tier.h). */
 #include "tiers/tier.h"
+#include "tiers/lifecycle.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -16,7 +17,7 @@ static int ram_get(void *self, struct tier_get *g, struct ram_stage *st, struct 
 	if (rc < 0) {
 		snprintf(why, whylen, "local copy of node %u's shard fails verification: %.300s",
 			 g->want.rank, err);
-		idx_set_state(ram_idx(ram), &g->want, SH_BAD, 0, 0);
+		life_bad(ram_idx(ram), &g->want);
 		return rc;
 	}
 	if (g->want.rank == g->as.rank)
