@@ -555,46 +555,37 @@ static void on_status(void *arg, const struct proto_in *in)
 {
 	struct coord *c = arg;
 	struct proto_status m;
-	uint64_t conn = in->conn;
-	uint32_t req_id = in->req_id;
+	struct proto_status_reply r = { .addrs = c->addrs, .naddrs = c->naddrs };
+	struct proto_status_node *nodes = NULL;
 	struct cjob *j = NULL;
-	json_t *r, *nodes;
 
 	proto_status_decode(in->msg, &m, NULL, 0);
 	for (j = m.job ? c->jobs : NULL; j; j = j->next)
 		if (!strcmp(j->name, m.job))
 			break;
-	r = proto_addrs_reply(false, true, c->addrs, c->naddrs);
-	if (!j) {
-		json_object_set_new(r, "known", json_false());
-		coord_send(c, conn, NT_RESP, req_id, r);
+	if (j && !(nodes = calloc(j->nodes, sizeof(*nodes)))) {
+		coord_reply_err(c, in->conn, in->req_id, ENOMEM, "out of memory");
 		return;
 	}
-	json_object_set_new(r, "known", json_true());
-	json_object_set_new(r, "job", json_string(j->name));
-	json_object_set_new(r, "nodes_total", json_integer(j->nodes));
-	json_object_set_new(r, "dp", json_integer(j->dp));
-	json_object_set_new(r, "lkg", j->has_lkg ? json_integer((json_int_t)j->lkg) : json_null());
-	json_object_set_new(r, "replicated_lkg",
-			    j->has_safe ? json_integer((json_int_t)j->safe) : json_null());
-	json_object_set_new(r, "restore", json_string(j->state == R_IDLE ? "idle" :
-						     j->state == R_COLLECT ? "collecting" : "planned"));
-	json_object_set_new(r, "plan", json_integer(j->plan_id));
-	json_object_set_new(r, "last_backup_step", j->has_last_bk ? json_integer((json_int_t)j->last_bk_step) : json_null());
-	json_object_set_new(r, "backup_running", j->bk_running ? json_string(j->bk_name) : json_null());
-	nodes = json_array();
-	for (uint32_t x = 0; x < j->nodes; x++) {
-		json_t *n = json_object(), *cm = json_array();
-		for (int k = 0; k < COMMITS_KEPT; k++)
-			if (j->n[x].lg.commits[k])
-				json_array_append_new(cm, json_integer((json_int_t)(j->n[x].lg.commits[k] - 1)));
-		json_object_set_new(n, "rank", json_integer(x));
-		json_object_set_new(n, "connected", json_boolean(j->n[x].conn != 0));
-		json_object_set_new(n, "commits", cm);
-		json_array_append_new(nodes, n);
+	if (j) {
+		r = (struct proto_status_reply){
+			.addrs = c->addrs, .naddrs = c->naddrs, .known = true, .job = j->name,
+			.nodes_total = j->nodes, .dp = j->dp,
+			.has_lkg = j->has_lkg, .lkg = j->lkg, .has_safe = j->has_safe, .safe = j->safe,
+			.restore = j->state == R_IDLE ? "idle" :
+				   j->state == R_COLLECT ? "collecting" : "planned",
+			.plan = j->plan_id,
+			.has_last_backup = j->has_last_bk, .last_backup_step = j->last_bk_step,
+			.backup_running = j->bk_running ? j->bk_name : NULL, .nodes = nodes };
+		for (uint32_t x = 0; x < j->nodes; x++) {
+			nodes[x].connected = j->n[x].conn != 0;
+			for (int k = 0; k < COMMITS_KEPT && k < PROTO_STATUS_COMMITS; k++)
+				if (j->n[x].lg.commits[k])
+					nodes[x].commits[nodes[x].ncommits++] = j->n[x].lg.commits[k] - 1;
+		}
 	}
-	json_object_set_new(r, "nodes", nodes);
-	coord_send(c, conn, NT_RESP, req_id, r);
+	coord_send(c, in->conn, NT_RESP, in->req_id, proto_status_reply_encode(&r));
+	free(nodes);
 }
 
 static const struct proto_route coord_routes[] = {
@@ -622,7 +613,19 @@ void coord_on_msg(struct coord *c, uint64_t conn, int rank, uint8_t type, uint32
 	pthread_mutex_unlock(&c->mu);
 	if (rc < 0 && type == NT_REQ)
 		coord_reply_err(c, conn, req_id, rc == -EINVAL ? EINVAL : ENOSYS,
-			  rc == -EINVAL ? "missing op" : "unknown op");
+				rc == -EINVAL ? "missing op" : "unknown op");
+	/* the event tests and tools wait on (-d): the coordinator's state now
+	 * includes this message; mtcfs-admin's polls are left out */
+	if (rc != -EINVAL && log_get_level() >= LOG_DEBUG && in.op != PROTO_STATUS &&
+	    in.op != PROTO_TABLE) {
+		const char *op = "", *job = "";
+		uint64_t step = 0;
+		(void)net_json_str(msg, "op", PROTO_OP_MAX, &op);
+		(void)net_json_str(msg, "job", PROTO_JOB_MAX, &job);
+		(void)net_json_u64(msg, "step", UINT64_MAX, &step);
+		log_dbg("coord", "handled %s job=%s step=%llu rank=%d", op, job,
+			(unsigned long long)step, rank);
+	}
 }
 
 void coord_on_close(struct coord *c, uint64_t conn, int rank)

@@ -435,6 +435,46 @@ int proto_status_decode(json_t *o, struct proto_status *m, char *why, size_t why
 	return 0;
 }
 
+static json_t *int_or_null(bool has, uint64_t v)
+{
+	return has ? json_integer((json_int_t)v) : json_null();
+}
+
+json_t *proto_status_reply_encode(const struct proto_status_reply *m)
+{
+	json_t *r = proto_addrs_reply(false, true, m->addrs, m->naddrs), *nodes;
+
+	if (!r)
+		return NULL;
+	json_object_set_new(r, "known", json_boolean(m->known));
+	if (!m->known)
+		return r;
+	set_str(r, "job", m->job);
+	set_int(r, "nodes_total", m->nodes_total);
+	set_int(r, "dp", m->dp);
+	json_object_set_new(r, "lkg", int_or_null(m->has_lkg, m->lkg));
+	json_object_set_new(r, "replicated_lkg", int_or_null(m->has_safe, m->safe));
+	set_str(r, "restore", m->restore);
+	set_int(r, "plan", m->plan);
+	json_object_set_new(r, "last_backup_step",
+			    int_or_null(m->has_last_backup, m->last_backup_step));
+	json_object_set_new(r, "backup_running",
+			    m->backup_running ? json_string(m->backup_running) : json_null());
+	nodes = json_array();
+	for (uint32_t x = 0; nodes && x < m->nodes_total; x++) {
+		const struct proto_status_node *nd = &m->nodes[x];
+		json_t *n = json_object(), *cm = json_array();
+		for (uint32_t k = 0; cm && k < nd->ncommits && k < PROTO_STATUS_COMMITS; k++)
+			json_array_append_new(cm, json_integer((json_int_t)nd->commits[k]));
+		set_int(n, "rank", x);
+		json_object_set_new(n, "connected", json_boolean(nd->connected));
+		json_object_set_new(n, "commits", cm);
+		json_array_append_new(nodes, n);
+	}
+	json_object_set_new(r, "nodes", nodes);
+	return r;
+}
+
 /* ---- committed, replicated ---- */
 
 static json_t *step_ev_encode(enum proto_op op, const struct proto_step_ev *m)

@@ -173,6 +173,31 @@ struct proto_status {
 };
 json_t *proto_status_encode(const struct proto_status *m);
 int proto_status_decode(json_t *o, struct proto_status *m, char *why, size_t whylen);
+/* status's reply {addrs, known, then when known: job, nodes_total, dp, lkg,
+ * replicated_lkg, restore, plan, last_backup_step, backup_running, nodes:
+ * [{rank, connected, commits: [step...]}]} (lkg, replicated_lkg,
+ * last_backup_step and backup_running are null while unknown). Read by
+ * mtcfs-admin, which passes its fields on in its own --json output. */
+#define PROTO_STATUS_COMMITS 4
+struct proto_status_node {
+	bool connected;
+	uint64_t commits[PROTO_STATUS_COMMITS];   /* newest first */
+	uint32_t ncommits;
+};
+struct proto_status_reply {
+	char *const *addrs;          /* rank -> address, NULL unknown */
+	uint32_t naddrs;
+	bool known;
+	const char *job;
+	uint32_t nodes_total, dp;
+	bool has_lkg, has_safe, has_last_backup;
+	uint64_t lkg, safe, last_backup_step;
+	const char *restore;         /* "idle", "collecting", "planned" */
+	uint32_t plan;
+	const char *backup_running;  /* its name, NULL: none */
+	const struct proto_status_node *nodes;   /* [nodes_total], rank = index */
+};
+json_t *proto_status_reply_encode(const struct proto_status_reply *m);
 
 /* committed {op, job, nodes, dp, step, hash, [worker, workers], bi_min,
  * bi_steps} and replicated {op, job, nodes, dp, step, [worker, workers]}

@@ -200,6 +200,37 @@ static void test_bytes_restore(void **state)
 	assert_bytes(proto_list_encode("j"), "{\"op\":\"list\",\"job\":\"j\"}");
 }
 
+static void test_bytes_status_reply(void **state)
+{
+	char *addrs[] = { "a:1", NULL };
+	struct proto_status_node n[2] = { { .connected = true, .commits = { 20, 10 }, .ncommits = 2 },
+					  { .connected = false } };
+	struct proto_status_reply r = { .addrs = addrs, .naddrs = 2 };
+
+	(void)state;
+	assert_bytes(proto_status_reply_encode(&r), "{\"addrs\":[\"a:1\",null],\"known\":false}");
+	r = (struct proto_status_reply){ .addrs = addrs, .naddrs = 2, .known = true, .job = "j",
+					 .nodes_total = 2, .dp = 1, .has_lkg = true, .lkg = 20,
+					 .restore = "idle", .plan = 3, .nodes = n };
+	assert_bytes(proto_status_reply_encode(&r),
+		     "{\"addrs\":[\"a:1\",null],\"known\":true,\"job\":\"j\",\"nodes_total\":2,"
+		     "\"dp\":1,\"lkg\":20,\"replicated_lkg\":null,\"restore\":\"idle\",\"plan\":3,"
+		     "\"last_backup_step\":null,\"backup_running\":null,\"nodes\":["
+		     "{\"rank\":0,\"connected\":true,\"commits\":[20,10]},"
+		     "{\"rank\":1,\"connected\":false,\"commits\":[]}]}");
+	r.has_safe = true;
+	r.safe = 10;
+	r.has_last_backup = true;
+	r.last_backup_step = 10;
+	r.backup_running = "j-2";
+	r.restore = "collecting";
+	r.nodes_total = 0;
+	assert_bytes(proto_status_reply_encode(&r),
+		     "{\"addrs\":[\"a:1\",null],\"known\":true,\"job\":\"j\",\"nodes_total\":0,"
+		     "\"dp\":1,\"lkg\":20,\"replicated_lkg\":10,\"restore\":\"collecting\","
+		     "\"plan\":3,\"last_backup_step\":10,\"backup_running\":\"j-2\",\"nodes\":[]}");
+}
+
 static void test_bytes_plan(void **state)
 {
 	struct proto_plan_src sh[2] = {
@@ -678,6 +709,7 @@ int main(void)
 		cmocka_unit_test(test_bytes_register),
 		cmocka_unit_test(test_bytes_catalog),
 		cmocka_unit_test(test_bytes_restore),
+		cmocka_unit_test(test_bytes_status_reply),
 		cmocka_unit_test(test_bytes_plan),
 		cmocka_unit_test(test_bytes_steps),
 		cmocka_unit_test(test_bytes_backup),
