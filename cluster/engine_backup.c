@@ -3,6 +3,7 @@
 #include "cluster/engine_int.h"
 #include "tiers/lifecycle.h"
 #include "tiers/backup.h"
+#include "tiers/tier.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -155,7 +156,11 @@ void eng_backup_run(void *arg)
 	}
 	rc = save_files ? upload_workers(e, u, &k, fd, mf, workers, err, sizeof(err)) : -ENODATA;
 	if (rc == -ENODATA) {
-		rc = bk_upload_shard(e->bkt, u->job, u->name, &k, fd, mf, u->data);
+		struct tier t = { 0 };
+		rc = tier_bucket_backup_open(e->bkt, u->job, u->name, u->data, &t);
+		if (rc == 0)
+			rc = tier_put(&t, e->ram, &k, rec.mf, rec.mflen, mf);
+		tier_close(&t);
 		if (rc < 0)
 			snprintf(err, sizeof(err), "%s", bkt_last_error());
 	}

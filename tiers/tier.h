@@ -26,7 +26,8 @@ struct net_auth;
 /* get's answer when the shard is already in place under g->as on g->ram
  * (a local shard of this node's own key): nothing was staged. */
 #define TIER_IN_PLACE 1
-/* put's answer when the tier already held the content: nothing was sent. */
+/* put's answer when the tier already held the content: nothing was sent
+ * (the peer tier; the bucket's uploads check and keep what is there). */
 #define TIER_HAD 1
 
 /* One shard wanted from a tier, and where it goes. */
@@ -125,5 +126,12 @@ int tier_peer_open(const char *addr, uint32_t holder, int my_rank, const struct 
 /* Backup g->backup in bucket b (borrowed, must outlive t): get downloads
  * the node's shard (g->as: job, step, rank, worker). No allocation. */
 void tier_bucket_init(struct bkt *b, struct tier *t);
+
+/* Backup `backup` of job in bucket b (borrowed, must outlive t) as a place
+ * to put shards: put uploads one (bk_upload_shard: its data files unless
+ * upload_data is false, then its manifest, then its .meta; words for a
+ * failure in bkt_last_error()). 0 or -ENOMEM; tier_close frees. */
+int tier_bucket_backup_open(struct bkt *b, const char *job, const char *backup, bool upload_data,
+			    struct tier *t);
 
 #endif

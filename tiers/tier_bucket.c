@@ -1,5 +1,5 @@
-/* tier_bucket.c — a backup in the bucket as a source (see tier.h; the
- * layout is backup.h's). */
+/* tier_bucket.c — a backup in the bucket as a source, and as a place to
+ * put shards (see tier.h; the layout is backup.h's). */
 #include "tiers/tier.h"
 #include "tiers/backup.h"
 #include "common/log.h"
@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 /* This node's shard of backup g->backup into dirfd.  framework: pytorch
  * backups hold one file per worker (GKE's layout, which mtcfs writes too):
@@ -100,4 +102,52 @@ void tier_bucket_init(struct bkt *b, struct tier *t)
 {
 	t->ops = &bucket_tier_ops;
 	t->self = b;
+}
+
+/* A backup as a place to put shards into. */
+struct bucket_backup {
+	struct bkt *b;
+	char job[IDX_JOB_MAX + 1];
+	char backup[BK_NAME_MAX];
+	bool upload_data;
+};
+
+static int backup_put(void *self, struct ram_tier *ram, const struct shard_key *k,
+		      const uint8_t *raw, size_t rawlen, const struct manifest *mf)
+{
+	struct bucket_backup *bb = self;
+	int dfd = ram_shard_open(ram, k), rc;
+
+	if (dfd < 0)
+		return dfd;
+	rc = bk_upload_shard(bb->b, bb->job, bb->backup, k, dfd, mf, bb->upload_data);
+	close(dfd);
+	return rc;
+}
+
+static void backup_close(void *self)
+{
+	free(self);
+}
+
+static const struct tier_ops bucket_backup_ops = {
+	.name = "bucket",
+	.put = backup_put,
+	.close = backup_close,
+};
+
+int tier_bucket_backup_open(struct bkt *b, const char *job, const char *backup, bool upload_data,
+			    struct tier *t)
+{
+	struct bucket_backup *bb = calloc(1, sizeof(*bb));
+
+	if (!bb)
+		return -ENOMEM;
+	bb->b = b;
+	snprintf(bb->job, sizeof(bb->job), "%s", job);
+	snprintf(bb->backup, sizeof(bb->backup), "%s", backup);
+	bb->upload_data = upload_data;
+	t->ops = &bucket_backup_ops;
+	t->self = bb;
+	return 0;
 }

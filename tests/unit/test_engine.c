@@ -405,9 +405,11 @@ static void test_ram_tier(void **state)
 	holder_stop(&a);
 }
 
-/* The bucket tier: a backup uploaded to the in-memory bucket comes back
- * byte for byte; a data object whose bytes changed in the bucket fails its
- * CRC32C and the next source (a peer holding the shard) is used. */
+/* The bucket tier: a shard put into a backup in the in-memory bucket
+ * comes back byte for byte; put without its data (another node of the
+ * column uploads them) leaves a backup it cannot come back from alone; a
+ * data object whose bytes changed in the bucket fails its CRC32C and the
+ * next source (a peer holding the shard) is used. */
 static void test_bucket_tier_restores_backup(void **state)
 {
 	static const char backup[] = "2026-12-01_16-30";
@@ -415,11 +417,11 @@ static void test_bucket_tier_restores_backup(void **state)
 	struct manifest *mf = NULL;
 	struct bkt *bk = NULL;
 	struct shard_key k;
-	struct tier tb, tp = { 0 };
+	struct shard_rec rec = { 0 };
+	struct tier tb, tp = { 0 }, put = { 0 };
 	struct tier *both[2] = { &tb, &tp }, *one = &tb;
 	struct tier_get g;
 	char why[512] = "";
-	int dfd;
 
 	holder_start(*state, "owner", 1, true, &owner);
 	holder_start(*state, "b", 1, false, &b);
@@ -427,10 +429,14 @@ static void test_bucket_tier_restores_backup(void **state)
 	key_of(&k, 13, 1);
 	seal(&owner, &k, SHF_OWN, &mf);
 	assert_int_equal(bkt_open("mem://unit", NULL, &bk), 0);
-	dfd = ram_shard_open(owner.ram, &k);
-	assert_true(dfd >= 0);
-	assert_int_equal(bk_upload_shard(bk, "job", backup, &k, dfd, mf, true), 0);
-	close(dfd);
+	assert_int_equal(idx_get_shard(ram_idx(owner.ram), &k, &rec), 0);
+	assert_int_equal(tier_bucket_backup_open(bk, "job", backup, true, &put), 0);
+	assert_int_equal(tier_put(&put, owner.ram, &k, rec.mf, rec.mflen, mf), 0);
+	tier_close(&put);
+	assert_int_equal(tier_bucket_backup_open(bk, "job", "2026-12-01_16-31", false, &put), 0);
+	assert_int_equal(tier_put(&put, owner.ram, &k, rec.mf, rec.mflen, mf), 0);
+	tier_close(&put);
+	idx_rec_clear(&rec);
 
 	tier_bucket_init(bk, &tb);
 	assert_string_equal(tier_name(&tb), "bucket");
@@ -440,6 +446,12 @@ static void test_bucket_tier_restores_backup(void **state)
 	assert_int_equal(tier_obtain(&one, 1, &g, why, sizeof(why)), 0);
 	assert_false(g.whole);
 	assert_restored(&b, &k, mf->hash);
+
+	g.backup = "2026-12-01_16-31";
+	g.ram = c.ram;
+	assert_int_equal(tier_obtain(&one, 1, &g, why, sizeof(why)), -ENOENT);
+	assert_nothing_staged(&c, &k);
+	g.backup = backup;
 
 	assert_int_equal(mem_bucket_corrupt(".data/big", BIG_SIZE / 2), 1);
 	g.ram = c.ram;
