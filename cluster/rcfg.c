@@ -5,8 +5,13 @@
  * checked.  Only the first error is reported.  What GKE's replicator would
  * run (util.read_config: yaml.safe_load, os.path.expandvars, int()) is
  * accepted; where mtcfs reads it differently it says so in a warning.
+ *
+ * This file: the passes over the events, the grammar of keys, the cross-key
+ * rules and derived fields, rcfg_to_yaml. A scalar's $VAR expansion and
+ * number forms: rcfg_scalar.c; what both use: rcfg_i.h.
  */
 #include "cluster/rcfg.h"
+#include "cluster/rcfg_i.h"
 #include "common/jobname.h"
 
 #include <errno.h>
@@ -15,29 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <yaml.h>
-
-#define VALUE_MAX   4096 /* a scalar after $VAR expansion, bytes */
-#define VARNAME_MAX 255
-#define DEPTH_MAX   8    /* collection nesting; the grammar needs 2 */
-#define QUOTE_SHOW  64   /* value bytes shown in a message before "..." */
-#define QBUF        (QUOTE_SHOW * 4 + 8)
-
-#define TAG_STR "tag:yaml.org,2002:str"
-#define TAG_INT "tag:yaml.org,2002:int"
-#define TAG_SEQ "tag:yaml.org,2002:seq"
-#define TAG_MAP "tag:yaml.org,2002:map"
-
-enum key_id {
-	K_JOB, K_FRAMEWORK, K_NODE_RANK, K_NODES, K_PEER_RANKS, K_PEERS_PER_NODE,
-	K_MINUTES, K_STEPS, K_DP, K_WORKERS, K_MASTER, K_MASTER_PORT, K_REDUNDANCY, K_COUNT
-};
-
-/* T_MINUTES: a number, fractions allowed (GKE multiplies it by 60);
- * T_IGNORED: GKE's own coordinator address (master, master-port): mtcfs
- * takes its coordinator from mount options, so any scalar is accepted. */
-enum key_type { T_STR, T_INT, T_INTLIST, T_MINUTES, T_IGNORED };
 
 /* min/max are checked as each value is read; limits that involve another key
  * (node-rank < nodes, ...) are checked once the whole mapping is read. */
@@ -62,25 +44,6 @@ static const struct key_def {
 	[K_REDUNDANCY]     = { "redundancy",              T_STR,     0, 0 },
 };
 
-/* The variables a $VAR may read from the daemon's environment.  GKE expands
- * from the replicator's own environment; mtcfs's daemon environment may hold
- * credentials, and any mount user can write replicator.yaml and read what
- * it turns into (file names, messages).  So only names that describe a job
- * or a node are read -- those Kubernetes/JobSet and torchrun put in a
- * training pod -- plus any MTCFS_YAML_* an operator exports on purpose.
- * Every other reference stays literal, as an unset one does in GKE. */
-static const char *const env_allowed[] = {
-	"JOBSET_NAME", "JOB_NAME", "REPLICATED_JOB_NAME", "JOB_INDEX",
-	"JOB_COMPLETION_INDEX", "JOB_GLOBAL_INDEX", "NODE_RANK", "NNODES",
-	"NUM_NODES", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT",
-	"NODE_NAME", "KUBE_NODE_NAME", "POD_NAME", "POD_NAMESPACE", "POD_IP",
-	"HOSTNAME",
-};
-#define ENV_PREFIX "MTCFS_YAML_"
-
-#define WARN_MAX  8      /* warnings kept per file; one more says "and more" */
-#define WARN_LEN  400
-
 static const char *const fw_names[] = {
 	[RCFG_FW_ORBAX]               = "orbax",
 	[RCFG_FW_PYTORCH_DISTRIBUTED] = "pytorch.distributed",
@@ -88,40 +51,8 @@ static const char *const fw_names[] = {
 };
 #define FW_COUNT ((int)(sizeof fw_names / sizeof fw_names[0]))
 
-struct parse {
-	yaml_parser_t yp;
-	const char *(*getenv_fn)(const char *name);
-	char *err;
-	size_t errlen;
-	int failed;
-
-	unsigned seen;                  /* bit per enum key_id */
-	size_t line[K_COUNT];           /* 1-based line of each key seen */
-	long long ival[K_COUNT];
-	int *list;                      /* peer-ranks, RCFG_PEERS_MAX slots */
-	int nlist;
-	char job[RCFG_JOB_MAX + 1];
-	enum rcfg_framework fw;
-	struct ec_redundancy red;
-
-	double minutes;                 /* backup-interval-minutes as written */
-
-	char val[VALUE_MAX + 1];        /* the current scalar, expanded */
-	size_t vlen;
-	char raw[QBUF];                 /* the current scalar as written, quoted */
-	int expanded;                   /* a $VAR of it was replaced */
-	char literal[VARNAME_MAX + 1];  /* first $VAR of it kept literally, or "" */
-	int literal_allowed;            /* ... because it is unset (1) or not
-	                                   on the list (0) */
-
-	char warn[WARN_MAX][WARN_LEN];  /* delivered only if the parse succeeds */
-	int nwarn, warn_dropped;
-	char ppn_err[512];              /* why peers-per-node could not be read:
-	                                   fatal only without peer-ranks */
-};
-
 __attribute__((format(printf, 2, 3)))
-static int fail(struct parse *p, const char *fmt, ...)
+int rcfg_fail(struct parse *p, const char *fmt, ...)
 {
 	if (!p->failed && p->err && p->errlen) {
 		va_list ap;
@@ -150,42 +81,6 @@ static void warn(struct parse *p, const char *fmt, ...)
 	p->nwarn++;
 }
 
-/* "text" with C-style escapes for anything unprintable, cut after
- * QUOTE_SHOW bytes; returns dst. */
-static const char *quote(char dst[QBUF], const char *s, size_t n)
-{
-	static const char hex[] = "0123456789ABCDEF";
-	size_t o = 0;
-
-	dst[o++] = '"';
-	for (size_t i = 0; i < n && i < QUOTE_SHOW; i++) {
-		unsigned char c = (unsigned char)s[i];
-		if (c == '"' || c == '\\') {
-			dst[o++] = '\\';
-			dst[o++] = (char)c;
-		} else if (c >= 0x20 && c < 0x7f) {
-			dst[o++] = (char)c;
-		} else {
-			dst[o++] = '\\';
-			dst[o++] = 'x';
-			dst[o++] = hex[c >> 4];
-			dst[o++] = hex[c & 15];
-		}
-	}
-	if (n > QUOTE_SHOW) {
-		memcpy(dst + o, "...", 3);
-		o += 3;
-	}
-	dst[o++] = '"';
-	dst[o] = '\0';
-	return dst;
-}
-
-static const char *quote_z(char dst[QBUF], const yaml_char_t *s)
-{
-	return quote(dst, (const char *)s, strlen((const char *)s));
-}
-
 static const char *node_kind(const yaml_event_t *ev)
 {
 	switch (ev->type) {
@@ -202,7 +97,7 @@ static const char *node_kind(const yaml_event_t *ev)
 	}
 }
 
-static size_t ev_line(const yaml_event_t *ev)
+size_t rcfg_ev_line(const yaml_event_t *ev)
 {
 	return ev->start_mark.line + 1;
 }
@@ -217,19 +112,19 @@ static int next_event(struct parse *p, yaml_event_t *ev)
 	problem = y->problem ? y->problem : "unknown error";
 	switch (y->error) {
 	case YAML_MEMORY_ERROR:
-		fail(p, "out of memory while parsing YAML");
+		rcfg_fail(p, "out of memory while parsing YAML");
 		return -ENOMEM;
 	case YAML_READER_ERROR:
 		if (y->problem_value != -1)
-			return fail(p, "invalid YAML: %s (#%X at byte offset %zu)", problem,
+			return rcfg_fail(p, "invalid YAML: %s (#%X at byte offset %zu)", problem,
 			            (unsigned)y->problem_value, y->problem_offset);
-		return fail(p, "invalid YAML: %s (at byte offset %zu)", problem, y->problem_offset);
+		return rcfg_fail(p, "invalid YAML: %s (at byte offset %zu)", problem, y->problem_offset);
 	default:
 		if (y->context)
-			return fail(p, "invalid YAML at line %zu, column %zu: %s (%s at line %zu)",
+			return rcfg_fail(p, "invalid YAML at line %zu, column %zu: %s (%s at line %zu)",
 			            y->problem_mark.line + 1, y->problem_mark.column + 1, problem,
 			            y->context, y->context_mark.line + 1);
-		return fail(p, "invalid YAML at line %zu, column %zu: %s", y->problem_mark.line + 1,
+		return rcfg_fail(p, "invalid YAML at line %zu, column %zu: %s", y->problem_mark.line + 1,
 		            y->problem_mark.column + 1, problem);
 	}
 }
@@ -245,8 +140,8 @@ static int check_node(struct parse *p, const yaml_event_t *ev, const char *subj)
 	switch (ev->type) {
 	case YAML_ALIAS_EVENT:
 		anchor = ev->data.alias.anchor;
-		return fail(p, "line %zu: %s: aliases are not supported (found alias %s)",
-		            ev_line(ev), subj, quote_z(q, anchor));
+		return rcfg_fail(p, "line %zu: %s: aliases are not supported (found alias %s)",
+		            rcfg_ev_line(ev), subj, rcfg_quote_z(q, anchor));
 	case YAML_SCALAR_EVENT:
 		anchor = ev->data.scalar.anchor;
 		tag = ev->data.scalar.tag;
@@ -267,307 +162,11 @@ static int check_node(struct parse *p, const yaml_event_t *ev, const char *subj)
 		break;
 	}
 	if (anchor)
-		return fail(p, "line %zu: %s: anchors are not supported (found anchor %s)",
-		            ev_line(ev), subj, quote_z(q, anchor));
+		return rcfg_fail(p, "line %zu: %s: anchors are not supported (found anchor %s)",
+		            rcfg_ev_line(ev), subj, rcfg_quote_z(q, anchor));
 	if (!tag_ok)
-		return fail(p, "line %zu: %s: unsupported tag %s", ev_line(ev), subj,
-		            quote_z(q, tag));
-	return 0;
-}
-
-static int name_char(char c)
-{
-	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-	       c == '_';
-}
-
-static int plain_name(const char *s)
-{
-	for (; *s; s++)
-		if (!name_char(*s))
-			return 0;
-	return 1;
-}
-
-static const char *env_default(const char *name)
-{
-	return getenv(name);
-}
-
-int rcfg_env_allowed(const char *name)
-{
-	if (!name)
-		return 0;
-	if (!strncmp(name, ENV_PREFIX, strlen(ENV_PREFIX)) && name[strlen(ENV_PREFIX)])
-		return 1;
-	for (size_t i = 0; i < sizeof env_allowed / sizeof env_allowed[0]; i++)
-		if (!strcmp(name, env_allowed[i]))
-			return 1;
-	return 0;
-}
-
-/* Expands the scalar ev into p->val the way Python's os.path.expandvars
- * does (GKE: util.expand_env_variables): $NAME with NAME = [A-Za-z0-9_]+
- * (longest), or ${ANYTHING-BUT-'}'}; a reference that cannot be read -- the
- * variable is unset or not on the allow list -- stays as written; a '$'
- * starting neither form, or "${" without its '}', is literal.  Values are
- * not re-expanded. */
-static int expand(struct parse *p, const yaml_event_t *ev, const char *subj)
-{
-	const char *in = (const char *)ev->data.scalar.value;
-	size_t n = ev->data.scalar.length, o = 0, line = ev_line(ev);
-
-	quote(p->raw, in, n);
-	p->expanded = 0;
-	p->literal[0] = '\0';
-	if (memchr(in, '\0', n))
-		return fail(p, "line %zu: %s: value %s contains a NUL character", line, subj,
-		            p->raw);
-	for (size_t i = 0; i < n;) {
-		size_t ns = 0, nl = 0, adv = 0;
-		const char *v = NULL;
-		int allowed;
-
-		if (in[i] == '$' && i + 1 < n && in[i + 1] == '{') {
-			const char *close = memchr(in + i + 2, '}', n - i - 2);
-			if (close) {
-				ns = i + 2;
-				nl = (size_t)(close - (in + ns));
-				adv = nl + 3;
-			}
-		} else if (in[i] == '$') {
-			ns = i + 1;
-			while (ns + nl < n && name_char(in[ns + nl]))
-				nl++;
-			adv = nl ? nl + 1 : 0;
-		}
-		if (adv && nl > 0 && nl <= VARNAME_MAX) {
-			char name[VARNAME_MAX + 1];
-			memcpy(name, in + ns, nl);
-			name[nl] = '\0';
-			allowed = rcfg_env_allowed(name);
-			if (allowed)
-				v = p->getenv_fn(name);
-			if (v) {
-				size_t vl = strlen(v);
-				if (vl > VALUE_MAX - o)
-					goto toolong;
-				memcpy(p->val + o, v, vl);
-				o += vl;
-				i += adv;
-				p->expanded = 1;
-				continue;
-			}
-			/* named in messages only when it is a plain name: "${a\nb}"
-			 * is a reference too, but not one to print */
-			if (!p->literal[0] && plain_name(name)) {
-				memcpy(p->literal, name, nl + 1);
-				p->literal_allowed = allowed;
-			}
-		}
-		if (!adv)
-			adv = 1;
-		/* kept as written */
-		if (adv > VALUE_MAX - o)
-			goto toolong;
-		memcpy(p->val + o, in + i, adv);
-		o += adv;
-		i += adv;
-	}
-	p->val[o] = '\0';
-	p->vlen = o;
-	return 0;
-toolong:
-	return fail(p, "line %zu: %s: value %s is longer than %d bytes after expansion", line, subj,
-	            p->raw, VALUE_MAX);
-}
-
-/* What a message may say about the current value besides quoting it as
- * written: never the expanded text (it may come from the environment). */
-static const char *note(const struct parse *p, char buf[VARNAME_MAX + 128])
-{
-	if (p->literal[0])
-		snprintf(buf, VARNAME_MAX + 128,
-		         p->literal_allowed ? " ($%s is not set)"
-		                            : " ($%s is not expanded: not a variable mtcfs reads, see README)",
-		         p->literal);
-	else if (p->expanded)
-		snprintf(buf, VARNAME_MAX + 128, " (after $VAR expansion)");
-	else
-		buf[0] = '\0';
-	return buf;
-}
-
-static int digit_ok(char c, int base)
-{
-	if (base == 16)
-		return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-	return c >= '0' && c < '0' + base;
-}
-
-/* Accumulates digits of s[0..n) in base, '_' skipped when us (underscores
- * allowed anywhere, YAML 1.1) or only between digits (Python int()).
- * 0 = ok, -1 = not a number, -ERANGE = above LLONG_MAX/2. */
-static int digits(const char *s, size_t n, int base, int yaml_us, long long *out)
-{
-	long long v = 0;
-	int nd = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		int d;
-		if (s[i] == '_') {
-			if (!yaml_us && (i == 0 || i + 1 == n || s[i + 1] == '_'))
-				return -1;
-			continue;
-		}
-		if (!digit_ok(s[i], base))
-			return -1;
-		d = s[i] <= '9' ? s[i] - '0' : (s[i] | 0x20) - 'a' + 10;
-		if (v > (LLONG_MAX / 2 - d) / base)
-			return -ERANGE;
-		v = v * base + d;
-		nd++;
-	}
-	if (!nd)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-/* A plain scalar YAML 1.1 resolves as an int (PyYAML's resolver and
- * construct_yaml_int): 0b.., 0x.., 0<octal>, decimal, sexagesimal a:b:c,
- * '_' ignored.  0 = *out set, -1 = not such an int, -ERANGE. */
-static int yaml11_int(const char *s, size_t n, long long *out)
-{
-	int neg = 0, rc;
-	long long v = 0;
-
-	if (n && (s[0] == '-' || s[0] == '+')) {
-		neg = s[0] == '-';
-		s++;
-		n--;
-	}
-	if (n == 0)
-		return -1;
-	if (n > 2 && s[0] == '0' && s[1] == 'b')
-		rc = digits(s + 2, n - 2, 2, 1, &v);
-	else if (n > 2 && s[0] == '0' && s[1] == 'x')
-		rc = digits(s + 2, n - 2, 16, 1, &v);
-	else if (memchr(s, ':', n)) {
-		/* [1-9][0-9_]*(:[0-5]?[0-9])+ */
-		const char *c = memchr(s, ':', n);
-		size_t hl = (size_t)(c - s);
-		if (s[0] < '1' || s[0] > '9' || digits(s, hl, 10, 1, &v) < 0)
-			return -1;
-		for (size_t i = hl; i < n;) {
-			size_t j = i + 1, k = j;
-			long long part = 0;
-			while (k < n && s[k] != ':')
-				k++;
-			if (k - j < 1 || k - j > 2 || digits(s + j, k - j, 10, 0, &part) < 0 ||
-			    (k - j == 2 && s[j] > '5'))
-				return -1;
-			if (v > LLONG_MAX / 120)
-				return -ERANGE;
-			v = v * 60 + part;
-			i = k;
-		}
-		rc = 0;
-	} else if (s[0] == '0' && n > 1) {
-		rc = digits(s + 1, n - 1, 8, 1, &v);
-	} else {
-		if (s[0] == '_')
-			return -1;
-		rc = digits(s, n, 10, 1, &v);
-	}
-	if (rc)
-		return rc;
-	*out = neg ? -v : v;
-	return 0;
-}
-
-static int is_space(char c)
-{
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-
-/* Python's int(text): surrounding whitespace, a sign, decimal digits with
- * single '_' between them ("010" is 10). */
-static int python_int(const char *s, size_t n, long long *out)
-{
-	int neg = 0, rc;
-	long long v;
-
-	while (n && is_space(*s)) {
-		s++;
-		n--;
-	}
-	while (n && is_space(s[n - 1]))
-		n--;
-	if (n && (s[0] == '-' || s[0] == '+')) {
-		neg = s[0] == '-';
-		s++;
-		n--;
-	}
-	rc = digits(s, n, 10, 0, &v);
-	if (rc)
-		return rc;
-	*out = neg ? -v : v;
-	return 0;
-}
-
-/* GKE's reading of an integer-valued scalar: a plain one YAML resolves as
- * an int is that int; any other string (quoted, or after $VAR expansion)
- * goes through Python's int(). */
-static int scalar_to_int(const struct parse *p, const yaml_event_t *ev, long long *out)
-{
-	const char *tag = (const char *)ev->data.scalar.tag;
-	int plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && !tag;
-	int rc = -1;
-
-	if ((plain || (tag && !strcmp(tag, TAG_INT))) && !p->expanded && !p->literal[0])
-		rc = yaml11_int(p->val, p->vlen, out);
-	if (rc == -1)
-		rc = python_int(p->val, p->vlen, out);
-	return rc;
-}
-
-/* Reads the scalar ev as an integer in [min, max]; subj names it in messages. */
-static int scalar_int(struct parse *p, const yaml_event_t *ev, const char *subj, long long min,
-                      long long max, long long *out)
-{
-	char nb[VARNAME_MAX + 128], num[QBUF + VARNAME_MAX + 128];
-	long long v = 0;
-	int rc;
-
-	rc = expand(p, ev, subj);
-	if (rc)
-		return rc;
-	if (p->vlen == 0 && !p->expanded)
-		return fail(p, "line %zu: %s expects an integer, got an empty value", ev_line(ev),
-		            subj);
-	rc = scalar_to_int(p, ev, &v);
-	if (rc == -1)
-		return fail(p, "line %zu: %s expects a non-negative integer, got %s%s",
-		            ev_line(ev), subj, p->raw, note(p, nb));
-	if (rc == -ERANGE || v > INT_MAX || v < INT_MIN)
-		return fail(p, "line %zu: %s: %s is too large%s", ev_line(ev), subj, p->raw,
-		            note(p, nb));
-	/* the number itself only when it is what was written */
-	note(p, nb);
-	if (p->expanded)
-		snprintf(num, sizeof num, "%s%s", p->raw, nb);
-	else
-		snprintf(num, sizeof num, "%lld", v);
-	if (v < 0)
-		return fail(p, "line %zu: %s must not be negative, got %s", ev_line(ev), subj, num);
-	if (v < min)
-		return fail(p, "line %zu: %s must be at least %lld, got %s", ev_line(ev), subj, min,
-		            num);
-	if (v > max)
-		return fail(p, "line %zu: %s must be at most %lld, got %s", ev_line(ev), subj, max,
-		            num);
-	*out = v;
+		return rcfg_fail(p, "line %zu: %s: unsupported tag %s", rcfg_ev_line(ev), subj,
+		            rcfg_quote_z(q, tag));
 	return 0;
 }
 
@@ -582,14 +181,14 @@ static int scalar_minutes(struct parse *p, const yaml_event_t *ev, const char *s
 	char *end;
 	int rc, ndig = 0, plain, seen_e = 0;
 
-	rc = expand(p, ev, subj);
+	rc = rcfg_expand(p, ev, subj);
 	if (rc)
 		return rc;
 	hi = p->vlen;
-	rc = scalar_to_int(p, ev, &iv);
+	rc = rcfg_scalar_to_int(p, ev, &iv);
 	if (rc != -1) {
 		/* integer: the int rules (and messages) */
-		rc = scalar_int(p, ev, subj, 0, keys[K_MINUTES].max, &iv);
+		rc = rcfg_scalar_int(p, ev, subj, 0, keys[K_MINUTES].max, &iv);
 		p->minutes = (double)iv;
 		return rc;
 	}
@@ -598,9 +197,9 @@ static int scalar_minutes(struct parse *p, const yaml_event_t *ev, const char *s
 	 * first digit, before the exponent */
 	plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && !ev->data.scalar.tag &&
 	        !p->expanded && !p->literal[0];
-	while (lo < hi && is_space(p->val[lo]))
+	while (lo < hi && rcfg_is_space(p->val[lo]))
 		lo++;
-	while (hi > lo && is_space(p->val[hi - 1]))
+	while (hi > lo && rcfg_is_space(p->val[hi - 1]))
 		hi--;
 	for (size_t i = lo; i < hi && o + 1 < sizeof clean; i++) {
 		char c = p->val[i];
@@ -626,16 +225,16 @@ static int scalar_minutes(struct parse *p, const yaml_event_t *ev, const char *s
 	if (*end || errno == ERANGE || d != d)
 		goto bad;
 	if (d < 0)
-		return fail(p, "line %zu: %s must not be negative, got %s%s", ev_line(ev), subj,
-		            p->raw, note(p, nb));
+		return rcfg_fail(p, "line %zu: %s must not be negative, got %s%s", rcfg_ev_line(ev), subj,
+		            p->raw, rcfg_note(p, nb));
 	if (d > (double)keys[K_MINUTES].max)
-		return fail(p, "line %zu: %s must be at most %lld, got %s%s", ev_line(ev), subj,
-		            keys[K_MINUTES].max, p->raw, note(p, nb));
+		return rcfg_fail(p, "line %zu: %s must be at most %lld, got %s%s", rcfg_ev_line(ev), subj,
+		            keys[K_MINUTES].max, p->raw, rcfg_note(p, nb));
 	p->minutes = d;
 	return 0;
 bad:
-	return fail(p, "line %zu: %s expects a number of minutes, got %s%s", ev_line(ev), subj,
-	            p->raw, note(p, nb));
+	return rcfg_fail(p, "line %zu: %s expects a number of minutes, got %s%s", rcfg_ev_line(ev), subj,
+	            p->raw, rcfg_note(p, nb));
 }
 
 static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
@@ -646,7 +245,7 @@ static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
 	int rc;
 
 	snprintf(subj, sizeof subj, "'%s'", keys[k].name);
-	rc = expand(p, ev, subj);
+	rc = rcfg_expand(p, ev, subj);
 	if (rc)
 		return rc;
 	if (k == K_FRAMEWORK) {
@@ -657,9 +256,9 @@ static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
 				return 0;
 			}
 		}
-		return fail(p, "line %zu: 'framework' %s%s is not one of orbax, "
+		return rcfg_fail(p, "line %zu: 'framework' %s%s is not one of orbax, "
 		            "pytorch.distributed, pytorch",
-		            ev_line(ev), p->raw, note(p, nb));
+		            rcfg_ev_line(ev), p->raw, rcfg_note(p, nb));
 	}
 	if (k == K_REDUNDANCY) {
 		char e[160];
@@ -667,21 +266,21 @@ static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
 			return 0;
 		/* ec's line quotes the value; an expanded one is shown as written */
 		if (p->expanded)
-			return fail(p, "line %zu: 'redundancy' %s%s is neither 'replication' nor "
-			            "'rs:K+M' with K >= 1, M >= 1, K + M <= 32", ev_line(ev), p->raw,
-			            note(p, nb));
-		return fail(p, "line %zu: %s", ev_line(ev), e);
+			return rcfg_fail(p, "line %zu: 'redundancy' %s%s is neither 'replication' nor "
+			            "'rs:K+M' with K >= 1, M >= 1, K + M <= 32", rcfg_ev_line(ev), p->raw,
+			            rcfg_note(p, nb));
+		return rcfg_fail(p, "line %zu: %s", rcfg_ev_line(ev), e);
 	}
 	/* GKE: a job-name that reads as an integer (YAML's, or int() of the
 	 * text: util.try_parse_int) is that integer, printed in decimal --
 	 * job-name: 010 names its files 8-s..., "010" and 1_0 name them 10-s... */
-	if (scalar_to_int(p, ev, &iv) == 0) {
+	if (rcfg_scalar_to_int(p, ev, &iv) == 0) {
 		char dec[32];
 		int n = snprintf(dec, sizeof dec, "%lld", iv);
 		if ((size_t)n != p->vlen || memcmp(dec, p->val, p->vlen)) {
 			if (!p->expanded)
 				warn(p, "line %zu: 'job-name' %s reads as the integer %s: the job is "
-				     "named %s, as in GKE", ev_line(ev), p->raw, dec, dec);
+				     "named %s, as in GKE", rcfg_ev_line(ev), p->raw, dec, dec);
 			memcpy(p->val, dec, (size_t)n + 1);
 			p->vlen = (size_t)n;
 		}
@@ -694,8 +293,8 @@ static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
 			snprintf(ch, sizeof ch, " (found '%c')", bad);
 		else if (!p->expanded && bad)
 			snprintf(ch, sizeof ch, " (found byte 0x%02X)", (unsigned char)bad);
-		return fail(p, "line %zu: 'job-name' %s cannot be used as a file name: %s%s%s",
-		            ev_line(ev), p->raw, why, ch, note(p, nb));
+		return rcfg_fail(p, "line %zu: 'job-name' %s cannot be used as a file name: %s%s%s",
+		            rcfg_ev_line(ev), p->raw, why, ch, rcfg_note(p, nb));
 	}
 	memcpy(p->job, p->val, p->vlen);
 	p->job[p->vlen] = '\0';
@@ -711,7 +310,7 @@ static int parse_list(struct parse *p, enum key_id k)
 	if (!p->list) {
 		p->list = calloc(RCFG_PEERS_MAX, sizeof *p->list);
 		if (!p->list) {
-			fail(p, "out of memory");
+			rcfg_fail(p, "out of memory");
 			return -ENOMEM;
 		}
 	}
@@ -729,13 +328,13 @@ static int parse_list(struct parse *p, enum key_id k)
 		}
 		rc = check_node(p, &ev, subj);
 		if (!rc && ev.type != YAML_SCALAR_EVENT)
-			rc = fail(p, "line %zu: %s must be an integer, got %s", ev_line(&ev), subj,
+			rc = rcfg_fail(p, "line %zu: %s must be an integer, got %s", rcfg_ev_line(&ev), subj,
 			          node_kind(&ev));
 		if (!rc && p->nlist >= RCFG_PEERS_MAX)
-			rc = fail(p, "line %zu: '%s' has more than %d entries", ev_line(&ev),
+			rc = rcfg_fail(p, "line %zu: '%s' has more than %d entries", rcfg_ev_line(&ev),
 			          keys[k].name, RCFG_PEERS_MAX);
 		if (!rc)
-			rc = scalar_int(p, &ev, subj, keys[k].min, keys[k].max, &v);
+			rc = rcfg_scalar_int(p, &ev, subj, keys[k].min, keys[k].max, &v);
 		yaml_event_delete(&ev);
 		if (rc)
 			return rc;
@@ -769,13 +368,13 @@ static int check_master_port(struct parse *p, const yaml_event_t *ev)
 {
 	char nb[VARNAME_MAX + 128];
 	long long v = -1;
-	int rc = expand(p, ev, "'master-port'");
+	int rc = rcfg_expand(p, ev, "'master-port'");
 
 	if (rc)
 		return rc;
-	if (scalar_to_int(p, ev, &v) != 0 || v < 1 || v > 65535)
+	if (rcfg_scalar_to_int(p, ev, &v) != 0 || v < 1 || v > 65535)
 		warn(p, "line %zu: 'master-port' %s%s is not a port number; ignored (mtcfs takes "
-		     "the coordinator from its mount options)", ev_line(ev), p->raw, note(p, nb));
+		     "the coordinator from its mount options)", rcfg_ev_line(ev), p->raw, rcfg_note(p, nb));
 	return 0;
 }
 
@@ -794,16 +393,16 @@ static int parse_value(struct parse *p, enum key_id k)
 		goto out;
 	if (keys[k].type == T_IGNORED) {
 		if (ev.type != YAML_SCALAR_EVENT)
-			rc = fail(p, "line %zu: %s expects a scalar, got %s", ev_line(&ev), subj,
+			rc = rcfg_fail(p, "line %zu: %s expects a scalar, got %s", rcfg_ev_line(&ev), subj,
 			          node_kind(&ev));
 		else if (k == K_MASTER_PORT)
 			rc = check_master_port(p, &ev);
 		else
-			rc = expand(p, &ev, subj);
+			rc = rcfg_expand(p, &ev, subj);
 		goto out;
 	}
 	if (ev.type != YAML_SCALAR_EVENT && keys[k].type != T_INTLIST) {
-		rc = fail(p, "line %zu: %s expects %s, got %s", ev_line(&ev), subj,
+		rc = rcfg_fail(p, "line %zu: %s expects %s, got %s", rcfg_ev_line(&ev), subj,
 		          keys[k].type == T_STR ? "a string" : "an integer", node_kind(&ev));
 		goto out;
 	}
@@ -820,7 +419,7 @@ static int parse_value(struct parse *p, enum key_id k)
 			p->err = p->ppn_err;
 			p->errlen = sizeof p->ppn_err;
 			p->ppn_err[0] = '\0';
-			rc = scalar_int(p, &ev, subj, keys[k].min, keys[k].max, &p->ival[k]);
+			rc = rcfg_scalar_int(p, &ev, subj, keys[k].min, keys[k].max, &p->ival[k]);
 			p->err = err;
 			p->errlen = errlen;
 			if (rc == -EINVAL) {
@@ -831,20 +430,20 @@ static int parse_value(struct parse *p, enum key_id k)
 			}
 			break;
 		}
-		rc = scalar_int(p, &ev, subj, keys[k].min, keys[k].max, &p->ival[k]);
+		rc = rcfg_scalar_int(p, &ev, subj, keys[k].min, keys[k].max, &p->ival[k]);
 		break;
 	case T_MINUTES:
 		rc = scalar_minutes(p, &ev, subj);
 		break;
 	case T_INTLIST:
 		if (ev.type == YAML_SCALAR_EVENT)
-			rc = fail(p, "line %zu: %s expects a list of integers such as [1, 2], "
-			          "got %s", ev_line(&ev), subj,
-			          quote(q, (const char *)ev.data.scalar.value,
+			rc = rcfg_fail(p, "line %zu: %s expects a list of integers such as [1, 2], "
+			          "got %s", rcfg_ev_line(&ev), subj,
+			          rcfg_quote(q, (const char *)ev.data.scalar.value,
 			                ev.data.scalar.length));
 		else if (ev.type != YAML_SEQUENCE_START_EVENT)
-			rc = fail(p, "line %zu: %s expects a list of integers, got %s",
-			          ev_line(&ev), subj, node_kind(&ev));
+			rc = rcfg_fail(p, "line %zu: %s expects a list of integers, got %s",
+			          rcfg_ev_line(&ev), subj, node_kind(&ev));
 		else
 			rc = parse_list(p, k);
 		break;
@@ -854,11 +453,11 @@ static int parse_value(struct parse *p, enum key_id k)
 	/* a kept-literal $VAR in a value that was accepted anyway */
 	if (!rc && ev.type == YAML_SCALAR_EVENT && p->literal[0] &&
 	    !(k == K_PEERS_PER_NODE && p->ppn_err[0]))
-		warn(p, "line %zu: %s: $%s %s; kept as written", ev_line(&ev), subj, p->literal,
+		warn(p, "line %zu: %s: $%s %s; kept as written", rcfg_ev_line(&ev), subj, p->literal,
 		     p->literal_allowed ? "is not set" : "is not a variable mtcfs expands (see README)");
 out:
 	if (!rc && keys[k].type == T_IGNORED && p->literal[0])
-		warn(p, "line %zu: %s: $%s %s; kept as written", ev_line(&ev), subj, p->literal,
+		warn(p, "line %zu: %s: $%s %s; kept as written", rcfg_ev_line(&ev), subj, p->literal,
 		     p->literal_allowed ? "is not set" : "is not a variable mtcfs expands (see README)");
 	yaml_event_delete(&ev);
 	return rc;
@@ -880,10 +479,10 @@ static int parse_mapping(struct parse *p)
 			yaml_event_delete(&ev);
 			return 0;
 		}
-		line = ev_line(&ev);
+		line = rcfg_ev_line(&ev);
 		rc = check_node(p, &ev, "key");
 		if (!rc && ev.type != YAML_SCALAR_EVENT)
-			rc = fail(p, "line %zu: keys must be names, got %s", line, node_kind(&ev));
+			rc = rcfg_fail(p, "line %zu: keys must be names, got %s", line, node_kind(&ev));
 		if (rc) {
 			yaml_event_delete(&ev);
 			return rc;
@@ -895,7 +494,7 @@ static int parse_mapping(struct parse *p)
 				break;
 		if (k == K_COUNT) {
 			/* GKE reads the keys it knows and ignores the rest */
-			warn(p, "line %zu: unknown key %s ignored", line, quote(q, kname, klen));
+			warn(p, "line %zu: unknown key %s ignored", line, rcfg_quote(q, kname, klen));
 			yaml_event_delete(&ev);
 			rc = skip_value(p);
 			if (rc)
@@ -932,8 +531,8 @@ static int syntax_pass(struct parse *p)
 		else if (t == YAML_SEQUENCE_END_EVENT || t == YAML_MAPPING_END_EVENT)
 			depth--;
 		if (depth > DEPTH_MAX)
-			rc = fail(p, "line %zu: collections are nested more than %d deep",
-			          ev_line(&ev), DEPTH_MAX);
+			rc = rcfg_fail(p, "line %zu: collections are nested more than %d deep",
+			          rcfg_ev_line(&ev), DEPTH_MAX);
 		yaml_event_delete(&ev);
 		if (rc || t == YAML_STREAM_END_EVENT)
 			return rc;
@@ -955,7 +554,7 @@ static int parse_stream(struct parse *p)
 		return rc;
 	if (ev.type != YAML_DOCUMENT_START_EVENT) {
 		yaml_event_delete(&ev);
-		return fail(p, "no YAML document: the file holds only comments or directives");
+		return rcfg_fail(p, "no YAML document: the file holds only comments or directives");
 	}
 	yaml_event_delete(&ev);
 
@@ -964,10 +563,10 @@ static int parse_stream(struct parse *p)
 		return rc;
 	rc = check_node(p, &ev, "top level");
 	if (!rc && ev.type != YAML_MAPPING_START_EVENT)
-		rc = fail(p,
+		rc = rcfg_fail(p,
 		          "line %zu: the top level must be a mapping of keys (job-name: ..., "
 		          "nodes: ...), got %s",
-		          ev_line(&ev), node_kind(&ev));
+		          rcfg_ev_line(&ev), node_kind(&ev));
 	yaml_event_delete(&ev);
 	if (rc)
 		return rc;
@@ -983,7 +582,7 @@ static int parse_stream(struct parse *p)
 	if (rc)
 		return rc;
 	if (ev.type != YAML_STREAM_END_EVENT)
-		rc = fail(p, "line %zu: only one YAML document is allowed", ev_line(&ev));
+		rc = rcfg_fail(p, "line %zu: only one YAML document is allowed", rcfg_ev_line(&ev));
 	yaml_event_delete(&ev);
 	return rc;
 }
@@ -1007,12 +606,12 @@ static int validate(struct parse *p)
 		nmissing++;
 	}
 	if (nmissing)
-		return fail(p, "missing required key%s: %s", nmissing > 1 ? "s" : "", missing);
+		return rcfg_fail(p, "missing required key%s: %s", nmissing > 1 ? "s" : "", missing);
 
 	nodes = p->ival[K_NODES];
 	rank = p->ival[K_NODE_RANK];
 	if (rank >= nodes)
-		return fail(p,
+		return rcfg_fail(p,
 		            "line %zu: 'node-rank' %lld must be less than 'nodes' %lld "
 		            "(ranks are 0..%lld)",
 		            p->line[K_NODE_RANK], rank, nodes, nodes - 1);
@@ -1025,7 +624,7 @@ static int validate(struct parse *p)
 	for (int i = 0; i < p->nlist; i++) {
 		int v = p->list[i], dup = 0;
 		if (v >= nodes)   /* GKE: KeyError in the coordinator */
-			return fail(p,
+			return rcfg_fail(p,
 			            "line %zu: 'peer-ranks' entry %d is out of range: with 'nodes' "
 			            "%lld ranks are 0..%lld",
 			            p->line[K_PEER_RANKS], v, nodes, nodes - 1);
@@ -1045,7 +644,7 @@ static int validate(struct parse *p)
 		warn(p, "'peers-per-node' (line %zu) ignored: peer-ranks is given (%s)",
 		     p->line[K_PEERS_PER_NODE], p->ppn_err);
 	else if (p->ppn_err[0])
-		return fail(p, "%s", p->ppn_err);
+		return rcfg_fail(p, "%s", p->ppn_err);
 	if (HAS(p, K_PEERS_PER_NODE) && !HAS(p, K_PEER_RANKS) && nodes > 1) {
 		long long k = p->ival[K_PEERS_PER_NODE], lim = nodes - 1;
 		if (lim > RCFG_PEERS_MAX)
@@ -1177,13 +776,13 @@ int rcfg_parse_warn(const char *buf, size_t len, const char *(*getenv_fn)(const 
 			snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	p->getenv_fn = getenv_fn ? getenv_fn : env_default;
+	p->getenv_fn = getenv_fn ? getenv_fn : rcfg_env_default;
 	p->err = err;
 	p->errlen = errlen;
 	rc = 0;
 	for (int pass = 1; pass <= 2 && !rc; pass++) {
 		if (!yaml_parser_initialize(&p->yp)) {
-			fail(p, "out of memory");
+			rcfg_fail(p, "out of memory");
 			rc = -ENOMEM;
 			break;
 		}

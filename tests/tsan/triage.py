@@ -44,9 +44,9 @@ def frames(section):
 
 
 def handler(fr):
-    """The FUSE request handler (ll_* in fs/fs_ll.c) an access ran in."""
+    """The FUSE request handler (ll_* in fs/fs_ll*.c) an access ran in."""
     for fn, loc in fr:
-        if fn.startswith("ll_") and "fs/fs_ll.c" in loc:
+        if fn.startswith("ll_") and "fs/fs_ll" in loc:
             return fn
     return None
 
