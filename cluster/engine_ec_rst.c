@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct ec_tier {
@@ -102,21 +103,21 @@ static int fetch_member(struct eng_ec_ctx *x, int dirfd, const char *job, uint64
 	return rc;
 }
 
-/* Piece t of this node's shard into the staged files. */
-static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, const char *job,
-			uint64_t step, unsigned t, const struct ec_shard *sh, char *why,
-			size_t whylen)
+/* Member `slot` of codeword cw rebuilt into sink from every other member
+ * that can be fetched (more than K when there are, so that a corrupt one
+ * costs no second round). T (may be NULL) counts what was fetched and
+ * passed over. */
+static int rebuild_member(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, const char *job,
+			  uint64_t step, unsigned cw, unsigned slot, const struct ec_sink *sink,
+			  char *why, size_t whylen)
 {
 	const struct ecplan_group *g = &x->plan->g[x->gi];
 	int fds[EC_MAX_N];
 	char names[EC_MAX_N][64];
 	uint64_t reserved[EC_MAX_N];
-	unsigned cw, slot, n = 0;
+	unsigned n = 0;
 	int rc;
 
-	ecplan_piece(g, (unsigned)x->pos, t, &cw, &slot);
-	/* every other member: more than K when there are, so that a corrupt
-	 * one costs no second round */
 	for (unsigned s = 0; s < g->n; s++) {
 		int r = g->unit[ecplan_slot_pos(g, cw, s)];
 		if (s == slot || r == x->rank)
@@ -129,9 +130,9 @@ static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, cons
 		}
 		fds[n++] = fd;
 	}
-	T->fetched += n;
-	struct ec_sink sink = { .shard = sh, .fd = -1 };
-	rc = n ? ec_decode(fds, n, slot, &sink, why, whylen) : -ENODATA;
+	if (T)
+		T->fetched += n;
+	rc = n ? ec_decode(fds, n, slot, sink, why, whylen) : -ENODATA;
 	if (rc == -ENODATA && !n)
 		snprintf(why, whylen, "no member of codeword %u could be fetched", cw);
 	for (unsigned i = 0; i < n; i++) {
@@ -139,7 +140,7 @@ static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, cons
 		unsigned idx;
 		char e2[200];
 		/* count what the decode passed over, for the log line */
-		if (ec_frag_verify(fds[i], &gg, &idx, e2, sizeof(e2)) < 0) {
+		if (T && ec_frag_verify(fds[i], &gg, &idx, e2, sizeof(e2)) < 0) {
 			T->passed++;
 			snprintf(T->notes, sizeof(T->notes), "cw %u: a fragment was passed over (%s)",
 				 cw, e2);
@@ -149,6 +150,83 @@ static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, cons
 		ram_adjust(x->e->ram, -(int64_t)reserved[i]);
 	}
 	return rc;
+}
+
+/* Piece t of this node's shard into the staged files. */
+static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, const char *job,
+			uint64_t step, unsigned t, const struct ec_shard *sh, char *why,
+			size_t whylen)
+{
+	struct ec_sink sink = { .shard = sh, .fd = -1 };
+	unsigned cw, slot;
+
+	ecplan_piece(&x->plan->g[x->gi], (unsigned)x->pos, t, &cw, &slot);
+	return rebuild_member(T, x, dirfd, job, step, cw, slot, &sink, why, whylen);
+}
+
+/* ---- after a rebuild: this node's parity of the step, rebuilt too ---- */
+
+struct reprotect {
+	struct eng *e;
+	char job[RCFG_JOB_MAX + 1];
+	uint64_t step;
+	uint32_t nodes, dp;
+};
+
+/* The wiped node's M parity fragments of the step are rebuilt from the
+ * codewords' other members (ec_decode of a parity slot), so the step
+ * survives M more losses without waiting for the next one to be
+ * protected. The other nodes lost with this one are at most M - 1 more
+ * members of each codeword: K are left. On the replication worker. */
+static void reprotect_run(void *arg)
+{
+	struct reprotect *r = arg;
+	struct eng_ec_ctx x;
+	unsigned built = 0;
+	int dirfd = -1, fd;
+
+	if (ecx_ctx(r->e, r->nodes, r->dp, &x) < 0 || (dirfd = ecx_dir(r->e, r->job, r->step, true)) < 0)
+		goto out;
+	const struct ecplan_group *g = &x.plan->g[x.gi];
+	for (unsigned j = 0; j < g->m; j++) {
+		unsigned cw = ecplan_parity_cw(g, (unsigned)x.pos, j), slot = g->k + j;
+		char fin[64], tmp[64], why[400] = "";
+		struct stat st;
+		int rc;
+
+		snprintf(fin, sizeof(fin), "g%d-c%u-s%u.frag", x.gi, cw, slot);
+		if (faccessat(dirfd, fin, F_OK, 0) == 0) {
+			built++;
+			continue;
+		}
+		fd = ecx_tmpfile(dirfd, "par", tmp);
+		if (fd < 0)
+			break;
+		struct ec_sink sink = { .shard = NULL, .fd = fd };
+		rc = rebuild_member(NULL, &x, dirfd, r->job, r->step, cw, slot, &sink, why, sizeof(why));
+		if (rc == 0 && fstat(fd, &st) == 0)
+			ram_adjust(r->e->ram, (int64_t)st.st_blocks * 512);
+		close(fd);
+		if (rc == 0 && renameat(dirfd, tmp, dirfd, fin) < 0)
+			rc = -errno;
+		if (rc < 0) {
+			unlinkat(dirfd, tmp, 0);
+			log_warn("engine", "ec: job=%s step=%" PRIu64 ": parity cw %u slot %u not rebuilt: %s",
+				 r->job, r->step, cw, slot, why[0] ? why : strerror(-rc));
+			continue;
+		}
+		built++;
+	}
+	if (built == g->m && (fd = openat(dirfd, "protected", O_WRONLY | O_CREAT | O_CLOEXEC, 0600)) >= 0) {
+		close(fd);
+		log_info("engine", "ec: job=%s step=%" PRIu64 " parity rebuilt here (%u fragments, rs:%u+%u group %d)",
+			 r->job, r->step, g->m, g->k, g->m, x.gi);
+	}
+out:
+	if (dirfd >= 0)
+		close(dirfd);
+	ecx_ctx_free(&x);
+	free(r);
 }
 
 static int ec_get(void *self, struct tier_get *g, struct ram_stage *st, struct manifest **mf,
@@ -228,6 +306,13 @@ static void ec_got(void *self, const struct tier_get *g, const struct manifest *
 	/* the reservation was the manifest's size; holes take no RAM: count
 	 * what is held, as after a restore from the bucket */
 	ram_recount(g->ram);
+	struct reprotect *r = calloc(1, sizeof(*r));
+	if (r) {
+		*r = (struct reprotect){ .e = T->e, .step = g->as.step, .nodes = T->nodes, .dp = T->dp };
+		snprintf(r->job, sizeof(r->job), "%s", g->as.job);
+		if (workq_submit(T->e->replq, reprotect_run, r) < 0)
+			free(r);
+	}
 	metrics_add(MC_RESTORE_BYTES, mf->total);
 	log_info("engine", "restored job=%s step=%" PRIu64 " from erasure code %s: %u fragments fetched, %u passed over%s%s bytes=%" PRIu64 " secs=%.3f",
 		 g->as.job, g->as.step, T->red, T->fetched, T->passed, T->notes[0] ? "; " : "",

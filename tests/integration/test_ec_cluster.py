@@ -7,6 +7,8 @@ killed -9 with their RAMDIR wiped, then a job restart.
   restores every node's exact bytes; the lost nodes' logs say the shard
   was rebuilt from the erasure code; parity of older steps is dropped
   once a newer step is protected;
+- a rebuilt node rebuilds its own parity of the step too: three losses
+  of two nodes in a row with no new step restore the same step each time;
 - rs:4+1 on 5 nodes: 2 nodes lost (M + 1): nothing is restored (s0
   markers) and the coordinator's log names the short codeword; with a
   file:// bucket holding a backup the job restores the backup instead;
@@ -117,6 +119,26 @@ class EcCase(unittest.TestCase):
                        "only step %d's fragments kept" % step)
             self.lose(lost)
             self.restart_verify(job, step, lost)
+
+    def test_rebuilt_nodes_protect_again(self):
+        # a rebuilt node rebuilds its parity of the step as well: three
+        # losses of two nodes in a row, with no new step in between,
+        # each restore the same step exactly
+        c = self.make(6, "rs:4+2")
+        job = "ecagain"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
+        self.save_protected(job, 3)
+        for lost in ([0, 1], [2, 3], [4, 5]):
+            self.lose(lost)
+            self.restart_verify(job, 3, lost)
+            for r in lost:
+                wait_until(lambda: re.search(r"ec: job=%s step=3 parity rebuilt here" % job,
+                                             c.nodes[r].log_text()), 30,
+                           "node %d's parity of step 3 rebuilt" % r)
+            self.wait_protected(job, 3)
+            for r in lost:
+                frs = [x for x in self.frags(r, job, 3) if x.endswith(".frag")]
+                self.assertEqual(len(frs), 2, "node %d's parity: %s" % (r, frs))
 
     # -- M + 1 lost ----------------------------------------------------------
 
