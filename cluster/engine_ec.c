@@ -424,16 +424,24 @@ out:
 	free(hash);
 }
 
-struct send_job {
-	struct eng *e;
-	char job[RCFG_JOB_MAX + 1];
-	uint64_t step;
-	uint32_t nodes, dp;
-};
+int ecx_submit(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp,
+	       void (*fn)(void *))
+{
+	struct ecx_step_job *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	*s = (struct ecx_step_job){ .e = e, .step = step, .nodes = nodes, .dp = dp };
+	snprintf(s->job, sizeof(s->job), "%s", job);
+	if (workq_submit(e->replq, fn, s) < 0) {
+		free(s);
+		return -ENOMEM;
+	}
+	return 0;
+}
 
 static void send_run(void *arg)
 {
-	struct send_job *s = arg;
+	struct ecx_step_job *s = arg;
 	struct eng_ec_ctx x;
 	if (ecx_ctx(s->e, s->nodes, s->dp, &x) == 0)
 		send_frags(&x, s->job, s->step);
@@ -446,7 +454,6 @@ static void send_run(void *arg)
 static void maybe_send(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp)
 {
 	struct eng_ec_ctx x;
-	struct send_job *s;
 	uint64_t *size = NULL;
 	uint8_t (*hash)[32] = NULL;
 	int dirfd = -1;
@@ -459,12 +466,8 @@ static void maybe_send(struct eng *e, const char *job, uint64_t step, uint32_t n
 	dirfd = ecx_dir(e, job, step, false);
 	all = size && hash && dirfd >= 0 && ecx_load_metas(&x, dirfd, size, hash, -1, NULL, NULL) == 0 &&
 	      faccessat(dirfd, "sent", F_OK, 0) < 0;
-	if (all && (s = calloc(1, sizeof(*s)))) {
-		*s = (struct send_job){ .e = e, .step = step, .nodes = nodes, .dp = dp };
-		snprintf(s->job, sizeof(s->job), "%s", job);
-		if (workq_submit(e->replq, send_run, s) < 0)
-			free(s);
-	}
+	if (all)
+		ecx_submit(e, job, step, nodes, dp, send_run);
 out:
 	if (dirfd >= 0)
 		close(dirfd);

@@ -85,6 +85,16 @@ int  ecx_connect(struct eng *e, uint32_t rank, struct nconn **c);
  * or -errno (nothing left behind). */
 int  ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix, char tmp[64],
 		   uint64_t *reserved);
+/* Work about one step of a job, run fn(job) on the replication worker
+ * (fn frees it). 0 or -errno. */
+struct ecx_step_job {
+	struct eng *e;
+	char job[RCFG_JOB_MAX + 1];
+	uint64_t step;
+	uint32_t nodes, dp;
+};
+int  ecx_submit(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp,
+		void (*fn)(void *));
 /* A unique temporary file in dirfd (name into name[64]). fd or -errno. */
 int  ecx_tmpfile(int dirfd, const char *prefix, char name[64]);
 

@@ -166,13 +166,6 @@ static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, cons
 
 /* ---- after a rebuild: this node's parity of the step, rebuilt too ---- */
 
-struct reprotect {
-	struct eng *e;
-	char job[RCFG_JOB_MAX + 1];
-	uint64_t step;
-	uint32_t nodes, dp;
-};
-
 /* The wiped node's M parity fragments of the step are rebuilt from the
  * codewords' other members (ec_decode of a parity slot), so the step
  * survives M more losses without waiting for the next one to be
@@ -180,7 +173,7 @@ struct reprotect {
  * members of each codeword: K are left. On the replication worker. */
 static void reprotect_run(void *arg)
 {
-	struct reprotect *r = arg;
+	struct ecx_step_job *r = arg;
 	struct eng_ec_ctx x;
 	unsigned built = 0;
 	int dirfd = -1, fd;
@@ -306,13 +299,7 @@ static void ec_got(void *self, const struct tier_get *g, const struct manifest *
 	/* the reservation was the manifest's size; holes take no RAM: count
 	 * what is held, as after a restore from the bucket */
 	ram_recount(g->ram);
-	struct reprotect *r = calloc(1, sizeof(*r));
-	if (r) {
-		*r = (struct reprotect){ .e = T->e, .step = g->as.step, .nodes = T->nodes, .dp = T->dp };
-		snprintf(r->job, sizeof(r->job), "%s", g->as.job);
-		if (workq_submit(T->e->replq, reprotect_run, r) < 0)
-			free(r);
-	}
+	ecx_submit(T->e, g->as.job, g->as.step, T->nodes, T->dp, reprotect_run);
 	metrics_add(MC_RESTORE_BYTES, mf->total);
 	log_info("engine", "restored job=%s step=%" PRIu64 " from erasure code %s: %u fragments fetched, %u passed over%s%s bytes=%" PRIu64 " secs=%.3f",
 		 g->as.job, g->as.step, T->red, T->fetched, T->passed, T->notes[0] ? "; " : "",

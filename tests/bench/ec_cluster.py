@@ -20,20 +20,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 import harness  # noqa: E402
 from harness import wait_until  # noqa: E402
 from cluster import Cluster, shard_files  # noqa: E402
+from test_ec_cluster import du_trees as du  # noqa: E402
 
 MiB = 1 << 20
-
-
-def du(paths):
-    seen, total = set(), 0
-    for path in paths:
-        for root, _, files in os.walk(path):
-            for f in files:
-                st = os.lstat(os.path.join(root, f))
-                if st.st_ino not in seen:
-                    seen.add(st.st_ino)
-                    total += st.st_blocks * 512
-    return total
 
 
 def frags(c, r, job, step):
