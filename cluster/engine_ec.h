@@ -51,6 +51,10 @@ void eng_ec_gc(struct eng *e, const char *job, uint64_t safe);
 /* The restore needs k on this node and does not hold it: the code is a
  * source (true under rs and with no local record of k). */
 bool eng_ec_wanted(struct eng *e, const struct shard_key *k);
+/* The job restored step from the cluster: under rs, this node's parity of
+ * it that is missing (encoding cut short by a lost node, or a wiped node)
+ * is rebuilt in the background. */
+void eng_ec_restored(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp);
 /* The erasure-coded tier as a restore source for this node's shards of
  * a job of `nodes`/`dp`. tier_close frees. 0 or -ENOMEM. */
 int eng_ec_tier(struct eng *e, uint32_t nodes, uint32_t dp, struct tier *t);

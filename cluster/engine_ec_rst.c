@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 struct ec_tier {
@@ -166,28 +167,39 @@ static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, cons
 
 /* ---- after a rebuild: this node's parity of the step, rebuilt too ---- */
 
-/* The wiped node's M parity fragments of the step are rebuilt from the
- * codewords' other members (ec_decode of a parity slot), so the step
+/* Whichever of this node's M parity fragments of the step are missing
+ * (wiped, or the encoding was cut short by a lost node) are rebuilt from
+ * the codewords' other members (ec_decode of a parity slot), so the step
  * survives M more losses without waiting for the next one to be
- * protected. The other nodes lost with this one are at most M - 1 more
- * members of each codeword: K are left. On the replication worker. */
-static void reprotect_run(void *arg)
+ * protected. Other nodes lost with this one are at most M - 1 more
+ * members of each codeword: K are left; members that other nodes are
+ * still rebuilding (their manifests, their shard) come on a later try.
+ * On the replication worker. */
+static bool have_metas(struct eng_ec_ctx *x, int dirfd)
 {
-	struct ecx_step_job *r = arg;
-	struct eng_ec_ctx x;
+	uint64_t *size = calloc(x->nodes, sizeof(uint64_t));
+	uint8_t (*hash)[32] = calloc(x->nodes, 32);
+	bool ok = size && hash && ecx_load_metas(x, dirfd, size, hash, -1, NULL, NULL) == 0;
+	free(size);
+	free(hash);
+	return ok;
+}
+
+static unsigned reprotect_once(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step)
+{
+	const struct ecplan_group *g = &x->plan->g[x->gi];
 	unsigned built = 0;
-	int dirfd = -1, fd;
+	char why[400] = "";
 
-	if (ecx_ctx(r->e, r->nodes, r->dp, &x) < 0 || (dirfd = ecx_dir(r->e, r->job, r->step, true)) < 0)
-		goto out;
-	const struct ecplan_group *g = &x.plan->g[x.gi];
+	if (!have_metas(x, dirfd))   /* others cut data members from them */
+		fetch_metas(x, dirfd, job, step, why, sizeof(why));
 	for (unsigned j = 0; j < g->m; j++) {
-		unsigned cw = ecplan_parity_cw(g, (unsigned)x.pos, j), slot = g->k + j;
-		char fin[64], tmp[64], why[400] = "";
+		unsigned cw = ecplan_parity_cw(g, (unsigned)x->pos, j), slot = g->k + j;
+		char fin[64], tmp[64];
 		struct stat st;
-		int rc;
+		int rc, fd;
 
-		snprintf(fin, sizeof(fin), "g%d-c%u-s%u.frag", x.gi, cw, slot);
+		snprintf(fin, sizeof(fin), "g%d-c%u-s%u.frag", x->gi, cw, slot);
 		if (faccessat(dirfd, fin, F_OK, 0) == 0) {
 			built++;
 			continue;
@@ -196,30 +208,60 @@ static void reprotect_run(void *arg)
 		if (fd < 0)
 			break;
 		struct ec_sink sink = { .shard = NULL, .fd = fd };
-		rc = rebuild_member(NULL, &x, dirfd, r->job, r->step, cw, slot, &sink, why, sizeof(why));
+		why[0] = '\0';
+		rc = rebuild_member(NULL, x, dirfd, job, step, cw, slot, &sink, why, sizeof(why));
 		if (rc == 0 && fstat(fd, &st) == 0)
-			ram_adjust(r->e->ram, (int64_t)st.st_blocks * 512);
+			ram_adjust(x->e->ram, (int64_t)st.st_blocks * 512);
 		close(fd);
 		if (rc == 0 && renameat(dirfd, tmp, dirfd, fin) < 0)
 			rc = -errno;
 		if (rc < 0) {
 			unlinkat(dirfd, tmp, 0);
-			log_warn("engine", "ec: job=%s step=%" PRIu64 ": parity cw %u slot %u not rebuilt: %s",
-				 r->job, r->step, cw, slot, why[0] ? why : strerror(-rc));
+			log_info("engine", "ec: job=%s step=%" PRIu64 ": parity cw %u slot %u not rebuilt yet: %s",
+				 job, step, cw, slot, why[0] ? why : strerror(-rc));
 			continue;
 		}
 		built++;
 	}
-	if (built == g->m && (fd = openat(dirfd, "protected", O_WRONLY | O_CREAT | O_CLOEXEC, 0600)) >= 0) {
-		close(fd);
-		log_info("engine", "ec: job=%s step=%" PRIu64 " parity rebuilt here (%u fragments, rs:%u+%u group %d)",
-			 r->job, r->step, g->m, g->k, g->m, x.gi);
+	return built;
+}
+
+static void reprotect_run(void *arg)
+{
+	struct ecx_step_job *r = arg;
+	struct eng_ec_ctx x;
+	int dirfd = -1, fd;
+
+	if (ecx_ctx(r->e, r->nodes, r->dp, &x) < 0 || (dirfd = ecx_dir(r->e, r->job, r->step, true)) < 0)
+		goto out;
+	const struct ecplan_group *g = &x.plan->g[x.gi];
+	if (faccessat(dirfd, "protected", F_OK, 0) == 0)
+		goto out;
+	for (int a = 0; a < 4; a++) {
+		if (reprotect_once(&x, dirfd, r->job, r->step) == g->m) {
+			fd = openat(dirfd, "protected", O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+			if (fd >= 0)
+				close(fd);
+			log_info("engine", "ec: job=%s step=%" PRIu64 " parity rebuilt here (%u fragments, rs:%u+%u group %d)",
+				 r->job, r->step, g->m, g->k, g->m, x.gi);
+			goto out;
+		}
+		struct timespec ts = { .tv_sec = 1 << a, .tv_nsec = 0 };
+		nanosleep(&ts, NULL);
 	}
+	log_warn("engine", "ec: job=%s step=%" PRIu64 ": this node's parity could not be rebuilt; the step is protected again once a newer one is",
+		 r->job, r->step);
 out:
 	if (dirfd >= 0)
 		close(dirfd);
 	ecx_ctx_free(&x);
 	free(r);
+}
+
+void eng_ec_restored(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp)
+{
+	if (eng_ec_get(e, NULL))
+		ecx_submit(e, job, step, nodes, dp, reprotect_run);
 }
 
 static int ec_get(void *self, struct tier_get *g, struct ram_stage *st, struct manifest **mf,
@@ -298,8 +340,7 @@ static void ec_got(void *self, const struct tier_get *g, const struct manifest *
 	}
 	/* the reservation was the manifest's size; holes take no RAM: count
 	 * what is held, as after a restore from the bucket */
-	ram_recount(g->ram);
-	ecx_submit(T->e, g->as.job, g->as.step, T->nodes, T->dp, reprotect_run);
+	ram_recount(g->ram);   /* its parity follows after the barrier: eng_ec_restored */
 	metrics_add(MC_RESTORE_BYTES, mf->total);
 	log_info("engine", "restored job=%s step=%" PRIu64 " from erasure code %s: %u fragments fetched, %u passed over%s%s bytes=%" PRIu64 " secs=%.3f",
 		 g->as.job, g->as.step, T->red, T->fetched, T->passed, T->notes[0] ? "; " : "",

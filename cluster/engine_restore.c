@@ -417,6 +417,9 @@ restart:
 				e->lkg = e->safe = p.step;   /* older steps belong to the past */
 				snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", c->job);
 				pthread_mutex_unlock(&e->mu);
+				if (!p.bucket)   /* rs: complete this node's parity of it */
+					eng_ec_restored(e, c->job, p.step, (uint32_t)c->nodes,
+							(uint32_t)c->assume_dp);
 			}
 			rc = 0;
 			break;

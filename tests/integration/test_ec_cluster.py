@@ -210,14 +210,14 @@ class EcCase(unittest.TestCase):
         self.save_protected(job, 1)
         # node 5 commits step 2 and sends its manifest, then dies before
         # the others' manifests reach it: it never sends its fragments
-        c.save(job, 2, ranks=[5])
+        c.save(job, 2, ranks=[5], size=SIZE)
         wait_until(lambda: all("m5.mf" in self.frags(r, job, 2) for r in range(5)),
                    30, "node 5's manifest of step 2 everywhere")
         c.nodes[5].expect_log(EXPECTED)
         c.nodes[5].kill9()
         for d in c.nodes:
             d.expect_log(EXPECTED)
-        c.save(job, 2, ranks=range(5))
+        c.save(job, 2, ranks=range(5), size=SIZE)
         wait_until(lambda: all(re.search(r"ec: job=%s step=2 sent" % job,
                                          c.nodes[r].log_text()) for r in range(5)),
                    90, "the survivors tried to send their fragments of step 2")
@@ -298,6 +298,31 @@ class EcCase(unittest.TestCase):
         with open(errs) as f:
             self.assertRegex(f.read(), r"node \d runs redundancy (replication|rs:2\+1), node \d "
                              r"(rs:2\+1|replication): every node of a job needs the same")
+
+    def test_encoding_cut_short_completed_after_restart(self):
+        # as above, but node 5 comes back with its RAMDIR: the job restarts
+        # on step 2 (every shard held), the parity left incomplete is
+        # rebuilt after the restore, and a later loss is rebuilt from it
+        c = self.make(6, "rs:4+2")
+        job = "ecfix"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
+        self.save_protected(job, 1)
+        c.save(job, 2, ranks=[5], size=SIZE)
+        wait_until(lambda: all("m5.mf" in self.frags(r, job, 2) for r in range(5)),
+                   30, "node 5's manifest of step 2 everywhere")
+        for d in c.nodes:
+            d.expect_log(EXPECTED)
+        c.nodes[5].kill9()
+        c.save(job, 2, ranks=range(5), size=SIZE)
+        wait_until(lambda: all(re.search(r"ec: job=%s step=2 sent" % job,
+                                         c.nodes[r].log_text()) for r in range(5)),
+                   90, "the survivors tried to send their fragments of step 2")
+        self.assertLess(sum("protected" in self.frags(r, job, 2) for r in range(5)), 5)
+        c.nodes[5].start()
+        self.assertEqual(c.job_start(job), {r: 2 for r in range(6)})
+        self.wait_protected(job, 2)
+        self.lose([3])
+        self.restart_verify(job, 2, [3])
 
     # -- RAM -------------------------------------------------------------------
 
