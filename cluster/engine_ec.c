@@ -788,7 +788,7 @@ out:
 	return rc;
 }
 
-static void serve_data(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
+static void serve_data(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *m)
 {
 	struct eng_ec_ctx x = { 0 };
 	struct ec_req r;
@@ -797,6 +797,15 @@ static void serve_data(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 	int dirfd = -1, fd = -1, rc;
 
 	rc = parse_ctx(e, m, &r, true, &x);
+	if (rc == 0 && (r.group != (uint64_t)x.gi || r.cw >= x.plan->g[x.gi].n ||
+			r.slot >= x.plan->g[x.gi].k ||
+			x.plan->g[x.gi].unit[ecplan_slot_pos(&x.plan->g[x.gi], (unsigned)r.cw,
+							     (unsigned)r.slot)] != peer)) {
+		/* a data member comes from its unit only, as a replica from its owner */
+		snprintf(why, sizeof(why), "rank %d does not hold data slot %u of codeword %u", peer,
+			 (unsigned)r.slot, (unsigned)r.cw);
+		rc = -EPERM;
+	}
 	if (rc == 0)
 		rc = dirfd = ecx_dir(e, r.job, r.step, true);
 	if (rc >= 0)
@@ -974,7 +983,7 @@ void eng_ec_serve(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t 
 	else if (!strcmp(op, "ec_meta"))
 		serve_meta(e, c, peer, id, req);
 	else if (!strcmp(op, "ec_data"))
-		serve_data(e, c, id, req);
+		serve_data(e, c, peer, id, req);
 	else if (!strcmp(op, "ec_get"))
 		serve_get(e, c, id, req);
 	else if (!strcmp(op, "ec_metas"))

@@ -24,6 +24,7 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
      /usr/bin/python3 tests/integration/test_ec_cluster.py [-k NAME]
 """
 
+import errno
 import itertools
 import json
 import os
@@ -245,6 +246,30 @@ class EcCase(unittest.TestCase):
         S = sum(len(v) for v in shard_files(job, 2, 3, size).values())
         self.assertLess(abs(used - held), S // 10,
                         "ram_used %d, held %d (shard %d)" % (used, held, S))
+
+    # -- bad input -----------------------------------------------------------
+
+    def test_data_fragment_only_from_its_unit(self):
+        # rs:4+2 on 6 nodes: codeword 0's data slot 0 is node 2's piece and
+        # node 0 stores its first parity; node 3 (an authenticated peer)
+        # may not send that slot
+        import test_peer_security as ps
+        c = self.make(6, "rs:4+2")
+        job = "ecforge"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
+        self.save_protected(job, 1)
+        c.nodes[0].expect_log(r"ec: data fragment .* refused")
+        secret = ps.read_secret(c.secret)
+        with ps.Wire(c.addrs[0]) as w:
+            w.handshake(secret, rank=3, purpose="data")
+            w.send(ps.frame(ps.NT_REQ, {"op": "ec_data", "job": job, "step": 9, "group": 0,
+                                        "cw": 0, "slot": 0}, req_id=1))
+            w.send(ps.file_frame("fragment", b"x" * 4096))
+            with self.assertRaises(ps.Refused) as cm:
+                w.recv_json()
+        self.assertEqual(cm.exception.errno, errno.EPERM)
+        self.assertIn("rank 3 does not hold data slot 0 of codeword 0", cm.exception.text)
+        self.assertEqual(self.frags(0, job, 9), [])
 
     # -- the setting ---------------------------------------------------------
 
