@@ -79,9 +79,10 @@ static int peer_put(void *self, struct ram_tier *ram, const struct shard_key *k,
 {
 	struct peer_tier *p = self;
 	struct nconn *c = NULL;
+	struct net_hdr h;
 	json_t *req, *resp = NULL;
 	char *b64;
-	int dfd = -1, rc;
+	int dfd = -1, rc, sent;
 
 	rc = nconn_connect(p->addr, p->my_rank, "data", p->auth, 5000, &c, NULL);
 	if (rc < 0)
@@ -111,15 +112,17 @@ static int peer_put(void *self, struct ram_tier *ram, const struct shard_key *k,
 		rc = dfd;
 		goto out;
 	}
-	rc = xfer_send_files(c, dfd, mf);
-	if (rc == 0) {
-		struct net_hdr h;
-		rc = nconn_recv(c, XFER_TIMEOUT_MS, &h, &resp);
-		if (rc == 0 && h.type == NT_ERROR)
-			rc = net_error_errno(resp);
-		else if (rc == 0 && !json_is_true(json_object_get(resp, "ok")))
-			rc = -EPROTO;
-	}
+	sent = xfer_send_files(c, dfd, mf);
+	/* A peer that refuses a file (its CRC32C, no room) answers and closes
+	 * while the rest is still coming: the send breaks (EPIPE, ECONNRESET)
+	 * but the answer is there to read, and it says why. */
+	rc = nconn_recv(c, sent < 0 ? 1000 : XFER_TIMEOUT_MS, &h, &resp);
+	if (rc == 0 && h.type == NT_ERROR)
+		rc = net_error_errno(resp);
+	else if (sent < 0)
+		rc = sent;
+	else if (rc == 0 && !json_is_true(json_object_get(resp, "ok")))
+		rc = -EPROTO;
 out:
 	if (dfd >= 0)
 		close(dfd);

@@ -473,7 +473,10 @@ static void test_bucket_tier_restores_backup(void **state)
 
 /* Replication's way out: the peer tier's put pushes a shard to the
  * peer's data server, which keeps it as a replica; a second put finds it
- * there (TIER_HAD); a put the wrapper fails never reaches the peer. */
+ * there (TIER_HAD); a put the wrapper fails never reaches the peer; a
+ * replica the peer refuses while its files are still coming (a file
+ * failing its CRC32C) fails with the peer's reason, not with the broken
+ * pipe of the files that were still to go. */
 static void test_peer_tier_put(void **state)
 {
 	struct holder owner, to;
@@ -505,6 +508,31 @@ static void test_peer_tier_put(void **state)
 	assert_int_equal(tier_put(&tf, owner.ram, &k, rec.mf, rec.mflen, mf), TIER_HAD);
 	assert_int_equal(f.inner_calls, 2);
 
+	{
+		struct shard_key k2;
+		struct shard_rec r2 = { 0 };
+		struct manifest *m2 = NULL;
+		int dfd, fd;
+
+		key_of(&k2, 22, 1);
+		seal(&owner, &k2, SHF_OWN, &m2);
+		dfd = ram_shard_open(owner.ram, &k2);
+		fd = openat(dfd, "a", O_RDWR | O_CLOEXEC);   /* the first file sent */
+		assert_true(fd >= 0);
+		assert_int_equal(pwrite(fd, "A", 1, 0), 1);
+		close(fd);
+		close(dfd);
+		assert_int_equal(idx_get_shard(ram_idx(owner.ram), &k2, &r2), 0);
+		/* the race it was lost in came out either way: several tries */
+		for (int i = 0; i < 20; i++)
+			assert_int_equal(tier_put(&f.inner, owner.ram, &k2, r2.mf, r2.mflen, m2),
+					 -EBADMSG);
+		assert_int_equal(idx_get_shard(ram_idx(to.ram), &k2, &(struct shard_rec){ 0 }),
+				 -ENOENT);
+		idx_rec_clear(&r2);
+		mf_free(m2);
+	}
+
 	/* the RAM tier takes no shards this way */
 	{
 		struct tier t;
@@ -534,26 +562,38 @@ static void *serve_one(void *arg)
 	return NULL;
 }
 
+/* A data connection to `to`'s data server from rank peer over a
+ * socketpair: the server's side runs on_data on *thr; *cc is ours. */
+static void pair_open(struct holder *to, int peer, struct serve *s, pthread_t *thr,
+		      struct nconn **cc)
+{
+	int sv[2];
+
+	s->e = to->e;
+	s->peer = peer;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	assert_int_equal(nconn_from_fd(sv[0], NULL, peer, "pair", NULL, 0, NULL, NULL, &s->c), 0);
+	assert_int_equal(nconn_from_fd(sv[1], NULL, to->e->rank, "pair", NULL, 0, NULL, NULL, cc), 0);
+	assert_int_equal(pthread_create(thr, NULL, serve_one, s), 0);
+}
+
 /* Push shard k of `from` to `to` as rank `peer` over a socketpair, as
  * replication does: 0 when the replica was accepted, else the -errno the
  * server answered. *sent: the files went (the server asked for them). */
 static int push_pair(struct holder *from, struct holder *to, const struct shard_key *k, int peer,
 		     bool *sent)
 {
-	struct serve s = { .e = to->e, .peer = peer };
+	struct serve s;
 	struct shard_rec rec = { 0 };
 	struct manifest *mf = NULL;
 	struct nconn *cc = NULL;
 	json_t *req, *resp = NULL;
 	pthread_t thr;
 	char *b64;
-	int sv[2], rc, src, dfd;
+	int rc, src, dfd;
 
 	*sent = false;
-	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-	assert_int_equal(nconn_from_fd(sv[0], NULL, peer, "pair", NULL, 0, NULL, NULL, &s.c), 0);
-	assert_int_equal(nconn_from_fd(sv[1], NULL, to->e->rank, "pair", NULL, 0, NULL, NULL, &cc), 0);
-	assert_int_equal(pthread_create(&thr, NULL, serve_one, &s), 0);
+	pair_open(to, peer, &s, &thr, &cc);
 
 	assert_int_equal(idx_get_shard(ram_idx(from->ram), k, &rec), 0);
 	assert_int_equal(mf_decode(rec.mf, rec.mflen, &mf), 0);
@@ -642,6 +682,61 @@ static void test_serve_push_over_socketpair(void **state)
 	holder_stop(&to);
 }
 
+/* One request on a socketpair data connection to h's server: rc and the
+ * answer (*resp, the caller's). */
+static int ask_pair(struct holder *h, json_t *req, json_t **resp)
+{
+	struct serve s;
+	struct nconn *cc = NULL;
+	pthread_t thr;
+	int rc;
+
+	pair_open(h, 1, &s, &thr, &cc);
+	rc = nconn_call(cc, req, resp, 10000);
+	nconn_close(cc);
+	assert_int_equal(pthread_join(thr, NULL), 0);
+	return rc;
+}
+
+/* The list request (mtcfs-admin's cluster view) names what the node holds
+ * and its rank; an unknown request is ENOSYS. */
+static void test_serve_list_and_unknown_op(void **state)
+{
+	struct holder h;
+	struct shard_key own, rep;
+	json_t *req, *resp = NULL, *shards, *x;
+	size_t i;
+	int found = 0;
+
+	holder_start(*state, "h", 4, false, &h);
+	key_of(&own, 30, 4);
+	seal(&h, &own, SHF_OWN, NULL);
+	key_of(&rep, 30, 2);
+	seal(&h, &rep, 0, NULL);
+	req = json_pack("{s:s,s:s}", "op", "list", "job", "job");
+	assert_int_equal(ask_pair(&h, req, &resp), 0);
+	json_decref(req);
+	assert_int_equal(json_integer_value(json_object_get(resp, "rank")), 4);
+	shards = json_object_get(resp, "shards");
+	assert_int_equal(json_array_size(shards), 2);
+	json_array_foreach(shards, i, x) {
+		int owner = (int)json_integer_value(json_object_get(x, "owner"));
+		assert_int_equal(json_integer_value(json_object_get(x, "step")), 30);
+		assert_string_equal(json_string_value(json_object_get(x, "state")), "committed");
+		assert_int_equal(json_is_true(json_object_get(x, "own")), owner == 4);
+		found |= owner == 4 ? 1 : owner == 2 ? 2 : 4;
+	}
+	assert_int_equal(found, 3);
+	json_decref(resp);
+	resp = NULL;
+
+	req = json_pack("{s:s}", "op", "frobnicate");
+	assert_int_equal(ask_pair(&h, req, &resp), -ENOSYS);
+	json_decref(req);
+	json_decref(resp);
+	holder_stop(&h);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);   /* a closed connection is an error, not a death */
@@ -659,6 +754,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_bucket_tier_restores_backup, tmp_setup,
 						tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_serve_push_over_socketpair, tmp_setup,
+						tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_serve_list_and_unknown_op, tmp_setup,
 						tmp_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
