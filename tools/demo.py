@@ -14,117 +14,60 @@ end, also on errors and Ctrl-C.
 """
 import argparse
 import hashlib
-import json
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 MiB = 1 << 20
 JOB = "demo-job"
+HERE = os.path.dirname(os.path.abspath(__file__))
+INTEG = os.path.join(os.path.dirname(HERE), "tests", "integration")
+
+# the tests' harness (imported in main(), once MTCFS_BIN points at --build)
+harness = None
+cluster = None
 
 
 def say(msg):
     print("demo: " + msg, flush=True)
 
 
-def wait_until(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = cond()
-        if r:
-            return r
-        time.sleep(0.02)
-    raise SystemExit("demo: timed out waiting for " + what)
+def make_node_class():
+    class DemoNode(harness.Daemon):
+        """A harness daemon (-d) whose RAMDIR is on the demo's tmpfs and
+        whose mount and log are in the demo's directory."""
+
+        def __init__(self, rank, work, tmpfs, **kw):
+            ramdir = os.path.join(tmpfs, "node%d" % rank)
+            mnt = os.path.join(work, "ckpt%d" % rank)
+            os.mkdir(ramdir)
+            os.mkdir(mnt)
+            super().__init__(ramdir, mnt, extra_args=["-d"],
+                             log_path=os.path.join(work, "node%d.log" % rank), **kw)
+            self.rank = rank
+            # a killed peer or coordinator is what the demo does: the
+            # survivors' WARN/ERROR lines about it are expected
+            self.expect_log(r"^\S+Z (ERROR|WARN) ")
+    return DemoNode
 
 
-def mounted(mnt):
-    with open("/proc/mounts") as f:
-        return any(l.split()[1] == mnt and l.split()[2] == "fuse.mtcfs" for l in f)
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-class Node:
-    def __init__(self, binary, rank, ramdir, mnt, opts, log):
-        self.binary, self.rank, self.ramdir, self.mnt = binary, rank, ramdir, mnt
-        self.opts, self.log, self.proc = opts, log, None
-
-    def start(self):
-        self.proc = subprocess.Popen([self.binary, "-f", "-d", "-o", self.opts, self.ramdir, self.mnt],
-                                     stdout=self.log, stderr=self.log, start_new_session=True)
-        wait_until(lambda: mounted(self.mnt), 30, "the mount of node %d" % self.rank)
-
-    def kill9(self):
-        self.proc.kill()
-        self.proc.wait()
-        subprocess.run(["fusermount3", "-u", "-z", self.mnt], stderr=subprocess.DEVNULL)
-        self.proc = None
-
-    def stop(self):
-        if self.proc:
-            subprocess.run(["fusermount3", "-u", self.mnt], stderr=subprocess.DEVNULL)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-        if mounted(self.mnt):
-            subprocess.run(["umount", "-l", self.mnt], stderr=subprocess.DEVNULL)
-
-
-def node_job_start(node, nodes, out):
-    """What Orbax's initialize_multi_tier_checkpointing does on one node."""
-    mnt = node.mnt
-    yaml = os.path.join(mnt, "replicator.yaml")
-    wait_until(lambda: not os.path.exists(yaml), 30, "replicator.yaml to be absent")
-    with open(yaml + ".tmp", "w") as f:
-        f.write("job-name: %s\nframework: orbax\nnode-rank: %d\nnodes: %d\npeers-per-node: 1\n"
-                "backup-interval-steps: 1\n" % (JOB, node.rank, nodes))
-    os.replace(yaml + ".tmp", yaml)
-    t0 = time.monotonic()
-    wait_until(lambda: not os.path.exists(yaml), 60, "mtcfs to take replicator.yaml")
-    failed = os.path.join(mnt, "replicator.failed")
-
-    def markers():
-        if os.path.exists(failed):
-            raise SystemExit("demo: node %d: %s" % (node.rank, open(failed).read()))
-        return [m for m in os.listdir(mnt) if m.endswith(".restore")]
-    ms = wait_until(markers, 120, "a .restore marker on node %d" % node.rank)
-    step = int(re.match(r".*-s(\d+)-n\d+-w\d+\.restore$", ms[0]).group(1))
-    target = None
-    if step:
-        target = os.readlink(os.path.join(mnt, ms[0]))
-        os.replace(os.path.join(mnt, ms[0]), os.path.join(mnt, str(step)))
-    out[node.rank] = (step, target, time.monotonic() - t0)
-
-
-def job_start(nodes):
-    out, ts = {}, []
-    for n in nodes:
-        t = threading.Thread(target=node_job_start, args=(n, len(nodes), out))
-        t.start()
-        ts.append(t)
-    for t in ts:
-        t.join()
-    if len(out) != len(nodes):
-        raise SystemExit("demo: the job did not start on every node")
-    return out
+def job_start(c):
+    """Every node (in parallel) starts the job the way Orbax's
+    initialize_multi_tier_checkpointing does, then renames its marker to
+    <step> (Orbax's restore). {rank: (step, marker target, secs)}."""
+    res = {}
+    for r, step in c.job_start(JOB, timeout=120).items():
+        _, ms, secs = c.started[r]
+        mnt = c.nodes[r].mnt
+        target = None
+        if step:
+            target = os.readlink(os.path.join(mnt, ms[0]))
+            os.replace(os.path.join(mnt, ms[0]), os.path.join(mnt, str(step)))
+        res[r] = (step, target, secs)
+    return res
 
 
 def state(step, rank):
@@ -150,9 +93,8 @@ def save(node, step):
     os.rename(tmp, os.path.join(node.mnt, str(step)))
 
 
-def catalog(admin, node):
-    out = subprocess.run([admin, "ls", node.ramdir, "--json"], stdout=subprocess.PIPE).stdout
-    return json.loads(out)["shards"]
+def catalog(node):
+    return harness.admin_ls(node.ramdir)["shards"]
 
 
 def verify(node, step):
@@ -163,74 +105,66 @@ def verify(node, step):
 
 
 def main():
+    global harness, cluster
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--nodes", type=int, default=3)
     a = ap.parse_args()
-    binary = os.path.abspath(os.path.join(a.build, "mtcfs"))
-    admin = os.path.abspath(os.path.join(a.build, "mtcfs-admin"))
+    os.environ["MTCFS_BIN"] = os.path.abspath(os.path.join(a.build, "mtcfs"))
+    os.environ["MTCFS_ADMIN"] = os.path.abspath(os.path.join(a.build, "mtcfs-admin"))
+    sys.path.insert(0, INTEG)
+    import harness as h
+    import cluster as cm
+    harness, cluster = h, cm
+    # Ctrl-C and SIGTERM end in the finally below: nodes stopped, tmpfs gone
+    signal.signal(signal.SIGTERM, lambda *x: sys.exit(1))
+    wait_until = harness.wait_until
     work = tempfile.mkdtemp(prefix="mtcfs-demo-")
     tmpfs = os.path.join(work, "ram")
     os.mkdir(tmpfs)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4G,huge=always", "mtcfs-demo", tmpfs], check=True)
     bucket = os.path.join(work, "bucket")
-    secret = os.path.join(work, "secret")
-    with open(secret, "w") as f:
-        f.write(os.urandom(24).hex() + "\n")
-    addrs = ["127.0.0.1:%d" % p for p in free_ports(a.nodes)]
-    log = open(os.path.join(work, "mtcfs.log"), "ab")
-    nodes = []
-    for r in range(a.nodes):
-        ramdir, mnt = os.path.join(tmpfs, "node%d" % r), os.path.join(work, "ckpt%d" % r)
-        os.mkdir(ramdir)
-        os.mkdir(mnt)
-        opts = "ram_size=1G,listen=%s,peers=%s,secret_file=%s,restore_timeout=30,bucket=file://%s" % (
-            addrs[r], ",".join(addrs), secret, bucket)
-        nodes.append(Node(binary, r, ramdir, mnt, opts, log))
-    signal.signal(signal.SIGTERM, lambda *x: sys.exit(1))
+    DemoNode = make_node_class()
+    c = None
     ok = False
     try:
-        say("%d nodes on loopback %s, RAM tiers on tmpfs %s" % (a.nodes, ", ".join(addrs), tmpfs))
-        for n in nodes:
-            n.start()
+        # the tests' cluster: ports, peers= table, shared secret, the nodes
+        c = cluster.Cluster(a.nodes, ram_size="1G", restore_timeout=30,
+                            extra="bucket=file://" + bucket,
+                            make_node=lambda r, **kw: DemoNode(r, work, tmpfs, **kw))
+        c.interval = "backup-interval-steps: 1"
+        nodes = c.nodes
+        say("%d nodes on loopback %s, RAM tiers on tmpfs %s" % (a.nodes, ", ".join(c.addrs), tmpfs))
+        c.start()
         say("job incarnation 1 starts on every node")
-        res = job_start(nodes)
+        res = job_start(c)
         say("  nothing to restore: %s" % sorted({s for s, _, _ in res.values()}))
         for step in (100, 200):
             for n in nodes:
                 save(n, step)
             say("  every node saved step %d (32 MiB per node)" % step)
-
-        def replicated():
-            owners = {}
-            for n in nodes:
-                for s in catalog(admin, n):
-                    if s["step"] == 200 and s["state"] in ("committed", "replicated", "backed-up"):
-                        owners.setdefault(s["rank"], set()).add(n.rank)
-            return all(len(owners.get(r, ())) >= 2 for r in range(a.nodes))
-        wait_until(replicated, 60, "step 200 to be replicated")
+        c.wait_replicated(JOB, 200, timeout=60)
         say("  step 200 of every node is in RAM on two nodes:")
         for n in nodes:
             held = ["node %d%s" % (s["rank"], "" if s["own"] else " (replica)")
-                    for s in catalog(admin, n) if s["step"] == 200]
+                    for s in catalog(n) if s["step"] == 200]
             say("    node %d holds step 200 of %s" % (n.rank, ", ".join(held)))
         say("kill -9 node 1 and give it an EMPTY RAM tier (a replaced machine)")
         nodes[1].kill9()
-        shutil.rmtree(nodes[1].ramdir)
-        os.mkdir(nodes[1].ramdir)
+        nodes[1].wipe_ramdir()
         nodes[1].start()
         say("job incarnation 2 starts on every node")
-        res = job_start(nodes)
+        res = job_start(c)
         for r in sorted(res):
             step, target, secs = res[r]
             say("  node %d: restored step %d (%s), markers after %.0f ms" % (r, step, target, secs * 1e3))
             if step != 200:
                 raise SystemExit("demo: node %d restored step %s, expected 200" % (r, step))
             verify(nodes[r], step)
-        src = [l for l in open(os.path.join(work, "mtcfs.log"), errors="replace")
-               if "restored job=%s step=200" % JOB in l]
-        for l in src:
-            say("  " + l.split(" INFO ")[-1].strip())
+        for n in nodes:
+            for line in n.log_text().splitlines():
+                if "restored job=%s step=200" % JOB in line:
+                    say("  " + line.split(" INFO ")[-1].strip())
         say("  every node's step 200 equals what it wrote; node 1's came from its peer")
 
         for n in nodes:
@@ -250,11 +184,10 @@ def main():
         say("kill -9 EVERY node and wipe every RAM tier (the whole job lost its machines)")
         for n in nodes:
             n.kill9()
-            shutil.rmtree(n.ramdir)
-            os.mkdir(n.ramdir)
+            n.wipe_ramdir()
             n.start()
         say("job incarnation 3 starts on every node")
-        res = job_start(nodes)
+        res = job_start(c)
         for r in sorted(res):
             step, target, secs = res[r]
             pre = open(os.path.join(nodes[r].mnt, "replicator.prerestore")).read().split()
@@ -266,14 +199,15 @@ def main():
         say("  every node's step 300 equals what it wrote")
         ok = True
     finally:
-        for n in nodes:
-            n.stop()
-        log.close()
-        subprocess.run(["umount", tmpfs], stderr=subprocess.DEVNULL)
-        if ok:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            say("left %s for inspection (mtcfs.log)" % work)
+        try:
+            if c is not None:
+                c.close()
+        finally:
+            subprocess.run(["umount", tmpfs], stderr=subprocess.DEVNULL)
+            if ok:
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                say("left %s for inspection (node*.log)" % work)
     say("done")
 
 

@@ -79,17 +79,12 @@ run's temp dir, removed with it.
 """
 
 import argparse
-import atexit
-import calendar
 import datetime
 import json
 import os
 import platform
-import re
 import select
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -98,131 +93,24 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import benchlib  # noqa: E402  (what run and peerbench.py share)
+from benchlib import (  # noqa: E402,F401
+    GiB, MiB, KiB, BenchError, LogTail, children_cpu_s, cpu_busy_s, forget, forget_calls,
+    free_ports, human_size, log, log_epoch, mem_available, mount_fstype, mounts_below,
+    on_cleanup, own_cpu_s,
+    proc_cpu_s, proc_status_kib, quiet, read_sysctl, run_cleanup, stats, wait_until,
+    write_sysctl)
 PIPE_MAX = "/proc/sys/fs/pipe-max-size"
 PIPE_WANT = 4 * 1024 * 1024
-GiB = 1 << 30
-MiB = 1 << 20
-KiB = 1 << 10
 COMMITTED_STATES = ("committed", "replicated", "backed-up")
 PARTS = ("redundancy", "redundancy-tls", "restore", "write", "coord")
 JOB = "peerbench"
 
-
-def log(msg):
-    sys.stderr.write("[peerbench %s] %s\n" % (time.strftime("%H:%M:%S"), msg))
-    sys.stderr.flush()
-
-
-class BenchError(Exception):
-    pass
-
-
-# --- cleanup: one LIFO stack, run once, on every way out ------------------------
-
-_CLEANUP = []
-
-
-def on_cleanup(fn, *args):
-    item = [fn, args]
-    _CLEANUP.append(item)
-    return item
-
-
-def forget(token):
-    if token in _CLEANUP:
-        _CLEANUP.remove(token)
-
-
-def run_cleanup():
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        try:
-            signal.signal(s, signal.SIG_IGN)
-        except (OSError, ValueError):
-            pass
-    while _CLEANUP:
-        fn, args = _CLEANUP.pop()
-        try:
-            fn(*args)
-        except Exception as e:           # keep going: reap everything
-            log("cleanup: %s" % e)
-
-
-def _on_signal(signum, frame):
-    log("signal %d: unmounting and stopping what was started" % signum)
-    raise SystemExit(128 + signum)
-
-
-atexit.register(run_cleanup)
-for _s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-    signal.signal(_s, _on_signal)
+benchlib.setup("peerbench")
 
 
 # --- small helpers -----------------------------------------------------------------
-
-def wait_until(cond, timeout, what, interval=0.002, check=None, max_interval=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        if check is not None:
-            check()
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() >= deadline:
-            raise BenchError("timed out after %.0fs waiting for %s" % (timeout, what))
-        time.sleep(interval)
-        interval = min(interval * 2, max_interval)
-
-
-def _unescape(s):
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
-
-
-def mount_fstype(path):
-    path = os.path.realpath(path)
-    found = None
-    with open("/proc/mounts") as f:
-        for line in f:
-            p = line.split()
-            if len(p) >= 3 and _unescape(p[1]) == path:
-                found = p[2]
-    return found
-
-
-def quiet(argv, timeout=60):
-    try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return subprocess.CompletedProcess(argv, -1, str(e).encode())
-
-
-def read_sysctl(path):
-    with open(path) as f:
-        return f.read().strip()
-
-
-def write_sysctl(path, value):
-    with open(path, "w") as f:
-        f.write(str(value))
-
-
-def cpu_busy_s():
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_s():
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-def stats(samples):
-    return {"samples": [round(x, 6) for x in samples],
-            "min": min(samples), "median": statistics.median(samples),
-            "max": max(samples)}
-
 
 def fmt_num(v, unit):
     if v is None:
@@ -234,40 +122,6 @@ def fmt_num(v, unit):
     if unit == "MiB":
         return "%.0f" % v if v >= 100 else "%.1f" % v
     return "%.2f" % v
-
-
-def human_size(n):
-    for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
-        if n >= div and n % div == 0:
-            return "%d %s" % (n // div, unit)
-    return "%d B" % n
-
-
-def free_ports(n):
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
-def mem_available():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def proc_cpu_s(pid):
-    """utime + stime of every thread of a live process, in seconds."""
-    with open("/proc/%d/stat" % pid) as f:
-        v = f.read().rsplit(")", 1)[1].split()
-    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu_s(pid, comm):
@@ -290,142 +144,15 @@ def thread_cpu_s(pid, comm):
     return tot / os.sysconf("SC_CLK_TCK")
 
 
-def children_cpu_s():
-    """CPU seconds of the reaped children of this process so far."""
-    t = os.times()
-    return t.children_user + t.children_system
-
-
-def proc_status_kib(pid, key):
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-LOG_TS = re.compile(r"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z ")
-
-
-def log_epoch(line):
-    """Wall-clock time (s since the epoch) of a daemon log line."""
-    m = LOG_TS.match(line)
-    if not m:
-        return None
-    y, mo, d, h, mi, s, ms = (int(x) for x in m.groups())
-    return calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)) + ms / 1000.0
-
-
 # --- the daemon --------------------------------------------------------------------
 
-class Daemon:
-    """mtcfs -f -d -o OPTS RAMDIR MNT; its log (appended across restarts)
-    in the output dir."""
+class Daemon(benchlib.Daemon):
+    """benchlib's daemon (the tests' harness.Daemon), -d by default, its
+    log OUT/peer-NAME-MODE.log."""
 
-    def __init__(self, bench, ramdir, mnt, opts, name):
-        self.bench = bench
-        self.ramdir = ramdir
-        self.mnt = mnt
-        self.opts = opts
-        self.name = name
-        self.log_path = os.path.join(bench.out_dir, "peer-%s-%s.log" % (name, bench.mode))
-        self.proc = None
-        self.token = None
-
-    def start(self):
-        argv = [self.bench.mtcfs, "-f", "-d", "-o", self.opts, self.ramdir, self.mnt]
-        with open(self.log_path, "ab") as logf:
-            logf.write(("=== %s\n" % " ".join(argv)).encode())
-            logf.flush()
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
-                                         stderr=logf, start_new_session=True)
-        # (re-)registered on every start: after a restart on a fresh RAMDIR
-        # tmpfs the daemon must stop before that tmpfs is unmounted
-        forget(self.token)
-        self.token = on_cleanup(self.stop)
-        wait_until(lambda: mount_fstype(self.mnt) == "fuse.mtcfs", 30,
-                   "mtcfs mounted on %s" % self.mnt, check=self.check_alive)
-        return self
-
-    @property
-    def pid(self):
-        return self.proc.pid if self.proc else None
-
-    def check_alive(self):
-        if self.proc is not None and self.proc.poll() is not None:
-            rc = self.proc.returncode
-            self.proc = None
-            raise BenchError("mtcfs %s exited (rc=%s); see %s" % (self.name, rc, self.log_path))
-
-    def kill9(self):
-        """kill -9 (no unmount by the daemon), then clear the dead mount."""
-        if self.proc is not None:
-            try:
-                os.kill(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-            self.proc = None
-        self._force_unmount()
-        wait_until(lambda: mount_fstype(self.mnt) is None, 10, "dead mount %s gone" % self.mnt)
-
-    def stop(self):
-        forget(self.token)
-        self.token = None
-        if self.proc is None:
-            self._force_unmount()
-            return
-        if mount_fstype(self.mnt) is not None:
-            r = quiet(["fusermount3", "-u", self.mnt])
-            if r.returncode != 0:
-                log("fusermount3 -u %s failed: %s" % (
-                    self.mnt, r.stdout.decode(errors="replace").strip()))
-                self._force_unmount()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            log("mtcfs pid %d did not exit after unmount; killing" % self.pid)
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-        self._force_unmount()
-
-    def _force_unmount(self):
-        for argv in (["fusermount3", "-u", "-z", self.mnt], ["umount", "-l", self.mnt]):
-            if mount_fstype(self.mnt) is None:
-                return
-            quiet(argv)
-
-    def log_size(self):
-        try:
-            return os.path.getsize(self.log_path)
-        except OSError:
-            return 0
-
-    def tail(self, since=None):
-        return LogTail(self.log_path, self.log_size() if since is None else since)
-
-    def bad_log_lines(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return []
-        return [ln for ln in text.splitlines()
-                if re.search(r" ERROR |AddressSanitizer|runtime error:", ln)]
-
-    # -- the application's side of the protocol --
-
-    def write_yaml(self, text):
-        y = os.path.join(self.mnt, "replicator.yaml")
-        wait_until(lambda: not os.path.exists(y), 60, "replicator.yaml absent on %s" % self.name,
-                   check=self.check_alive)
-        with open(y + ".tmp", "w") as f:
-            f.write(text)
-        os.rename(y + ".tmp", y)
+    def __init__(self, bench, ramdir, mnt, opts, name, debug=True):
+        super().__init__(bench, ramdir, mnt, opts, name, os.path.join(
+            bench.out_dir, "peer-%s-%s.log" % (name, bench.mode)), debug=debug)
 
     def wait_yaml_consumed(self, timeout=60):
         y = os.path.join(self.mnt, "replicator.yaml")
@@ -438,65 +165,6 @@ class Daemon:
             return not os.path.exists(y)
         wait_until(gone, timeout, "replicator.yaml consumed on %s" % self.name,
                    interval=0.001, check=self.check_alive)
-
-
-class LogTail:
-    """Incremental reader of a daemon log from an offset."""
-
-    def __init__(self, path, since):
-        self.path = path
-        self.pos = since
-        self.part = b""
-        self.lines = []
-
-    def poll(self):
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.pos)
-                data = f.read()
-        except OSError:
-            return
-        if not data:
-            return
-        self.pos += len(data)
-        data = self.part + data
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            self.part = data
-            return
-        self.part = data[cut + 1:]
-        self.lines.extend(data[:cut].decode(errors="replace").split("\n"))
-
-    def find(self, regex):
-        rx = re.compile(regex)
-        self.poll()
-        for ln in self.lines:
-            m = rx.search(ln)
-            if m:
-                return m, ln
-        return None
-
-    def wait(self, regex, timeout, what, check=None, interval=0.001, fail=None):
-        """Poll every `interval` s until a line matches; returns (match, line).
-        A line matching `fail` raises BenchError."""
-        rx = re.compile(regex)
-        frx = re.compile(fail) if fail else None
-        deadline = time.monotonic() + timeout
-        seen = 0
-        while True:
-            self.poll()
-            for ln in self.lines[seen:]:
-                m = rx.search(ln)
-                if m:
-                    return m, ln
-                if frx and frx.search(ln):
-                    raise BenchError("%s: %s" % (what, ln))
-            seen = len(self.lines)
-            if check is not None:
-                check()
-            if time.monotonic() >= deadline:
-                raise BenchError("timed out after %.0fs waiting for %s" % (timeout, what))
-            time.sleep(interval)
 
 
 class LineReader:
@@ -637,8 +305,7 @@ class Bench:
         log("mutual TLS: EC P-256 CA and %d node certificates in %s" % (nnodes, d))
 
     def _rm_workdir(self):
-        with open("/proc/mounts") as f:
-            busy = [ln for ln in f if _unescape(ln.split()[1]).startswith(self.workdir + "/")]
+        busy = mounts_below(self.workdir)
         if busy:
             log("not removing %s: still mounted: %s" % (self.workdir, busy))
             return
@@ -668,9 +335,7 @@ class Bench:
             quiet(["umount", "-l", p])
 
     def umount_tmpfs(self, p):
-        for item in list(_CLEANUP):
-            if item[0] == self._umount and item[1] == (p,):
-                forget(item)
+        forget_calls(self._umount, p)
         self._umount(p)
 
     def fresh_tmpfs(self, p, name, size):
@@ -680,9 +345,9 @@ class Bench:
             raise BenchError("cannot unmount %s" % p)
         return self.tmpfs(name, size, path=p)
 
-    def daemon(self, ramdir, opts, name):
+    def daemon(self, ramdir, opts, name, debug=True):
         mnt = self.path(name + "-mnt")
-        d = Daemon(self, ramdir, mnt, opts, name)
+        d = Daemon(self, ramdir, mnt, opts, name, debug=debug)
         if os.path.exists(d.log_path):
             os.unlink(d.log_path)
         d.start()
@@ -1324,9 +989,11 @@ def coord_one(bench, n, rounds):
     port = free_ports(1)[0]
     addr = "127.0.0.1:%d" % port
     ram = bench.tmpfs("coord%d-ram" % n, 512 * MiB)
+    # INFO: the restore lines are all this needs; with -d the coordinator
+    # would log a line per message of the N nodes inside the timed windows
     d = bench.daemon(ram, "ram_size=%d,listen=%s,coordinator=%s,rank=0,restore_timeout=120,"
                           "secret_file=%s" % (384 * MiB, addr, addr, bench.secret),
-                     "coord%d" % n)
+                     "coord%d" % n, debug=False)
     rss_idle = proc_status_kib(d.pid, "VmRSS")
     errlog = open(os.path.join(bench.out_dir, "peer-coordload%d-%s.log" % (n, bench.mode)), "wb")
     proc = subprocess.Popen([bench.coordload, "--coord", addr, "--nodes", str(n), "--job", job,

@@ -45,12 +45,12 @@ when no cell failed and the soak (if asked) had no bad restore.
 """
 
 import argparse
+import functools
 import hashlib
 import json
 import os
 import random
 import re
-import select
 import shutil
 import signal
 import stat
@@ -60,14 +60,13 @@ import tempfile
 import threading
 import time
 import traceback
-import urllib.error
 import urllib.parse
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 INTEG = os.path.join(REPO, "tests", "integration")
-GCS_SERVER = os.path.join(REPO, "tests", "gcs_server", "gcs_server.py")
+sys.path.insert(0, INTEG)
+import gcs  # noqa: E402  (harness itself is imported in main())
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -245,6 +244,12 @@ class Net:
         self.made = []
 
 
+def hold_fault(secs):
+    """Let a fault (a cut link) last secs: its length is what the cell
+    is about, so this is the one fixed sleep of a cell, not a wait."""
+    time.sleep(secs)
+
+
 # --- buckets --------------------------------------------------------------------
 
 class FileBucket:
@@ -324,56 +329,17 @@ class FileBucket:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-class GcsServer:
-    """tests/gcs_server/gcs_server.py, one per driver run."""
-
-    def __init__(self, host):
-        self.p = subprocess.Popen(
-            ["/usr/bin/python3", GCS_SERVER, "--host", host, "--port", "0", "--exit-on-eof"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            start_new_session=True)
-        r, _, _ = select.select([self.p.stdout], [], [], 30)
-        line = self.p.stdout.readline().decode() if r else ""
-        if not line.startswith("PORT="):
-            self.stop()
-            raise RuntimeError("gcs_server did not start: %r" % line)
-        self.host = "%s:%d" % (host, int(line[5:]))
-        self.base = "http://" + self.host
-        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-    def request(self, method, path, body=None, headers=None):
-        req = urllib.request.Request(self.base + path, data=body, method=method,
-                                     headers=headers or {})
-        try:
-            with self.opener.open(req, timeout=30) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
+class GcsServer(gcs.GcsServer):
+    """The suite's Cloud Storage test server launcher (tests/integration/
+    gcs.py), one per driver run. A control call that fails is a driver
+    error (RuntimeError), never taken for a failed invariant check (the
+    cells catch AssertionError)."""
 
     def call(self, path, body=None):
-        if body is None:
-            st, data = self.request("GET", path)
-        else:
-            st, data = self.request("POST", path, json.dumps(body).encode(),
-                                    {"Content-Type": "application/json"})
-        if st != 200:
-            raise RuntimeError("gcs_server %s: HTTP %d %r" % (path, st, data[:300]))
-        return json.loads(data or b"null")
-
-    def stop(self):
-        if self.p is None:
-            return
-        p, self.p = self.p, None
         try:
-            p.stdin.close()
-        except OSError:
-            pass
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+            return super().call(path, body)
+        except gcs.GcsServerError as e:
+            raise RuntimeError("gcs_server: %s" % e) from None
 
 
 class GsBucket:
@@ -403,7 +369,7 @@ class GsBucket:
     def read(self, name):
         # the control-free data path, but after the faults of the cell were cleared
         st, data = self.srv.request("GET", "/storage/v1/b/%s/o/%s?alt=media" % (
-            self.BUCKET, urllib.parse.quote(self.prefix + name, safe="")))
+            self.BUCKET, urllib.parse.quote(self.prefix + name, safe="")), ok=None)
         if st != 200:
             raise RuntimeError("read %s: HTTP %d" % (name, st))
         return data
@@ -572,25 +538,14 @@ def make_node_class():
             ram = tempfile.mkdtemp(prefix="mtcfs-fm-ram-", dir="/dev/shm")
             mnt = os.path.join(home, kw["name"] + ".mnt")
             os.mkdir(mnt)
-            super().__init__(ram, mnt, *a, **kw)
+            super().__init__(ram, mnt, *a, log_path=os.path.join(home, kw["name"] + ".log"),
+                             **kw)
             self._own_dirs.append(ram)
-            self.log_path = os.path.join(home, kw["name"] + ".log")
             self.wrap = list(wrap)
             self.expect_log(LOG_ERR_LINE)
 
         def argv(self):
             return self.wrap + super().argv()
-
-        def log_from(self, pos):
-            with open(self.log_path, "rb") as f:
-                f.seek(pos)
-                return f.read().decode(errors="replace")
-
-        def log_size(self):
-            try:
-                return os.path.getsize(self.log_path)
-            except OSError:
-                return 0
     return FmNode
 
 
@@ -623,25 +578,23 @@ class Ctx:
                 raise Skip("disk full applies to the file:// bucket only")
             self.bucket = GsBucket(drv.gcs(), "c%d-%s" % (drv.seq, re.sub(r"\W", "-", name)))
         self.backups = backups and self.bucket is not None
-        ports = clmod.free_ports(n)
-        self.addrs = ["%s:%d" % (self.net.addr(r), ports[r]) for r in range(n)]
-        secret = os.path.join(self.dir, "secret")
-        with open(secret, "w") as f:
-            f.write(os.urandom(24).hex() + "\n")
         FmNode = make_node_class()
-        for r in range(n):
-            rs = (ram_sizes or {}).get(r, ram_size)
-            opts = "ram_size=%s,listen=%s,peers=%s,restore_timeout=%d,secret_file=%s" % (
-                rs, self.addrs[r], ",".join(self.addrs), restore_timeout, secret)
-            if self.bucket is not None:
-                opts += "," + self.bucket.opts()
-            d = FmNode(opts=opts, extra_args=["-d"], name="node%d" % r, wrap=self.net.wrap(r),
-                       home=self.dir)
+
+        def make_node(r, **kw):
+            d = FmNode(extra_args=["-d"], wrap=self.net.wrap(r), home=self.dir, **kw)
             if self.bucket is not None:
                 d.env.update(self.bucket.env())
             # one backup per minute of the backup clock: 1 s here
             d.env["MTCFS_TEST_MINUTE_SECS"] = "1"
-            self.nodes.append(d)
+            return d
+        # the suite's cluster: ports, peers= table, secret, the nodes
+        self.cluster = clmod.Cluster(
+            n, ram_size=ram_size, restore_timeout=restore_timeout, k=k,
+            extra=self.bucket.opts() if self.bucket is not None else "",
+            hosts=[self.net.addr(r) for r in range(n)], ram_sizes=ram_sizes,
+            make_node=make_node)
+        self.addrs = self.cluster.addrs
+        self.nodes = self.cluster.nodes
         self.running = set()
         self.gen = {}           # bumped when node r is killed
 
@@ -662,6 +615,7 @@ class Ctx:
                 errs.append("%s: %s" % (d.name, e))
         if self.bucket is not None:
             self.bucket.close()
+        shutil.rmtree(self.cluster.dir, ignore_errors=True)
         if not self.drv.keep and not any(harness.mount_fstype(d.mnt) for d in self.nodes):
             shutil.rmtree(self.dir, ignore_errors=True)
         return errs
@@ -679,6 +633,12 @@ class Ctx:
     def restart(self, r):
         self.nodes[r].start()
         self.running.add(r)
+
+    def cut_for(self, r, secs):
+        """Cut node r's link for secs, then heal it."""
+        self.net.cut(r)
+        hold_fault(secs)
+        self.net.heal(r)
 
     def mnt(self, r):
         return self.nodes[r].mnt
@@ -743,10 +703,8 @@ class Ctx:
                 self.wait_backup(step, timeout=timeout)
 
     def cl(self):
-        """A cluster.Cluster view (for its holds()/wait_replicated())."""
-        c = clmod.Cluster.__new__(clmod.Cluster)
-        c.n, c.k, c.nodes = self.n, self.k, self.nodes
-        return c
+        """The cluster.Cluster (its holds(), wait_replicated(), wait_coord())."""
+        return self.cluster
 
     def observe_catalogs(self):
         for h in sorted(self.running):
@@ -840,7 +798,11 @@ class Ctx:
             for sd in steps:
                 if not sd.isdigit():
                     continue
-                for nd in os.listdir(os.path.join(base, sd)):
+                try:
+                    shard_dirs = os.listdir(os.path.join(base, sd))
+                except FileNotFoundError:
+                    continue        # GC dropped the step since: settle() scans again
+                for nd in shard_dirs:
                     m = re.match(r"^n(\d+)-w0$", nd)
                     if not m:
                         continue
@@ -941,6 +903,8 @@ class Ctx:
                 return (s,)
             why[0] = "copies changed: %s -> %s" % (last[0], key)
             last[0] = key
+            # quiet = two scans 0.3 s apart agree: the gap is the
+            # definition (no event says "nothing more will arrive")
             time.sleep(0.3)
             return None
         try:
@@ -1235,6 +1199,27 @@ def cell(phase, fault, **kw):
     return deco
 
 
+def fault_cells(phase, run, kinds):
+    """One cell per fault that run(c, fault) handles; kinds: {fault: the
+    cell's options}, in the matrix's order."""
+    for fault, kw in kinds.items():
+        cell(phase, fault, **kw)(functools.partial(run, fault=fault))
+
+
+def kill_cell(setup):
+    """run(c, fault) of a kill cell: setup(c, victim) brings node 2 (the
+    coordinator, node 0, for kill-coord) to the phase; it is killed -9
+    (RAMDIR kept, or wiped for kill9-wipe), restarted, and the job
+    restarts."""
+    def run(c, fault):
+        victim = 0 if fault == "kill-coord" else 2
+        setup(c, victim)
+        c.kill(victim, wipe=(fault == "kill9-wipe"))
+        c.restart(victim)
+        c.job_restart(allow_failed=False)
+    return run
+
+
 def na(phase, fault, why):
     CELLS.append(Cell(phase, fault, na=why))
 
@@ -1257,28 +1242,8 @@ def writing_setup(c, victim):
     os.truncate(os.path.join(tmp, "state/params/0.0"), c.size // 2)
 
 
-@cell("writing", "kill9-keep", ci=("file",))
-def c_writing_kill_keep(c):
-    writing_setup(c, 2)
-    c.kill(2)
-    c.restart(2)
-    c.job_restart(allow_failed=False)
-
-
-@cell("writing", "kill9-wipe")
-def c_writing_kill_wipe(c):
-    writing_setup(c, 2)
-    c.kill(2, wipe=True)
-    c.restart(2)
-    c.job_restart(allow_failed=False)
-
-
-@cell("writing", "kill-coord")
-def c_writing_kill_coord(c):
-    writing_setup(c, 0)
-    c.kill(0)
-    c.restart(0)
-    c.job_restart(allow_failed=False)
+fault_cells("writing", kill_cell(writing_setup), {
+    "kill9-keep": dict(ci=("file",)), "kill9-wipe": {}, "kill-coord": {}})
 
 
 @cell("writing", "cut-link")
@@ -1293,7 +1258,7 @@ def c_writing_cut(c):
         c.write(r, 30)
     for r in range(c.n):
         c.commit(r, 30)
-    time.sleep(2.0)
+    hold_fault(2.0)
     c.net.heal(2)
     c.confirm(30, backup=False)
     c.job_restart(allow_failed=False)
@@ -1341,28 +1306,8 @@ def commit_setup(c, victim, size=None):
     c.commit(victim, 30)
 
 
-@cell("commit", "kill9-keep", ci=("gs",))
-def c_commit_kill_keep(c):
-    commit_setup(c, 2)
-    c.kill(2)
-    c.restart(2)
-    c.job_restart(allow_failed=False)
-
-
-@cell("commit", "kill9-wipe", ci=("file",))
-def c_commit_kill_wipe(c):
-    commit_setup(c, 2)
-    c.kill(2, wipe=True)
-    c.restart(2)
-    c.job_restart(allow_failed=False)
-
-
-@cell("commit", "kill-coord")
-def c_commit_kill_coord(c):
-    commit_setup(c, 0)
-    c.kill(0)
-    c.restart(0)
-    c.job_restart(allow_failed=False)
+fault_cells("commit", kill_cell(commit_setup), {
+    "kill9-keep": dict(ci=("gs",)), "kill9-wipe": dict(ci=("file",)), "kill-coord": {}})
 
 
 @cell("commit", "cut-link")
@@ -1375,7 +1320,7 @@ def c_commit_cut(c):
     c.write(2, 30)
     c.net.cut(2)
     c.commit(2, 30)
-    time.sleep(3.0)
+    hold_fault(3.0)
     c.net.heal(2)
     c.confirm(30, backup=False)
     c.job_restart(allow_failed=False)
@@ -1448,9 +1393,7 @@ def c_repl_kill_coord(c):
 def c_repl_cut(c):
     """The link of the receiver is cut mid-push for 4 s, then healed."""
     replicating_setup(c, 2, 1)
-    c.net.cut(1)
-    time.sleep(4.0)
-    c.net.heal(1)
+    c.cut_for(1, 4.0)
     c.net.heal(2)
     c.job_restart(allow_failed=False)
 
@@ -1501,7 +1444,8 @@ def backing_up_setup(c, victim):
             harness.wait_committed(c.nodes[r].ramdir, 30, job=c.job, rank=r)
         rx = re.compile(r"backup job=%s name=(%s) step=30 started" % (c.job, NAME_RE))
         deadline_wait(lambda: rx.search(c.nodes[0].log_text()), 30, "backup of 30 started")
-        time.sleep(0.5)
+        deadline_wait(lambda: any(f.get("hit", 0) for f in c.bucket.faults()), 30,
+                      "an upload of step 30 in flight (slowed by the server)")
         if any(re.search(r"-s30-n%d-w0\.meta$" % victim, k) for k in c.bucket.objects(c.job)):
             raise Skip("phase not hit: node %d's upload of step 30 was done before the kill"
                        % victim)
@@ -1556,9 +1500,7 @@ def c_bk_kill_coord(c):
 def c_bk_cut(c):
     """Node 1's link (to the bucket and everyone) is cut for 5 s mid-upload."""
     backing_up_setup(c, 1)
-    c.net.cut(1)
-    time.sleep(5.0)
-    c.net.heal(1)
+    c.cut_for(1, 5.0)
     backing_up_check(c)
 
 
@@ -1616,10 +1558,10 @@ na("backing-up", "ram-full", "a backup only reads the RAM tier")
 def planning_start(c, ranks):
     """Job restart on ranks only, in the background: they send their
     catalogs and wait for the plan. Returns (threads, results, pre) with
-    pre the disk truth before it."""
+    pre the disk truth before it (and log0: node 0's log size then)."""
     live = sorted(c.running)
     pre = {"copies": c.settle(live), "backups": c.scan_bucket(), "live": live,
-           "gen": dict(c.gen)}
+           "gen": dict(c.gen), "log0": c.nodes[0].log_size()}
     res = {}
     deadline = time.monotonic() + 2 * c.restore_timeout + 30
     ts = [threading.Thread(target=c._node_attempt, args=(r, res, deadline), daemon=True)
@@ -1629,7 +1571,9 @@ def planning_start(c, ranks):
     for r in ranks:
         deadline_wait(lambda r=r: not os.path.exists(os.path.join(c.mnt(r), "replicator.yaml")),
                       20, "node %d consumed its yaml" % r)
-    time.sleep(0.5)
+    # the coordinator (node 0) holds every catalog: the plan waits for the rest
+    for r in ranks:
+        c.cl().wait_coord("catalog", c.job, r, since=pre["log0"], timeout=20)
     return ts, res, pre
 
 
@@ -1684,6 +1628,15 @@ def inflight_check(c, res, pre, label="in-flight restore"):
                            % (label, r, step))
 
 
+def restore_fault_end(c, res, pre, victim):
+    """After a fault in a restore: the restore that was in flight is
+    checked, the victim is back, the job restarts once more."""
+    inflight_check(c, res, pre)
+    if victim not in c.running:
+        c.restart(victim)
+    c.job_restart(allow_failed=True, label="job restart")
+
+
 def planning_cell(c, fault):
     c.start()
     c.fresh(steps=(10, 20, 30))
@@ -1700,32 +1653,15 @@ def planning_cell(c, fault):
         c.restart(victim)
     elif fault == "cut-link":
         # cut for longer than restore_timeout: the coordinator plans without it
-        c.net.cut(victim)
-        time.sleep(c.restore_timeout + 2)
-        c.net.heal(victim)
+        c.cut_for(victim, c.restore_timeout + 2)
     planning_finish(c, ts)
     inflight_check(c, res, pre)
     c.job_restart(allow_failed=True, label="job restart")
 
 
-@cell("restore/planning", "kill9-keep", ci=("file",))
-def c_plan_kill_keep(c):
-    planning_cell(c, "kill9-keep")
-
-
-@cell("restore/planning", "kill9-wipe")
-def c_plan_kill_wipe(c):
-    planning_cell(c, "kill9-wipe")
-
-
-@cell("restore/planning", "kill-coord", ci=("gs",))
-def c_plan_kill_coord(c):
-    planning_cell(c, "kill-coord")
-
-
-@cell("restore/planning", "cut-link")
-def c_plan_cut(c):
-    planning_cell(c, "cut-link")
+fault_cells("restore/planning", planning_cell, {
+    "kill9-keep": dict(ci=("file",)), "kill9-wipe": {}, "kill-coord": dict(ci=("gs",)),
+    "cut-link": {}})
 
 
 @cell("restore/planning", "bucket-5xx/429/timeout", backends=("gs",))
@@ -1763,15 +1699,23 @@ na("restore/planning", "disk-full", "a restore only reads the bucket")
 # its replica holder (node 1) over a slowed link; the fault hits while its
 # staging directory fills.
 
-def fetching_setup(c, size=BIG):
-    c.start()
+def slow_fetch_start(c, node, size=BIG):
+    """Steps 10-30 saved; node is wiped and the job restarts with node
+    fetching its step 30 back at 24 Mbit/s: returns planning_start's
+    (threads, results, pre) once its staging holds 256 KiB."""
     c.fresh(steps=(10, 20))
     c.save(30, size=size)
-    c.kill(2, wipe=True)
-    c.restart(2)
-    c.net.slow(2, 24)
+    c.kill(node, wipe=True)
+    c.restart(node)
+    c.net.slow(node, 24)
     ts, res, pre = planning_start(c, list(range(c.n)))
-    c.wait_stage(2, min_bytes=256 * KiB)
+    c.wait_stage(node, min_bytes=256 * KiB)
+    return ts, res, pre
+
+
+def fetching_setup(c, size=BIG):
+    c.start()
+    ts, res, pre = slow_fetch_start(c, 2, size)
     c.notes.append("node 2 was fetching its step 30 when the fault hit")
     return ts, res, pre
 
@@ -1781,40 +1725,20 @@ def fetching_cell(c, fault):
     victim = 0 if fault == "kill-coord" else 1
     if fault == "cut-link":
         victim = 2
-        c.net.cut(2)
-        time.sleep(4.0)
-        c.net.heal(2)
+        c.cut_for(2, 4.0)
     else:
         c.kill(victim, wipe=(fault == "kill9-wipe"))
     planning_finish(c, ts)
     c.net.heal(2)
-    inflight_check(c, res, pre)
-    if victim not in c.running:
-        c.restart(victim)
-    c.job_restart(allow_failed=True, label="job restart")
+    restore_fault_end(c, res, pre, victim)
 
 
-@cell("restore/fetching", "kill9-keep", ci=("file",))
-def c_fetch_kill_holder_keep(c):
-    """Node 2's replica holder (node 1) dies mid-fetch, RAMDIR kept."""
-    fetching_cell(c, "kill9-keep")
-
-
-@cell("restore/fetching", "kill9-wipe")
-def c_fetch_kill_holder_wipe(c):
-    """Node 2's replica holder (node 1) dies mid-fetch and comes back empty."""
-    fetching_cell(c, "kill9-wipe")
-
-
-@cell("restore/fetching", "kill-coord")
-def c_fetch_kill_coord(c):
-    fetching_cell(c, "kill-coord")
-
-
-@cell("restore/fetching", "cut-link", ci=("file",))
-def c_fetch_cut(c):
-    """The fetching node's link is cut for 4 s mid-fetch, then healed."""
-    fetching_cell(c, "cut-link")
+# kill9-keep: node 2's replica holder (node 1) dies mid-fetch, RAMDIR
+# kept; kill9-wipe: it comes back empty; cut-link: the fetching node's link
+# is cut for 4 s mid-fetch, then healed
+fault_cells("restore/fetching", fetching_cell, {
+    "kill9-keep": dict(ci=("file",)), "kill9-wipe": {}, "kill-coord": {},
+    "cut-link": dict(ci=("file",))})
 
 
 @cell("restore/fetching", "corrupt", ci=("gs",))
@@ -1917,15 +1841,11 @@ skip("restore/fetching", "ram-full", "a node whose RAM tier cannot hold its own 
 
 def barrier_setup(c):
     c.start()
-    c.fresh(steps=(10, 20))
-    c.save(30, size=BIG)
-    c.kill(3, wipe=True)
-    c.restart(3)
-    c.net.slow(3, 24)
-    ts, res, pre = planning_start(c, list(range(c.n)))
-    c.wait_stage(3, min_bytes=256 * KiB)
-    # nodes 0-2 restore from their own RAM: they are at the barrier by now
-    time.sleep(0.3)
+    ts, res, pre = slow_fetch_start(c, 3)
+    # nodes 0-2 restore from their own RAM: at the barrier once the
+    # coordinator has their "ready"
+    for r in range(3):
+        c.cl().wait_coord("ready", c.job, r, since=pre["log0"], timeout=20)
     c.notes.append("nodes 0-2 at the barrier, node 3 fetching, when the fault hit")
     return ts, res, pre
 
@@ -1934,37 +1854,17 @@ def barrier_cell(c, fault):
     ts, res, pre = barrier_setup(c)
     victim = 0 if fault == "kill-coord" else 1
     if fault == "cut-link":
-        c.net.cut(victim)
-        time.sleep(4.0)
-        c.net.heal(victim)
+        c.cut_for(victim, 4.0)
     else:
         c.kill(victim, wipe=(fault == "kill9-wipe"))
     c.net.heal(3)
     planning_finish(c, ts)
-    inflight_check(c, res, pre)
-    if victim not in c.running:
-        c.restart(victim)
-    c.job_restart(allow_failed=True, label="job restart")
+    restore_fault_end(c, res, pre, victim)
 
 
-@cell("restore/barrier", "kill9-keep", ci=("gs",))
-def c_barrier_kill_keep(c):
-    barrier_cell(c, "kill9-keep")
-
-
-@cell("restore/barrier", "kill9-wipe")
-def c_barrier_kill_wipe(c):
-    barrier_cell(c, "kill9-wipe")
-
-
-@cell("restore/barrier", "kill-coord", ci=("file",))
-def c_barrier_kill_coord(c):
-    barrier_cell(c, "kill-coord")
-
-
-@cell("restore/barrier", "cut-link")
-def c_barrier_cut(c):
-    barrier_cell(c, "cut-link")
+fault_cells("restore/barrier", barrier_cell, {
+    "kill9-keep": dict(ci=("gs",)), "kill9-wipe": {}, "kill-coord": dict(ci=("file",)),
+    "cut-link": {}})
 
 
 na("restore/barrier", "corrupt", "no data is read at the barrier")
@@ -2005,7 +1905,7 @@ class Driver:
 
     def gcs(self):
         if self._gcs is None:
-            self._gcs = GcsServer(self.net.host_ip)
+            self._gcs = GcsServer(host=self.net.host_ip)
         return self._gcs
 
     def close(self):
@@ -2258,7 +2158,7 @@ def soak_gc_kill(c, rnd, victims, wipes, step, size, cyc):
             else:
                 deadline_wait(lambda: GC_LINE.search(d.log_from(pos[v])), 30,
                               "node %d's first GC drop" % v, interval=0.002)
-                time.sleep(delay)
+                time.sleep(delay)       # the kill's offset after the drop: the fault
         except AssertionError as e:
             c.notes.append("cycle %d: %s: not reached, killed anyway" % (cyc + 1, e))
         d.env.pop("MTCFS_TEST_CRASH", None)
@@ -2324,7 +2224,7 @@ def soak_restore_kill(c, rnd, step, size, cyc, summary, out):
         seen = False
         c.notes.append("cycle %d: node %d's fetch staging never seen (>= %d bytes)" % (
             cyc + 1, f, min_bytes))
-        time.sleep(rnd.uniform(0, 0.2))
+        time.sleep(rnd.uniform(0, 0.2))     # a random kill time: the soak's point
     c.kill(victim, wipe=wipe)
     summary["kills"] += 1
     summary["wipes"] += int(wipe)
@@ -2417,7 +2317,7 @@ def soak(drv, cycles, seed, backend, out=sys.stdout, big=2 * MiB, moments=None):
                 except OSError as e:
                     c.notes.append("cycle %d node %d: %s" % (cyc + 1, r, e))
             if when == "after":
-                time.sleep(rnd.uniform(0, 0.4))
+                time.sleep(rnd.uniform(0, 0.4))     # a random kill time: the soak's point
                 for v in victims:
                     c.kill(v, wipe=wipes[v])
             if victims == [-1]:
@@ -2524,7 +2424,6 @@ def main():
     if args.keep:
         os.environ["MTCFS_KEEP_TMP"] = "1"
     global harness, clmod
-    sys.path.insert(0, INTEG)
     import harness as h
     import cluster as cm
     harness, clmod = h, cm

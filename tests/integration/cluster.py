@@ -16,6 +16,8 @@ import harness
 from harness import Daemon, wait_until, admin_ls
 
 MiB = 1 << 20
+# a backup's name: the UTC minute it started, -N when one minute has several
+BACKUP_NAME_RE = r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}(?:-\d+)?"
 
 
 def free_ports(n):
@@ -47,13 +49,46 @@ def shard_files(job, step, rank, size=256 * 1024):
     }
 
 
+def write_shard(d, job, step, rank, size=256 * 1024):
+    """shard_files(job, step, rank, size) under directory d."""
+    for rel, data in shard_files(job, step, rank, size).items():
+        p = os.path.join(d, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        harness.write_file(p, data)
+
+
+def save_step(mnt, job, step, rank, size=256 * 1024):
+    """Orbax's save of rank's shard_files on mount mnt: a tmp directory,
+    the files, commit_success.txt, the rename that commits it."""
+    tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-%d" % (step, rank))
+    write_shard(tmp, job, step, rank, size)
+    harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
+    os.rename(tmp, os.path.join(mnt, str(step)))
+
+
+def wait_backup(d, job, step, timeout=60):
+    """Rank 0's daemon d logs the backup of step complete; returns its
+    name. Every node has reported its part by then."""
+    m = d.wait_log(r"backup job=%s name=(%s) step=%d complete" % (
+        re.escape(job), BACKUP_NAME_RE, step), timeout,
+        "backup of %s step %d complete (rank 0's log)" % (job, step), since=0)
+    return m.group(1)
+
+
 class Cluster:
-    def __init__(self, n, ram_size="1G", secret=True, restore_timeout=15, extra="", k=1):
+    """n nodes, node i listening on hosts[i] (default 127.0.0.1), each with
+    its own RAMDIR, mount and log. ram_sizes: {rank: size} overrides
+    ram_size. make_node(rank, opts=, name=) builds a node (a harness Daemon
+    or a subclass: a RAMDIR on a given tmpfs, a network namespace ...)."""
+
+    def __init__(self, n, ram_size="1G", secret=True, restore_timeout=15, extra="", k=1,
+                 hosts=None, ram_sizes=None, make_node=None):
         self.n = n
         self.k = k
         self.interval = "backup-interval-minutes: 30"
         self.ports = free_ports(n)
-        self.addrs = ["127.0.0.1:%d" % p for p in self.ports]
+        self.addrs = ["%s:%d" % (hosts[i] if hosts else "127.0.0.1", p)
+                      for i, p in enumerate(self.ports)]
         self.dir = tempfile.mkdtemp(prefix="mtcfs-cluster-")
         self.secret = None
         if secret:
@@ -61,14 +96,18 @@ class Cluster:
             with open(self.secret, "w") as f:
                 f.write(os.urandom(24).hex() + "\n")
         self.nodes = []
+        self.started = {}       # rank -> (step, marker names, secs) of its last job start
         for i in range(n):
             opts = "ram_size=%s,listen=%s,peers=%s,restore_timeout=%d" % (
-                ram_size, self.addrs[i], ",".join(self.addrs), restore_timeout)
+                (ram_sizes or {}).get(i, ram_size), self.addrs[i], ",".join(self.addrs),
+                restore_timeout)
             if self.secret:
                 opts += ",secret_file=" + self.secret
             if extra:
                 opts += "," + extra
-            self.nodes.append(Daemon(opts=opts, name="node%d" % i))
+            name = "node%d" % i
+            self.nodes.append(make_node(i, opts=opts, name=name) if make_node
+                              else Daemon(opts=opts, name=name))
 
     # -- lifecycle --
     def start(self):
@@ -93,6 +132,16 @@ class Cluster:
 
     def __exit__(self, *a):
         self.close()
+
+    def lose_all_ram(self):
+        """Every node is killed (-9) and comes back with an empty RAMDIR
+        (the job rescheduled on new machines): only the bucket is left."""
+        for d in self.nodes:
+            d.kill9()
+        for d in self.nodes:
+            d.wipe_ramdir()
+        for d in self.nodes:
+            d.start()
 
     # -- the job, as Orbax plays it on every node --
     def yaml(self, job, rank, extra=""):
@@ -127,6 +176,7 @@ class Cluster:
         with open(yaml + ".tmp", "w") as f:
             f.write(self.yaml(job, r, extra))
         os.rename(yaml + ".tmp", yaml)
+        t0 = time.monotonic()
         wait_until(lambda: not os.path.exists(yaml), timeout, "yaml consumed on node %d" % r)
         failed = os.path.join(mnt, "replicator.failed")
 
@@ -138,19 +188,14 @@ class Cluster:
         ms = wait_until(markers, timeout, "markers on node %d" % r)
         steps = {int(re.match(r".*-s(\d+)-n\d+-w\d+\.restore$", x).group(1)) for x in ms}
         assert len(steps) == 1, ms
-        return steps.pop()
+        step = steps.pop()
+        self.started[r] = (step, sorted(ms), time.monotonic() - t0)
+        return step
 
     def save(self, job, step, ranks=None, size=256 * 1024):
         ranks = list(range(self.n)) if ranks is None else ranks
         for r in ranks:
-            mnt = self.nodes[r].mnt
-            tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-%d" % (step, r))
-            for rel, data in shard_files(job, step, r, size).items():
-                p = os.path.join(tmp, rel)
-                os.makedirs(os.path.dirname(p), exist_ok=True)
-                harness.write_file(p, data)
-            harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
-            os.rename(tmp, os.path.join(mnt, str(step)))
+            save_step(self.nodes[r].mnt, job, step, r, size)
 
     def holds(self, r, job):
         """{(owner, step): state} of node r's catalog for job."""
@@ -168,6 +213,21 @@ class Cluster:
                         have.setdefault(owner, set()).add(r)
             return all(len(have.get(o, ())) >= min(2, self.n) for o in range(self.n))
         wait_until(ok, timeout, "step %d replicated on all nodes" % step)
+
+    def wait_coord(self, op, job, rank, step=None, since=None, timeout=30):
+        """The coordinator (node 0, run with -d) has handled the control
+        message op (catalog, committed, ...) of job from rank: its state
+        includes it. since: a mark of node 0's log_size(). Returns the
+        log match."""
+        rx = r"DEBUG coord: handled %s job=%s step=%s rank=%d$" % (
+            re.escape(op), re.escape(job), r"\d+" if step is None else step, rank)
+        return self.nodes[0].wait_log(rx, timeout, "the coordinator to handle %s of job %s "
+                                      "step %s from rank %d" % (op, job, step, rank),
+                                      since=since)
+
+    def wait_backup(self, job, step, timeout=60):
+        """Node 0 logs the backup of step complete: its name."""
+        return wait_backup(self.nodes[0], job, step, timeout)
 
     def restore_and_verify(self, job, r, step, size=256 * 1024):
         """Orbax's restore on node r: rename the marker to <step>, read it."""

@@ -53,12 +53,13 @@ BAD_LOG = re.compile(r"ERROR|AddressSanitizer|runtime error:|LeakSanitizer|"
 
 # --- polling ----------------------------------------------------------------
 
-def wait_until(cond, timeout, msg, interval=0.005, check=None):
+def wait_until(cond, timeout, msg, interval=0.005, check=None, max_interval=0.1,
+               error=AssertionError):
     """Poll cond() until it returns a truthy value, which is returned.
 
-    Raises AssertionError naming msg after timeout seconds. check(), if
-    given, runs on every round (e.g. "daemon still alive") and may raise.
-    The poll interval grows from 5 ms to 100 ms.
+    Raises error (AssertionError) naming msg after timeout seconds.
+    check(), if given, runs on every round (e.g. "daemon still alive") and
+    may raise. The poll interval grows from 5 ms to max_interval (100 ms).
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -68,10 +69,9 @@ def wait_until(cond, timeout, msg, interval=0.005, check=None):
         if v:
             return v
         if time.monotonic() >= deadline:
-            raise AssertionError("timed out after %.1fs waiting for %s"
-                                 % (timeout, msg))
+            raise error("timed out after %.1fs waiting for %s" % (timeout, msg))
         time.sleep(interval)
-        interval = min(interval * 2, 0.1)
+        interval = min(interval * 2, max_interval)
 
 
 def _unescape_mount_field(s):
@@ -123,19 +123,24 @@ class Daemon:
 
     d = Daemon(); d.start()  ... d.stop()   or   with Daemon() as d: ...
     d.ramdir, d.mnt, d.log_path; d.log_text() for everything logged so far.
+    A caller that gives mnt and log_path (the demo, the bench) gets no
+    temp directory of the harness; binary: another mtcfs than MTCFS_BIN.
     """
 
     def __init__(self, ramdir=None, mnt=None, opts=DEFAULT_OPTS,
-                 extra_args=(), env=None, name="mtcfs"):
+                 extra_args=(), env=None, name="mtcfs", binary=None, log_path=None):
         self._own_dirs = []
         if ramdir is None:
             ramdir = tempfile.mkdtemp(prefix="mtcfs-ram-", dir="/dev/shm")
             self._own_dirs.append(ramdir)
-        self.workdir = tempfile.mkdtemp(prefix="mtcfs-test-", dir="/tmp")
-        self._own_dirs.append(self.workdir)
+        self.workdir = None
+        if mnt is None or log_path is None:
+            self.workdir = tempfile.mkdtemp(prefix="mtcfs-test-", dir="/tmp")
+            self._own_dirs.append(self.workdir)
         if mnt is None:
             mnt = os.path.join(self.workdir, "mnt")
             os.mkdir(mnt)
+        self.binary = binary or MTCFS_BIN
         self.ramdir = ramdir
         self.mnt = mnt
         self.opts = opts
@@ -143,7 +148,7 @@ class Daemon:
         self.env = dict(os.environ if env is None else env)
         self.env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1")
         self.name = name
-        self.log_path = os.path.join(self.workdir, "daemon.log")
+        self.log_path = log_path or os.path.join(self.workdir, "daemon.log")
         self.proc = None
         self.expected_log = []         # regexes of tolerated bad lines
         self.expect_nonzero_exit = False
@@ -156,18 +161,19 @@ class Daemon:
     # -- lifecycle --
 
     def argv(self):
-        a = [MTCFS_BIN, "-f"]
+        a = [self.binary, "-f"]
         if self.opts:
             a += ["-o", self.opts]
         return a + self.extra_args + [self.ramdir, self.mnt]
 
-    def start(self, timeout=READY_TIMEOUT):
-        if not os.access(MTCFS_BIN, os.X_OK):
+    def spawn(self):
+        """Start the process, its output appended to the log; no wait (a
+        test of the start itself waits its own way). Returns the Popen."""
+        if not os.access(self.binary, os.X_OK):
             raise DaemonError("mtcfs binary not found or not executable: %s "
                               "(set MTCFS_BIN or build into %s)"
-                              % (MTCFS_BIN, BUILD))
+                              % (self.binary, BUILD))
         assert self.proc is None, "already running"
-        assert mount_fstype(self.mnt) is None, "%s already mounted" % self.mnt
         with open(self.log_path, "ab") as log:
             self._log_pos = log.tell()
             log.write(("=== %s start: %s\n" % (self.name, " ".join(
@@ -176,6 +182,11 @@ class Daemon:
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log, env=self.env,
                                          start_new_session=True)
+        return self.proc
+
+    def start(self, timeout=READY_TIMEOUT):
+        assert mount_fstype(self.mnt) is None, "%s already mounted" % self.mnt
+        self.spawn()
         wait_until(lambda: mount_fstype(self.mnt) == "fuse.mtcfs",
                    timeout, "%s mounted on %s (fuse.mtcfs in /proc/mounts)"
                    % (self.name, self.mnt), check=self.check_alive)
@@ -310,6 +321,31 @@ class Daemon:
     def log_text(self):
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
+
+    def log_size(self):
+        """The log's length now: a mark for log_from() and wait_log()."""
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def log_from(self, pos):
+        """What was logged from byte pos on."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(pos)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_log(self, regex, timeout=COMMIT_TIMEOUT, what=None, since=None):
+        """Poll the log (from byte since; default: this run's start) until
+        a line matches regex; returns the match. The daemon must stay up."""
+        rx = re.compile(regex, re.M)
+        pos = self._log_pos if since is None else since
+        return wait_until(lambda: rx.search(self.log_from(pos)), timeout,
+                          what or "%s to log /%s/" % (self.name, regex),
+                          check=self.check_alive)
 
     def log_tail(self, n=60):
         try:

@@ -36,14 +36,15 @@ import sys
 import tempfile
 import time
 import unittest
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gcs import GcsServer  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.environ.get("MTCFS_BUILD") or os.path.join(REPO, "build")
 ADMIN = os.environ.get("MTCFS_ADMIN") or os.path.join(BUILD, "mtcfs-admin")
 CLI = os.path.join(BUILD, "mtcfs-bucket-cli")
-SERVER = os.path.join(REPO, "tests", "gcs_server", "gcs_server.py")
 JOB = "job-a"
 SANITIZER = re.compile(r"AddressSanitizer|LeakSanitizer|runtime error:|ThreadSanitizer")
 
@@ -59,27 +60,8 @@ NEWEST_FIRST = sorted(STEPS, key=lambda n: STEPS[n], reverse=True)
 ALL_COMMANDS = ["ls", "steps", "status", "verify", "backups", "restore-version", "prune"]
 
 
-class Server:
-    def __init__(self):
-        self.p = subprocess.Popen(["/usr/bin/python3", SERVER, "--port", "0", "--exit-on-eof"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL)
-        line = self.p.stdout.readline().decode()
-        assert line.startswith("PORT="), line
-        self.port = int(line[5:])
-        self.base = "http://127.0.0.1:%d" % self.port
-
-    def call(self, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data,
-                                     method="POST" if data is not None else "GET")
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read() or b"null")
-
-    def stop(self):
-        self.p.stdin.close()
-        self.p.terminate()
-        self.p.wait(timeout=30)
+# the Cloud Storage test server: the suite's one launcher
+Server = GcsServer
 
 
 class AdminBucketTests:

@@ -58,28 +58,24 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
      /usr/bin/python3 tests/integration/test_backup_restore.py [-k NAME]
 """
 
-import json
 import os
 import re
-import select
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
-import urllib.error
 import urllib.parse
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import Daemon, wait_until, admin_ls  # noqa: E402
+import cluster  # noqa: E402
 from cluster import Cluster, shard_files  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-SERVER = os.path.join(REPO, "tests", "gcs_server", "gcs_server.py")
 GCLOUD = shutil.which("gcloud")
 
 KiB = 1024
@@ -90,71 +86,8 @@ GS_BUCKET = "mtcfs-bk"
 GCS_RETRY = "20,400,8"
 
 
-# --- the Cloud Storage test server ---------------------------------------------
-
-class GcsServer:
-    """tests/gcs_server/gcs_server.py on a loopback port. --exit-on-eof:
-    the server also goes when this process dies (its stdin closes)."""
-
-    def __init__(self, cert=None, key=None):
-        argv = ["/usr/bin/python3", SERVER, "--port", "0", "--exit-on-eof"]
-        if cert:                      # HTTPS with this certificate and key
-            argv += ["--tls-cert", cert, "--tls-key", key]
-        self.p = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            r, _, _ = select.select([self.p.stdout], [], [], 30)
-            line = self.p.stdout.readline().decode() if r else ""
-            if not line.startswith("PORT="):
-                raise AssertionError("gcs_server did not print PORT=: %r" % line)
-            self.port = int(line[5:])
-        except BaseException:
-            self.stop()
-            raise
-        self.host = "127.0.0.1:%d" % self.port
-        self.base = ("https://" if cert else "http://") + self.host
-
-    def stop(self):
-        if self.p is None:
-            return
-        p, self.p = self.p, None
-        try:
-            p.stdin.close()
-        except OSError:
-            pass
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        p.stdout.close()
-
-    def request(self, method, path, body=None, headers=None, ok=(200,)):
-        req = urllib.request.Request(self.base + path, data=body, method=method,
-                                     headers=headers or {})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                status, data = r.status, r.read()
-        except urllib.error.HTTPError as e:
-            status, data = e.code, e.read()
-        if ok and status not in ok:
-            raise AssertionError("%s %s: HTTP %d: %s" % (method, path, status,
-                                                         data[:500]))
-        return status, data
-
-    def call(self, path, body=None):
-        """A control endpoint: JSON in (POST) or GET, JSON out."""
-        if body is None:
-            _, data = self.request("GET", path)
-        else:
-            _, data = self.request("POST", path, json.dumps(body).encode(),
-                                   {"Content-Type": "application/json"})
-        return json.loads(data or b"null")
-
-    def log(self):
-        return self.call("/_log")
+# the Cloud Storage test server: the suite's one launcher
+from gcs import GcsServer  # noqa: E402,F401
 
 
 def qname(name):
@@ -370,16 +303,7 @@ class BackupBase(unittest.TestCase):
     def wait_backup(self, job, step, node0=None, timeout=BACKUP_TIMEOUT):
         """Rank 0 logs the backup of step complete; returns its name. The
         backup's objects are then all there (every node reported done)."""
-        d = node0 or self.c.nodes[0]
-        rx = re.compile(r"backup job=%s name=(%s) step=%d complete"
-                        % (re.escape(job), NAME_RE, step))
-
-        def done():
-            d.check_alive()
-            m = rx.search(d.log_text())
-            return m.group(1) if m else None
-        return wait_until(done, timeout, "backup of %s step %d complete "
-                          "(rank 0's log)" % (job, step))
+        return cluster.wait_backup(node0 or self.c.nodes[0], job, step, timeout)
 
     def save_backed_up(self, job, steps, size=SIZE):
         """Save each step on every node and wait for its backup: {step: name}."""
@@ -390,12 +314,7 @@ class BackupBase(unittest.TestCase):
         return out
 
     def lose_all_ram(self):
-        for d in self.c.nodes:
-            d.kill9()
-        for d in self.c.nodes:
-            d.wipe_ramdir()
-        for d in self.c.nodes:
-            d.start()
+        self.c.lose_all_ram()
 
     def prerestore(self, r):
         return read_text(os.path.join(self.c.nodes[r].mnt, "replicator.prerestore"))
@@ -684,12 +603,12 @@ class BackupBase(unittest.TestCase):
         # node 1: the new timeline's step 20 (other bytes than the old one)
         mnt = c.nodes[1].mnt
         tmp = os.path.join(mnt, "20.orbax-checkpoint-tmp-new")
-        for rel, data in shard_files(job + "-new", 20, 1, SIZE).items():
-            os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
-            harness.write_file(os.path.join(tmp, rel), data)
+        cluster.write_shard(tmp, job + "-new", 20, 1, SIZE)
+        mark = c.nodes[0].log_size()
         os.rename(tmp, os.path.join(mnt, "20"))
         harness.wait_committed(c.nodes[1].ramdir, 20, job=job, rank=1)
-        time.sleep(0.5)
+        # the restart is planned with node 1's new 20 known
+        c.wait_coord("committed", job, 1, step=20, since=mark)
         got = self.job_restart(job)
         what = ""
         if got.get(0) == 20:
@@ -727,16 +646,21 @@ class BackupBase(unittest.TestCase):
             self.assertEqual(self.prerestore(r), "restore-backup: %s\nrestore-step: 10\n"
                              % names[10], "node %d prerestore" % r)
             c.restore_and_verify(job, r, 10, size=SIZE)
-        # no commit yet: restore.version stays
-        time.sleep(1.0)
+        # no commit yet: restore.version stays (the rollback armed its
+        # delete at the barrier release, before the markers appeared)
         self.assertTrue(self.store.exists(rv), "restore.version deleted before any commit")
         self.assertEqual(self.store.read(rv), names[10].encode())
         # one node commits: step 40 is not complete job-wide yet (the other
         # node's newest is the restored 10; its step 30 is of the timeline
         # the job rolled back from), so restore.version stays
+        mark = c.nodes[0].log_size()
         c.save(job, 40, ranks=[0], size=SIZE)
         harness.wait_committed(c.nodes[0].ramdir, 40, job=job, rank=0)
-        time.sleep(1.0)
+        # the coordinator has taken node 0's commit (where a wrong delete
+        # would be decided) and node 0 has pushed its replica of 40 (time
+        # for the bucket's delete of such a decision to be done)
+        c.wait_coord("committed", job, 0, step=40, since=mark)
+        c.nodes[0].wait_log(r"replicated job=%s step=40 to rank 1 " % job, 30, since=mark)
         early = not self.store.exists(rv)
         # the next commit on every node: then it goes
         c.save(job, 40, ranks=[1], size=SIZE)
@@ -765,9 +689,10 @@ class BackupBase(unittest.TestCase):
         self.store.write("%s/restore.version" % job, names[10].encode())
         self.assertEqual(self.job_restart(job), {0: 10, 1: 10})
         # node 0 saves step 40, node 1 dies before it does: job restart
+        mark = c.nodes[0].log_size()
         c.save(job, 40, ranks=[0], size=SIZE)
         harness.wait_committed(c.nodes[0].ramdir, 40, job=job, rank=0)
-        time.sleep(0.5)
+        c.wait_coord("committed", job, 0, step=40, since=mark)
         got = self.job_restart(job)
         self.assertEqual(got, {0: 10, 1: 10}, "restart after the rollback to 10 "
                          "(step 30 is of the abandoned timeline; 40 is on node 0 only)")
@@ -866,13 +791,7 @@ def start_job(mnt, yaml, timeout=60):
 
 
 def save_step(mnt, job, step, rank, size=SIZE):
-    tmp = os.path.join(mnt, "%d.orbax-checkpoint-tmp-%d" % (step, rank))
-    for rel, data in shard_files(job, step, rank, size).items():
-        p = os.path.join(tmp, rel)
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        harness.write_file(p, data)
-    harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
-    os.rename(tmp, os.path.join(mnt, str(step)))
+    cluster.save_step(mnt, job, step, rank, size)
 
 
 def verify_restore(mnt, job, step, rank, size=SIZE):
@@ -884,7 +803,9 @@ def verify_restore(mnt, job, step, rank, size=SIZE):
             assert f.read() == data, "step %d %s differs" % (step, rel)
 
 
-class GsBackupTest(BackupBase):
+class GsServerStore:
+    """Mixed into a TestCase: one Cloud Storage test server per class, a
+    fresh bucket prefix (and a reset server) per test."""
     srv = None
 
     @classmethod
@@ -899,6 +820,9 @@ class GsBackupTest(BackupBase):
     def make_store(self):
         self.srv.call("/_reset", {"log": True, "faults": True, "data": True, "config": True})
         return GsStore(self, self.srv, "pfx/" + self._testMethodName)
+
+
+class GsBackupTest(GsServerStore, BackupBase):
 
     def corrupt(self, name, offset):
         self.srv.call("/_corrupt", {"bucket": GS_BUCKET, "name": self.store.prefix + name,
@@ -1056,19 +980,24 @@ class GsBackupTest(BackupBase):
         return wait_until(lambda: (rx.search(d.log_text()) or [None, None])[1], 60,
                           "backup of step %d abandoned" % step)
 
+    def meta_upload_fails(self, job, count):
+        """Node 1's .meta of step 10 gets HTTP 500 count times; every node
+        saves step 10. Returns the cluster and the abandoned attempt's name."""
+        c = self.cluster()
+        for d in c.nodes:
+            d.expect_log(r"abandoned|backup .* failed|500")
+        c.job_start(job)
+        self.srv.call("/_fault", [{"match": "upload", "kind": "500", "count": count,
+                                   "name": "%s-s10-n1-w0.meta" % job}])
+        c.save(job, 10, size=SIZE)
+        return c, self.abandoned(job, 10)
+
     def test_4c_failed_attempt_resumed_same_name(self):
         """Node 1's .meta upload keeps failing (500) past its retries: the
         attempt is abandoned; the retry of the same step resumes it under
         the same name and completes it; no other directory appears."""
         job = "bk4c"
-        c = self.cluster()
-        for d in c.nodes:
-            d.expect_log(r"abandoned|backup .* failed|500")
-        c.job_start(job)
-        self.srv.call("/_fault", [{"match": "upload", "kind": "500", "count": 12,
-                                   "name": "%s-s10-n1-w0.meta" % job}])
-        c.save(job, 10, size=SIZE)
-        first = self.abandoned(job, 10)
+        c, first = self.meta_upload_fails(job, 12)
         name = self.wait_backup(job, 10)
         self.assertEqual(name, first)
         self.assertEqual({x.split("/")[1] for x in self.store.names(job + "/")}, {name})
@@ -1079,14 +1008,7 @@ class GsBackupTest(BackupBase):
         becomes the one to back up: the step-10 directory is removed before
         step 20's backup is named, so only that one is left."""
         job = "bk4d"
-        c = self.cluster()
-        for d in c.nodes:
-            d.expect_log(r"abandoned|backup .* failed|500")
-        c.job_start(job)
-        self.srv.call("/_fault", [{"match": "upload", "kind": "500", "count": 100000,
-                                   "name": "%s-s10-n1-w0.meta" % job}])
-        c.save(job, 10, size=SIZE)
-        first = self.abandoned(job, 10)
+        c, first = self.meta_upload_fails(job, 100000)
         wait_until(lambda: any(x.startswith("%s/%s/" % (job, first))
                                for x in self.store.names(job + "/")), 10,
                    "node 0's objects of the failed attempt")
@@ -1161,6 +1083,8 @@ class GsBackupTest(BackupBase):
         c, want = self.start_denied(job)
         n0 = [len(self.errors(r).splitlines()) for r in range(2)]
         u0 = len([e for e in self.mtcfs_log() if e["class"] == "upload"])
+        # the window is the thing under test: 30 coordinator ticks in
+        # which a retry loop would show (no event marks "nothing happened")
         time.sleep(3.0)
         n1 = [len(self.errors(r).splitlines()) for r in range(2)]
         u1 = len([e for e in self.mtcfs_log() if e["class"] == "upload"])

@@ -447,8 +447,9 @@ class ClusterCase(unittest.TestCase):
 
         log0 = c.nodes[0].log_text
         rounds = re.compile(r"job %s: rank 0 restarted its restore; starting a new round" % job)
+        mark = c.nodes[0].log_size()
         write_yaml0()
-        time.sleep(0.5)     # the first catalog reaches the coordinator
+        c.wait_coord("catalog", job, 0, since=mark)    # the first catalog is in
         self.assertEqual(markers(mnt0), [], "node 0 waits for node 1")
         n0 = len(rounds.findall(log0()))
         t0 = time.monotonic()

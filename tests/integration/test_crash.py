@@ -634,10 +634,7 @@ class SymlinkReplicated(unittest.TestCase):
             c.job_start(job)
             for r in range(2):
                 tmp = os.path.join(c.nodes[r].mnt, "3.orbax-checkpoint-tmp-1")
-                for rel, data in cluster.shard_files(job, 3, r).items():
-                    p = os.path.join(tmp, rel)
-                    os.makedirs(os.path.dirname(p), exist_ok=True)
-                    write_file(p, data)
+                cluster.write_shard(tmp, job, 3, r)
                 os.symlink("../params/0.0", os.path.join(tmp, "state", "opt",
                                                         "latest"))
                 os.rename(tmp, os.path.join(c.nodes[r].mnt, "3"))
@@ -666,10 +663,7 @@ class FifoReplicated(unittest.TestCase):
             c.job_start(job)
             for r in range(2):
                 tmp = os.path.join(c.nodes[r].mnt, "3.orbax-checkpoint-tmp-1")
-                for rel, data in cluster.shard_files(job, 3, r).items():
-                    p = os.path.join(tmp, rel)
-                    os.makedirs(os.path.dirname(p), exist_ok=True)
-                    write_file(p, data)
+                cluster.write_shard(tmp, job, 3, r)
                 pipe = os.path.join(tmp, "state", "pipe")
                 os.mkfifo(pipe, 0o600)
                 os.chmod(pipe, 0o640)

@@ -95,5 +95,34 @@ class FaultMatrixCI(unittest.TestCase):
         self.assertEqual(p.returncode, 0, "matrix.py exit status")
 
 
+class DriverScan(unittest.TestCase):
+    """The driver's own reading of the RAMDIRs, without a cluster."""
+
+    def test_scan_ram_while_gc_drops_a_step(self):
+        # a step directory GC removes between the listing of the job's
+        # steps and the listing of that step: "not there" for this scan
+        # (settle() scans again), never an exception that fails the cell
+        sys.path.insert(0, os.path.join(harness.REPO, "tests", "fault"))
+        import matrix
+        import shutil
+        import types
+        from unittest import mock
+        ram = tempfile.mkdtemp(prefix="mtcfs-fm-scan-")
+        self.addCleanup(shutil.rmtree, ram, True)
+        base = os.path.join(ram, "shards", "fm")
+        os.makedirs(os.path.join(base, "20", "n0-w0"))
+        ctx = types.SimpleNamespace(nodes=[types.SimpleNamespace(ramdir=ram)], job="fm",
+                                    ledger=matrix.Ledger("fm", 1, 1024))
+        listdir = os.listdir
+
+        def racing_listdir(p):
+            names = listdir(p)
+            if os.path.abspath(p) == base:
+                shutil.rmtree(os.path.join(base, "20"))     # GC drops step 20
+            return names
+        with mock.patch.object(matrix.os, "listdir", racing_listdir):
+            self.assertEqual(matrix.Ctx.scan_ram(ctx, [0]), {})
+
+
 if __name__ == "__main__":
     harness.main()

@@ -29,7 +29,6 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
 import os
 import re
 import sys
-import tempfile
 import time
 import unittest
 
@@ -38,7 +37,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), "fault"))
 import harness  # noqa: E402
 from harness import wait_until, admin_ls  # noqa: E402
-from cluster import Cluster, MiB, free_ports  # noqa: E402
+from cluster import Cluster, MiB  # noqa: E402
 import matrix  # noqa: E402  (definitions only; its main() is not run)
 
 OLD, NEW = 10, 20
@@ -89,23 +88,9 @@ class NetCluster(Cluster):
     """cluster.Cluster whose node r listens on its namespace's address."""
 
     def __init__(self, n, net, ram_size="1G", restore_timeout=15):
-        self.n = n
-        self.k = 1
-        self.interval = "backup-interval-minutes: 30"
-        self.ports = free_ports(n)
-        self.addrs = ["%s:%d" % (net.addr(r), self.ports[r]) for r in range(n)]
-        self.dir = tempfile.mkdtemp(prefix="mtcfs-cluster-")
-        self.secret = os.path.join(self.dir, "secret")
-        with open(self.secret, "w") as f:
-            f.write(os.urandom(24).hex() + "\n")
-        self.nodes = []
-        for r in range(n):
-            opts = ("ram_size=%s,listen=%s,peers=%s,restore_timeout=%d,"
-                    "secret_file=%s" % (ram_size, self.addrs[r],
-                                        ",".join(self.addrs),
-                                        restore_timeout, self.secret))
-            self.nodes.append(NsDaemon(opts=opts, name="node%d" % r,
-                                       wrap=net.wrap(r)))
+        super().__init__(n, ram_size=ram_size, restore_timeout=restore_timeout,
+                         hosts=[net.addr(r) for r in range(n)],
+                         make_node=lambda r, **kw: NsDaemon(wrap=net.wrap(r), **kw))
 
 
 def _ts(line):

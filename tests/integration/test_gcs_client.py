@@ -24,41 +24,21 @@ import subprocess
 import sys
 import tempfile
 import unittest
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from crc32c import crc32c  # noqa: E402
+from gcs import GcsServer  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.environ.get("MTCFS_BUILD") or os.path.join(REPO, "build")
 CLI = os.path.join(BUILD, "mtcfs-bucket-cli")
-SERVER = os.path.join(REPO, "tests", "gcs_server", "gcs_server.py")
 GCLOUD = shutil.which("gcloud")
 JOB = "job-g"
 
 
-class Server:
-    def __init__(self):
-        self.p = subprocess.Popen(["/usr/bin/python3", SERVER, "--port", "0", "--exit-on-eof"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL)
-        line = self.p.stdout.readline().decode()
-        assert line.startswith("PORT="), line
-        self.port = int(line[5:])
-        self.base = "http://127.0.0.1:%d" % self.port
-
-    def call(self, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data,
-                                     method="POST" if data is not None else "GET")
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read() or b"null")
-
-    def stop(self):
-        self.p.stdin.close()
-        self.p.terminate()
-        self.p.wait(timeout=30)
+# the Cloud Storage test server: the suite's one launcher
+Server = GcsServer
 
 
 def b64crc(c):

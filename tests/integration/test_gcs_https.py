@@ -56,7 +56,7 @@ if __name__ == "__main__" and os.environ.get(NS_MARK) != "1":
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-import test_backup_restore as tbr  # noqa: E402
+from gcs import GcsServer  # noqa: E402
 from harness import Daemon, wait_until  # noqa: E402
 from cluster import shard_files  # noqa: E402
 from test_backup_restore import (  # noqa: E402
@@ -119,7 +119,7 @@ def debian_certs_dir(d, ca_crt, bundle=True, hashes=True):
 
 
 # gcs_server.py on a loopback port (HTTPS with cert/key): the suite's launcher
-Server = tbr.GcsServer
+Server = GcsServer
 
 
 class HttpsBase(unittest.TestCase):

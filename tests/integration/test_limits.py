@@ -64,12 +64,8 @@ class Lifetime(harness.MountTestCase):
     def setUp(self):
         super().setUp()
         d = self.fs
-        real = os.path.realpath(d.mnt)
-        log = open(d.log_path, "ab")
-        self.addCleanup(log.close)
-        d.proc = subprocess.Popen(d.argv(), stdin=subprocess.DEVNULL,
-                                  stdout=log, stderr=log, env=d.env,
-                                  start_new_session=True)
+        real = os.path.realpath(d.mnt)     # before the mount: no request
+        d.spawn()
         wait_until(lambda: mounted_at(real), 30, "mounted", check=d.check_alive)
         wait_until(lambda: serving_loop(d.proc.pid), 30,
                    "the daemon in its FUSE loop", check=d.check_alive)
@@ -104,9 +100,7 @@ class Lifetime(harness.MountTestCase):
         with open(os.path.join(self.mnt, "probe"), "wb") as f:
             f.write(b"first")
         other = self.new_daemon(ramdir=self.ramdir, name="second")
-        with open(other.log_path, "wb") as log:
-            p = subprocess.Popen(other.argv(), stdin=subprocess.DEVNULL,
-                                 stdout=log, stderr=log, start_new_session=True)
+        p = other.spawn()
         try:
             rc = p.wait(15)
         except subprocess.TimeoutExpired:
@@ -114,6 +108,8 @@ class Lifetime(harness.MountTestCase):
             p.wait()
             harness.force_unmount(other.mnt)
             self.fail("a second daemon runs on the RAMDIR of the first")
+        finally:
+            other.proc = None           # reaped here
         out = other.log_text()
         self.assertNotEqual(rc, 0, out)
         self.assertIn("RAMDIR %s is in use by another mtcfs (pid %d"

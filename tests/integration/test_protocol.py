@@ -1446,16 +1446,39 @@ class GkeSideBySideTwoNodes(unittest.TestCase):
     """GKE (run, 2026-12-01) on two nodes on loopback (peer-ranks [], so
     its VM_TEST platform mounts no NFS peers)."""
 
-    def test_two_nodes_names_and_prerestore(self):
+    def two_nodes(self, job):
+        """A 2-node cluster on which job (GKE's yaml) has started."""
         from cluster import Cluster
         c = Cluster(2, ram_size="256M")
         self.addCleanup(c.close)
         c.start()
-        job = "jobt"
+        start_ranks(c, job, [0, 1], text=self.text)
+        return c
 
-        def text(j, r, n):
-            return gke_yaml(j, rank=r, nodes=n)
-        start_ranks(c, job, [0, 1], text=text)
+    @staticmethod
+    def text(j, r, n):
+        return gke_yaml(j, rank=r, nodes=n)
+
+    def restart_expect(self, c, job, step):
+        """The job restarts on both nodes: each shows exactly its marker of
+        step and "restore-step: <step>" in replicator.prerestore."""
+        for r in (0, 1):
+            y = os.path.join(c.nodes[r].mnt, YAML)
+            with open(y + ".tmp", "w") as f:
+                f.write(self.text(job, r, 2))
+            os.rename(y + ".tmp", y)
+        for r in (0, 1):
+            mnt = c.nodes[r].mnt
+            want = ["%s-s%d-n%d-w0.restore" % (job, step, r)]
+            wait_until(lambda: sorted(x for x in os.listdir(mnt)
+                                      if x.endswith(".restore")) == want,
+                       60, "node %d markers %s" % (r, want))
+            self.assertEqual(read_file(os.path.join(mnt, PRERESTORE)),
+                             b"restore-step: %d\n" % step)
+
+    def test_two_nodes_names_and_prerestore(self):
+        job = "jobt"
+        c = self.two_nodes(job)
         # GKE (run, 2026-12-01): per node "{}\n" and jobt-s0-n<rank>-w0.restore
         # (empty regular file); rank 1's replicator.errors has one ERROR
         # line, rank 0's two (mtcfs: none)
@@ -1472,23 +1495,13 @@ class GkeSideBySideTwoNodes(unittest.TestCase):
         wait_until(lambda: all(c.holds(r, job).get((r, 2)) in
                                harness.COMMITTED_STATES for r in (0, 1)),
                    60, "step 2 committed on both nodes")
-        for r in (0, 1):
-            y = os.path.join(c.nodes[r].mnt, YAML)
-            with open(y + ".tmp", "w") as f:
-                f.write(text(job, r, 2))
-            os.rename(y + ".tmp", y)
+        # GKE (run, 2026-12-01): "restore-step: 2\n" on both nodes,
+        # jobt-s2-n<rank>-w0.restore -> D<blake3>.data (mtcfs: into
+        # .mtcfs/jobt/2/n<rank>-w0)
+        self.restart_expect(c, job, 2)
         for r in (0, 1):
             mnt = c.nodes[r].mnt
-            want = ["jobt-s2-n%d-w0.restore" % r]
-            wait_until(lambda: sorted(x for x in os.listdir(mnt)
-                                      if x.endswith(".restore")) == want,
-                       60, "node %d markers %s" % (r, want))
-            # GKE (run, 2026-12-01): "restore-step: 2\n" on both nodes,
-            # jobt-s2-n<rank>-w0.restore -> D<blake3>.data (mtcfs: into
-            # .mtcfs/jobt/2/n<rank>-w0)
-            self.assertEqual(read_file(os.path.join(mnt, PRERESTORE)),
-                             b"restore-step: 2\n")
-            self.assertEqual(os.readlink(os.path.join(mnt, want[0])),
+            self.assertEqual(os.readlink(os.path.join(mnt, "jobt-s2-n%d-w0.restore" % r)),
                              ".mtcfs/jobt/2/n%d-w0" % r)
             for n in (FAILED, ERRORS):
                 self.assertFalse(os.path.lexists(os.path.join(mnt, n)), n)
@@ -1496,15 +1509,8 @@ class GkeSideBySideTwoNodes(unittest.TestCase):
 
 
     def test_two_nodes_step_on_one_node_only(self):
-        from cluster import Cluster
-        c = Cluster(2, ram_size="256M")
-        self.addCleanup(c.close)
-        c.start()
         job = "jobk"
-
-        def text(j, r, n):
-            return gke_yaml(j, rank=r, nodes=n)
-        start_ranks(c, job, [0, 1], text=text)
+        c = self.two_nodes(job)
         c.save(job, 1)
         wait_until(lambda: all(c.holds(r, job).get((r, 1)) in
                                harness.COMMITTED_STATES for r in (0, 1)),
@@ -1512,22 +1518,11 @@ class GkeSideBySideTwoNodes(unittest.TestCase):
         c.save(job, 2, ranks=[0])
         wait_until(lambda: c.holds(0, job).get((0, 2)) in
                    harness.COMMITTED_STATES, 60, "step 2 committed on rank 0")
-        for r in (0, 1):
-            y = os.path.join(c.nodes[r].mnt, YAML)
-            with open(y + ".tmp", "w") as f:
-                f.write(text(job, r, 2))
-            os.rename(y + ".tmp", y)
         # GKE (run, 2026-12-01): step 2 only on rank 0 (peer-ranks [], no
         # replicas): both nodes restore step 1, "restore-step: 1\n",
         # jobk-s1-n<rank>-w0.restore
+        self.restart_expect(c, job, 1)
         for r in (0, 1):
-            mnt = c.nodes[r].mnt
-            want = ["jobk-s1-n%d-w0.restore" % r]
-            wait_until(lambda: sorted(x for x in os.listdir(mnt)
-                                      if x.endswith(".restore")) == want,
-                       60, "node %d markers %s" % (r, want))
-            self.assertEqual(read_file(os.path.join(mnt, PRERESTORE)),
-                             b"restore-step: 1\n")
             c.restore_and_verify(job, r, 1)
 
 # =============================================================================

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from cluster import Cluster  # noqa: E402
 from harness import read_file, wait_until, write_file  # noqa: E402
-from test_backup_restore import (FileStore, GcsServer, GsStore, NAME_RE,  # noqa: E402
+from test_backup_restore import (FileStore, GsServerStore,  # noqa: E402
                                  TEST_MINUTE_SECS, quiesce)
 
 TIMEOUT = 60
@@ -128,15 +128,7 @@ class Base:
                                  "bytes of node %d worker %d" % (r, w))
 
     def wait_backup(self, job, step):
-        d = self.c.nodes[0]
-        rx = re.compile(r"backup job=%s name=(%s) step=%d complete"
-                        % (re.escape(job), NAME_RE, step))
-
-        def done():
-            d.check_alive()
-            m = rx.search(d.log_text())
-            return m.group(1) if m else None
-        return wait_until(done, TIMEOUT, "backup of %s step %d complete" % (job, step))
+        return self.c.wait_backup(job, step, TIMEOUT)
 
     def test_mtcfs_backup_is_per_worker_and_restores(self):
         """2 nodes x 2 workers each save their own file; the backup holds
@@ -177,12 +169,7 @@ class Base:
         js = json.loads(r.stdout)
         self.assertEqual([(x["name"], x["complete"]) for x in js["backups"]], [(name, True)],
                          js)
-        for d in self.c.nodes:
-            d.kill9()
-        for d in self.c.nodes:
-            d.wipe_ramdir()
-        for d in self.c.nodes:
-            d.start()
+        self.c.lose_all_ram()
         self.assertEqual(self.c.job_start(job), {0: step, 1: step})
         for r in range(2):
             self.assertEqual(read_file(os.path.join(self.c.nodes[r].mnt,
@@ -230,12 +217,7 @@ class Base:
             self.assertEqual(hashes[0, w], hashes[1, w], "worker %d's .meta of both nodes" % w)
         self.assertEqual(sorted(x for x in self.store.names(base) if x.endswith(".data")),
                          sorted(base + hashes[1, w] + ".data" for w in range(W)))
-        for d in self.c.nodes:
-            d.kill9()
-        for d in self.c.nodes:
-            d.wipe_ramdir()
-        for d in self.c.nodes:
-            d.start()
+        self.c.lose_all_ram()
         self.assertEqual(self.c.job_start(job, extra=dp), {0: step, 1: step})
         self.assert_worker_markers(job, step, {r: files for r in range(2)})
 
@@ -281,21 +263,8 @@ class FilePtBackup(Base, unittest.TestCase):
         return FileStore(self)
 
 
-class GsPtBackup(Base, unittest.TestCase):
-    srv = None
-
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = GcsServer()
-
-    @classmethod
-    def tearDownClass(cls):
-        if cls.srv is not None:
-            cls.srv.stop()
-
-    def make_store(self):
-        self.srv.call("/_reset", {"log": True, "faults": True, "data": True, "config": True})
-        return GsStore(self, self.srv, "pfx/" + self._testMethodName)
+class GsPtBackup(GsServerStore, Base, unittest.TestCase):
+    pass
 
 
 if __name__ == "__main__":

@@ -266,11 +266,7 @@ class RealOrbax(unittest.TestCase):
                             "backup %s" % (r, step, name))
         self.wait_backups_idle()
 
-        for d in c.nodes:
-            d.kill9()
-        for d in c.nodes:
-            d.wipe_ramdir()
-            d.start()
+        c.lose_all_ram()
         reports, dump = self.run_job("second", [4])
         self.assert_restored(reports, dump, step)
         for r in range(N):

@@ -238,12 +238,7 @@ class RealTorchBucket(unittest.TestCase):
             with open(os.path.join(base, h + ".data"), "rb") as f:
                 self.assertTrue(f.read() == saved[r], "%s.data of rank %d" % (h, r))
         self.assertEqual(len([x for x in os.listdir(base) if x.endswith(".meta")]), N * W)
-        for d in c.nodes:
-            d.kill9()
-        for d in c.nodes:
-            d.wipe_ramdir()
-        for d in c.nodes:
-            d.start()
+        c.lose_all_ram()
         reports, dump = self.run_job("second", [3], "torch_gke.py", job, W,
                                      extra=["--backup-interval-steps", "1"])
         for r, rep in reports.items():

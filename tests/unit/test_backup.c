@@ -28,6 +28,7 @@
 
 #include "common/util.h"
 #include "tests/gcs_server/testsrv.h"
+#include "tests/unit/testfill.h"
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
 #include "tiers/manifest.h"
@@ -59,19 +60,6 @@ static void assert_contains(const char *hay, const char *needle)
 	if (!strstr(hay, needle)) {
 		print_error("\"%s\" does not contain \"%s\"\n", hay, needle);
 		fail();
-	}
-}
-
-static void fill(void *buf, size_t len, uint32_t seed)
-{
-	uint8_t *p = buf;
-	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-
-	for (size_t i = 0; i < len; i++) {
-		s ^= s << 13;
-		s ^= s >> 7;
-		s ^= s << 17;
-		p[i] = (uint8_t)s;
 	}
 }
 

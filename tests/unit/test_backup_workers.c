@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #define TESTTMP_NAME "bkworkers"
+#include "tests/unit/testfill.h"
 #include "tests/unit/testtmp.h"
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
@@ -31,18 +32,6 @@
 #define JOB "pt"
 #define BK "2026-01-02_03-04"
 #define STEP 5u
-
-static void fill(uint8_t *p, size_t len, uint32_t seed)
-{
-	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-
-	for (size_t i = 0; i < len; i++) {
-		s ^= s << 13;
-		s ^= s >> 7;
-		s ^= s << 17;
-		p[i] = (uint8_t)s;
-	}
-}
 
 static size_t body_len(uint32_t seed) { return 3000 + seed * 7; }
 
@@ -155,20 +144,45 @@ static size_t count_data_objects(struct tmp *t)
 	return n;
 }
 
+/* Two nodes' files of STEP (node n: workers[n] files from seeds[n]) and
+ * a file:// bucket: what every test starts from. */
+struct nodes2 {
+	struct bkt *b;
+	int fd[2];
+	struct manifest *m[2];
+};
+
+static void nodes2_open(struct tmp *t, struct nodes2 *x, const uint32_t *s0, uint32_t w0,
+			const uint32_t *s1, uint32_t w1)
+{
+	x->b = open_bucket(t);
+	x->m[0] = x->m[1] = NULL;
+	x->fd[0] = node_dir(t, 0, s0, w0, &x->m[0]);
+	x->fd[1] = node_dir(t, 1, s1, w1, &x->m[1]);
+}
+
+static void nodes2_close(struct nodes2 *x)
+{
+	for (int n = 0; n < 2; n++) {
+		close(x->fd[n]);
+		mf_free(x->m[n]);
+	}
+	bkt_close(x->b);
+}
+
 static void test_per_worker_roundtrip(void **state)
 {
 	struct tmp *t = *state;
-	struct bkt *b = open_bucket(t);
 	/* node 1's two workers saved the same bytes: one object for both */
 	const uint32_t s0[] = { 1, 2 }, s1[] = { 3, 3 };
-	struct manifest *m0 = NULL, *m1 = NULL;
-	int f0 = node_dir(t, 0, s0, 2, &m0), f1 = node_dir(t, 1, s1, 2, &m1);
+	struct nodes2 x;
 	struct bk_backup v;
 
-	upload_workers(b, f0, m0, 0, true);
-	upload_workers(b, f1, m1, 1, true);
+	nodes2_open(t, &x, s0, 2, s1, 2);
+	upload_workers(x.b, x.fd[0], x.m[0], 0, true);
+	upload_workers(x.b, x.fd[1], x.m[1], 1, true);
 	assert_int_equal(count_data_objects(t), 3);
-	assert_int_equal(bk_check_backup(b, JOB, BK, 2, 2, &v), 0);
+	assert_int_equal(bk_check_backup(x.b, JOB, BK, 2, 2, &v), 0);
 	assert_true(v.complete);
 	assert_int_equal(v.step, STEP);
 	assert_int_equal(v.nshards, 4);
@@ -181,119 +195,102 @@ static void test_per_worker_roundtrip(void **state)
 	assert_memory_equal(v.shards[2].hash, v.shards[3].hash, 32);
 	bk_backup_clear(&v);
 	/* inferred worker count (mtcfs-admin) */
-	assert_int_equal(bk_check_backup(b, JOB, BK, 0, 0, &v), 0);
+	assert_int_equal(bk_check_backup(x.b, JOB, BK, 0, 0, &v), 0);
 	assert_true(v.complete);
 	bk_backup_clear(&v);
 	/* verify reads every object */
-	assert_int_equal(bk_verify_backup(b, JOB, BK, 2, 2, &v), 0);
+	assert_int_equal(bk_verify_backup(x.b, JOB, BK, 2, 2, &v), 0);
 	assert_true(v.complete);
 	bk_backup_clear(&v);
-	assert_fetched(b, t, 0, 0, 1);
-	assert_fetched(b, t, 0, 1, 2);
-	assert_fetched(b, t, 1, 0, 3);
-	assert_fetched(b, t, 1, 1, 3);
+	assert_fetched(x.b, t, 0, 0, 1);
+	assert_fetched(x.b, t, 0, 1, 2);
+	assert_fetched(x.b, t, 1, 0, 3);
+	assert_fetched(x.b, t, 1, 1, 3);
 	/* a re-run of the same upload is a no-op; other bytes for a .meta are refused */
-	upload_workers(b, f0, m0, 0, true);
+	upload_workers(x.b, x.fd[0], x.m[0], 0, true);
 	{
 		struct shard_key k = key(0, 0);
-		assert_int_equal(bk_upload_file(b, JOB, BK, &k, f1, &m1->e[0], true), -EEXIST);
+		assert_int_equal(bk_upload_file(x.b, JOB, BK, &k, x.fd[1], &x.m[1]->e[0], true), -EEXIST);
 	}
-	close(f0);
-	close(f1);
-	mf_free(m0);
-	mf_free(m1);
-	bkt_close(b);
+	nodes2_close(&x);
 }
 
 static void test_missing_worker_is_incomplete(void **state)
 {
 	struct tmp *t = *state;
-	struct bkt *b = open_bucket(t);
 	const uint32_t s0[] = { 1, 2 }, s1[] = { 3, 4 };
-	struct manifest *m0 = NULL, *m1 = NULL;
-	int f0 = node_dir(t, 0, s0, 2, &m0), f1 = node_dir(t, 1, s1, 1, &m1);
+	struct nodes2 x;
 	struct bk_backup v;
 	char dir[32];
 	int dfd;
 
-	upload_workers(b, f0, m0, 0, true);
-	upload_workers(b, f1, m1, 1, true);   /* node 1: worker 0 only */
-	assert_int_equal(bk_check_backup(b, JOB, BK, 2, 2, &v), 0);
+	nodes2_open(t, &x, s0, 2, s1, 1);
+	upload_workers(x.b, x.fd[0], x.m[0], 0, true);
+	upload_workers(x.b, x.fd[1], x.m[1], 1, true);   /* node 1: worker 0 only */
+	assert_int_equal(bk_check_backup(x.b, JOB, BK, 2, 2, &v), 0);
 	assert_false(v.complete);
 	assert_string_equal(v.why, "node 1 worker 1: no .meta");
 	bk_backup_clear(&v);
 	snprintf(dir, sizeof(dir), "get");
 	assert_int_equal(mkdirat(t->fd, dir, 0755), 0);
 	dfd = openat(t->fd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	assert_int_equal(bk_fetch_file(b, JOB, BK, 1, 1, dfd, "x.save"), -ENOENT);
+	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 1, 1, dfd, "x.save"), -ENOENT);
 	/* names are file names, nothing else */
-	assert_int_equal(bk_fetch_file(b, JOB, BK, 0, 0, dfd, "../x"), -EINVAL);
-	assert_int_equal(bk_fetch_file(b, JOB, BK, 0, 0, dfd, "a/x"), -EINVAL);
+	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 0, 0, dfd, "../x"), -EINVAL);
+	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 0, 0, dfd, "a/x"), -EINVAL);
 	close(dfd);
-	close(f0);
-	close(f1);
-	mf_free(m0);
-	mf_free(m1);
-	bkt_close(b);
+	nodes2_close(&x);
 }
 
 static void test_data_parallel_meta_only(void **state)
 {
 	struct tmp *t = *state;
-	struct bkt *b = open_bucket(t);
 	/* one column: the same bytes on both nodes; node 0 uploads .meta only */
 	const uint32_t s[] = { 7, 8 };
-	struct manifest *m0 = NULL, *m1 = NULL;
-	int f0 = node_dir(t, 0, s, 2, &m0), f1 = node_dir(t, 1, s, 2, &m1);
+	struct nodes2 x;
 	struct bk_backup v;
 
-	upload_workers(b, f0, m0, 0, false);
-	assert_int_equal(bk_check_backup(b, JOB, BK, 2, 2, &v), 0);
+	nodes2_open(t, &x, s, 2, s, 2);
+	upload_workers(x.b, x.fd[0], x.m[0], 0, false);
+	assert_int_equal(bk_check_backup(x.b, JOB, BK, 2, 2, &v), 0);
 	assert_false(v.complete);   /* no data yet */
 	bk_backup_clear(&v);
-	upload_workers(b, f1, m1, 1, true);
+	upload_workers(x.b, x.fd[1], x.m[1], 1, true);
 	assert_int_equal(count_data_objects(t), 2);
-	assert_int_equal(bk_check_backup(b, JOB, BK, 2, 2, &v), 0);
+	assert_int_equal(bk_check_backup(x.b, JOB, BK, 2, 2, &v), 0);
 	assert_true(v.complete);
 	bk_backup_clear(&v);
-	assert_fetched(b, t, 0, 1, 8);
-	close(f0);
-	close(f1);
-	mf_free(m0);
-	mf_free(m1);
-	bkt_close(b);
+	assert_fetched(x.b, t, 0, 1, 8);
+	nodes2_close(&x);
 }
 
 static void test_older_node_layout_still_complete(void **state)
 {
 	struct tmp *t = *state;
-	struct bkt *b = open_bucket(t);
 	const uint32_t s0[] = { 1, 2 }, s1[] = { 3, 4 };
-	struct manifest *m0 = NULL, *m1 = NULL, *got = NULL;
-	int f0 = node_dir(t, 0, s0, 2, &m0), f1 = node_dir(t, 1, s1, 2, &m1), dfd;
+	struct manifest *got = NULL;
+	struct nodes2 x;
+	int dfd;
 	struct shard_key k0 = key(0, 0);
 	struct bk_backup v;
 
+	nodes2_open(t, &x, s0, 2, s1, 2);
 	/* node 0 as mtcfs wrote it before: one w0 shard holding both files;
 	 * node 1 per worker */
-	assert_int_equal(bk_upload_shard(b, JOB, BK, &k0, f0, m0, true), 0);
-	upload_workers(b, f1, m1, 1, true);
-	assert_int_equal(bk_check_backup(b, JOB, BK, 2, 2, &v), 0);
+	assert_int_equal(bk_upload_shard(x.b, JOB, BK, &k0, x.fd[0], x.m[0], true), 0);
+	upload_workers(x.b, x.fd[1], x.m[1], 1, true);
+	assert_int_equal(bk_check_backup(x.b, JOB, BK, 2, 2, &v), 0);
 	assert_true(v.complete);
 	bk_backup_clear(&v);
 	assert_int_equal(mkdirat(t->fd, "old", 0755), 0);
 	dfd = openat(t->fd, "old", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	assert_int_equal(bk_fetch_file(b, JOB, BK, 0, 0, dfd, "x.save"), -EMEDIUMTYPE);
-	assert_int_equal(bk_fetch_shard(b, JOB, BK, 0, 0, dfd, &got), 0);
-	assert_memory_equal(got->hash, m0->hash, 32);
+	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 0, 0, dfd, "x.save"), -EMEDIUMTYPE);
+	assert_int_equal(bk_fetch_shard(x.b, JOB, BK, 0, 0, dfd, &got), 0);
+	assert_memory_equal(got->hash, x.m[0]->hash, 32);
 	assert_int_equal(got->nfiles, 2);
 	mf_free(got);
 	close(dfd);
-	close(f0);
-	close(f1);
-	mf_free(m0);
-	mf_free(m1);
-	bkt_close(b);
+	nodes2_close(&x);
 }
 
 int main(void)

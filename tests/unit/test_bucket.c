@@ -38,6 +38,7 @@
 
 #include "common/util.h"
 #include "tests/gcs_server/testsrv.h"
+#include "tests/unit/testfill.h"
 #include "tiers/bucket.h"
 #include "tiers/gcs_auth.h"
 #include "tiers/manifest.h"
@@ -57,19 +58,6 @@ static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw
 	(void)sb;
 	(void)ftw;
 	return flag == FTW_DP ? rmdir(p) : unlink(p);
-}
-
-static void fill(void *buf, size_t len, uint32_t seed)
-{
-	uint8_t *p = buf;
-	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-
-	for (size_t i = 0; i < len; i++) {
-		s ^= s << 13;
-		s ^= s >> 7;
-		s ^= s << 17;
-		p[i] = (uint8_t)s;
-	}
 }
 
 /* A file of len pseudo-random bytes under the temp dir; returns an O_RDONLY fd. */
@@ -1316,6 +1304,7 @@ static void test_auth_keyfile(void **state)
 	assert_true(tsrv_reset(&srv, false));
 	assert_int_equal(bkt_stat(b, "a", NULL, NULL), 0);
 	assert_int_equal(bkt_stat(b, "a", NULL, NULL), 0);
+	/* time is the subject: 1.1 s into a 2 s token its refresh is due */
 	usleep(1100 * 1000);
 	assert_int_equal(bkt_stat(b, "a", NULL, NULL), 0);
 	log = tsrv_log_class(&srv, "token");

@@ -274,6 +274,25 @@ static void frag_name(char *buf, size_t len, unsigned cw, unsigned slot)
 	snprintf(buf, len, "cw%u.slot%u", cw, slot);
 }
 
+/* Slot `slot` of codeword cw of group pg, opened on the node that holds it. */
+static int open_frag(const struct group *G, const struct ecplan_group *pg, unsigned cw,
+		     unsigned slot, int flags)
+{
+	char name[64];
+
+	frag_name(name, sizeof name, cw, slot);
+	return open_file(G->node[pg->unit[ecplan_slot_pos(pg, cw, slot)]], name, flags);
+}
+
+/* fd's fragment header is refused with exactly this reason. */
+static void assert_frag_refused(int fd, const char *want)
+{
+	char err[200] = "";
+
+	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
+	assert_string_equal(err, want);
+}
+
 /* Builds K + M nodes with shards of `variant` (variants[r] if given),
  * writes every data fragment on its owner (what it would send) and the
  * parity on the node the plan names. */
@@ -562,7 +581,7 @@ static void test_corrupt_fragment(void **state)
 	unsigned x = 0, cw, slot, n;
 	int fds[EC_MAX_N], fd;
 	uint32_t lost = 1u << x;
-	char name[64], err[600] = "";
+	char err[600] = "";
 	uint8_t b;
 	struct ec_geom g;
 
@@ -573,8 +592,7 @@ static void test_corrupt_fragment(void **state)
 	/* flip one payload byte of parity slot K in codeword cw, where node
 	 * 0's piece 0 is a hole (stream offset 20000: sub/sparse.dat at
 	 * 19000), so the decode that used it wrote a block into the hole */
-	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 4)]],
-		       (frag_name(name, sizeof name, cw, 4), name), O_RDWR);
+	fd = open_frag(&G, pg, cw, 4, O_RDWR);
 	assert_int_equal(pread(fd, &b, 1, EC_HDR_LEN(4) + 20000), 1);
 	b ^= 0x40;
 	assert_int_equal(pwrite(fd, &b, 1, EC_HDR_LEN(4) + 20000), 1);
@@ -607,13 +625,11 @@ static void test_corrupt_fragment(void **state)
 	}
 	/* a corrupt header is refused too, as is a data fragment given to
 	 * ec_encode with a bad payload */
-	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 0)]],
-		       (frag_name(name, sizeof name, cw, 0), name), O_RDWR);
+	fd = open_frag(&G, pg, cw, 0, O_RDWR);
 	assert_int_equal(pread(fd, &b, 1, 30), 1);
 	b ^= 1;
 	assert_int_equal(pwrite(fd, &b, 1, 30), 1);
-	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
-	assert_string_equal(err, "fragment header CRC32C mismatch");
+	assert_frag_refused(fd, "fragment header CRC32C mismatch");
 	b ^= 1;
 	assert_int_equal(pwrite(fd, &b, 1, 30), 1);
 	assert_int_equal(pread(fd, &b, 1, EC_HDR_LEN(4)), 1);
@@ -623,8 +639,7 @@ static void test_corrupt_fragment(void **state)
 	{
 		int in[4], out[2];
 		for (unsigned j = 0; j < 4; j++)
-			in[j] = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, j)]],
-					  (frag_name(name, sizeof name, cw, j), name), O_RDONLY);
+			in[j] = open_frag(&G, pg, cw, j, O_RDONLY);
 		out[0] = open_file(G.t->fd, "p0", O_RDWR | O_CREAT | O_TRUNC);
 		out[1] = open_file(G.t->fd, "p1", O_RDWR | O_CREAT | O_TRUNC);
 		assert_int_equal(ec_encode(in, 4, out, 2, err, sizeof err), -EBADMSG);
@@ -657,15 +672,13 @@ static void test_rebuild_parity(void **state)
 	assert_int_equal(n, 5);
 	/* a stranger first: parity 4 of codeword 2 */
 	memmove(fds + 1, fds, n * sizeof fds[0]);
-	fds[0] = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 2, 4)]],
-			   (frag_name(name, sizeof name, 2, 4), name), O_RDONLY);
+	fds[0] = open_frag(&G, pg, 2, 4, O_RDONLY);
 	n++;
 	/* and data slot 0 corrupt: checked before any byte goes out, passed
 	 * over for parity 4 */
 	{
 		uint8_t b;
-		int fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 3, 0)]],
-				   (frag_name(name, sizeof name, 3, 0), name), O_RDWR);
+		int fd = open_frag(&G, pg, 3, 0, O_RDWR);
 		assert_int_equal(pread(fd, &b, 1, EC_HDR_LEN(4) + 100), 1);
 		b ^= 0x80;
 		assert_int_equal(pwrite(fd, &b, 1, EC_HDR_LEN(4) + 100), 1);
@@ -766,7 +779,6 @@ static void test_frag_huge_length(void **state)
 {
 	struct group G;
 	const struct ecplan_group *pg;
-	char name[64], err[200] = "";
 	enum { H = EC_HDR_LEN(2), T = EC_TRL_LEN(2) };
 	uint8_t f[H + T - 1];
 	uint8_t *tb = f + H - 1;
@@ -775,8 +787,7 @@ static void test_frag_huge_length(void **state)
 
 	group_build(&G, *state, 2, 1, EC_SEG_MIN, NULL, 1);   /* empty shards */
 	pg = &G.plan->g[0];
-	frag_name(name, sizeof name, 0, 0);
-	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 0, 0)]], name, O_RDWR);
+	fd = open_frag(&G, pg, 0, 0, O_RDWR);
 	assert_int_equal(pread(fd, f, H, 0), (ssize_t)H);
 	for (int i = 0; i < 8; i++) {
 		f[44 + i] = 0xff;   /* member 0's length */
@@ -794,8 +805,7 @@ static void test_frag_huge_length(void **state)
 	put_le32(tb + T - 4, mf_crc32c(0, tb, T - 4));
 	assert_int_equal(ftruncate(fd, 0), 0);
 	assert_int_equal(pwrite(fd, f, sizeof f, 0), (ssize_t)sizeof f);
-	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
-	assert_string_equal(err, "fragment header: segment size or lengths inconsistent");
+	assert_frag_refused(fd, "fragment header: segment size or lengths inconsistent");
 	close(fd);
 	group_free(&G);
 }
@@ -807,22 +817,19 @@ static void test_frag_huge_segment(void **state)
 {
 	struct group G;
 	const struct ecplan_group *pg;
-	char name[64], err[200] = "";
 	uint8_t h[EC_HDR_LEN(2)];
 	uint32_t crc;
 	int fd;
 
 	group_build(&G, *state, 2, 1, EC_SEG_MIN, NULL, 1);
 	pg = &G.plan->g[0];
-	frag_name(name, sizeof name, 0, 2);
-	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 0, 2)]], name, O_RDWR);
+	fd = open_frag(&G, pg, 0, 2, O_RDWR);
 	assert_int_equal(pread(fd, h, sizeof h, 0), (ssize_t)sizeof h);
 	put_le32(h + 16, 64u << 20);
 	crc = mf_crc32c(0, h, sizeof h - 4);
 	put_le32(h + sizeof h - 4, crc);
 	assert_int_equal(pwrite(fd, h, sizeof h, 0), (ssize_t)sizeof h);
-	assert_int_equal(ec_frag_info(fd, NULL, NULL, err, sizeof err), -EBADMSG);
-	assert_string_equal(err, "fragment header: segment size or lengths inconsistent");
+	assert_frag_refused(fd, "fragment header: segment size or lengths inconsistent");
 	close(fd);
 	group_free(&G);
 }
@@ -834,14 +841,13 @@ static void test_encode_k_from_caller(void **state)
 {
 	struct group G;
 	const struct ecplan_group *pg;
-	char name[64], err[200] = "";
+	char err[200] = "";
 	int in[2], out[2];
 
 	group_build(&G, *state, 4, 2, EC_SEG_MIN, NULL, 0);
 	pg = &G.plan->g[0];
 	for (unsigned j = 0; j < 2; j++)
-		in[j] = open_file(G.node[pg->unit[ecplan_slot_pos(pg, 0, j)]],
-				  (frag_name(name, sizeof name, 0, j), name), O_RDONLY);
+		in[j] = open_frag(&G, pg, 0, j, O_RDONLY);
 	out[0] = open_file(G.t->fd, "p0", O_RDWR | O_CREAT | O_TRUNC);
 	out[1] = open_file(G.t->fd, "p1", O_RDWR | O_CREAT | O_TRUNC);
 	assert_int_equal(ec_encode(in, 2, out, 2, err, sizeof err), -EBADMSG);
@@ -860,14 +866,13 @@ static void test_lost_during_encoding(void **state)
 	const struct ecplan_group *pg;
 	unsigned cw, slot, n;
 	int fds[EC_MAX_N], fd, in[4], out[2];
-	char name[64], err[400] = "";
+	char err[400] = "";
 	struct stat st;
 
 	group_build(&G, *state, 4, 2, EC_SEG_MIN, NULL, 0);
 	pg = &G.plan->g[0];
 	ecplan_piece(pg, (unsigned)G.plan->pos[0], 1, &cw, &slot);
-	frag_name(name, sizeof name, cw, 4);
-	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 4)]], name, O_RDWR);
+	fd = open_frag(&G, pg, cw, 4, O_RDWR);
 	assert_int_equal(fstat(fd, &st), 0);
 	assert_int_equal(ftruncate(fd, st.st_size / 2), 0);
 	close(fd);
@@ -885,14 +890,12 @@ static void test_lost_during_encoding(void **state)
 	}
 	close_all(fds, n);
 	/* a data fragment cut short */
-	frag_name(name, sizeof name, cw, 2);
-	fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 2)]], name, O_RDWR);
+	fd = open_frag(&G, pg, cw, 2, O_RDWR);
 	assert_int_equal(fstat(fd, &st), 0);
 	assert_int_equal(ftruncate(fd, st.st_size - 1), 0);
 	close(fd);
 	for (unsigned j = 0; j < 4; j++)
-		in[j] = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, j)]],
-				  (frag_name(name, sizeof name, cw, j), name), O_RDONLY);
+		in[j] = open_frag(&G, pg, cw, j, O_RDONLY);
 	out[0] = open_file(G.t->fd, "p0", O_RDWR | O_CREAT | O_TRUNC);
 	out[1] = open_file(G.t->fd, "p1", O_RDWR | O_CREAT | O_TRUNC);
 	assert_int_equal(ec_encode(in, 4, out, 2, err, sizeof err), -EBADMSG);
@@ -1031,7 +1034,7 @@ static void test_incremental_encode(void **state)
 	const struct ecplan_group *pg;
 	struct ec_geom g;
 	struct ec_enc *e = NULL;
-	char name[64], err[200];
+	char err[200];
 	int out[2], in[4], stranger, pfd[2], status;
 	unsigned cw = 2;
 	pid_t pid;
@@ -1040,10 +1043,8 @@ static void test_incremental_encode(void **state)
 	pg = &G.plan->g[0];
 	geom_of(&G, cw, &g);
 	for (unsigned j = 0; j < 4; j++)
-		in[j] = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, j)]],
-				  (frag_name(name, sizeof name, cw, j), name), O_RDONLY);
-	stranger = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw + 1, 0)]],
-			     (frag_name(name, sizeof name, cw + 1, 0), name), O_RDONLY);
+		in[j] = open_frag(&G, pg, cw, j, O_RDONLY);
+	stranger = open_frag(&G, pg, cw + 1, 0, O_RDONLY);
 	out[0] = open_file(G.t->fd, "inc0", O_RDWR | O_CREAT | O_TRUNC);
 	out[1] = open_file(G.t->fd, "inc1", O_RDWR | O_CREAT | O_TRUNC);
 	assert_int_equal(ec_enc_open(&g, 0, 2, out, &e), 0);
@@ -1077,8 +1078,7 @@ static void test_incremental_encode(void **state)
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 	assert_int_equal(ec_enc_finish(e, err, sizeof err), 0);
 	for (unsigned j = 0; j < 2; j++) {
-		int orig = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 4 + j)]],
-				     (frag_name(name, sizeof name, cw, 4 + j), name), O_RDONLY);
+		int orig = open_frag(&G, pg, cw, 4 + j, O_RDONLY);
 		unsigned idx = 0;
 		assert_same_file(out[j], orig);
 		assert_int_equal(ec_frag_verify(out[j], NULL, &idx, err, sizeof err), 0);
@@ -1088,8 +1088,7 @@ static void test_incremental_encode(void **state)
 	ec_enc_free(e);
 	/* two holders, one slot each, as the plan places them: the same bytes */
 	for (unsigned j = 0; j < 2; j++) {
-		int orig = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 4 + j)]],
-				     (frag_name(name, sizeof name, cw, 4 + j), name), O_RDONLY);
+		int orig = open_frag(&G, pg, cw, 4 + j, O_RDONLY);
 		int one = open_file(G.t->fd, "one", O_RDWR | O_CREAT | O_TRUNC);
 		assert_int_equal(ec_enc_open(&g, j, 1, &one, &e), 0);
 		for (unsigned d = 0; d < 4; d++) {
@@ -1108,8 +1107,7 @@ static void test_incremental_encode(void **state)
 	/* a corrupt payload: failed, and stays failed */
 	{
 		uint8_t b;
-		int fd = open_file(G.node[pg->unit[ecplan_slot_pos(pg, cw, 1)]],
-				   (frag_name(name, sizeof name, cw, 1), name), O_RDWR);
+		int fd = open_frag(&G, pg, cw, 1, O_RDWR);
 		assert_int_equal(pread(fd, &b, 1, EC_HDR_LEN(4) + 3), 1);
 		b ^= 4;
 		assert_int_equal(pwrite(fd, &b, 1, EC_HDR_LEN(4) + 3), 1);
