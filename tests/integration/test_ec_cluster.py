@@ -204,26 +204,31 @@ class EcCase(unittest.TestCase):
 
     # -- a node lost during encoding --------------------------------------------
 
-    def test_node_lost_while_encoding(self):
+    def encoding_cut_short(self, job):
+        """rs:4+2 on 6 nodes, step 1 protected; node 5 commits step 2 and
+        sends its manifest, then dies (kill -9) before the others'
+        manifests reach it, so it never sends its fragments; the others
+        commit step 2 and try to send theirs."""
         c = self.make(6, "rs:4+2")
-        job = "ecenc"
         self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
         self.save_protected(job, 1)
-        # node 5 commits step 2 and sends its manifest, then dies before
-        # the others' manifests reach it: it never sends its fragments
         c.save(job, 2, ranks=[5], size=SIZE)
         wait_until(lambda: all("m5.mf" in self.frags(r, job, 2) for r in range(5)),
                    30, "node 5's manifest of step 2 everywhere")
-        c.nodes[5].expect_log(EXPECTED)
-        c.nodes[5].kill9()
         for d in c.nodes:
             d.expect_log(EXPECTED)
+        c.nodes[5].kill9()
         c.save(job, 2, ranks=range(5), size=SIZE)
         wait_until(lambda: all(re.search(r"ec: job=%s step=2 sent" % job,
                                          c.nodes[r].log_text()) for r in range(5)),
                    90, "the survivors tried to send their fragments of step 2")
         prot = [r for r in range(5) if "protected" in self.frags(r, job, 2)]
         self.assertLess(len(prot), 5, "step 2 is not protected everywhere")
+        return c
+
+    def test_node_lost_while_encoding(self):
+        job = "ecenc"
+        c = self.encoding_cut_short(job)
         for r in range(5):
             self.assertIn("1", self.frags(r, job), "step 1's parity kept on node %d" % r)
         c.nodes[5].wipe_ramdir()
@@ -328,21 +333,8 @@ class EcCase(unittest.TestCase):
         # as above, but node 5 comes back with its RAMDIR: the job restarts
         # on step 2 (every shard held), the parity left incomplete is
         # rebuilt after the restore, and a later loss is rebuilt from it
-        c = self.make(6, "rs:4+2")
         job = "ecfix"
-        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
-        self.save_protected(job, 1)
-        c.save(job, 2, ranks=[5], size=SIZE)
-        wait_until(lambda: all("m5.mf" in self.frags(r, job, 2) for r in range(5)),
-                   30, "node 5's manifest of step 2 everywhere")
-        for d in c.nodes:
-            d.expect_log(EXPECTED)
-        c.nodes[5].kill9()
-        c.save(job, 2, ranks=range(5), size=SIZE)
-        wait_until(lambda: all(re.search(r"ec: job=%s step=2 sent" % job,
-                                         c.nodes[r].log_text()) for r in range(5)),
-                   90, "the survivors tried to send their fragments of step 2")
-        self.assertLess(sum("protected" in self.frags(r, job, 2) for r in range(5)), 5)
+        c = self.encoding_cut_short(job)
         c.nodes[5].start()
         self.assertEqual(c.job_start(job), {r: 2 for r in range(6)})
         self.wait_protected(job, 2)
