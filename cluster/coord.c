@@ -8,6 +8,7 @@
  * drop older steps only below it, so a node lost before its newest step's
  * replicas exist still leaves the previous step complete). */
 #include "cluster/coord_i.h"
+#include "cluster/coord_ec.h"
 #include "net/frame.h"
 #include "net/server.h"
 #include "common/log.h"
@@ -65,6 +66,7 @@ static void job_free(struct cjob *j)
 	free(j->n);
 	free(j->excluded);
 	free(j->bk_done);
+	coord_ec_free(j->ec);
 	free(j);
 }
 

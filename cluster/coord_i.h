@@ -86,6 +86,7 @@ struct cjob {
 	char bk_failed[64];
 	uint64_t bk_failed_step;
 	bool *bk_done;
+	struct coord_ec *ec;          /* redundancy rs:K+M reports (coord_ec.c) */
 };
 
 struct coord {

@@ -5,6 +5,7 @@
  * fetch failures, and release the job-wide barrier. Runs with c->mu held,
  * except the bucket's part of a plan on the coordinator's worker thread. */
 #include "cluster/coord_i.h"
+#include "cluster/coord_ec.h"
 #include "net/frame.h"
 #include "net/server.h"
 #include "common/log.h"
@@ -80,10 +81,12 @@ static void bucket_plan_run(void *arg)
 		if (live) {
 			for (uint32_t r = 0; r < j->nodes; r++)
 				live[r] = j->n[r].reported && j->n[r].conn != 0;
+			struct lkg_hold *aug = coord_ec_augment(j, &in);
 			if (lkg_plan(&in, &tmp) == 0) {
 				need_newest = !tmp.found;
 				lkg_plan_free(&tmp);
 			}
+			free(aug);
 			free(live);
 		}
 	}
@@ -133,6 +136,7 @@ static void bucket_plan_run(void *arg)
 			log_info("coord", "plan job=%s plan=%u: restore backup %s (step %llu)%s", j->name,
 				 j->plan_id, j->bucket_name, (unsigned long long)j->plan.step,
 				 j->forced_restore ? " named by restore.version" : "");
+		coord_ec_note(j);
 		if (j->notes[0])
 			log_warn("coord", "job %s: %s", j->name, j->notes);
 		send_plan_to_waiters(c, j);
@@ -193,8 +197,10 @@ static void compute_plan(struct coord *c, struct cjob *j)
 			missing++;
 	}
 	lkg_plan_free(&j->plan);
+	struct lkg_hold *aug = coord_ec_augment(j, &in);
 	if (lkg_plan(&in, &j->plan) < 0)
 		memset(&j->plan, 0, sizeof(j->plan));
+	free(aug);
 	if (was_planned && j->plan.found == old_found && j->plan.step == old_step) {
 		/* another source for the same step: nodes that already have
 		 * their shard stay at the barrier */
@@ -407,6 +413,7 @@ void coord_on_catalog(void *arg, const struct proto_in *in)
 		j->holds[j->nholds++] = lh;
 	}
 	proto_catalog_free(&m);
+	coord_ec_catalog(j, rank, in->msg);
 	j->n[rank].conn = conn;
 	j->n[rank].reported = true;
 	if (j->state == R_PLANNING) {

@@ -1,5 +1,6 @@
 /* engine.c — see engine.h; its pieces are listed in engine_int.h. */
 #include "cluster/engine_int.h"
+#include "cluster/engine_ec.h"
 #include "cluster/placement.h"
 #include "net/tls.h"
 #include "common/log.h"
@@ -100,6 +101,7 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	memcpy(e->peers, peers, (size_t)n * sizeof(int));
 	e->npeers = n;
 	e->job_set = true;
+	eng_ec_set_job(e, c->has_redundancy, &c->redundancy);
 	e->bi_min = (uint32_t)c->backup_interval_minutes;
 	e->bi_steps = (uint32_t)c->backup_interval_steps;
 	if (strcmp(e->lkg_job, c->job))
@@ -194,6 +196,14 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 			goto fail;
 		}
 	}
+	{
+		char err[200];
+		rc = eng_ec_start(e, o->redundancy, err, sizeof(err));
+		if (rc < 0) {
+			log_err("engine", "%s", err);
+			goto fail;
+		}
+	}
 	rc = workq_start("mtcfs-repl", &e->replq);
 	if (rc == 0)
 		rc = workq_start("mtcfs-backup", &e->bkq);
@@ -282,6 +292,7 @@ void eng_stop(struct eng *e)
 	e->auth.tls = NULL;
 	auth_clear(&e->auth);
 	bkt_close(e->bkt);
+	eng_ec_stop(e);
 	pthread_mutex_destroy(&e->mu);
 	pthread_mutex_destroy(&e->ctl_mu);
 	pthread_cond_destroy(&e->ctl_cv);

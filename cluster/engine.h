@@ -28,6 +28,7 @@ struct eng_opts {
 	int restore_timeout_s;
 	const char *bucket;        /* gs://B[/P] or file:///dir; NULL: no backup tier */
 	const char *gcs_endpoint, *gcs_key_file;
+	const char *redundancy;    /* "replication" (NULL) or "rs:K+M" (engine_ec.h) */
 };
 
 struct eng_cb {

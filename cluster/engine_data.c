@@ -6,6 +6,7 @@
  *            {ok:true} once every CRC32C matched and the replica is published
  *   fetch {job, step, owner, worker} -> {manifest:b64}, then one NT_FILE per file */
 #include "cluster/engine_int.h"
+#include "cluster/engine_ec.h"
 #include "common/jobname.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -209,6 +210,9 @@ static void serve_list(struct eng *e, struct nconn *c, uint32_t id, json_t *req)
 	json_object_set_new(resp, "rank", json_integer(e->rank));
 	pthread_mutex_unlock(&e->mu);
 	json_object_set_new(resp, "shards", arr);
+	json_t *ec = job ? eng_ec_catalog(e, job) : NULL;   /* for mtcfs-admin steps */
+	if (ec)
+		json_object_set_new(resp, "ec", ec);
 	nconn_send(c, NT_RESP, id, resp);
 	json_decref(resp);
 }
@@ -253,7 +257,10 @@ static void on_data(void *arg, struct nconn *c, int peer_rank)
 	in.type = h.type;
 	in.req_id = h.req_id;
 	in.msg = m;
-	if (proto_dispatch(data_routes, sizeof(data_routes) / sizeof(data_routes[0]), arg, &in) < 0)
+	const char *name = json_string_value(json_object_get(m, "op"));
+	if (op == PROTO_OP_UNKNOWN && name && !strncmp(name, "ec_", 3))
+		eng_ec_serve(arg, c, peer_rank, h.req_id, m, name);   /* engine_ec.c */
+	else if (proto_dispatch(data_routes, sizeof(data_routes) / sizeof(data_routes[0]), arg, &in) < 0)
 		send_error(c, h.req_id, ENOSYS, "unknown op");
 	json_decref(m);
 	nconn_close(c);

@@ -58,6 +58,7 @@ struct eng {
 	struct workq *replq;
 	struct workq *bkq;            /* backup uploads, in order */
 	struct bkt *bkt;              /* NULL: no bucket */
+	struct eng_ec *ec;            /* redundancy (engine_ec.c) */
 
 	pthread_mutex_t mu;           /* protects the fields below */
 	int rank;

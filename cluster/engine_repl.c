@@ -1,5 +1,6 @@
 /* engine_repl.c — replication of committed shards (see engine_int.h). */
 #include "cluster/engine_int.h"
+#include "cluster/engine_ec.h"
 #include "tiers/lifecycle.h"
 #include "tiers/tier.h"
 #include "common/log.h"
@@ -79,6 +80,12 @@ static void repl_run(void *arg)
 			log_warn("engine", "cannot report step %llu to the coordinator at %s",
 				 (unsigned long long)j->key.step, e->coord_addr);
 		json_decref(ev);
+	}
+	if (workers == 1 && eng_ec_get(e, NULL)) {
+		/* rs:K+M: the code protects the step instead of replicas (one
+		 * shard per step: per-worker shards are still replicated) */
+		eng_ec_committed(e, &j->key, nodes, dp);
+		goto out;
 	}
 	if (idx_get_shard(ram_idx(e->ram), &j->key, &rec) < 0 || !rec.mf ||
 	    mf_decode(rec.mf, rec.mflen, &mf) < 0)

@@ -1,5 +1,6 @@
 /* engine_restore.c — the restore of DESIGN §5 (see engine_int.h). */
 #include "cluster/engine_int.h"
+#include "cluster/engine_ec.h"
 #include "tiers/backup.h"
 #include "tiers/tier.h"
 #include "common/log.h"
@@ -141,6 +142,9 @@ static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
 		idx_recs_free(recs, n);
 	out = proto_catalog_encode(&m);
 	free(m.holds);
+	json_t *ec = out ? eng_ec_catalog(e, c->job) : NULL;
+	if (ec)
+		json_object_set_new(out, "ec", ec);
 	return out;
 }
 
@@ -225,6 +229,12 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 		g.backup = p->backup;
 		g.save_files = c->framework == RCFG_FW_PYTORCH;
 		g.workers_per_node = (uint32_t)c->workers_per_node;
+	} else if (p->holder == (uint32_t)c->node_rank && p->owner == g.as.rank &&
+		   eng_ec_wanted(e, &g.want)) {
+		/* planned here with no copy here: rebuilt from the code */
+		rc = eng_ec_tier(e, (uint32_t)c->nodes, (uint32_t)c->assume_dp, &t);
+		if (rc < 0)
+			return rc;
 	} else if (p->holder == (uint32_t)c->node_rank) {
 		tier_ram_init(e->ram, &t);
 	} else {
@@ -412,6 +422,9 @@ restart:
 				e->lkg = e->safe = p.step;   /* older steps belong to the past */
 				snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", c->job);
 				pthread_mutex_unlock(&e->mu);
+				if (!p.bucket)   /* rs: complete this node's parity of it */
+					eng_ec_restored(e, c->job, p.step, (uint32_t)c->nodes,
+							(uint32_t)c->assume_dp);
 			}
 			rc = 0;
 			break;

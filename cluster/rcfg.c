@@ -40,6 +40,8 @@ static const struct key_def {
 	[K_WORKERS]        = { "workers-per-node",        T_INT,     1, RCFG_WORKERS_MAX },
 	[K_MASTER]         = { "master",                  T_IGNORED, 0, 0 },
 	[K_MASTER_PORT]    = { "master-port",             T_IGNORED, 0, 0 },
+	/* mtcfs's own (issue 17); GKE's replicator ignores unknown keys */
+	[K_REDUNDANCY]     = { "redundancy",              T_STR,     0, 0 },
 };
 
 static const char *const fw_names[] = {
@@ -257,6 +259,17 @@ static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
 		return rcfg_fail(p, "line %zu: 'framework' %s%s is not one of orbax, "
 		            "pytorch.distributed, pytorch",
 		            rcfg_ev_line(ev), p->raw, rcfg_note(p, nb));
+	}
+	if (k == K_REDUNDANCY) {
+		char e[160];
+		if (ec_parse_redundancy(p->val, &p->red, e, sizeof e) == 0)
+			return 0;
+		/* ec's line quotes the value; an expanded one is shown as written */
+		if (p->expanded)
+			return rcfg_fail(p, "line %zu: 'redundancy' %s%s is neither 'replication' nor "
+			            "'rs:K+M' with K >= 1, M >= 1, K + M <= 32", rcfg_ev_line(ev), p->raw,
+			            rcfg_note(p, nb));
+		return rcfg_fail(p, "line %zu: %s", rcfg_ev_line(ev), e);
 	}
 	/* GKE: a job-name that reads as an integer (YAML's, or int() of the
 	 * text: util.try_parse_int) is that integer, printed in decimal --
@@ -708,6 +721,9 @@ static void fill(struct parse *p, struct rcfg *out)
 		out->backup_interval_minutes = HAS(p, K_MINUTES) ? (int)p->ival[K_MINUTES] : 30;
 	out->assume_dp = HAS(p, K_DP) ? (int)p->ival[K_DP] : 0;
 	out->workers_per_node = HAS(p, K_WORKERS) ? (int)p->ival[K_WORKERS] : 1;
+	out->has_redundancy = HAS(p, K_REDUNDANCY);
+	if (out->has_redundancy)
+		out->redundancy = p->red;
 }
 
 static int blank(const char *buf, size_t len)
@@ -875,6 +891,10 @@ int rcfg_to_yaml(const struct rcfg *c, char *buf, size_t len)
 	if (c->assume_dp > 0)
 		put(&s, "assume-data-parallelism: %d\n", c->assume_dp);
 	put(&s, "workers-per-node: %d\n", c->workers_per_node);
+	if (c->has_redundancy) {
+		char r[32];
+		put(&s, "redundancy: %s\n", ec_redundancy_str(&c->redundancy, r, sizeof r));
+	}
 	if (s.full || s.pos > INT_MAX)
 		return -ENOSPC;
 	return (int)s.pos;

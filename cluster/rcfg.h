@@ -10,6 +10,9 @@
 #include <stddef.h>
 
 #include "common/jobname.h"
+#include "tiers/ec.h"
+
+#include <stdbool.h>
 
 enum rcfg_framework { RCFG_FW_ORBAX, RCFG_FW_PYTORCH_DISTRIBUTED, RCFG_FW_PYTORCH };
 
@@ -37,6 +40,8 @@ struct rcfg {
 	int assume_dp;                  /* assume-data-parallelism, 0 = not set;
 	                                   else divides nodes */
 	int workers_per_node;           /* default 1; 1..RCFG_WORKERS_MAX */
+	bool has_redundancy;            /* redundancy: given (else the mount option's) */
+	struct ec_redundancy redundancy; /* replication or rs:K+M (tiers/ec.h) */
 };
 
 /* Parse and validate replicator.yaml held in buf[0..len) (need not be
@@ -47,7 +52,8 @@ struct rcfg {
  * job-name, framework (orbax | pytorch.distributed | pytorch), node-rank,
  * nodes, peer-ranks (sequence of ints), peers-per-node, backup-interval-
  * minutes (a number; fractions are rounded up to whole minutes, 0 is 1) or
- * backup-interval-steps, assume-data-parallelism, workers-per-node, and
+ * backup-interval-steps, assume-data-parallelism, workers-per-node,
+ * redundancy (mtcfs's own: replication | rs:K+M, ec_parse_redundancy), and
  * GKE's master / master-port (accepted, not used: the coordinator comes from
  * mount options).  Any other key, a repeated key (the last one counts), both
  * peer keys (peer-ranks wins, as in GKE), peer-ranks naming this node or a

@@ -24,7 +24,7 @@
 
 enum key_id {
 	K_JOB, K_FRAMEWORK, K_NODE_RANK, K_NODES, K_PEER_RANKS, K_PEERS_PER_NODE,
-	K_MINUTES, K_STEPS, K_DP, K_WORKERS, K_MASTER, K_MASTER_PORT, K_COUNT
+	K_MINUTES, K_STEPS, K_DP, K_WORKERS, K_MASTER, K_MASTER_PORT, K_REDUNDANCY, K_COUNT
 };
 
 /* T_MINUTES: a number, fractions allowed (GKE multiplies it by 60);
@@ -49,6 +49,7 @@ struct parse {
 	int nlist;
 	char job[RCFG_JOB_MAX + 1];
 	enum rcfg_framework fw;
+	struct ec_redundancy red;        /* redundancy (tiers/ec.h) */
 
 	double minutes;                 /* backup-interval-minutes as written */
 

@@ -74,6 +74,7 @@ struct fs_opts {
 	char *ram_size;
 	char *bucket, *listen, *peers, *coordinator, *secret_file;
 	char *tls_cert, *tls_key, *tls_ca, *metrics, *gcs_endpoint, *gcs_key_file;
+	char *redundancy;             /* redundancy=replication|rs:K+M */
 	int jax_init_info;
 	int jax_port;
 	int rank;                   /* -1: from peers/listen, else 0 */

@@ -115,6 +115,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("log_file=%s", log_file),
 	OPT("gcs_endpoint=%s", o.gcs_endpoint),
 	OPT("gcs_key_file=%s", o.gcs_key_file),
+	OPT("redundancy=%s", o.redundancy),
 	OPT("jax_init_info", o.jax_init_info),
 	{ "no_jax_init_info", offsetof(struct cmdline, o.jax_init_info), -1 },
 	{ "jax_init_info=0", offsetof(struct cmdline, o.jax_init_info), -1 },
@@ -167,7 +168,9 @@ static void usage(const char *prog)
 	       "    -o metrics=HOST:PORT   Prometheus text endpoint at /metrics ([ADDR]:PORT: IPv6)\n"
 	       "    -o bucket=URL          backup tier: gs://BUCKET[/PREFIX] or file:///PATH\n"
 	       "    -o gcs_endpoint=URL    Cloud Storage endpoint (STORAGE_EMULATOR_HOST is honoured)\n"
-	       "    -o gcs_key_file=PATH   service-account key (else the metadata server)\n\n"
+	       "    -o gcs_key_file=PATH   service-account key (else the metadata server)\n"
+	       "    -o redundancy=R        replication (default: whole replicas on the peers) or\n"
+	       "                           rs:K+M (Reed-Solomon across groups of K+M nodes)\n\n"
 	       "RAMDIR should be a tmpfs directory; mount -t tmpfs -o huge=within_size gives large\n"
 	       "files huge pages without spending 2 MiB on every small file (huge=always does).\n",
 	       prog);
@@ -262,7 +265,7 @@ static void opts_free(struct fs_opts *o)
 {
 	char **strs[] = { &o->ram_size, &o->bucket, &o->listen, &o->peers, &o->coordinator,
 			  &o->secret_file, &o->tls_cert, &o->tls_key, &o->tls_ca, &o->metrics,
-			  &o->gcs_endpoint, &o->gcs_key_file };
+			  &o->gcs_endpoint, &o->gcs_key_file, &o->redundancy };
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
 		free(*strs[i]);
 		*strs[i] = NULL;
@@ -576,6 +579,7 @@ int fs_main(int argc, char **argv)
 			.tls_cert = fs->o.tls_cert, .tls_key = fs->o.tls_key, .tls_ca = fs->o.tls_ca,
 			.restore_timeout_s = fs->o.restore_timeout, .bucket = fs->o.bucket,
 			.gcs_endpoint = fs->o.gcs_endpoint, .gcs_key_file = fs->o.gcs_key_file,
+			.redundancy = fs->o.redundancy,
 		};
 		struct eng_cb cb = { .on_lkg = commit_on_lkg, .report = ctl_report_error, .arg = fs };
 		if (eng_start(fs->ram, &eo, &cb, &fs->eng) < 0) {

@@ -443,6 +443,12 @@ void ram_recount(struct ram_tier *t)
 {
 	struct inoset seen = { 0 };
 	uint64_t total = count_tree(t->nsfd, &seen) + count_tree(t->shardsfd, &seen);
+	/* erasure-code fragments (cluster/engine_ec.c) count like replicas */
+	int ffd = openat(t->rootfd, "frags", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (ffd >= 0) {
+		total += count_tree(ffd, &seen);
+		close(ffd);
+	}
 	free(seen.v);
 	atomic_store(&t->used, (int64_t)total);
 }

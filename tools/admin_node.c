@@ -8,6 +8,7 @@
 #include "tiers/manifest.h"
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
+#include "cluster/coord_ec.h"
 #include "cluster/prune.h"
 #include "tiers/ramtier.h"
 
@@ -172,6 +173,7 @@ struct view {
 	bool *reached;            /* [nodes] */
 	struct holding *h;
 	size_t nh, cap;
+	struct coord_ec *ec;      /* the nodes' redundancy rs:K+M reports */
 };
 
 static void add_holding(struct view *v, uint64_t step, uint32_t owner, uint32_t worker,
@@ -266,14 +268,16 @@ static void query_cluster(struct view *v, struct idx *x, int my_rank)
 		json_t *a = json_array_get(addrs, r), *lr = NULL, *lresp = NULL, *sh;
 		struct nconn *d = NULL;
 		size_t i;
-		if (!json_is_string(a) || (int)r == my_rank)
+		bool self = (int)r == my_rank;   /* its holdings: the local catalog */
+		if (!json_is_string(a))
 			continue;
 		if (nconn_connect(json_string_value(a), AUTH_RANK_TOOL, "data", &auth, 2000, &d, NULL) < 0)
 			continue;
 		lr = proto_list_encode(v->job);
 		if (nconn_call(d, lr, &lresp, 5000) == 0) {
 			v->reached[r] = true;
-			json_array_foreach(json_object_get(lresp, "shards"), i, sh) {
+			coord_ec_report(&v->ec, v->nodes, (int)r, lresp, NULL, 0);
+			json_array_foreach(self ? NULL : json_object_get(lresp, "shards"), i, sh) {
 				const char *st = json_string_value(json_object_get(sh, "state"));
 				add_holding(v, (uint64_t)json_integer_value(json_object_get(sh, "step")),
 					    (uint32_t)json_integer_value(json_object_get(sh, "owner")),
@@ -291,6 +295,28 @@ out:
 	json_decref(resp);
 	nconn_close(c);
 	peer_auth_clear(&auth);
+}
+
+/* [nodes]: the owners of step that no reached node holds and that the
+ * erasure code rebuilds (the coordinator's rule, coord_ec.h), or NULL. */
+static bool *ec_rebuilt(const struct view *v, uint64_t step)
+{
+	struct lkg_hold *h = calloc(v->nh + 1, sizeof(*h)), *aug = NULL;
+	bool *out = calloc(v->nodes, sizeof(bool));
+	size_t n = 0;
+
+	for (size_t k = 0; h && k < v->nh; k++)
+		if (v->h[k].step == step && v->h[k].ok && v->h[k].worker == 0)
+			h[n++] = (struct lkg_hold){ .holder = v->h[k].holder, .owner = v->h[k].owner,
+						    .step = step };
+	struct lkg_input in = { .nodes = v->nodes, .h = h, .nh = n, .live = v->reached };
+	if (h && out)
+		aug = coord_ec_rebuilt(v->ec, v->job, &in, true);
+	for (size_t i = n; aug && i < in.nh; i++)
+		out[in.h[i].owner] = true;
+	free(aug);
+	free(h);
+	return out;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -376,8 +402,9 @@ int admin_cmd_steps(const char *ramdir, const char *job)
 		printf("job %s, %u node%s, last complete step (LKG): %s%s\n", v.job, v.nodes,
 		       v.nodes == 1 ? "" : "s", lkg,
 		       v.coord_ok ? " (coordinator's view)" : " (this node's view only)");
-		printf("cells: the ranks holding a verified copy of that node's shard in RAM%s\n",
-		       workers > 1 ? " (one per worker; *: some worker's shard has no copy)" : "");
+		printf("cells: the ranks holding a verified copy of that node's shard in RAM%s%s\n",
+		       workers > 1 ? " (one per worker; *: some worker's shard has no copy)" : "",
+		       v.ec ? " (rs: no copy, rebuilt from the erasure code)" : "");
 		printf("%-10s", "STEP");
 		for (uint32_t r = 0; r < v.nodes; r++) {
 			char hd[16];
@@ -388,9 +415,11 @@ int admin_cmd_steps(const char *ramdir, const char *job)
 	}
 	for (size_t i = 0; i < ns; i++) {
 		json_t *row = json_object(), *cells = json_object(), *missing = json_array();
+		json_t *rebuilt = json_array(), *parity = json_array();
 		char status[256] = "complete";
 		size_t sl = 0;
 		bool complete = true;
+		bool *rs = ec_rebuilt(&v, steps[i]);
 		if (!admin_json)
 			printf("%-10llu", (unsigned long long)steps[i]);
 		for (uint32_t o = 0; o < v.nodes; o++) {
@@ -421,7 +450,11 @@ int admin_cmd_steps(const char *ramdir, const char *job)
 					cl = sizeof(cell) - 1;
 			}
 			/* complete: a copy of each of the node's shards (every worker's) */
-			if (nw < (workers < 64 ? workers : 64)) {
+			if (nw == 0 && rs && rs[o]) {
+				/* no copy, but K members of each of its codewords */
+				json_array_append_new(rebuilt, json_integer(o));
+				snprintf(cell, sizeof(cell), "rs");
+			} else if (nw < (workers < 64 ? workers : 64)) {
 				complete = false;
 				json_array_append_new(missing, json_integer(o));
 				if (json_array_size(hs) == 0)
@@ -442,6 +475,21 @@ int admin_cmd_steps(const char *ramdir, const char *job)
 						       k ? "," : "",
 						       (long long)json_integer_value(json_array_get(missing, k)));
 		}
+		char red[32];
+		if (coord_ec_red(v.ec, red, sizeof(red))) {
+			/* rs:K+M: which nodes store all their parity of the step */
+			for (uint32_t r = 0; r < v.nodes; r++)
+				if (coord_ec_parity(v.ec, r, steps[i]))
+					json_array_append_new(parity, json_integer(r));
+			sl = strlen(status);
+			snprintf(status + sl, sizeof(status) - sl, "  %s parity %zu/%u nodes", red,
+				 json_array_size(parity), v.nodes);
+			json_object_set_new(row, "ec", json_pack("{s:s,s:O,s:O}", "redundancy", red,
+								 "parity", parity, "rebuilt", rebuilt));
+		}
+		json_decref(parity);
+		json_decref(rebuilt);
+		free(rs);
 		if (v.has_lkg && steps[i] == v.lkg && sl < sizeof(status))
 			snprintf(status + strlen(status), sizeof(status) - strlen(status), "  <- LKG");
 		if (!admin_json)
@@ -464,6 +512,7 @@ int admin_cmd_steps(const char *ramdir, const char *job)
 	free(steps);
 	free(v.h);
 	free(v.reached);
+	coord_ec_free(v.ec);
 	rcfg_free(&cfg);
 	return rc;
 }

@@ -1,0 +1,105 @@
+/* engine_ec.h: the erasure-coded peer tier of `redundancy=rs:K+M` (issue
+ * 17) inside the engine. Shared by engine_ec.c (settings, RAMDIR/frags
+ * layout, protecting a step, the data requests, garbage collection) and
+ * engine_ec_rst.c (restoring a lost shard from fragments); the engine's
+ * other files call only the hooks below. Under rs the step's replication
+ * is replaced by the code (first cut): no replica is pushed.
+ *
+ * Protect, after a seal, on the replication worker:
+ *   1. the owner stores its manifest as frags/JOB/STEP/m<R>.mf and sends it
+ *      (ec_meta) to every other unit of its group;
+ *   2. a node holding every manifest of its group (sizes and hashes: the
+ *      geometry) sends, for each piece t of its own shard, the data
+ *      fragment (ec_frag_data) to the M parity holders of its codeword
+ *      (ec_data + one NT_FILE);
+ *   3. a holder folds each arriving fragment into its parity slot
+ *      (ec_enc_add) and, with all K folded, writes g<G>-c<CW>-s<SLOT>.frag;
+ *      once all its M slots are written it tells the coordinator
+ *      "replicated": the coordinator's safe step (GC) then means protected.
+ * Restore: the coordinator plans a lost shard on the node itself when
+ * ecplan_restorable says so (coord_ec.c); the node's restore then takes
+ * its shard from eng_ec_tier(), which fetches the members (ec_get) and
+ * decodes them into a stage. */
+#ifndef MTCFS_CLUSTER_ENGINE_EC_H
+#define MTCFS_CLUSTER_ENGINE_EC_H
+
+#include "cluster/engine_int.h"
+#include "tiers/ec.h"
+#include "tiers/ecplan.h"
+#include "tiers/tier.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The mount option (NULL: replication). 0 or -EINVAL with the line in err. */
+int  eng_ec_start(struct eng *e, const char *redundancy, char *err, size_t errlen);
+void eng_ec_stop(struct eng *e);
+/* The job's replicator.yaml says `redundancy` (has false: the mount's). */
+void eng_ec_set_job(struct eng *e, bool has, const struct ec_redundancy *r);
+/* The redundancy in force; true when it is rs. */
+bool eng_ec_get(struct eng *e, struct ec_redundancy *r);
+/* replq worker, after "committed" was sent: protect k (under rs). */
+void eng_ec_committed(struct eng *e, const struct shard_key *k, uint32_t nodes, uint32_t dp);
+/* A data request whose op starts "ec_" (data server thread). */
+void eng_ec_serve(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *req,
+		  const char *op);
+/* The catalog message's "ec" member for job (a new reference), or NULL
+ * under replication. */
+json_t *eng_ec_catalog(struct eng *e, const char *job);
+/* The coordinator's safe step of job: parity of older steps goes. */
+void eng_ec_gc(struct eng *e, const char *job, uint64_t safe);
+/* The restore needs k on this node and does not hold it: the code is a
+ * source (true under rs and with no local record of k). */
+bool eng_ec_wanted(struct eng *e, const struct shard_key *k);
+/* The job restored step from the cluster: under rs, this node's parity of
+ * it that is missing (encoding cut short by a lost node, or a wiped node)
+ * is rebuilt in the background. */
+void eng_ec_restored(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp);
+/* The erasure-coded tier as a restore source for this node's shards of
+ * a job of `nodes`/`dp`. tier_close frees. 0 or -ENOMEM. */
+int eng_ec_tier(struct eng *e, uint32_t nodes, uint32_t dp, struct tier *t);
+
+/* ---- between engine_ec.c and engine_ec_rst.c ---- */
+struct eng_ec_ctx {
+	struct eng *e;
+	struct ec_redundancy red;
+	uint32_t nodes, dp;
+	int rank;
+	struct ecplan *plan;
+	int gi, pos;            /* this node's group and position; gi -1: none */
+};
+/* Build the plan for this node (rank from e). 0, -ENOENT (not rs / no
+ * group) or -errno. ctx_free releases it. */
+int  ecx_ctx(struct eng *e, uint32_t nodes, uint32_t dp, struct eng_ec_ctx *x);
+void ecx_ctx_free(struct eng_ec_ctx *x);
+/* frags/JOB/STEP under RAMDIR (created when create). A dirfd or -errno. */
+int  ecx_dir(struct eng *e, const char *job, uint64_t step, bool create);
+/* The label of (job, step, group, cw): no fragment of another is mixed in. */
+void ecx_label(const char *job, uint64_t step, unsigned gi, unsigned cw, uint8_t out[16]);
+/* Read the manifests of every unit of group gi stored in dirfd: size[]
+ * and hash[] (nodes entries) for ecplan_geom. 0 or -ENOENT (one missing:
+ * its rank in *missing). mine (optional) gets rank's own manifest. */
+int  ecx_load_metas(const struct eng_ec_ctx *x, int dirfd, uint64_t *size, uint8_t (*hash)[32],
+		    int rank, struct manifest **mine, int *missing);
+/* Connect a data connection to rank. 0 or -errno. */
+int  ecx_connect(struct eng *e, uint32_t rank, struct nconn **c);
+/* After a request answered with one NT_FILE: its bytes into a new
+ * temporary file of dirfd (name into tmp), ram reserved (*reserved: the
+ * caller ram_adjusts it back once the file is gone). The fd at offset 0,
+ * or -errno (nothing left behind). */
+int  ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix, char tmp[64],
+		   uint64_t *reserved);
+/* Work about one step of a job, run fn(job) on the replication worker
+ * (fn frees it). 0 or -errno. */
+struct ecx_step_job {
+	struct eng *e;
+	char job[RCFG_JOB_MAX + 1];
+	uint64_t step;
+	uint32_t nodes, dp;
+};
+int  ecx_submit(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp,
+		void (*fn)(void *));
+/* A unique temporary file in dirfd (name into name[64]). fd or -errno. */
+int  ecx_tmpfile(int dirfd, const char *prefix, char name[64]);
+
+#endif

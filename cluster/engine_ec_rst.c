@@ -1,0 +1,373 @@
+/* engine_ec_rst.c — the erasure-coded tier as a restore source (see
+ * engine_ec.h): this node lost its shard of a step; the coordinator
+ * planned it here because enough members of each of its pieces'
+ * codewords survive. get() fetches the group's manifests (ec_metas), then
+ * for each piece every surviving member of its codeword (ec_get: parity
+ * files from their holders, data fragments cut by the survivors from
+ * their own shards) and decodes the piece into the stage (ec_decode: a
+ * fragment that fails its CRC32C is passed over and another used);
+ * ec_shard_finish checks every rebuilt file against the manifest. */
+#include "cluster/engine_ec.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct ec_tier {
+	struct eng *e;
+	uint32_t nodes, dp;
+	unsigned fetched, passed;   /* for got()'s log line */
+	uint64_t reserved;          /* the rebuilt shard's bytes, in ram_size */
+	uint64_t t0;
+	char red[32];
+	char notes[400];
+};
+
+/* The group's manifests from any surviving member, stored into dirfd. */
+static int fetch_metas(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step,
+		       char *why, size_t whylen)
+{
+	const struct ecplan_group *g = &x->plan->g[x->gi];
+	int rc = -ENOENT;
+
+	for (unsigned p = 0; p < g->n; p++) {
+		struct nconn *c = NULL;
+		json_t *req, *resp = NULL, *metas;
+		const char *key;
+		json_t *v;
+		int u = g->unit[p], stored = 0;
+
+		if (u == x->rank)
+			continue;
+		req = json_pack("{s:s,s:s,s:I}", "op", "ec_metas", "job", job, "step", (json_int_t)step);
+		rc = ecx_connect(x->e, (uint32_t)u, &c);
+		if (rc == 0)
+			rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
+		json_decref(req);
+		nconn_close(c);
+		metas = rc == 0 ? json_object_get(resp, "metas") : NULL;
+		json_object_foreach(metas, key, v) {
+			struct manifest *mf = NULL;
+			uint8_t *buf = NULL;
+			size_t len = 0;
+			char name[32], *end;
+			long owner = strtol(key, &end, 10);
+			json_t *wrap = json_pack("{s:O}", "manifest", v);
+			if (*end || owner < 0 || owner >= (long)x->nodes ||
+			    xfer_decode_manifest(wrap, &mf, NULL, 0) < 0 || mf_encode(mf, &buf, &len) < 0) {
+				json_decref(wrap);
+				mf_free(mf);
+				continue;
+			}
+			snprintf(name, sizeof(name), "m%ld.mf", owner);
+			if (util_write_file_atomic(dirfd, name, buf, len) == 0)
+				stored++;
+			json_decref(wrap);
+			free(buf);
+			mf_free(mf);
+		}
+		json_decref(resp);
+		if (stored == (int)g->n)
+			return 0;
+	}
+	snprintf(why, whylen, "no surviving member of group %d has the group's manifests", x->gi);
+	return rc < 0 ? rc : -ENOENT;
+}
+
+/* Member slot of codeword cw from rank into a temporary file of dirfd. */
+static int fetch_member(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step,
+			unsigned cw, unsigned slot, int rank, char tmp[64], uint64_t *reserved)
+{
+	struct nconn *c = NULL;
+	json_t *req, *resp = NULL;
+	int rc;
+
+	req = json_pack("{s:s,s:s,s:I,s:i,s:i,s:i}", "op", "ec_get", "job", job, "step",
+			(json_int_t)step, "group", x->gi, "cw", (int)cw, "slot", (int)slot);
+	rc = ecx_connect(x->e, (uint32_t)rank, &c);
+	if (rc == 0)
+		rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
+	if (rc == 0)
+		rc = ecx_recv_frag(x->e, c, dirfd, "rst", tmp, reserved);
+	json_decref(req);
+	json_decref(resp);
+	nconn_close(c);
+	return rc;
+}
+
+/* Member `slot` of codeword cw rebuilt into sink from every other member
+ * that can be fetched (more than K when there are, so that a corrupt one
+ * costs no second round). T (may be NULL) counts what was fetched and
+ * passed over. */
+static int rebuild_member(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, const char *job,
+			  uint64_t step, unsigned cw, unsigned slot, const struct ec_sink *sink,
+			  char *why, size_t whylen)
+{
+	const struct ecplan_group *g = &x->plan->g[x->gi];
+	int fds[EC_MAX_N];
+	char names[EC_MAX_N][64];
+	uint64_t reserved[EC_MAX_N];
+	unsigned n = 0;
+	int rc;
+
+	for (unsigned s = 0; s < g->n; s++) {
+		int r = g->unit[ecplan_slot_pos(g, cw, s)];
+		if (s == slot || r == x->rank)
+			continue;
+		int fd = fetch_member(x, dirfd, job, step, cw, s, r, names[n], &reserved[n]);
+		if (fd < 0) {
+			log_info("engine", "ec restore: job=%s step=%" PRIu64 " cw %u slot %u from rank %d: %s",
+				 job, step, cw, s, r, strerror(-fd));
+			continue;
+		}
+		fds[n++] = fd;
+	}
+	if (T)
+		T->fetched += n;
+	rc = n ? ec_decode(fds, n, slot, sink, why, whylen) : -ENODATA;
+	if (rc == -ENODATA && !n)
+		snprintf(why, whylen, "no member of codeword %u could be fetched", cw);
+	for (unsigned i = 0; i < n; i++) {
+		struct ec_geom gg;
+		unsigned idx;
+		char e2[200];
+		/* count what the decode passed over, for the log line */
+		if (T && ec_frag_verify(fds[i], &gg, &idx, e2, sizeof(e2)) < 0) {
+			T->passed++;
+			snprintf(T->notes, sizeof(T->notes), "cw %u: a fragment was passed over (%s)",
+				 cw, e2);
+		}
+		close(fds[i]);
+		unlinkat(dirfd, names[i], 0);
+		ram_adjust(x->e->ram, -(int64_t)reserved[i]);
+	}
+	return rc;
+}
+
+/* Piece t of this node's shard into the staged files. */
+static int decode_piece(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, const char *job,
+			uint64_t step, unsigned t, const struct ec_shard *sh, char *why,
+			size_t whylen)
+{
+	struct ec_sink sink = { .shard = sh, .fd = -1 };
+	unsigned cw, slot;
+
+	ecplan_piece(&x->plan->g[x->gi], (unsigned)x->pos, t, &cw, &slot);
+	return rebuild_member(T, x, dirfd, job, step, cw, slot, &sink, why, whylen);
+}
+
+/* ---- after a rebuild: this node's parity of the step, rebuilt too ---- */
+
+/* Whichever of this node's M parity fragments of the step are missing
+ * (wiped, or the encoding was cut short by a lost node) are rebuilt from
+ * the codewords' other members (ec_decode of a parity slot), so the step
+ * survives M more losses without waiting for the next one to be
+ * protected. Other nodes lost with this one are at most M - 1 more
+ * members of each codeword: K are left; members that other nodes are
+ * still rebuilding (their manifests, their shard) come on a later try.
+ * On the replication worker. */
+static bool have_metas(struct eng_ec_ctx *x, int dirfd)
+{
+	uint64_t *size = calloc(x->nodes, sizeof(uint64_t));
+	uint8_t (*hash)[32] = calloc(x->nodes, 32);
+	bool ok = size && hash && ecx_load_metas(x, dirfd, size, hash, -1, NULL, NULL) == 0;
+	free(size);
+	free(hash);
+	return ok;
+}
+
+static unsigned reprotect_once(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step)
+{
+	const struct ecplan_group *g = &x->plan->g[x->gi];
+	unsigned built = 0;
+	char why[400] = "";
+
+	if (!have_metas(x, dirfd))   /* others cut data members from them */
+		fetch_metas(x, dirfd, job, step, why, sizeof(why));
+	for (unsigned j = 0; j < g->m; j++) {
+		unsigned cw = ecplan_parity_cw(g, (unsigned)x->pos, j), slot = g->k + j;
+		char fin[64], tmp[64];
+		struct stat st;
+		int rc, fd;
+
+		snprintf(fin, sizeof(fin), "g%d-c%u-s%u.frag", x->gi, cw, slot);
+		if (faccessat(dirfd, fin, F_OK, 0) == 0) {
+			built++;
+			continue;
+		}
+		fd = ecx_tmpfile(dirfd, "par", tmp);
+		if (fd < 0)
+			break;
+		struct ec_sink sink = { .shard = NULL, .fd = fd };
+		why[0] = '\0';
+		rc = rebuild_member(NULL, x, dirfd, job, step, cw, slot, &sink, why, sizeof(why));
+		if (rc == 0 && fstat(fd, &st) == 0)
+			ram_adjust(x->e->ram, (int64_t)st.st_blocks * 512);
+		close(fd);
+		if (rc == 0 && renameat(dirfd, tmp, dirfd, fin) < 0)
+			rc = -errno;
+		if (rc < 0) {
+			unlinkat(dirfd, tmp, 0);
+			log_info("engine", "ec: job=%s step=%" PRIu64 ": parity cw %u slot %u not rebuilt yet: %s",
+				 job, step, cw, slot, why[0] ? why : strerror(-rc));
+			continue;
+		}
+		built++;
+	}
+	return built;
+}
+
+static void reprotect_run(void *arg)
+{
+	struct ecx_step_job *r = arg;
+	struct eng_ec_ctx x;
+	int dirfd = -1, fd;
+
+	if (ecx_ctx(r->e, r->nodes, r->dp, &x) < 0 || (dirfd = ecx_dir(r->e, r->job, r->step, true)) < 0)
+		goto out;
+	const struct ecplan_group *g = &x.plan->g[x.gi];
+	if (faccessat(dirfd, "protected", F_OK, 0) == 0)
+		goto out;
+	for (int a = 0; a < 4; a++) {
+		if (reprotect_once(&x, dirfd, r->job, r->step) == g->m) {
+			fd = openat(dirfd, "protected", O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+			if (fd >= 0)
+				close(fd);
+			log_info("engine", "ec: job=%s step=%" PRIu64 " parity rebuilt here (%u fragments, rs:%u+%u group %d)",
+				 r->job, r->step, g->m, g->k, g->m, x.gi);
+			goto out;
+		}
+		struct timespec ts = { .tv_sec = 1 << a, .tv_nsec = 0 };
+		nanosleep(&ts, NULL);
+	}
+	log_warn("engine", "ec: job=%s step=%" PRIu64 ": this node's parity could not be rebuilt; the step is protected again once a newer one is",
+		 r->job, r->step);
+out:
+	if (dirfd >= 0)
+		close(dirfd);
+	ecx_ctx_free(&x);
+	free(r);
+}
+
+void eng_ec_restored(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp)
+{
+	if (eng_ec_get(e, NULL))
+		ecx_submit(e, job, step, nodes, dp, reprotect_run);
+}
+
+static int ec_get(void *self, struct tier_get *g, struct ram_stage *st, struct manifest **mf,
+		  char *why, size_t whylen)
+{
+	struct ec_tier *T = self;
+	struct eng_ec_ctx x;
+	struct manifest *mine = NULL;
+	uint64_t *size = NULL;
+	uint8_t (*hash)[32] = NULL;
+	int dirfd = -1, rc;
+
+	T->t0 = util_now_ns();
+	rc = ecx_ctx(T->e, T->nodes, T->dp, &x);
+	if (rc < 0) {
+		snprintf(why, whylen, "this node is in no erasure-coded group");
+		goto out;
+	}
+	ec_redundancy_str(&x.red, T->red, sizeof(T->red));
+	size = calloc(T->nodes, sizeof(uint64_t));
+	hash = calloc(T->nodes, 32);
+	rc = !size || !hash ? -ENOMEM : 0;
+	if (rc == 0)
+		rc = dirfd = ecx_dir(T->e, g->want.job, g->want.step, true);
+	if (rc >= 0)
+		rc = fetch_metas(&x, dirfd, g->want.job, g->want.step, why, whylen);
+	if (rc == 0)
+		rc = ecx_load_metas(&x, dirfd, size, hash, x.rank, &mine, NULL);
+	if (rc == 0 && !mine) {
+		/* a data-parallel twin: its column mates hold its data */
+		snprintf(why, whylen, "node %d is not its unit's representative: nothing to rebuild here",
+			 x.rank);
+		rc = -ENOENT;
+	}
+	/* the rebuilt files are written here, not through a reservation of
+	 * their own: take the shard's size first (ENOSPC before any work) */
+	if (rc == 0 && (rc = ram_reserve(g->ram, mine->total)) == 0)
+		T->reserved = mine->total;
+	if (rc == 0)
+		rc = ram_stage_begin(g->ram, &g->as, st);
+	struct ec_shard sh = { st->fd, mine };
+	if (rc == 0)
+		rc = ec_shard_prepare(&sh);
+	for (unsigned t = 0; rc == 0 && t < x.plan->g[x.gi].k; t++)
+		rc = decode_piece(T, &x, dirfd, g->want.job, g->want.step, t, &sh, why, whylen);
+	if (rc == 0)
+		rc = ec_shard_finish(&sh, why, whylen);
+	if (rc == 0) {
+		*mf = mine;
+		mine = NULL;
+	}
+out:
+	if (dirfd >= 0)
+		close(dirfd);
+	mf_free(mine);
+	free(size);
+	free(hash);
+	ecx_ctx_free(&x);
+	if (rc < 0 && T->reserved) {
+		ram_adjust(g->ram, -(int64_t)T->reserved);
+		T->reserved = 0;
+	}
+	if (rc < 0 && !why[0])
+		snprintf(why, whylen, "erasure-coded restore: %s", strerror(-rc));
+	return rc;
+}
+
+static void ec_got(void *self, const struct tier_get *g, const struct manifest *mf, int rc,
+		   char *why, size_t whylen)
+{
+	struct ec_tier *T = self;
+	if (rc < 0) {
+		ram_adjust(g->ram, -(int64_t)T->reserved);
+		snprintf(why, whylen, "publishing the rebuilt shard: %s", strerror(-rc));
+		return;
+	}
+	/* the reservation was the manifest's size; holes take no RAM: count
+	 * what is held, as after a restore from the bucket */
+	ram_recount(g->ram);   /* its parity follows after the barrier: eng_ec_restored */
+	metrics_add(MC_RESTORE_BYTES, mf->total);
+	log_info("engine", "restored job=%s step=%" PRIu64 " from erasure code %s: %u fragments fetched, %u passed over%s%s bytes=%" PRIu64 " secs=%.3f",
+		 g->as.job, g->as.step, T->red, T->fetched, T->passed, T->notes[0] ? "; " : "",
+		 T->notes, mf->total, (double)(util_now_ns() - T->t0) / 1e9);
+}
+
+static void ec_close(void *self)
+{
+	free(self);
+}
+
+static const struct tier_ops ec_tier_ops = {
+	.name = "ec",
+	.get = ec_get,
+	.got = ec_got,
+	.close = ec_close,
+};
+
+int eng_ec_tier(struct eng *e, uint32_t nodes, uint32_t dp, struct tier *t)
+{
+	struct ec_tier *T = calloc(1, sizeof(*T));
+	if (!T)
+		return -ENOMEM;
+	T->e = e;
+	T->nodes = nodes;
+	T->dp = dp;
+	t->ops = &ec_tier_ops;
+	t->self = T;
+	return 0;
+}

@@ -1,0 +1,390 @@
+"""Erasure-coded peer tier end to end (issue 17): real mtcfs daemons on
+loopback mounted with redundancy=rs:K+M, a job saving small shards, nodes
+killed -9 with their RAMDIR wiped, then a job restart.
+
+- rs:4+2 on 6 nodes: every loss of 1 or 2 nodes (all 21 patterns, one
+  after the other on one cluster, a new protected step before each)
+  restores every node's exact bytes; the lost nodes' logs say the shard
+  was rebuilt from the erasure code; parity of older steps is dropped
+  once a newer step is protected;
+- a rebuilt node rebuilds its own parity of the step too: three losses
+  of two nodes in a row with no new step restore the same step each time;
+- rs:4+1 on 5 nodes: 2 nodes lost (M + 1): nothing is restored (s0
+  markers) and the coordinator's log names the short codeword; with a
+  file:// bucket holding a backup the job restores the backup instead;
+- a corrupt parity fragment on a survivor: passed over, the lost shard
+  still rebuilt exactly, the log counts it;
+- a node lost while its step is being encoded: that step is never
+  protected (older parity kept), and after the restart the job restores
+  the older, protected step, rebuilt from the code;
+- RAM held per node for one protected step (du of RAMDIR's shards/ and
+  frags/) against (1 + M/K) x S.
+
+Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
+     /usr/bin/python3 tests/integration/test_ec_cluster.py [-k NAME]
+"""
+
+import errno
+import itertools
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import wait_until  # noqa: E402
+from cluster import Cluster, shard_files  # noqa: E402
+
+KiB = 1 << 10
+SIZE = 96 * KiB           # params file; the shard is about 1.25 x this
+# warnings the scenarios cause on purpose: sends to, and fetches from,
+# nodes that are dead
+EXPECTED = (r"ec: .*(failed|refused)|ec restore: |cannot rebuild|"
+            r"not erasure coded|connect|Connection refused|"
+            r"could not be fetched|held nowhere")
+
+
+class EcCase(unittest.TestCase):
+
+    def make(self, n, red, extra=""):
+        opts = "redundancy=" + red + ("," + extra if extra else "")
+        c = Cluster(n, ram_size="256M", restore_timeout=20, extra=opts)
+        for d in c.nodes:
+            d.extra_args.append("-d")
+        self.addCleanup(c.close)
+        self.c = c
+        c.start()
+        return c
+
+    def frags(self, r, job, step=None):
+        d = os.path.join(self.c.nodes[r].ramdir, "frags", job)
+        if step is not None:
+            d = os.path.join(d, str(step))
+        try:
+            return sorted(os.listdir(d))
+        except FileNotFoundError:
+            return []
+
+    def wait_protected(self, job, step, ranks=None, timeout=60):
+        ranks = range(self.c.n) if ranks is None else ranks
+        wait_until(lambda: all("protected" in self.frags(r, job, step)
+                               for r in ranks), timeout,
+                   "step %d protected on every node" % step)
+
+    def save_protected(self, job, step, size=SIZE):
+        self.c.save(job, step, size=size)
+        self.wait_protected(job, step)
+
+    def lose(self, ranks):
+        for r in ranks:
+            self.c.nodes[r].expect_log(EXPECTED)
+            self.c.nodes[r].kill9()
+        for r in ranks:
+            self.c.nodes[r].wipe_ramdir()
+            self.c.nodes[r].start()
+        for d in self.c.nodes:
+            d.expect_log(EXPECTED)
+
+    def restart_verify(self, job, step, lost, size=SIZE):
+        c = self.c
+        logpos = {r: len(c.nodes[r].log_text()) for r in lost}
+        got = c.job_start(job)
+        self.assertEqual(got, {r: step for r in range(c.n)}, "restored steps")
+        for r in range(c.n):
+            c.restore_and_verify(job, r, step, size=size)
+        for r in lost:
+            log = c.nodes[r].log_text()[logpos[r]:]
+            self.assertRegex(log, r"restored job=%s step=%d from erasure code "
+                             % (job, step), "node %d's log" % r)
+        return got
+
+    # -- every loss of up to M nodes -------------------------------------------
+
+    def test_rs42_every_loss_of_up_to_two(self):
+        c = self.make(6, "rs:4+2")
+        job = "ec42"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
+        step = 1
+        self.save_protected(job, step)
+        patterns = [p for m in (1, 2) for p in itertools.combinations(range(6), m)]
+        for lost in patterns:
+            step += 1
+            self.save_protected(job, step)
+            # parity of the older steps goes once this one is protected
+            wait_until(lambda: all(self.frags(r, job) == [str(step)]
+                                   for r in range(6)), 30,
+                       "only step %d's fragments kept" % step)
+            self.lose(lost)
+            self.restart_verify(job, step, lost)
+
+    def test_rebuilt_nodes_protect_again(self):
+        # a rebuilt node rebuilds its parity of the step as well: three
+        # losses of two nodes in a row, with no new step in between,
+        # each restore the same step exactly
+        c = self.make(6, "rs:4+2")
+        job = "ecagain"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
+        self.save_protected(job, 3)
+        for lost in ([0, 1], [2, 3], [4, 5]):
+            self.lose(lost)
+            self.restart_verify(job, 3, lost)
+            for r in lost:
+                wait_until(lambda: re.search(r"ec: job=%s step=3 parity rebuilt here" % job,
+                                             c.nodes[r].log_text()), 30,
+                           "node %d's parity of step 3 rebuilt" % r)
+            self.wait_protected(job, 3)
+            for r in lost:
+                frs = [x for x in self.frags(r, job, 3) if x.endswith(".frag")]
+                self.assertEqual(len(frs), 2, "node %d's parity: %s" % (r, frs))
+
+    # -- M + 1 lost ----------------------------------------------------------
+
+    def test_rs41_two_lost_nothing_restored(self):
+        c = self.make(5, "rs:4+1")
+        job = "ec41"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(5)})
+        self.save_protected(job, 1)
+        self.lose([1, 3])
+        steps = json.loads(harness.admin("steps", c.nodes[0].ramdir, "--json"))
+        row = [x for x in steps["steps"] if x["step"] == 1][0]
+        self.assertFalse(row["complete"], row)
+        self.assertEqual(row["missing"], [1, 3])
+        self.assertEqual(row["ec"]["rebuilt"], [])
+        got = c.job_start(job)
+        self.assertEqual(got, {r: 0 for r in range(5)}, "nothing restorable")
+        log = c.nodes[0].log_text()
+        self.assertRegex(log, r"node [13]'s shard is held nowhere and the "
+                         r"erasure code cannot rebuild it: ")
+
+    def test_rs41_two_lost_bucket_fallback(self):
+        bucket = tempfile.mkdtemp(prefix="mtcfs-ec-bucket-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, bucket, True)
+        c = self.make(5, "rs:4+1", extra="bucket=file://" + bucket)
+        c.interval = "backup-interval-steps: 1"
+        job = "ec41b"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(5)})
+        self.save_protected(job, 1)
+        wait_until(lambda: re.search(r"backup .* complete", c.nodes[0].log_text()),
+                   60, "backup of step 1 complete")
+        self.lose([0, 2])
+        got = c.job_start(job)
+        self.assertEqual(got, {r: 1 for r in range(5)}, "restored from the bucket")
+        for r in range(5):
+            c.restore_and_verify(job, r, 1, size=SIZE)
+        self.assertRegex(c.nodes[2].log_text(), r"restored job=%s step=1 from backup" % job)
+
+    # -- a corrupt fragment ----------------------------------------------------
+
+    def test_corrupt_parity_passed_over(self):
+        c = self.make(6, "rs:4+2")
+        job = "eccrc"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
+        self.save_protected(job, 7)
+        # flip a payload byte of every parity fragment node 1 stores
+        d = os.path.join(c.nodes[1].ramdir, "frags", job, "7")
+        n = 0
+        for name in os.listdir(d):
+            if name.endswith(".frag"):
+                with open(os.path.join(d, name), "r+b") as f:
+                    f.seek(400)
+                    b = f.read(1)
+                    f.seek(400)
+                    f.write(bytes([b[0] ^ 0x5a]))
+                n += 1
+        self.assertEqual(n, 2)
+        self.lose([4])
+        self.restart_verify(job, 7, [4])
+        m = re.search(r"from erasure code rs:4\+2: \d+ fragments fetched, (\d+) passed over",
+                      c.nodes[4].log_text())
+        self.assertTrue(m and int(m.group(1)) >= 1, "a corrupt fragment was passed over")
+
+    # -- a node lost during encoding --------------------------------------------
+
+    def encoding_cut_short(self, job):
+        """rs:4+2 on 6 nodes, step 1 protected; node 5 commits step 2 and
+        sends its manifest, then dies (kill -9) before the others'
+        manifests reach it, so it never sends its fragments; the others
+        commit step 2 and try to send theirs."""
+        c = self.make(6, "rs:4+2")
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
+        self.save_protected(job, 1)
+        c.save(job, 2, ranks=[5], size=SIZE)
+        wait_until(lambda: all("m5.mf" in self.frags(r, job, 2) for r in range(5)),
+                   30, "node 5's manifest of step 2 everywhere")
+        for d in c.nodes:
+            d.expect_log(EXPECTED)
+        c.nodes[5].kill9()
+        c.save(job, 2, ranks=range(5), size=SIZE)
+        wait_until(lambda: all(re.search(r"ec: job=%s step=2 sent" % job,
+                                         c.nodes[r].log_text()) for r in range(5)),
+                   90, "the survivors tried to send their fragments of step 2")
+        prot = [r for r in range(5) if "protected" in self.frags(r, job, 2)]
+        self.assertLess(len(prot), 5, "step 2 is not protected everywhere")
+        return c
+
+    def test_node_lost_while_encoding(self):
+        job = "ecenc"
+        c = self.encoding_cut_short(job)
+        for r in range(5):
+            self.assertIn("1", self.frags(r, job), "step 1's parity kept on node %d" % r)
+        c.nodes[5].wipe_ramdir()
+        c.nodes[5].start()
+        self.restart_verify(job, 1, [5])
+
+    def test_ram_account_after_rebuild(self):
+        # the RAM account (ram_size's) of a node rebuilt from fragments is
+        # what it holds: the fragments it fetched and dropped are given back
+        size = 1 << 20
+        c = self.make(6, "rs:4+2")
+        job = "ecacct"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
+        self.save_protected(job, 2, size=size)
+        self.lose([3])
+        self.restart_verify(job, 2, [3], size=size)
+        node = c.nodes[3]
+        held = du_trees([os.path.join(node.ramdir, d) for d in ("ns", "shards", "frags")])
+        used = json.loads(harness.admin("status", node.ramdir, "--json"))["ram_used"]
+        S = sum(len(v) for v in shard_files(job, 2, 3, size).values())
+        self.assertLess(abs(used - held), S // 10,
+                        "ram_used %d, held %d (shard %d)" % (used, held, S))
+
+    # -- bad input -----------------------------------------------------------
+
+    def test_data_fragment_only_from_its_unit(self):
+        # rs:4+2 on 6 nodes: codeword 0's data slot 0 is node 2's piece and
+        # node 0 stores its first parity; node 3 (an authenticated peer)
+        # may not send that slot
+        import test_peer_security as ps
+        c = self.make(6, "rs:4+2")
+        job = "ecforge"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
+        self.save_protected(job, 1)
+        c.nodes[0].expect_log(r"ec: data fragment .* refused")
+        secret = ps.read_secret(c.secret)
+        with ps.Wire(c.addrs[0]) as w:
+            w.handshake(secret, rank=3, purpose="data")
+            w.send(ps.frame(ps.NT_REQ, {"op": "ec_data", "job": job, "step": 9, "group": 0,
+                                        "cw": 0, "slot": 0}, req_id=1))
+            w.send(ps.file_frame("fragment", b"x" * 4096))
+            with self.assertRaises(ps.Refused) as cm:
+                w.recv_json()
+        self.assertEqual(cm.exception.errno, errno.EPERM)
+        self.assertIn("rank 3 does not hold data slot 0 of codeword 0", cm.exception.text)
+        self.assertEqual(self.frags(0, job, 9), [])
+
+    # -- the setting ---------------------------------------------------------
+
+    def test_yaml_key_overrides_mount(self):
+        # mounted with replication; the job's replicator.yaml asks rs:2+1
+        c = self.make(3, "replication")
+        job = "ecyaml"
+        self.assertEqual(c.job_start(job, extra="redundancy: rs:2+1"), {r: 0 for r in range(3)})
+        self.save_protected(job, 4)
+        self.lose([2])
+        # mtcfs-admin steps: node 2's shard has no copy, the code rebuilds it
+        steps = json.loads(harness.admin("steps", c.nodes[0].ramdir, "--json"))
+        row = [x for x in steps["steps"] if x["step"] == 4][0]
+        self.assertTrue(row["complete"], row)
+        self.assertEqual(row["ec"], {"redundancy": "rs:2+1", "parity": [0, 1],
+                                     "rebuilt": [2]})
+        self.assertEqual(row["holders"]["2"], [])
+        text = harness.admin("steps", c.nodes[0].ramdir)
+        self.assertRegex(text, r"\n4 +0 +1 +rs +complete  rs:2\+1 parity 2/3 nodes")
+        got = c.job_start(job, extra="redundancy: rs:2+1")
+        self.assertEqual(got, {r: 4 for r in range(3)})
+        for r in range(3):
+            c.restore_and_verify(job, r, 4, size=SIZE)
+        self.assertRegex(c.nodes[2].log_text(),
+                         r"restored job=%s step=4 from erasure code rs:2\+1" % job)
+
+    def test_yaml_bad_value_fails(self):
+        c = self.make(1, "replication")
+        mnt = c.nodes[0].mnt
+        with open(os.path.join(mnt, "replicator.yaml"), "w") as f:
+            f.write(c.yaml("ecbad", 0, "redundancy: rs:4+2x"))
+        failed = os.path.join(mnt, "replicator.failed")
+        wait_until(lambda: os.path.exists(failed), 30, "replicator.failed")
+        with open(failed) as f:
+            text = f.read()
+        self.assertIn("redundancy: 'rs:4+2x' is neither 'replication' nor 'rs:K+M' (e.g. rs:4+2)",
+                      text)
+        c.nodes[0].expect_log(r"rs:4\+2x")
+
+    def test_mismatch_named(self):
+        c = Cluster(3, ram_size="256M", restore_timeout=20, extra="redundancy=rs:2+1")
+        c.nodes[2].opts = c.nodes[2].opts.replace("redundancy=rs:2+1", "redundancy=replication")
+        self.addCleanup(c.close)
+        self.c = c
+        c.start()
+        for d in c.nodes:
+            d.expect_log(r"runs redundancy")
+        c.job_start("ecmis")
+        errs = os.path.join(c.nodes[0].mnt, "replicator.errors")
+        wait_until(lambda: os.path.exists(errs), 30, "replicator.errors on node 0")
+        with open(errs) as f:
+            self.assertRegex(f.read(), r"node \d runs redundancy (replication|rs:2\+1), node \d "
+                             r"(rs:2\+1|replication): every node of a job needs the same")
+
+    def test_encoding_cut_short_completed_after_restart(self):
+        # as above, but node 5 comes back with its RAMDIR: the job restarts
+        # on step 2 (every shard held), the parity left incomplete is
+        # rebuilt after the restore, and a later loss is rebuilt from it
+        job = "ecfix"
+        c = self.encoding_cut_short(job)
+        c.nodes[5].start()
+        self.assertEqual(c.job_start(job), {r: 2 for r in range(6)})
+        self.wait_protected(job, 2)
+        self.lose([3])
+        self.restart_verify(job, 2, [3])
+
+    # -- RAM -------------------------------------------------------------------
+
+    def test_ram_per_node(self):
+        size = 2 << 20
+        for red, k, m, n in (("rs:4+1", 4, 1, 5), ("rs:4+2", 4, 2, 6)):
+            with self.subTest(red=red):
+                c = self.make(n, red)
+                job = "ecram%d" % m
+                self.assertEqual(c.job_start(job), {r: 0 for r in range(n)})
+                self.save_protected(job, 3, size=size)
+                # and every node done sending (its data fragment in flight
+                # is a temporary file of S/K)
+                wait_until(lambda: all(re.search(r"ec: job=%s step=3 sent" % job,
+                                                 c.nodes[r].log_text()) and
+                                       not [x for x in self.frags(r, job, 3) if x.endswith(".tmp")]
+                                       for r in range(n)), 60, "fragments sent")
+                S = sum(len(v) for v in shard_files(job, 3, 0, size).values())
+                for r in range(n):
+                    held = du(os.path.join(c.nodes[r].ramdir, "shards", job)) + \
+                        du(os.path.join(c.nodes[r].ramdir, "frags", job))
+                    ratio = held / S
+                    print("%s node %d: %.3f x S (goal %.3f)" % (red, r, ratio, 1 + m / k))
+                    self.assertLess(abs(ratio - (1 + m / k)), 0.1 * (1 + m / k))
+                c.close()
+
+
+def du_trees(paths):
+    """Bytes of the files under paths, each inode once (shards are hard
+    links of the namespace's files)."""
+    seen, total = set(), 0
+    for path in paths:
+        for root, dirs, files in os.walk(path):
+            for f in files:
+                st = os.lstat(os.path.join(root, f))
+                if st.st_ino in seen:
+                    continue
+                seen.add(st.st_ino)
+                total += st.st_blocks * 512
+    return total
+
+
+def du(path):
+    return du_trees([path])
+
+
+if __name__ == "__main__":
+    harness.main()
