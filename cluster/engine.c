@@ -101,12 +101,14 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	memcpy(e->peers, peers, (size_t)n * sizeof(int));
 	e->npeers = n;
 	e->job_set = true;
-	eng_ec_set_job(e, c->has_redundancy, &c->redundancy);
 	e->bi_min = (uint32_t)c->backup_interval_minutes;
 	e->bi_steps = (uint32_t)c->backup_interval_steps;
 	if (strcmp(e->lkg_job, c->job))
 		e->has_lkg = e->has_safe = false;
 	pthread_mutex_unlock(&e->mu);
+	/* not under mu: ec->mu is taken before ram_reserve(), whose reclaim
+	 * takes mu */
+	eng_ec_set_job(e, c->has_redundancy, &c->redundancy);
 	log_info("engine", "job=%s rank=%d nodes=%d peers=%d", c->job, c->node_rank, c->nodes, n);
 	if (old_rank >= 0 && old_rank != c->node_rank)
 		eng_ctl_new_identity(e, old_rank, c->node_rank);

@@ -44,7 +44,7 @@ struct enc_slot {
 };
 
 struct eng_ec {
-	pthread_mutex_t mu;         /* protects the fields below; after e->mu */
+	pthread_mutex_t mu;         /* protects the fields below; a leaf (never held with e->mu, nor across ram_reserve) */
 	struct ec_redundancy mount, job;
 	bool has_job;
 	struct enc_slot *open;
@@ -690,6 +690,7 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 	uint8_t label[16];
 	unsigned index, j, slot;
 	char tmp[64], fin[64];
+	uint64_t pre;
 	int rc;
 
 	rc = ec_frag_info(fd, &geom, &index, why, whylen);
@@ -714,6 +715,15 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 	snprintf(fin, sizeof(fin), "g%u-c%u-s%u.frag", (unsigned)r->group, (unsigned)r->cw, slot);
 	if (lseek(fd, 0, SEEK_SET) < 0)
 		return -errno;
+	/* The parity file's RAM is reserved before ec->mu, as every
+	 * ram_reserve() is made holding no lock (its reclaim takes fs->mu and
+	 * the engine's mu); a slot that exists already gives it back. */
+	pre = ec_frag_size(&geom, slot);
+	rc = ram_reserve(x->e->ram, pre);
+	if (rc < 0) {
+		snprintf(why, whylen, "cannot start parity %s: %s", fin, strerror(-rc));
+		return rc;
+	}
 	pthread_mutex_lock(&ec->mu);
 	if (faccessat(dirfd, fin, F_OK, 0) == 0) {
 		rc = 0;      /* complete already: a sender's retry */
@@ -734,21 +744,21 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 		s->gi = (unsigned)r->group;
 		s->cw = (unsigned)r->cw;
 		s->slot = slot;
-		s->reserved = ec_frag_size(&geom, slot);
 		s->fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		rc = s->fd < 0 ? -errno : ram_reserve(x->e->ram, s->reserved);
+		rc = s->fd < 0 ? -errno : 0;
 		if (rc == 0)
 			rc = ec_enc_open(&geom, j, 1, &s->fd, &s->enc);
 		if (rc < 0) {
 			if (s->fd >= 0) {
 				close(s->fd);
 				unlinkat(dirfd, tmp, 0);
-				ram_adjust(x->e->ram, -(int64_t)s->reserved);
 			}
 			free(s);
 			snprintf(why, whylen, "cannot start parity %s: %s", fin, strerror(-rc));
 			goto out;
 		}
+		s->reserved = pre;   /* the slot's now */
+		pre = 0;
 		s->next = ec->open;
 		ec->open = s;
 	}
@@ -783,6 +793,8 @@ drop:
 	free(s);
 out:
 	pthread_mutex_unlock(&ec->mu);
+	if (pre)
+		ram_adjust(x->e->ram, -(int64_t)pre);
 	if (rc == 0)
 		maybe_protected(x, dirfd, r->job, r->step);
 	return rc;
