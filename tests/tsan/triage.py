@@ -10,8 +10,11 @@ reports, e.g., "ll_getattr reads what node_get's calloc wrote" or
 "ll_releasedir frees what ll_readdir read". A report is filed as
 kernel-ordered only when both accesses are in FUSE request handlers and
   - the earlier access is the allocation of the object (calloc/malloc in
-    node_get, new_handle, ll_opendir): later requests on it come after the
-    reply that handed it out; or
+    node_get, new_handle, ll_opendir), or a write that fills in the object
+    right after its allocation (in the creator, on the thread that
+    allocated it, the report's "Location is heap block ... allocated by"
+    naming the same creator and thread): later requests on it come after
+    the reply that handed it out; or
   - the later access frees/closes the handle in RELEASE/RELEASEDIR: the
     kernel sends it after every request on the handle has been answered; or
   - the later access frees the node in FORGET: sent once no request on the
@@ -59,8 +62,10 @@ def ours(fr):
     return [(fn, loc) for fn, loc in fr if loc.startswith(REPO + "/")]
 
 
-def kernel_ordered(kind, a, b):
-    """a: the reported (later) access, b: the previous one."""
+def kernel_ordered(kind, a, b, init=False):
+    """a: the reported (later) access, b: the previous one; init: b is a
+    write by the thread that allocated the object, in the same creator
+    (see parse)."""
     if kind != "data race" or not a:
         return False
     ha = handler(a)
@@ -72,6 +77,9 @@ def kernel_ordered(kind, a, b):
     names_b = {fn for fn, _ in b}
     # b is the allocation of the object, inside a FUSE handler that creates it
     if top_b in ALLOC and names_b & CREATORS and hb is not None:
+        return True
+    # b fills in the object its creator has just allocated (before the reply)
+    if init and top_b in CREATORS and hb is not None:
         return True
     # a frees/closes the handle in RELEASE(DIR); b used it in a request on it
     # (or inside libc/libfuse on its behalf: readdir buffers, the write path)
@@ -101,7 +109,22 @@ def parse(path):
         secs = [s for s in body.split("\n\n") if s.strip()]
         a = frames(secs[0]) if secs else []
         b = frames(secs[1]) if len(secs) > 1 and "Previous" in secs[1] else None
-        yield kind, a, b, summary, m.group(0)
+        yield kind, a, b, summary, m.group(0), init_write(secs, b)
+
+
+def init_write(secs, b):
+    """True when the previous access b ran in a creator (node_get,
+    new_handle) on the thread that allocated the object there: the write
+    that fills in a new node or handle before the reply hands it out."""
+    if not b or len(secs) < 2 or b[0][0] not in CREATORS:
+        return False
+    wt = re.search(r"by thread (T\d+)", secs[1])
+    for sec in secs[2:]:
+        if sec.lstrip().startswith("Location is heap block"):
+            at = re.search(r"allocated by thread (T\d+)", sec)
+            names = {fn for fn, _ in frames(sec)}
+            return bool(wt and at and wt.group(1) == at.group(1) and b[0][0] in names)
+    return False
 
 
 def key(fr):
@@ -115,9 +138,9 @@ def main(paths):
     noise = collections.Counter()
     found = collections.OrderedDict()
     for p in paths:
-        for kind, a, b, summary, text in parse(p):
+        for kind, a, b, summary, text, init in parse(p):
             k = (kind, key(a), key(b))
-            if kernel_ordered(kind, a, b):
+            if kernel_ordered(kind, a, b, init):
                 noise[k] += 1
             else:
                 found.setdefault(k, [0, text, p])[0] += 1
