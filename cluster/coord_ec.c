@@ -182,6 +182,24 @@ static const struct ec_ent *hash_of(const struct coord_ec *x, uint32_t o, uint64
 	return NULL;
 }
 
+/* A live data-parallel twin of representative o holds its own shard of
+ * step with o's content: lkg_plan restores o from it (a copy), so the
+ * code must not rebuild o (a decode from K+M-1 members) in its place. */
+static bool twin_holds(const struct lkg_input *in, const struct ecplan *plan, uint32_t o,
+		       uint64_t step, const uint8_t *hash)
+{
+	for (size_t i = 0; i < in->nh; i++) {
+		const struct lkg_hold *h = &in->h[i];
+		if (h->owner != h->holder || h->owner == o || h->owner >= in->nodes ||
+		    h->step != step || h->worker != 0 || plan->rep[h->owner] != (int)o ||
+		    (in->live && !in->live[h->holder]))
+			continue;
+		if (memcmp(h->hash, hash, 32) == 0)
+			return true;
+	}
+	return false;
+}
+
 /* Holds the code adds at one step: appended to *out. */
 static int augment_step(const char *job, bool quiet, const struct coord_ec *x,
 			const struct ecplan *plan, const struct lkg_input *in, uint64_t step,
@@ -205,13 +223,15 @@ static int augment_step(const char *job, bool quiet, const struct coord_ec *x,
 		 * (lkg_plan); the code rebuilds representatives only */
 		if ((in->live && !in->live[o]) || held_anywhere(in, o, step) || plan->rep[o] != (int)o)
 			continue;
+		h = hash_of(x, o, step);
+		if (h && twin_holds(in, plan, o, step, h->hash))
+			continue;
 		if (ecplan_restorable(plan, has_data, has_parity, (int)o, why, sizeof(why)) != 1) {
 			if (!quiet)
 				log_warn("coord", "job %s step %" PRIu64 ": node %u's shard is held nowhere and the erasure code cannot rebuild it: %s",
 					 job, step, o, why[0] ? why : "no group");
 			continue;
 		}
-		h = hash_of(x, o, step);
 		if (!h)
 			continue;
 		if (*n == *cap) {
@@ -228,6 +248,27 @@ static int augment_step(const char *job, bool quiet, const struct coord_ec *x,
 		if (!quiet)
 			log_info("coord", "job %s step %" PRIu64 ": node %u's shard is rebuilt from the erasure code (rs:%u+%u)",
 				 job, step, o, x->red.k, x->red.m);
+		/* its live twins that lost their copy too rebuild the same
+		 * shard themselves: borrowing it from o would fetch a shard
+		 * that o is still decoding (refused, and the step abandoned) */
+		for (uint32_t t = 0; t < N; t++) {
+			if (t == o || plan->rep[t] != (int)o || (in->live && !in->live[t]) ||
+			    held_anywhere(in, t, step))
+				continue;
+			if (*n == *cap) {
+				size_t nc = *cap * 2 + 16;
+				struct lkg_hold *nv = realloc(*out, nc * sizeof(*nv));
+				if (!nv)
+					return -ENOMEM;
+				*out = nv;
+				*cap = nc;
+			}
+			lh.holder = lh.owner = t;
+			(*out)[(*n)++] = lh;
+			if (!quiet)
+				log_info("coord", "job %s step %" PRIu64 ": node %u's shard (node %u's twin) is rebuilt from the erasure code",
+					 job, step, t, o);
+		}
 	}
 	return 0;
 }

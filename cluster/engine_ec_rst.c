@@ -232,7 +232,9 @@ static void reprotect_run(void *arg)
 	struct eng_ec_ctx x;
 	int dirfd = -1, fd;
 
-	if (ecx_ctx(r->e, r->nodes, r->dp, &x) < 0 || (dirfd = ecx_dir(r->e, r->job, r->step, true)) < 0)
+	/* a data-parallel twin stores no parity: its representative does */
+	if (ecx_ctx(r->e, r->nodes, r->dp, &x) < 0 || x.plan->rep[x.rank] != x.rank ||
+	    (dirfd = ecx_dir(r->e, r->job, r->step, true)) < 0)
 		goto out;
 	const struct ecplan_group *g = &x.plan->g[x.gi];
 	if (faccessat(dirfd, "protected", F_OK, 0) == 0)
@@ -280,6 +282,10 @@ static int ec_get(void *self, struct tier_get *g, struct ram_stage *st, struct m
 		snprintf(why, whylen, "this node is in no erasure-coded group");
 		goto out;
 	}
+	/* a data-parallel twin rebuilds its unit's shard (identical to its
+	 * own) as the representative would: from the representative's
+	 * manifest and the other units' members */
+	x.rank = x.plan->rep[x.rank];
 	ec_redundancy_str(&x.red, T->red, sizeof(T->red));
 	size = calloc(T->nodes, sizeof(uint64_t));
 	hash = calloc(T->nodes, 32);

@@ -3,16 +3,24 @@ real daemons on loopback (tests/integration/cluster.py), one run, side by
 side: RAM held per node for one protected step, time from the last
 node's commit to redundancy job-wide, and the job restart after one node
 was killed -9 and wiped (its shard from a replica, or rebuilt from
-fragments). Prints one Markdown table.
+fragments). With --tcpbase, the raw-TCP baseline: mtcfs-tcpbase copying
+the same shard's files (S bytes) over one loopback connection, tmpfs to
+tmpfs. Prints one Markdown table; --json writes every sample (tests/bench/run's
+section ec reads it).
 
 Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
      /usr/bin/python3 tests/bench/ec_cluster.py [--size MiB] [--reps N]
+     [--tcpbase build/mtcfs-tcpbase] [--json OUT.json]
 """
 import argparse
+import json
 import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,14 +80,51 @@ def one(red, n, size, step):
         c.close()
 
 
+def tcpbase(binary, size, reps):
+    """mtcfs-tcpbase copying one shard's files (shard_files, S bytes) from
+    a tmpfs directory to another over loopback: seconds per rep."""
+    root = tempfile.mkdtemp(prefix="mtcfs-ecbench-tcp-", dir="/dev/shm")
+    try:
+        src = os.path.join(root, "src")
+        srcs = []
+        for i, (rel, data) in enumerate(shard_files("benchtcp", 1, 0, size).items()):
+            os.makedirs(src, exist_ok=True)
+            p = os.path.join(src, "f%d" % i)
+            with open(p, "wb") as f:
+                f.write(data)
+            srcs.append(p)
+        out = []
+        for i in range(reps):
+            dst = os.path.join(root, "dst%d" % i)
+            os.makedirs(dst)
+            r = subprocess.run([binary, "--mode", "copy", dst] + srcs, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, check=True, timeout=300)
+            out.append(json.loads(r.stdout.decode())["secs"])
+            shutil.rmtree(dst)
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+CONFIGS = (("replication", 6, 2.0), ("rs:4+1", 5, 1.25), ("rs:4+2", 6, 1.5))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=32, help="params file MiB (the shard is 1.25x)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tcpbase", help="mtcfs-tcpbase binary: the raw-TCP baseline")
+    ap.add_argument("--json", help="write every sample here")
     a = ap.parse_args()
     rows = []
-    for red, n, goal in (("replication", 6, 2.0), ("rs:4+1", 5, 1.25), ("rs:4+2", 6, 1.5)):
+    out = {"size": a.size * MiB, "reps": a.reps, "configs": []}
+    for red, n, goal in CONFIGS:
         res = [one(red, n, a.size * MiB, 10 + i) for i in range(a.reps)]
+        out["configs"].append({
+            "redundancy": red, "nodes": n, "goal": goal, "S": res[0][0],
+            "ram": [x[1] for x in res], "to_redundancy": [x[2] for x in res],
+            "restart": [x[3] for x in res],
+            "rebuild": [x[4] for x in res if x[4] is not None]})
         S = res[0][0]
         med = lambda i: statistics.median(x[i] for x in res)  # noqa: E731
         rng = lambda i: "%.2f..%.2f" % (min(x[i] for x in res), max(x[i] for x in res))  # noqa: E731
@@ -92,6 +137,14 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(r)
+    if a.tcpbase:
+        out["tcpbase"] = tcpbase(a.tcpbase, a.size * MiB, a.reps)
+        print("\nraw TCP (mtcfs-tcpbase, the same %.1f MiB, tmpfs to tmpfs): %.3f s median"
+              % (out["configs"][0]["S"] / MiB, statistics.median(out["tcpbase"])))
+    if a.json:
+        with open(a.json + ".tmp", "w") as f:
+            json.dump(out, f, indent=1)
+        os.replace(a.json + ".tmp", a.json)
     harness._cleanup_all()
 
 

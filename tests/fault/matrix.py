@@ -553,8 +553,12 @@ class Ctx:
     """One run of one cell: a cluster of n nodes, a bucket, a ledger."""
 
     def __init__(self, drv, name, backend, n=3, k=1, size=64 * KiB, ram_size="256M",
-                 restore_timeout=6, backups=True, tmpfs_bucket=None, ram_sizes=None):
+                 restore_timeout=6, backups=True, tmpfs_bucket=None, ram_sizes=None,
+                 redundancy=None):
         self.drv = drv
+        # rs:K+M (one group: n <= Net.MAX_NODES nodes): (K, M), else None
+        self.rs = tuple(int(x) for x in redundancy[3:].split("+")) if redundancy else None
+        self.rs_protected = set()   # steps seen protected on every node
         self.net = drv.net
         self.name = name
         self.backend = backend
@@ -588,9 +592,12 @@ class Ctx:
             d.env["MTCFS_TEST_MINUTE_SECS"] = "1"
             return d
         # the suite's cluster: ports, peers= table, secret, the nodes
+        extra = [self.bucket.opts()] if self.bucket is not None else []
+        if redundancy:
+            extra.append("redundancy=" + redundancy)
         self.cluster = clmod.Cluster(
             n, ram_size=ram_size, restore_timeout=restore_timeout, k=k,
-            extra=self.bucket.opts() if self.bucket is not None else "",
+            extra=",".join(extra),
             hosts=[self.net.addr(r) for r in range(n)], ram_sizes=ram_sizes,
             make_node=make_node)
         self.addrs = self.cluster.addrs
@@ -697,10 +704,23 @@ class Ctx:
             self.ledger.saw(r, step, r)
         if len(ranks) == self.n:
             c = self.cl()
-            c.wait_replicated(self.job, step, timeout=timeout)
+            if self.rs:
+                # no replicas under rs: every node stores all its parity
+                deadline_wait(lambda: all(self.rs_marker(r, step) for r in range(self.n)),
+                              timeout, "step %d protected (rs) on every node" % step)
+                self.rs_protected.add(step)
+            else:
+                c.wait_replicated(self.job, step, timeout=timeout)
             self.observe_catalogs()
             if (self.backups if backup is None else backup):
                 self.wait_backup(step, timeout=timeout)
+
+    def rs_dir(self, r, step):
+        return os.path.join(self.nodes[r].ramdir, "frags", self.job, str(step))
+
+    def rs_marker(self, r, step):
+        """Node r stores all its parity of step (RAMDIR/frags/JOB/STEP/protected)."""
+        return os.path.exists(os.path.join(self.rs_dir(r, step), "protected"))
 
     def cl(self):
         """The cluster.Cluster (its holds(), wait_replicated(), wait_coord())."""
@@ -921,6 +941,14 @@ class Ctx:
         for s in self.ledger.steps():
             if all(copies.get((o, s), set()) & set(live) for o in range(self.n)):
                 best = s
+            elif self.rs and s in self.rs_protected:
+                # the erasure code (one group of n nodes): a step that was
+                # protected everywhere is rebuilt while at most M nodes
+                # lack their shard or their parity of it
+                whole = [r for r in live if r in copies.get((r, s), set()) and
+                         self.rs_marker(r, s)]
+                if len(whole) >= self.n - self.rs[1]:
+                    best = s
         if best is not None:
             return {"step": best, "source": "cluster", "backup": None}
         for b in backups:       # newest first, as mtcfs orders them
@@ -1186,7 +1214,7 @@ class Cell:
 
 
 PHASES = ["writing", "commit", "replicating", "backing-up", "restore/planning",
-          "restore/fetching", "restore/barrier"]
+          "restore/fetching", "restore/barrier", "protected (rs)", "encoding (rs)"]
 FAULTS = ["kill9-keep", "kill9-wipe", "kill-coord", "cut-link", "corrupt",
           "bucket-5xx/429/timeout", "ram-full", "disk-full"]
 CELLS = []
@@ -1872,6 +1900,131 @@ na("restore/barrier", "ram-full", "the barrier allocates nothing")
 na("restore/barrier", "bucket-5xx/429/timeout", "no bucket traffic at the barrier")
 na("restore/barrier", "disk-full", "a restore only reads the bucket")
 
+
+# .. rs (redundancy=rs:2+2 on 4 nodes, one group; protected = every node
+# stores all its parity of the step). I1's expectation counts a step
+# restorable from the cluster when it was protected everywhere and at most
+# M nodes lack their shard or their parity (Ctx.expected).
+
+def rs_lose(c, ranks):
+    for r in ranks:
+        c.kill(r, wipe=True)
+    for r in ranks:
+        c.restart(r)
+
+
+def rs_logged_rebuilt(c, ranks, step, pos):
+    for r in ranks:
+        txt = c.nodes[r].log_from(pos[r])
+        if not re.search(r"restored job=%s step=%d from erasure code rs:2\+2" % (c.job, step),
+                         txt):
+            raise CellFail("node %d's step %d was not rebuilt from the erasure code: %s" % (
+                r, step, [ln for ln in txt.splitlines() if "restored job=" in ln][-3:]))
+
+
+@cell("protected (rs)", "kill9-wipe-M")
+def c_rs_lose_m(c):
+    """Every pair of the 4 nodes (M = 2), one after the other, killed -9
+    and wiped after a new protected step; the job restarts: every byte
+    restored, the lost shards rebuilt from the code."""
+    c.start()
+    c.fresh()
+    step = 20
+    for lost in [(a, b) for a in range(4) for b in range(a + 1, 4)]:
+        step += 10
+        c.save(step)
+        rs_lose(c, lost)
+        pos = {r: c.nodes[r].log_size() for r in range(c.n)}
+        got = c.job_restart(allow_failed=False, label="lost %s" % (lost,))
+        if set(got.values()) != {step}:
+            raise CellFail("lost %s: restored %s, expected step %d" % (lost, got, step))
+        rs_logged_rebuilt(c, lost, step, pos)
+
+
+def rs_lose_m1(c):
+    c.start()
+    c.fresh()
+    rs_lose(c, [1, 2, 3])
+    pos0 = c.nodes[0].log_size()
+    got = c.job_restart(allow_failed=False)
+    txt = c.nodes[0].log_from(pos0)
+    if not re.search(r"node [123]'s shard is held nowhere and the erasure code cannot "
+                     r"rebuild it: ", txt):
+        raise CellFail("the coordinator's log does not say why the code cannot rebuild "
+                       "step 20")
+    c.notes.append("restored %s" % sorted(set(got.values())))
+
+
+@cell("protected (rs)", "kill9-wipe-M+1", ci=("gs",))
+def c_rs_lose_m1_bucket(c):
+    """3 of the 4 nodes killed -9 and wiped (M + 1): the cluster cannot
+    rebuild step 20 and says so; the job restores the newest backup."""
+    rs_lose_m1(c)
+
+
+@cell("protected (rs)", "kill9-wipe-M+1-nobackup", backends=("file",))
+def c_rs_lose_m1_nothing(c):
+    """As kill9-wipe-M+1 with no backup taken: nothing restored (s0)."""
+    rs_lose_m1(c)
+
+
+@cell("protected (rs)", "corrupt", ci=("file",))
+def c_rs_corrupt(c):
+    """Every parity fragment of node 1 flipped, node 3 killed -9 and wiped:
+    the corrupt fragments are passed over, node 3's shard rebuilt exactly."""
+    c.start()
+    c.fresh()
+    d = c.rs_dir(1, 20)
+    frs = [x for x in os.listdir(d) if x.endswith(".frag")]
+    if len(frs) != 2:
+        raise CellFail("node 1 stores %s of step 20, not M = 2 fragments" % frs)
+    for x in frs:
+        with open(os.path.join(d, x), "r+b") as f:
+            f.seek(400)
+            b = f.read(1)
+            f.seek(400)
+            f.write(bytes([b[0] ^ 0x5A]))
+    c.ledger.note("flipped a byte of node 1's parity fragments %s" % frs)
+    rs_lose(c, [3])
+    pos = {r: c.nodes[r].log_size() for r in range(c.n)}
+    got = c.job_restart(allow_failed=False)
+    if set(got.values()) != {20}:
+        raise CellFail("restored %s, expected step 20" % got)
+    rs_logged_rebuilt(c, [3], 20, pos)
+    m = re.search(r"from erasure code rs:2\+2: \d+ fragments fetched, (\d+) passed over",
+                  c.nodes[3].log_from(pos[3]))
+    if not m or int(m.group(1)) < 1:
+        raise CellFail("node 3's log does not count a corrupt fragment passed over")
+
+
+@cell("encoding (rs)", "kill9-wipe")
+def c_rs_lost_encoding(c):
+    """Node 3 commits step 30 and sends its manifest, then is killed -9
+    and wiped before the others commit (its data fragments never go out);
+    nodes 0-2 commit 30 and send theirs. 30 is never protected; 20's parity
+    is kept and the job restores 20, node 3's shard rebuilt from the code."""
+    c.start()
+    c.fresh()
+    c.save(30, ranks=[3], confirm=False)
+    deadline_wait(lambda: all(os.path.exists(os.path.join(c.rs_dir(r, 30), "m3.mf"))
+                              for r in range(3)), 30, "node 3's manifest of step 30 everywhere")
+    c.kill(3, wipe=True)
+    c.save(30, ranks=[0, 1, 2], confirm=False)
+    c.confirm(30, ranks=[0, 1, 2])
+    deadline_wait(lambda: all(re.search(r"ec: job=%s step=30 sent" % c.job,
+                                        c.nodes[r].log_text()) for r in range(3)),
+                  60, "nodes 0-2 sent their fragments of step 30")
+    for r in range(3):
+        if not os.path.isdir(c.rs_dir(r, 20)):
+            raise CellFail("node %d dropped step 20's parity while 30 is unprotected" % r)
+    c.restart(3)
+    pos = {r: c.nodes[r].log_size() for r in range(c.n)}
+    got = c.job_restart(allow_failed=False)
+    if set(got.values()) != {20}:
+        raise CellFail("restored %s, expected step 20" % got)
+    rs_logged_rebuilt(c, [3], 20, pos)
+
+
 # per-cell cluster shapes
 SHAPES = {
     "backing-up/disk-full": dict(tmpfs_bucket="4M"),
@@ -1879,9 +2032,13 @@ SHAPES = {
     "restore/barrier/*": dict(n=4, k=1),
     "replicating/*": dict(ram_size="512M"),
     "restore/fetching/*": dict(ram_size="512M"),
+    "protected (rs)/*": dict(n=4, redundancy="rs:2+2"),
+    "protected (rs)/kill9-wipe-M+1-nobackup": dict(n=4, redundancy="rs:2+2", backups=False),
+    "encoding (rs)/*": dict(n=4, redundancy="rs:2+2"),
 }
-FAULT_COLUMNS = FAULTS[:2] + ["kill9-wipe-2"] + FAULTS[2:] + ["corrupt-bucket",
-                                                               "bucket-corrupt-transient"]
+FAULT_COLUMNS = FAULTS[:2] + ["kill9-wipe-2"] + FAULTS[2:] + [
+    "corrupt-bucket", "bucket-corrupt-transient", "kill9-wipe-M", "kill9-wipe-M+1",
+    "kill9-wipe-M+1-nobackup"]
 
 
 def shape_of(c):

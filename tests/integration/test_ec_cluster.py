@@ -17,6 +17,11 @@ killed -9 with their RAMDIR wiped, then a job restart.
 - a node lost while its step is being encoded: that step is never
   protected (older parity kept), and after the restart the job restores
   the older, protected step, rebuilt from the code;
+- data parallelism (6 nodes, assume-data-parallelism 2, rs:2+1 over the
+  3 units): twins encode nothing and store no parity (RAM: 1.5 S on a
+  representative, S on a twin), a lost node whose twin lives is copied
+  from the twin, a unit whose both copies are lost is rebuilt from the
+  code on both nodes;
 - RAM held per node for one protected step (du of RAMDIR's shards/ and
   frags/) against (1 + M/K) x S.
 
@@ -37,7 +42,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import wait_until  # noqa: E402
-from cluster import Cluster, shard_files  # noqa: E402
+from cluster import Cluster, save_step, shard_files  # noqa: E402
 
 KiB = 1 << 10
 SIZE = 96 * KiB           # params file; the shard is about 1.25 x this
@@ -340,6 +345,100 @@ class EcCase(unittest.TestCase):
         self.wait_protected(job, 2)
         self.lose([3])
         self.restart_verify(job, 2, [3])
+
+    # -- data parallelism ------------------------------------------------------
+
+    def dp_save(self, job, step, part, size=SIZE):
+        """Every node saves its column's shard: twins r and r + part write
+        the same bytes (as data-parallel replicas do)."""
+        for r in range(self.c.n):
+            save_step(self.c.nodes[r].mnt, job, step, r % part, size)
+
+    def dp_verify(self, job, step, part, size=SIZE):
+        c = self.c
+        for r in range(c.n):
+            mnt = c.nodes[r].mnt
+            ms = [x for x in os.listdir(mnt)
+                  if x.endswith(".restore") and "-s%d-" % step in x]
+            self.assertTrue(ms, "node %d's markers: %s" % (r, os.listdir(mnt)))
+            os.replace(os.path.join(mnt, ms[0]), os.path.join(mnt, str(step)))
+            for rel, data in shard_files(job, step, r % part, size).items():
+                with open(os.path.join(mnt, str(step), rel), "rb") as f:
+                    self.assertTrue(f.read() == data,
+                                    "node %d step %d %s differs" % (r, step, rel))
+
+    def test_data_parallel_twins(self):
+        # 6 nodes, assume-data-parallelism 2: columns {0,3} {1,4} {2,5}
+        # hold identical shards; rs:2+1 over the 3 units (representatives
+        # 0, 1, 2). A twin encodes nothing and stores no parity; a lost
+        # node whose twin lives is restored from the twin; a unit whose
+        # both copies are lost is rebuilt from the code.
+        n, part, size = 6, 3, 1 << 20
+        c = self.make(n, "rs:2+1")
+        dp = "assume-data-parallelism: 2"
+        job = "ecdp"
+        self.assertEqual(c.job_start(job, extra=dp), {r: 0 for r in range(n)})
+        step = 1
+        self.dp_save(job, step, part, size)
+        reps, twins = range(part), range(part, n)
+        self.wait_protected(job, step, ranks=reps)
+        wait_until(lambda: all(re.search(r"ec: job=%s step=%d sent" % (job, step),
+                                         c.nodes[r].log_text()) and
+                               not [x for x in self.frags(r, job, step) if x.endswith(".tmp")]
+                               for r in reps), 60, "fragments sent")
+        wait_until(lambda: all(c.holds(r, job).get((r, step)) in harness.COMMITTED_STATES
+                               for r in range(n)), 30, "every node's step %d committed" % step)
+        S = sum(len(v) for v in shard_files(job, step, 0, size).values())
+        for r in reps:
+            frs = [x for x in self.frags(r, job, step) if x.endswith(".frag")]
+            self.assertEqual(len(frs), 1, "representative %d's parity: %s" % (r, frs))
+        for r in twins:
+            # identical shards are not encoded twice: no manifest, no
+            # fragment, nothing sent from a twin
+            self.assertEqual(self.frags(r, job), [], "twin %d's frags/" % r)
+            self.assertNotRegex(c.nodes[r].log_text(), r"ec: job=%s step=\d+ sent" % job)
+        for r in range(n):
+            held = du(os.path.join(c.nodes[r].ramdir, "shards", job)) + \
+                du(os.path.join(c.nodes[r].ramdir, "frags", job))
+            goal = 1.5 if r < part else 1.0
+            print("dp rs:2+1 node %d: %.3f x S (goal %.3f)" % (r, held / S, goal))
+            self.assertLess(abs(held / S - goal), 0.1 * goal, "node %d" % r)
+        # a twin lost: restored from its representative; a representative
+        # lost: restored from its twin; both copies of a unit lost (with
+        # or without another unit's node): rebuilt from the code
+        for lost, from_code in (([4], []), ([0], []), ([2, 3], []),
+                                ([1, 4], [1]), ([0, 3, 5], [0])):
+            step += 1
+            self.dp_save(job, step, part, size)
+            self.wait_protected(job, step, ranks=reps)
+            logpos = {r: len(c.nodes[r].log_text()) for r in lost}
+            self.lose(lost)
+            got = c.job_start(job, extra=dp)
+            self.assertEqual(got, {r: step for r in range(n)}, "lost %s" % lost)
+            self.dp_verify(job, step, part, size)
+            for r in lost:
+                log = c.nodes[r].log_text()[logpos[r]:]
+                if r in from_code:
+                    self.assertRegex(log, r"restored job=%s step=%d from erasure code rs:2\+1"
+                                     % (job, step), "node %d's log (lost %s)" % (r, lost))
+                else:
+                    m = re.search(r"restored job=%s step=%d from (rank (\d+)|erasure code)"
+                                  % (job, step), log)
+                    self.assertTrue(m, "node %d's log (lost %s)" % (r, lost))
+                    if r not in from_code and (r + part) % n not in lost:
+                        self.assertEqual(m.group(1), "rank %d" % ((r + part) % n),
+                                         "node %d restored from its twin (lost %s)" % (r, lost))
+            # the representatives rebuild their parity; a twin stores none
+            # (it would be the second copy of its representative's)
+            self.wait_protected(job, step, ranks=reps)
+            for r in reps:
+                wait_until(lambda: len([x for x in self.frags(r, job, step)
+                                        if x.endswith(".frag")]) == 1, 30,
+                           "representative %d's parity of step %d" % (r, step))
+            for r in twins:
+                frs = [x for x in self.frags(r, job, step) if x.endswith(".frag")]
+                self.assertEqual(frs, [], "twin %d's parity of step %d (lost %s)"
+                                 % (r, step, lost))
 
     # -- RAM -------------------------------------------------------------------
 
