@@ -5,6 +5,7 @@
 #include "tiers/ec.h"
 #include "tiers/ecplan.h"
 #include "common/log.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -35,6 +36,16 @@ void coord_ec_free(struct coord_ec *x)
 		return;
 	free(x->v);
 	free(x);
+}
+
+/* Room in *out for hold n (util_grow's doubling). */
+static int push_hold(struct lkg_hold **out, size_t n, size_t *cap)
+{
+	struct lkg_hold *nv = util_grow(*out, n, cap, sizeof(*nv), 16);
+	if (!nv)
+		return -ENOMEM;
+	*out = nv;
+	return 0;
 }
 
 static void drop_reporter(struct coord_ec *x, uint32_t rank)
@@ -234,14 +245,8 @@ static int augment_step(const char *job, bool quiet, const struct coord_ec *x,
 		}
 		if (!h)
 			continue;
-		if (*n == *cap) {
-			size_t nc = *cap * 2 + 16;
-			struct lkg_hold *nv = realloc(*out, nc * sizeof(*nv));
-			if (!nv)
-				return -ENOMEM;
-			*out = nv;
-			*cap = nc;
-		}
+		if (push_hold(out, *n, cap) < 0)
+			return -ENOMEM;
 		struct lkg_hold lh = { .holder = o, .owner = o, .step = step };
 		memcpy(lh.hash, h->hash, 32);
 		(*out)[(*n)++] = lh;
@@ -255,14 +260,8 @@ static int augment_step(const char *job, bool quiet, const struct coord_ec *x,
 			if (t == o || plan->rep[t] != (int)o || (in->live && !in->live[t]) ||
 			    held_anywhere(in, t, step))
 				continue;
-			if (*n == *cap) {
-				size_t nc = *cap * 2 + 16;
-				struct lkg_hold *nv = realloc(*out, nc * sizeof(*nv));
-				if (!nv)
-					return -ENOMEM;
-				*out = nv;
-				*cap = nc;
-			}
+			if (push_hold(out, *n, cap) < 0)
+				return -ENOMEM;
 			lh.holder = lh.owner = t;
 			(*out)[(*n)++] = lh;
 			if (!quiet)
