@@ -251,6 +251,10 @@ class EcCase(unittest.TestCase):
         self.lose([3])
         self.restart_verify(job, 2, [3], size=size)
         node = c.nodes[3]
+        # the rebuilt node rebuilds its parity of the step after the barrier,
+        # in the background: measure once that is done
+        wait_until(lambda: re.search(r"ec: job=%s step=2 parity rebuilt here" % job,
+                                     node.log_text()), 60, "node 3's parity rebuilt")
         held = du_trees([os.path.join(node.ramdir, d) for d in ("ns", "shards", "frags")])
         used = json.loads(harness.admin("status", node.ramdir, "--json"))["ram_used"]
         S = sum(len(v) for v in shard_files(job, 2, 3, size).values())
