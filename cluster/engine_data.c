@@ -233,10 +233,19 @@ static void on_list(void *arg, const struct proto_in *in)
 	serve_list(arg, in->stream, in->req_id, in->msg);
 }
 
+static void on_ec(void *arg, const struct proto_in *in)
+{
+	eng_ec_serve(arg, in->stream, in->rank, in->req_id, in->msg, in->op);   /* engine_ec.c */
+}
+
 static const struct proto_route data_routes[] = {
-	{ PROTO_FETCH, PROTO_T(NT_REQ), on_fetch },
-	{ PROTO_PUSH,  PROTO_T(NT_REQ), on_push },
-	{ PROTO_LIST,  PROTO_T(NT_REQ), on_list },
+	{ PROTO_FETCH,    PROTO_T(NT_REQ), on_fetch },
+	{ PROTO_PUSH,     PROTO_T(NT_REQ), on_push },
+	{ PROTO_LIST,     PROTO_T(NT_REQ), on_list },
+	{ PROTO_EC_META,  PROTO_T(NT_REQ), on_ec },
+	{ PROTO_EC_DATA,  PROTO_T(NT_REQ), on_ec },
+	{ PROTO_EC_GET,   PROTO_T(NT_REQ), on_ec },
+	{ PROTO_EC_METAS, PROTO_T(NT_REQ), on_ec },
 };
 
 /* One request per data connection; one without a string "op" just
@@ -257,10 +266,7 @@ static void on_data(void *arg, struct nconn *c, int peer_rank)
 	in.type = h.type;
 	in.req_id = h.req_id;
 	in.msg = m;
-	const char *name = json_string_value(json_object_get(m, "op"));
-	if (op == PROTO_OP_UNKNOWN && name && !strncmp(name, "ec_", 3))
-		eng_ec_serve(arg, c, peer_rank, h.req_id, m, name);   /* engine_ec.c */
-	else if (proto_dispatch(data_routes, sizeof(data_routes) / sizeof(data_routes[0]), arg, &in) < 0)
+	if (proto_dispatch(data_routes, sizeof(data_routes) / sizeof(data_routes[0]), arg, &in) < 0)
 		send_error(c, h.req_id, ENOSYS, "unknown op");
 	json_decref(m);
 	nconn_close(c);

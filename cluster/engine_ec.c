@@ -279,25 +279,16 @@ static int call_ok(struct nconn *c)
 	return rc;
 }
 
-static json_t *req_of(const char *op, const char *job, uint64_t step)
-{
-	json_t *r = json_object();
-	json_object_set_new(r, "op", json_string(op));
-	json_object_set_new(r, "job", json_string(job));
-	json_object_set_new(r, "step", json_integer((json_int_t)step));
-	return r;
-}
-
 static int send_meta(struct eng *e, uint32_t to, const char *job, uint64_t step, int owner,
 		     const struct shard_rec *rec)
 {
 	struct nconn *c = NULL;
-	json_t *req = req_of("ec_meta", job, step), *resp = NULL;
 	char *b64 = xfer_b64_encode(rec->mf, rec->mflen);
+	struct proto_ec pm = { .job = job, .step = step, .owner = (uint32_t)owner,
+			       .manifest = b64 ? b64 : "" };
+	json_t *req = proto_ec_encode(PROTO_EC_META, &pm), *resp = NULL;
 	int rc;
 
-	json_object_set_new(req, "owner", json_integer(owner));
-	json_object_set_new(req, "manifest", json_string(b64 ? b64 : ""));
 	free(b64);
 	rc = ecx_connect(e, to, &c);
 	if (rc == 0)
@@ -312,12 +303,11 @@ static int send_data(struct eng *e, uint32_t to, const char *job, uint64_t step,
 		     unsigned cw, unsigned slot, int fd, uint64_t size)
 {
 	struct nconn *c = NULL;
-	json_t *req = req_of("ec_data", job, step);
+	struct proto_ec pm = { .job = job, .step = step, .group = (uint32_t)gi, .cw = (uint32_t)cw,
+			       .slot = (uint32_t)slot };
+	json_t *req = proto_ec_encode(PROTO_EC_DATA, &pm);
 	int rc;
 
-	json_object_set_new(req, "group", json_integer(gi));
-	json_object_set_new(req, "cw", json_integer(cw));
-	json_object_set_new(req, "slot", json_integer(slot));
 	rc = ecx_connect(e, to, &c);
 	if (rc == 0)
 		rc = nconn_send(c, NT_REQ, 1, req);
@@ -545,16 +535,24 @@ struct ec_req {
 	uint64_t step, group, cw, slot;
 };
 
-static int parse_req(json_t *m, struct ec_req *r, bool slot)
+_Static_assert(PROTO_EC_MAX_N == EC_MAX_N, "net/proto bounds cw and slot by the code's size");
+
+/* The request's fields through net/proto's decoder (-EBADMSG when it
+ * refuses them); *owner for ec_meta. */
+static int parse_req(enum proto_op op, json_t *m, struct ec_req *r, uint32_t *owner)
 {
+	struct proto_ec pm;
+
 	memset(r, 0, sizeof(*r));
-	if (net_json_str(m, "job", RCFG_JOB_MAX, &r->job) < 0 || !job_name_ok(r->job) ||
-	    net_json_u64(m, "step", UINT64_MAX >> 1, &r->step) < 0)
+	if (proto_ec_decode(op, m, &pm, NULL, 0) < 0)
 		return -EBADMSG;
-	if (slot && (net_json_u64(m, "group", 65536, &r->group) < 0 ||
-		     net_json_u64(m, "cw", EC_MAX_N - 1, &r->cw) < 0 ||
-		     net_json_u64(m, "slot", EC_MAX_N - 1, &r->slot) < 0))
-		return -EBADMSG;
+	r->job = pm.job;
+	r->step = pm.step;
+	r->group = pm.group;
+	r->cw = pm.cw;
+	r->slot = pm.slot;
+	if (owner)
+		*owner = pm.owner;
 	return 0;
 }
 
@@ -567,10 +565,11 @@ static void job_shape(struct eng *e, uint32_t *nodes, uint32_t *dp)
 }
 
 /* A request about a codeword member, and the plan for it. */
-static int parse_ctx(struct eng *e, json_t *m, struct ec_req *r, bool slot, struct eng_ec_ctx *x)
+static int parse_ctx(struct eng *e, enum proto_op op, json_t *m, struct ec_req *r,
+		     struct eng_ec_ctx *x)
 {
 	uint32_t nodes, dp;
-	int rc = parse_req(m, r, slot);
+	int rc = parse_req(op, m, r, NULL);
 	if (rc < 0)
 		return rc;
 	job_shape(e, &nodes, &dp);
@@ -614,14 +613,14 @@ static void serve_meta(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 {
 	struct manifest *mf = NULL;
 	struct ec_req r;
-	uint64_t owner;
+	uint32_t owner;
 	uint32_t nodes, dp;
 	uint8_t *buf = NULL;
 	size_t len = 0;
 	char why[300] = "", name[32];
 	int dirfd = -1, rc;
 
-	if (parse_req(m, &r, false) < 0 || net_json_u64(m, "owner", RCFG_NODES_MAX - 1, &owner) < 0) {
+	if (parse_req(PROTO_EC_META, m, &r, &owner) < 0) {
 		send_error(c, id, EINVAL, "bad ec_meta request");
 		return;
 	}
@@ -808,7 +807,7 @@ static void serve_data(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 	char why[400] = "", tmp[64];
 	int dirfd = -1, fd = -1, rc;
 
-	rc = parse_ctx(e, m, &r, true, &x);
+	rc = parse_ctx(e, PROTO_EC_DATA, m, &r, &x);
 	if (rc == 0 && (r.group != (uint64_t)x.gi || r.cw >= x.plan->g[x.gi].n ||
 			r.slot >= x.plan->g[x.gi].k ||
 			x.plan->g[x.gi].unit[ecplan_slot_pos(&x.plan->g[x.gi], (unsigned)r.cw,
@@ -920,7 +919,7 @@ static void serve_get(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 	char why[300] = "", tmp[64] = "", name[64];
 	int dirfd = -1, fd = -1, rc;
 
-	rc = parse_ctx(e, m, &r, true, &x);
+	rc = parse_ctx(e, PROTO_EC_GET, m, &r, &x);
 	if (rc == 0)
 		rc = dirfd = ecx_dir(e, r.job, r.step, false);
 	if (rc >= 0 && r.slot >= x.plan->g[x.gi].k) {
@@ -955,7 +954,7 @@ static void serve_metas(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 	json_t *resp = NULL, *metas;
 	int dirfd = -1, rc;
 
-	rc = parse_ctx(e, m, &r, false, &x);
+	rc = parse_ctx(e, PROTO_EC_METAS, m, &r, &x);
 	if (rc == 0)
 		rc = dirfd = ecx_dir(e, r.job, r.step, false);
 	if (rc < 0) {
@@ -988,17 +987,17 @@ out:
 }
 
 void eng_ec_serve(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *req,
-		  const char *op)
+		  enum proto_op op)
 {
 	if (!eng_ec_get(e, NULL))
 		send_error(c, id, ENOSYS, "this node does not run redundancy rs:K+M");
-	else if (!strcmp(op, "ec_meta"))
+	else if (op == PROTO_EC_META)
 		serve_meta(e, c, peer, id, req);
-	else if (!strcmp(op, "ec_data"))
+	else if (op == PROTO_EC_DATA)
 		serve_data(e, c, peer, id, req);
-	else if (!strcmp(op, "ec_get"))
+	else if (op == PROTO_EC_GET)
 		serve_get(e, c, id, req);
-	else if (!strcmp(op, "ec_metas"))
+	else if (op == PROTO_EC_METAS)
 		serve_metas(e, c, id, req);
 	else
 		send_error(c, id, ENOSYS, "unknown op");

@@ -27,6 +27,7 @@
 #include "tiers/ec.h"
 #include "tiers/ecplan.h"
 #include "tiers/tier.h"
+#include "net/proto.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -40,9 +41,10 @@ void eng_ec_set_job(struct eng *e, bool has, const struct ec_redundancy *r);
 bool eng_ec_get(struct eng *e, struct ec_redundancy *r);
 /* replq worker, after "committed" was sent: protect k (under rs). */
 void eng_ec_committed(struct eng *e, const struct shard_key *k, uint32_t nodes, uint32_t dp);
-/* A data request whose op starts "ec_" (data server thread). */
+/* A data request PROTO_EC_META, _DATA, _GET or _METAS (data server
+ * thread, through engine_data.c's route table). */
 void eng_ec_serve(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *req,
-		  const char *op);
+		  enum proto_op op);
 /* The catalog message's "ec" member for job (a new reference), or NULL
  * under replication. */
 json_t *eng_ec_catalog(struct eng *e, const char *job);

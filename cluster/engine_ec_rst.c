@@ -48,7 +48,7 @@ static int fetch_metas(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_
 
 		if (u == x->rank)
 			continue;
-		req = json_pack("{s:s,s:s,s:I}", "op", "ec_metas", "job", job, "step", (json_int_t)step);
+		req = proto_ec_encode(PROTO_EC_METAS, &(struct proto_ec){ .job = job, .step = step });
 		rc = ecx_connect(x->e, (uint32_t)u, &c);
 		if (rc == 0)
 			rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
@@ -91,8 +91,8 @@ static int fetch_member(struct eng_ec_ctx *x, int dirfd, const char *job, uint64
 	json_t *req, *resp = NULL;
 	int rc;
 
-	req = json_pack("{s:s,s:s,s:I,s:i,s:i,s:i}", "op", "ec_get", "job", job, "step",
-			(json_int_t)step, "group", x->gi, "cw", (int)cw, "slot", (int)slot);
+	req = proto_ec_encode(PROTO_EC_GET, &(struct proto_ec){ .job = job, .step = step,
+				.group = (uint32_t)x->gi, .cw = cw, .slot = slot });
 	rc = ecx_connect(x->e, (uint32_t)rank, &c);
 	if (rc == 0)
 		rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);

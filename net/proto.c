@@ -6,6 +6,7 @@
  * (said at the field), everything else fails with -EINVAL and a reason. */
 #include "net/proto.h"
 #include "net/frame.h"
+#include "common/jobname.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -33,6 +34,10 @@ static const char *const op_names[PROTO_OP_COUNT] = {
 	[PROTO_PUSH] = "push",
 	[PROTO_FETCH] = "fetch",
 	[PROTO_LIST] = "list",
+	[PROTO_EC_META] = "ec_meta",
+	[PROTO_EC_DATA] = "ec_data",
+	[PROTO_EC_GET] = "ec_get",
+	[PROTO_EC_METAS] = "ec_metas",
 };
 
 const char *proto_op_name(enum proto_op op)
@@ -773,4 +778,56 @@ json_t *proto_list_encode(const char *job)
 	if (o)
 		set_str(o, "job", job);
 	return o;
+}
+
+/* ---- erasure coding ---- */
+
+static bool ec_op(enum proto_op op)
+{
+	return op == PROTO_EC_META || op == PROTO_EC_DATA || op == PROTO_EC_GET ||
+	       op == PROTO_EC_METAS;
+}
+
+json_t *proto_ec_encode(enum proto_op op, const struct proto_ec *m)
+{
+	json_t *o;
+
+	if (!ec_op(op) || !(o = op_obj(op)))
+		return NULL;
+	set_str(o, "job", m->job);
+	set_int(o, "step", m->step);
+	if (op == PROTO_EC_DATA || op == PROTO_EC_GET) {
+		set_int(o, "group", m->group);
+		set_int(o, "cw", m->cw);
+		set_int(o, "slot", m->slot);
+	} else if (op == PROTO_EC_META) {
+		set_int(o, "owner", m->owner);
+		set_str(o, "manifest", m->manifest);
+	}
+	return o;
+}
+
+int proto_ec_decode(enum proto_op op, json_t *o, struct proto_ec *m, char *why, size_t whylen)
+{
+	struct why w = { why, whylen };
+
+	memset(m, 0, sizeof(*m));
+	if (!ec_op(op))
+		return bad(&w, "not an erasure-coding request");
+	if (get_str(o, "job", PROTO_JOB_MAX, &m->job, &w) < 0)
+		return -EINVAL;
+	if (!job_name_ok(m->job))
+		return bad(&w, "job is not a job name");
+	if (get_u64(o, "step", PROTO_STEP_MAX, false, &m->step, &w) < 0)
+		return -EINVAL;
+	if ((op == PROTO_EC_DATA || op == PROTO_EC_GET) &&
+	    (get_u32(o, "group", PROTO_MAX_NODES - 1, false, &m->group, &w) < 0 ||
+	     get_u32(o, "cw", PROTO_EC_MAX_N - 1, false, &m->cw, &w) < 0 ||
+	     get_u32(o, "slot", PROTO_EC_MAX_N - 1, false, &m->slot, &w) < 0))
+		return -EINVAL;
+	if (op == PROTO_EC_META &&
+	    (get_u32(o, "owner", PROTO_MAX_NODES - 1, false, &m->owner, &w) < 0 ||
+	     get_str(o, "manifest", NET_MAX_PAYLOAD, &m->manifest, &w) < 0))
+		return -EINVAL;
+	return 0;
 }

@@ -54,6 +54,11 @@ enum proto_op {
 	PROTO_PUSH,
 	PROTO_FETCH,
 	PROTO_LIST,
+	/* erasure coding (redundancy=rs:K+M), node -> node, NT_REQ */
+	PROTO_EC_META,        /* an owner's manifest to its group -> ok */
+	PROTO_EC_DATA,        /* + one NT_FILE: a data fragment to a parity holder -> ok */
+	PROTO_EC_GET,         /* a codeword member -> ok + one NT_FILE */
+	PROTO_EC_METAS,       /* the group's manifests -> {metas} */
 	PROTO_OP_COUNT
 };
 
@@ -296,5 +301,24 @@ int proto_report_decode(json_t *o, struct proto_report *m, char *why, size_t why
 
 /* list {op, job} (data connection, mtcfs-admin): the node's shards. */
 json_t *proto_list_encode(const char *job);
+
+/* ---- erasure coding (data connection) ----
+ * ec_metas {op, job, step}; ec_data / ec_get {op, job, step, group, cw,
+ * slot}; ec_meta {op, job, step, owner, manifest}. job follows the job-name
+ * rule (common/jobname.h), step <= PROTO_STEP_MAX, group < PROTO_MAX_NODES,
+ * cw and slot < PROTO_EC_MAX_N (tiers/ec.h's EC_MAX_N), owner a rank,
+ * manifest the base64 text tiers/xfer decodes (<= NET_MAX_PAYLOAD bytes). */
+#define PROTO_EC_MAX_N   32u
+struct proto_ec {
+	const char *job;
+	uint64_t step;
+	uint32_t group, cw, slot;    /* ec_data, ec_get */
+	uint32_t owner;              /* ec_meta */
+	const char *manifest;        /* ec_meta */
+};
+/* op is PROTO_EC_META, _DATA, _GET or _METAS; the fields it carries are
+ * encoded, in that order. NULL for another op or out of memory. */
+json_t *proto_ec_encode(enum proto_op op, const struct proto_ec *m);
+int proto_ec_decode(enum proto_op op, json_t *o, struct proto_ec *m, char *why, size_t whylen);
 
 #endif

@@ -218,6 +218,23 @@ static void check_proto(json_t *o)
 	PROTO_CHECK(struct proto_plan, plan_decode, proto_plan_encode, pl,
 		    v2.plan == pl.plan && v2.found == pl.found && v2.step == pl.step &&
 		    v2.bucket == pl.bucket && pl.nshards <= PROTO_MAX_WORKERS);
+	/* erasure coding's requests: one decoder for the four, by op */
+	for (int eo = PROTO_EC_META; eo <= PROTO_EC_METAS; eo++) {
+		struct proto_ec ec, ec2;
+		json_t *e;
+		why[0] = '\0';
+		rc = proto_ec_decode((enum proto_op)eo, o, &ec, why, sizeof(why));
+		if (rc == -EINVAL && !why[0])
+			die("proto_ec_decode refused without a reason");
+		if (rc != 0)
+			continue;
+		e = proto_ec_encode((enum proto_op)eo, &ec);
+		if (!e || proto_ec_decode((enum proto_op)eo, e, &ec2, why, sizeof(why)) != 0 ||
+		    ec2.step != ec.step || ec2.cw != ec.cw || ec2.slot != ec.slot ||
+		    strcmp(ec2.job, ec.job))
+			die("proto_ec_decode: its own encoding is refused or changed");
+		json_decref(e);
+	}
 }
 
 /* Everything the receivers ask of a decoded JSON payload. */

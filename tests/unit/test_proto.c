@@ -200,6 +200,40 @@ static void test_bytes_restore(void **state)
 	assert_bytes(proto_list_encode("j"), "{\"op\":\"list\",\"job\":\"j\"}");
 }
 
+/* Erasure coding's data requests (engine_ec.c, engine_ec_rst.c): the
+ * bytes, a round trip, and an op that is not one of them. */
+static void test_bytes_ec(void **state)
+{
+	struct proto_ec m = { .job = "j", .step = 7, .group = 1, .cw = 2, .slot = 5, .owner = 3,
+			      .manifest = "QUJD" };
+	struct proto_ec d;
+	json_t *o;
+
+	(void)state;
+	assert_bytes(proto_ec_encode(PROTO_EC_META, &m),
+		     "{\"op\":\"ec_meta\",\"job\":\"j\",\"step\":7,\"owner\":3,\"manifest\":\"QUJD\"}");
+	assert_bytes(proto_ec_encode(PROTO_EC_DATA, &m),
+		     "{\"op\":\"ec_data\",\"job\":\"j\",\"step\":7,\"group\":1,\"cw\":2,\"slot\":5}");
+	assert_bytes(proto_ec_encode(PROTO_EC_GET, &m),
+		     "{\"op\":\"ec_get\",\"job\":\"j\",\"step\":7,\"group\":1,\"cw\":2,\"slot\":5}");
+	assert_bytes(proto_ec_encode(PROTO_EC_METAS, &m), "{\"op\":\"ec_metas\",\"job\":\"j\",\"step\":7}");
+	assert_null(proto_ec_encode(PROTO_PUSH, &m));
+	o = proto_ec_encode(PROTO_EC_META, &m);
+	assert_int_equal(proto_ec_decode(PROTO_EC_META, o, &d, NULL, 0), 0);
+	assert_string_equal(d.job, "j");
+	assert_int_equal(d.step, 7);
+	assert_int_equal(d.owner, 3);
+	assert_string_equal(d.manifest, "QUJD");
+	json_decref(o);
+	o = proto_ec_encode(PROTO_EC_GET, &m);
+	assert_int_equal(proto_ec_decode(PROTO_EC_GET, o, &d, NULL, 0), 0);
+	assert_int_equal(d.group, 1);
+	assert_int_equal(d.cw, 2);
+	assert_int_equal(d.slot, 5);
+	assert_int_equal(proto_ec_decode(PROTO_LIST, o, &d, NULL, 0), -EINVAL);
+	json_decref(o);
+}
+
 static void test_bytes_status_reply(void **state)
 {
 	char *addrs[] = { "a:1", NULL };
@@ -626,6 +660,24 @@ static const struct reject rejects[] = {
 	{ "plan: more shards than workers", PROTO_PLAN,
 	  "{\"plan\":1,\"found\":true,\"step\":5,\"holder\":0,\"owner\":0,\"hash\":" HOLD ","
 	  "\"shards\":[{},{},{}]}", "shards is not an array of at most 2" },
+	{ "ec_data: job not a job name", PROTO_EC_DATA,
+	  "{\"job\":\".x\",\"step\":1,\"group\":0,\"cw\":0,\"slot\":0}", "job is not a job name" },
+	{ "ec_data: no step", PROTO_EC_DATA, "{\"job\":\"j\",\"group\":0,\"cw\":0,\"slot\":0}",
+	  "missing step" },
+	{ "ec_get: cw beyond the code", PROTO_EC_GET,
+	  "{\"job\":\"j\",\"step\":1,\"group\":0,\"cw\":32,\"slot\":0}",
+	  "cw is not an integer in 0..31" },
+	{ "ec_get: no slot", PROTO_EC_GET, "{\"job\":\"j\",\"step\":1,\"group\":0,\"cw\":0}",
+	  "missing slot" },
+	{ "ec_data: group over the nodes", PROTO_EC_DATA,
+	  "{\"job\":\"j\",\"step\":1,\"group\":65536,\"cw\":0,\"slot\":0}",
+	  "group is not an integer in 0..65535" },
+	{ "ec_meta: no manifest", PROTO_EC_META, "{\"job\":\"j\",\"step\":1,\"owner\":0}",
+	  "missing manifest" },
+	{ "ec_meta: owner not a rank", PROTO_EC_META,
+	  "{\"job\":\"j\",\"step\":1,\"owner\":-1,\"manifest\":\"\"}", "owner is not" },
+	{ "ec_metas: step a string", PROTO_EC_METAS, "{\"job\":\"j\",\"step\":\"1\"}",
+	  "step is not" },
 };
 
 static int decode_any(enum proto_op op, json_t *m, char *why, size_t n)
@@ -661,6 +713,13 @@ static int decode_any(enum proto_op op, json_t *m, char *why, size_t n)
 	case PROTO_BACKUP: return proto_backup_decode(m, &u.b, why, n);
 	case PROTO_REPORT: return proto_report_decode(m, &u.p, why, n);
 	case PROTO_PLAN: return proto_plan_decode(m, &u.n, sh, 2, why, n);
+	case PROTO_EC_META:
+	case PROTO_EC_DATA:
+	case PROTO_EC_GET:
+	case PROTO_EC_METAS: {
+		struct proto_ec x;
+		return proto_ec_decode(op, m, &x, why, n);
+	}
 	default: return -ENOSYS;
 	}
 }
@@ -713,6 +772,7 @@ int main(void)
 		cmocka_unit_test(test_bytes_plan),
 		cmocka_unit_test(test_bytes_steps),
 		cmocka_unit_test(test_bytes_backup),
+		cmocka_unit_test(test_bytes_ec),
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_lenient),
 		cmocka_unit_test(test_rejects),
