@@ -112,15 +112,31 @@ int workq_pending(struct workq *q)
 	return n;
 }
 
-void workq_stop(struct workq *q)
+void workq_close(struct workq *q)
 {
+	bool join;
+
 	if (!q)
 		return;
 	pthread_mutex_lock(&q->mu);
+	join = !q->stop;
 	q->stop = true;
 	pthread_cond_signal(&q->cv);
 	pthread_mutex_unlock(&q->mu);
-	pthread_join(q->thr, NULL);
+	if (join)
+		pthread_join(q->thr, NULL);
+}
+
+void workq_stop(struct workq *q)
+{
+	workq_free(q);
+}
+
+void workq_free(struct workq *q)
+{
+	if (!q)
+		return;
+	workq_close(q);
 	pthread_mutex_destroy(&q->mu);
 	pthread_cond_destroy(&q->cv);
 	pthread_cond_destroy(&q->idle);

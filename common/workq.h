@@ -13,6 +13,14 @@ int  workq_submit(struct workq *q, workq_fn fn, void *arg);   /* 0 or -ENOMEM/-E
 void workq_drain(struct workq *q);
 /* Run what is queued, then stop the thread and free. Accepts NULL. */
 void workq_stop(struct workq *q);
+/* workq_stop in two halves, for a queue that other threads may still
+ * submit to while it stops (an engine callback during the daemon's stop):
+ * workq_close runs what is queued and stops the thread, and from then on
+ * workq_submit returns -ESHUTDOWN (the queue stays valid); workq_free frees
+ * it once nobody can submit any more. Both accept NULL; workq_free closes
+ * a queue that is still open. */
+void workq_close(struct workq *q);
+void workq_free(struct workq *q);
 int  workq_pending(struct workq *q);
 
 #endif

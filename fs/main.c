@@ -634,12 +634,17 @@ int fs_main(int argc, char **argv)
 	if (fs->eng)   /* a restore round waiting for other nodes ends now */
 		eng_restore_stop(fs->eng);
 	ctl_stop(fs);
-	workq_stop(fs->sealq);
-	fs->sealq = NULL;
-	workq_stop(fs->notifyq);
-	fs->notifyq = NULL;
+	/* Closed, not freed, until the engine has stopped: its control reader
+	 * may still deliver an LKG, whose GC goes to the seal queue (it found
+	 * a freed queue). */
+	workq_close(fs->sealq);
+	workq_close(fs->notifyq);
 	eng_stop(fs->eng);
 	fs->eng = NULL;
+	workq_free(fs->sealq);
+	fs->sealq = NULL;
+	workq_free(fs->notifyq);
+	fs->notifyq = NULL;
 out_unmount:
 	fuse_session_unmount(fs->se);
 out_handlers:

@@ -489,6 +489,36 @@ static void test_submit_after_stop(void **state)
 	free(l);
 }
 
+static void bump(void *arg)
+{
+	atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+/* workq_close: what was queued runs, later submits are refused with
+ * -ESHUTDOWN while the queue is still valid (a submitter racing the
+ * daemon's stop), a second close and workq_pending/drain are harmless, and
+ * workq_free frees it. */
+static void test_close_then_free(void **state)
+{
+	struct workq *q;
+	atomic_int n = 0;
+	(void)state;
+
+	assert_int_equal(workq_start("test-close", &q), 0);
+	for (int i = 0; i < 50; i++)
+		assert_int_equal(workq_submit(q, bump, &n), 0);
+	workq_close(q);
+	assert_int_equal(atomic_load(&n), 50);
+	assert_int_equal(workq_submit(q, bump, &n), -ESHUTDOWN);
+	workq_close(q);
+	workq_drain(q);
+	assert_int_equal(workq_pending(q), 0);
+	assert_int_equal(atomic_load(&n), 50);
+	workq_free(q);
+	workq_free(NULL);
+	workq_close(NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -500,6 +530,7 @@ int main(void)
 		cmocka_unit_test(test_drain_concurrent),
 		cmocka_unit_test(test_stop_runs_queued),
 		cmocka_unit_test(test_submit_after_stop),
+		cmocka_unit_test(test_close_then_free),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
