@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -290,18 +291,36 @@ void fs_free_handle(struct fs *fs, struct fhandle *h)
  * create of a name ending in SUFFIX wait MS milliseconds once the file
  * exists in RAMDIR, before its handle counts as a writer (test_pytorch_mode:
  * another worker's close in that window must not commit the file). */
-static void test_pause_create(const char *name)
+static struct {
+	pthread_once_t once;
+	char suffix[64];
+	size_t len;
+	uint64_t ms;               /* 0: no pause (the variable is unset or bad) */
+} pause_cfg = { .once = PTHREAD_ONCE_INIT };
+
+/* Read once, not on every create (a FUSE request thread's path). */
+static void pause_cfg_load(void)
 {
 	const char *v = getenv("MTCFS_TEST_CREATE_PAUSE"), *colon;
-	size_t sl, nl = strlen(name);
-	uint64_t ms;
 
-	if (!v || !(colon = strrchr(v, ':')))
+	if (!v || !(colon = strrchr(v, ':')) || (size_t)(colon - v) >= sizeof(pause_cfg.suffix) ||
+	    util_parse_u64(colon + 1, 60000, &pause_cfg.ms) < 0) {
+		pause_cfg.ms = 0;
 		return;
-	sl = (size_t)(colon - v);
-	if (sl > nl || memcmp(name + nl - sl, v, sl) || util_parse_u64(colon + 1, 60000, &ms) < 0)
+	}
+	pause_cfg.len = (size_t)(colon - v);
+	memcpy(pause_cfg.suffix, v, pause_cfg.len);
+}
+
+static void test_pause_create(const char *name)
+{
+	size_t nl = strlen(name);
+
+	pthread_once(&pause_cfg.once, pause_cfg_load);
+	if (!pause_cfg.ms || pause_cfg.len > nl ||
+	    memcmp(name + nl - pause_cfg.len, pause_cfg.suffix, pause_cfg.len))
 		return;
-	struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
+	struct timespec ts = { (time_t)(pause_cfg.ms / 1000), (long)(pause_cfg.ms % 1000) * 1000000L };
 	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
 		;
 }
