@@ -264,8 +264,13 @@ static int set_string(struct parse *p, enum key_id k, const yaml_event_t *ev)
 		char e[160];
 		if (ec_parse_redundancy(p->val, &p->red, e, sizeof e) == 0)
 			return 0;
-		/* ec's line quotes the value; an expanded one is shown as written */
-		if (p->expanded)
+		/* ec's line quotes the value as it is; an expanded one is shown as
+		 * written, and one with a control character (a folded scalar's
+		 * newline) as rcfg quotes it: a message is one line */
+		bool ctl = false;
+		for (size_t i = 0; i < p->vlen; i++)
+			ctl |= (unsigned char)p->val[i] < 0x20 || p->val[i] == 0x7f;
+		if (p->expanded || ctl)
 			return rcfg_fail(p, "line %zu: 'redundancy' %s%s is neither 'replication' nor "
 			            "'rs:K+M' with K >= 1, M >= 1, K + M <= 32", rcfg_ev_line(ev), p->raw,
 			            rcfg_note(p, nb));

@@ -77,6 +77,11 @@ static void test_yaml_bad_values(void **state)
 	assert_null(strstr(err, "secret-value"));
 	assert_non_null(strstr(err, "$MTCFS_YAML_RED"));
 	unsetenv("MTCFS_YAML_RED");
+	/* a folded scalar's newline is quoted: the message stays one line
+	 * (fuzz_replicator_yaml found it echoed raw) */
+	assert_int_equal(parse("redundancy: >-\n\n le:sr", &c, err, sizeof err), -EINVAL);
+	assert_null(strchr(err, '\n'));
+	assert_non_null(strstr(err, "'redundancy'"));
 }
 
 /* ---- coord_ec ---- */
