@@ -88,6 +88,16 @@ static grpc_status_code node_code(int rc)
 	}
 }
 
+/* An id that goes into our log lines as it is: printable only (a newline
+ * would start a forged line). */
+static bool printable(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			return false;
+	return true;
+}
+
 /* ---- Identity ---------------------------------------------------------- */
 
 static void h_plugin_info(const ProtobufCBinaryData *in, struct reply *r)
@@ -159,6 +169,10 @@ static void h_publish(const ProtobufCBinaryData *in, struct reply *r)
 		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id missing");
 		goto out;
 	}
+	if (!printable(rq->volume_id)) {
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id: a control character in it");
+		goto out;
+	}
 	if (!rq->target_path || !*rq->target_path) {
 		status(r, GRPC_STATUS_INVALID_ARGUMENT, "target_path missing");
 		goto out;
@@ -216,6 +230,8 @@ static void h_unpublish(const ProtobufCBinaryData *in, struct reply *r)
 	}
 	if (!rq->volume_id || !*rq->volume_id)
 		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id missing");
+	else if (!printable(rq->volume_id))
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id: a control character in it");
 	else if (!rq->target_path || !*rq->target_path)
 		status(r, GRPC_STATUS_INVALID_ARGUMENT, "target_path missing");
 	else if ((rc = csi_node_unpublish(g_node, rq->volume_id, rq->target_path, r->msg,
@@ -577,6 +593,12 @@ int main(int argc, char **argv)
 	if (cfg.n_gcsfuse_opts)
 		log_info(MOD, "config: %zu gcsFuseMountOptions ignored (mtcfs talks to Cloud Storage itself)",
 			 cfg.n_gcsfuse_opts);
+	if (cfg.n_gke_ignored)
+		log_info(MOD, "config: csiEphemeralLimit/replicationOptions accepted and ignored "
+			 "(GKE's driver container and replicator flags; nothing of mtcfs)");
+	if (cfg.external_jax_ids)
+		log_info(MOD, "config: enableExternalJaxProcessIds: mtcfs writes jax-init-info.txt "
+			 "for every job (the mount option no_jax_init_info turns it off)");
 	if (!cfg.bucket)
 		log_info(MOD, "config: no cloudStorageBucketName: the job mounts have no backup tier");
 	o.cfg = &cfg;

@@ -585,6 +585,37 @@ class Mutations(unittest.TestCase):
         self.assertEqual(len(errs), 2, errs)
         self.assertIn("'bucket' was unexpected", "".join(errs))
 
+    def test_gke_example_applies(self):
+        # GKE's documented CheckpointConfiguration, its group replaced by
+        # ours: every field of GKE's spec is known (strict decoding refuses
+        # unknown ones), csiEphemeralLimit and enableExternalJaxProcessIds too
+        crd = by_kind(render(os.path.join(K8S, "node")))["CustomResourceDefinition"][0]
+        gke = yaml.safe_load("""
+apiVersion: checkpointing.gke.io/v1
+kind: CheckpointConfiguration
+metadata:
+  name: my-checkpointconfiguration
+spec:
+  cloudStorageBucketName: my-bucket
+  nodeSelector:
+    node.kubernetes.io/instance-type: ct5p-hightpu-4t
+  tolerations:
+  - key: google.com/tpu
+    operator: Exists
+    effect: NoSchedule
+  inMemoryVolumeSize: 50Gi
+  csiEphemeralLimit: 50Mi
+  enableExternalJaxProcessIds: true
+  replicationOptions: [verbose-logs]
+  gcsFuseMountOptions:
+  - implicit-dirs
+  - metadata-cache:negative-ttl-secs:0
+""")
+        gke["apiVersion"] = "%s/v1" % crd["spec"]["group"]
+        self.assertEqual(self.v.errors(gke), [])
+        gke["spec"]["enableExternalJaxProcessIds"] = "yes"
+        self.assertEqual(len(self.v.errors(gke)), 1)
+
     def test_jobset_field_and_pod_template(self):
         self.mutate("example/jobset.yaml", "    replicas: 2\n", "    replicas: two\n")
         errs = self.errors("example")
