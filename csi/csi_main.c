@@ -447,6 +447,12 @@ static void usage(FILE *f)
 		"  --state-dir DIR      per-job mounts and logs (default /var/lib/mtcfs/jobs)\n"
 		"  --node-address ADDR  peer listen address of the job mounts (default $NODE_IP or 127.0.0.1)\n"
 		"  --mtcfs PATH         the mtcfs binary (default: mtcfs on PATH)\n"
+		"  --kubelet-dir DIR    kubelet's root: targets must be under DIR/pods (default\n"
+		"                       /var/lib/kubelet)\n"
+		"  --idle-timeout S     a job mount no pod uses stops after S seconds, its RAMDIR\n"
+		"                       kept for the job's next pods (default 600)\n"
+		"  --free-above PCT     RAM tier more than PCT%% full while a job runs: free the\n"
+		"                       RAMDIRs of stopped jobs, oldest first (default 50; 0: never)\n"
 		"  --no-tmpfs           use --ram-root as it is, mount nothing there\n"
 		"  --release            unmount the job mounts and the RAM tier (frees the node's\n"
 		"                       checkpoint RAM, data included) and exit; no driver may run\n"
@@ -497,7 +503,8 @@ int main(int argc, char **argv)
 	const char *endpoint = NULL, *cfg_path = NULL;
 	struct csi_node_opts o = {
 		.ram_root = "/var/lib/mtcfs/ram", .state_dir = "/var/lib/mtcfs/jobs",
-		.mtcfs_bin = "mtcfs",
+		.mtcfs_bin = "mtcfs", .kubelet_dir = "/var/lib/kubelet", .idle_s = 600,
+		.free_pct = 50,
 	};
 	struct csi_cfg cfg;
 	char err[ERR_MAX], addr[PATH_MAX + 8];
@@ -510,7 +517,10 @@ int main(int argc, char **argv)
 	grpc_server_credentials *creds = NULL;
 	struct csi_watch_opts wo = { .interval_s = 10, .grace = 2 };
 	struct csi_watch *watch = NULL;
-	const char *interval = NULL, *grace = NULL;
+	const char *interval = NULL, *grace = NULL, *idle = NULL, *free_above = NULL;
+	char kubelet_dir[PATH_MAX];
+	mode_t um;
+	struct stat sst;
 	uint64_t u;
 
 	csi_cfg_init(&cfg);
@@ -525,6 +535,9 @@ int main(int argc, char **argv)
 		ARG("--state-dir", o.state_dir);
 		ARG("--node-address", o.node_address);
 		ARG("--mtcfs", o.mtcfs_bin);
+		ARG("--kubelet-dir", o.kubelet_dir);
+		ARG("--idle-timeout", idle);
+		ARG("--free-above", free_above);
 		ARG("--watch-config", wo.what);
 		ARG("--watch-interval", interval);
 		ARG("--watch-grace", grace);
@@ -557,6 +570,30 @@ int main(int argc, char **argv)
 	if (o.ram_root[0] != '/' || o.state_dir[0] != '/') {
 		fprintf(stderr, "mtcfs-csi: --ram-root and --state-dir must be absolute\n");
 		return 2;
+	}
+	{
+		/* targets are compared as kubelet spells them: no trailing '/' */
+		size_t kl = strlen(o.kubelet_dir);
+
+		while (kl > 1 && o.kubelet_dir[kl - 1] == '/')
+			kl--;
+		if (o.kubelet_dir[0] != '/' || kl >= sizeof(kubelet_dir) || strstr(o.kubelet_dir, "/.")) {
+			fprintf(stderr, "mtcfs-csi: --kubelet-dir must be an absolute, normalized path\n");
+			return 2;
+		}
+		memcpy(kubelet_dir, o.kubelet_dir, kl);
+		kubelet_dir[kl] = 0;
+		o.kubelet_dir = kubelet_dir;
+	}
+	if (idle) {
+		if (util_parse_u64(idle, 86400 * 365, &u) < 0)
+			goto bad;
+		o.idle_s = (unsigned)u;
+	}
+	if (free_above) {
+		if (util_parse_u64(free_above, 100, &u) < 0)
+			goto bad;
+		o.free_pct = (unsigned)u;
 	}
 	if (interval) {
 		if (util_parse_u64(interval, 86400, &u) < 0 || !u)
@@ -640,8 +677,18 @@ int main(int argc, char **argv)
 	}
 	snprintf(addr, sizeof(addr), "unix:%s", sock);
 	creds = grpc_insecure_server_credentials_create();
+	/* the socket is kubelet's (root) only: whoever can call publish binds
+	 * mounts as root. bind(2) gives it 0777 & ~umask; no other thread
+	 * creates files now (the job mounts start at the first publish) */
+	um = umask(0177);
 	if (!grpc_server_add_http2_port(g_server, addr, creds)) {
+		umask(um);
 		log_err(MOD, "cannot listen on %s", addr);
+		goto out_grpc;
+	}
+	umask(um);
+	if (chmod(sock, 0600) < 0 || stat(sock, &sst) < 0 || (sst.st_mode & 0777) != 0600) {
+		log_err(MOD, "%s: cannot make it 0600: %s", sock, strerror(errno));
 		goto out_grpc;
 	}
 	grpc_server_start(g_server);

@@ -63,7 +63,7 @@ DRIVER = "mtcfs.csi.checkpoint.dev"
 # (csi/csi_main.c): flags with a value take it as the next argument
 CSI_VALUE_FLAGS = {"--endpoint", "--node-id", "--config", "--ram-root", "--state-dir",
                    "--node-address", "--mtcfs", "--log-format", "--watch-config",
-                   "--watch-interval"}
+                   "--watch-interval", "--kubelet-dir", "--idle-timeout", "--free-above"}
 CSI_BOOL_FLAGS = {"--no-tmpfs", "-d"}
 CSI_ATTRS = {"jobName", "jobSetName", "replicatedJobName", "podsPerJob",
              "rank", "coordinator", "subdomain", "peerPort", "ramSize"}
@@ -675,6 +675,11 @@ class Wiring(unittest.TestCase):
         self.assertEqual(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName")
         self.assertEqual(env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP")
         self.assertEqual(f["--node-address"], "$(NODE_IP)")
+        # targets are accepted under kubelet's root, which is the host's,
+        # mounted at the same path
+        kd = mounts(self.drv)["kubelet-dir"]
+        self.assertEqual(f["--kubelet-dir"], kd["mountPath"])
+        self.assertEqual(self.vols[kd["name"]]["hostPath"]["path"], kd["mountPath"])
         # the socket directory kubelet is told about is the one the driver listens in
         sock_host = self.vols[mounts(self.drv)["socket-dir"]["name"]]["hostPath"]["path"]
         self.assertEqual(mounts(self.drv)["socket-dir"]["mountPath"], "/csi")
