@@ -454,6 +454,8 @@ static void usage(FILE *f)
 		"  --free-above PCT     RAM tier more than PCT%% full while a job runs: free the\n"
 		"                       RAMDIRs of stopped jobs, oldest first (default 50; 0: never)\n"
 		"  --no-tmpfs           use --ram-root as it is, mount nothing there\n"
+		"  --status             what each job holds in the RAM tier (published, idle,\n"
+		"                       stopped; bytes; pods) and exit; beside a running driver too\n"
 		"  --release            unmount the job mounts and the RAM tier (frees the node's\n"
 		"                       checkpoint RAM, data included) and exit; no driver may run\n"
 		"  --watch-config KIND/NAME  checkpointconfiguration/NAME or configmap/NS/NAME: poll it\n"
@@ -513,7 +515,7 @@ int main(int argc, char **argv)
 	size_t nth = 0;
 	sigset_t sigs;
 	int rc = 1, sig;
-	bool release = false;
+	bool release = false, show_status = false;
 	grpc_server_credentials *creds = NULL;
 	struct csi_watch_opts wo = { .interval_s = 10, .grace = 2 };
 	struct csi_watch *watch = NULL;
@@ -552,6 +554,8 @@ int main(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--release")) {
 			release = true;
+		} else if (!strcmp(a, "--status")) {
+			show_status = true;
 		} else if (!strcmp(a, "--no-tmpfs")) {
 			o.no_tmpfs = true;
 		} else if (!strcmp(a, "-d")) {
@@ -608,6 +612,13 @@ int main(int argc, char **argv)
 	if (wo.what && wo.what[0] == '@' && read_watch_file(wo.what + 1, &wo.what) < 0)
 		return 2;
 	o.watch = wo.what;
+	if (show_status) {
+		if (csi_node_status(&o, stdout, err, sizeof(err)) < 0) {
+			log_err(MOD, "status: %s", err);
+			return 1;
+		}
+		return 0;
+	}
 	if (release) {
 		if (csi_node_release(&o, err, sizeof(err)) < 0) {
 			log_err(MOD, "release: %s", err);

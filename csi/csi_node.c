@@ -74,6 +74,7 @@ struct csi_node {
 	bool stopping;              /* (mu) destroy: the reaper returns */
 	bool has_reaper;
 	pthread_t reaper;
+	bool quiet;                 /* --status: jobs_load logs nothing */
 };
 
 static void ram_pressure(struct csi_node *n, const struct job *self, uint64_t need);
@@ -964,7 +965,7 @@ static void jobs_load(struct csi_node *n)
 				fclose(f);
 			ago = now > j->idle_wall ? (uint64_t)(now - j->idle_wall) * 1000 : 0;
 			j->idle_mono = j->idle_mono > ago ? j->idle_mono - ago : 0;
-			if (j->n_targets)
+			if (j->n_targets && !n->quiet)
 				log_info(MOD, "job %s: %zu target(s) published by an earlier driver", j->key,
 					 j->n_targets);
 		}
@@ -1533,4 +1534,71 @@ void csi_node_config_present(struct csi_node *n, uint64_t ram_bytes)
 		ram_resize(n);
 	}
 	pthread_mutex_unlock(&n->mu);
+}
+
+/* ---- mtcfs-csi --status ------------------------------------------------- */
+
+static uint64_t g_du_bytes;     /* du_one's sum (--status runs one thread) */
+
+static int du_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)path;
+	(void)flag;
+	(void)ftw;
+	g_du_bytes += (uint64_t)st->st_blocks * 512;
+	return 0;
+}
+
+int csi_node_status(const struct csi_node_opts *o, FILE *out, char *err, size_t errcap)
+{
+	struct csi_node *n;
+	struct statfs sf;
+	struct job *j;
+
+	err[0] = 0;
+	n = calloc(1, sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	n->o = *o;
+	n->quiet = true;
+	snprintf(n->pods, sizeof(n->pods), "%s/pods", o->kubelet_dir ? o->kubelet_dir : "/var/lib/kubelet");
+	if (!realpath(n->pods, n->pods_real))
+		snprintf(n->pods_real, sizeof(n->pods_real), "%s", n->pods);
+	jobs_load(n);
+	if (statfs(o->ram_root, &sf) == 0 && sf.f_blocks)
+		fprintf(out, "RAM tier %s: %llu of %llu bytes used (%llu%%)\n", o->ram_root,
+			(unsigned long long)((uint64_t)(sf.f_blocks - sf.f_bfree) * sf.f_bsize),
+			(unsigned long long)((uint64_t)sf.f_blocks * sf.f_bsize),
+			(unsigned long long)((sf.f_blocks - sf.f_bfree) * 100 / sf.f_blocks));
+	fprintf(out, "%-40s %-9s %14s %4s %s\n", "JOB", "STATE", "RAM_BYTES", "PODS", "NO_POD_SINCE");
+	for (j = n->jobs; j; j = j->next) {
+		char when[32] = "-";
+		struct stat st;
+		const char *state;
+
+		g_du_bytes = 0;
+		if (stat(j->ramdir, &st) == 0)
+			nftw(j->ramdir, du_one, 16, FTW_PHYS | FTW_MOUNT);
+		else if (!j->n_targets && !job_mounted(j))
+			continue;       /* a state directory only: its RAM is gone */
+		if (j->n_targets)
+			state = "published";
+		else if (job_mounted(j))
+			state = "idle";
+		else
+			state = "stopped";
+		if (!j->n_targets) {
+			struct tm tm;
+			gmtime_r(&j->idle_wall, &tm);
+			strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+		}
+		fprintf(out, "%-40s %-9s %14llu %4zu %s\n", j->key, state,
+			(unsigned long long)g_du_bytes, j->n_targets, when);
+	}
+	while ((j = n->jobs)) {
+		n->jobs = j->next;
+		job_free(j);
+	}
+	free(n);
+	return 0;
 }

@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 struct csi_node_opts {
 	const char *node_id;
@@ -72,6 +73,13 @@ int csi_node_unpublish(struct csi_node *n, const char *volume_id, const char *ta
  * it. For when the configuration is deleted, with no driver running
  * (mtcfs-csi --release). 0, or the first -errno (reason in err). */
 int csi_node_release(const struct csi_node_opts *o, char *err, size_t errcap);
+
+/* What each job holds on the node, one line a job (mtcfs-csi --status):
+ * its key, published (a pod binds it) / idle (no pod, its mtcfs runs) /
+ * stopped (only its RAMDIR), the bytes of its RAMDIR, its pods, since when
+ * it has had none; first the RAM tier's use. Reads the files a driver
+ * keeps, so it works beside a running driver. 0 or -errno. */
+int csi_node_status(const struct csi_node_opts *o, FILE *out, char *err, size_t errcap);
 
 /* The watched configuration is deleted (csi_watch): refuse new publishes
  * (-EBUSY), stop the job mounts nobody publishes, and unmount the RAM tier

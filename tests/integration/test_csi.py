@@ -252,6 +252,17 @@ class Driver:
     def starts(self):
         return len(re.findall(r"starting mtcfs", self.log()))
 
+    def status(self):
+        """mtcfs-csi --status beside the running driver: {job: [state,
+        bytes, pods, since]}."""
+        r = subprocess.run(self.argv() + ["--status"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        self.tc.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.tc.assertRegex(lines[0], r"^RAM tier %s: \d+ of \d+ bytes used" % re.escape(self.ram))
+        self.tc.assertEqual(lines[1].split(), ["JOB", "STATE", "RAM_BYTES", "PODS", "NO_POD_SINCE"])
+        return {ln.split()[0]: ln.split()[1:] for ln in lines[2:]}
+
     def daemons(self):
         """The mtcfs processes serving this driver's jobs (their RAMDIR
         argument is under its RAM root): {pid: RAMDIR}."""
@@ -892,6 +903,9 @@ class CsiTest(unittest.TestCase):
                                         r"job team\d.js needs peer port", d.log())), 4)
         for i in range(4):
             self.assertEqual(sorted(os.listdir(os.path.join(d.ram, "team%d.js" % i))) != [], True)
+        st = d.status()
+        self.assertEqual({k: v[0] for k, v in st.items()},
+                         dict({"team%d.js" % i: "stopped" for i in range(4)}, **{"team4.js": "idle"}))
         d.stop()
         # with distinct ports: the last pod's unpublish starts the idle
         # clock, --idle-timeout later the mtcfs is gone
@@ -991,6 +1005,11 @@ class CsiTest(unittest.TestCase):
         ra = os.path.join(d.ram, "default.fa")
         self.assertTrue(os.listdir(ra))
         self.assertNotIn("freed its RAMDIR", d.log())
+        st = d.status()
+        self.assertEqual(st["default.fa"][0], "stopped")
+        self.assertGreaterEqual(int(st["default.fa"][1]), 40 << 20)
+        self.assertEqual(st["default.fa"][2], "0")
+        self.assertRegex(st["default.fa"][3], r"^\d{4}-\d\d-\d\dT")
         # another job starts: the tier is 62% full, over 50%: fa's RAM goes
         tb = d.target("fb")
         self.assertEqual(d.publish(tb, pod_ctx("fb-w-0-0-aaaaa", peerPort=str(pb),
@@ -999,6 +1018,9 @@ class CsiTest(unittest.TestCase):
                                   r"while another job runs: freed its RAMDIR %s \(\d+ bytes\)"
                                   % re.escape(ra))
         self.assertFalse(os.path.exists(ra))
+        st = d.status()
+        self.assertNotIn("default.fa", st)
+        self.assertEqual((st["default.fb"][0], st["default.fb"][2:]), ("published", ["1", "-"]))
         # the running job has the room: 40 MiB more fit, and stay while it
         # runs, over the mark as it is
         harness.write_file(os.path.join(tb, "big"), big)
