@@ -171,6 +171,10 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		goto fail;
 	}
 	e->rank_fixed = e->rank >= 0 || e->naddrs > 0;
+	/* a hint (mtcfs-csi: the pod's index) names the node until its first
+	 * yaml and for jax-init-info.txt; the yaml's node-rank wins, as GKE's */
+	if (e->rank < 0 && !e->naddrs && o->rank_hint >= 0)
+		e->rank = o->rank_hint;
 	if (e->rank < 0 && e->naddrs) {
 		for (uint32_t i = 0; i < e->naddrs; i++)
 			if (!strcmp(e->addrs[i], e->listen))

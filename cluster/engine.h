@@ -25,6 +25,7 @@ struct eng_opts {
 	const char *secret_file;   /* shared secret; NULL = unauthenticated (warned) */
 	const char *tls_cert, *tls_key, *tls_ca;   /* mutual TLS (all or none) */
 	int rank;                  /* -1: from the peers table (our listen entry) or replicator.yaml */
+	int rank_hint;             /* -1, or the rank until a yaml says otherwise (not fixed) */
 	int restore_timeout_s;
 	const char *bucket;        /* gs://B[/P] or file:///dir; NULL: no backup tier */
 	const char *gcs_endpoint, *gcs_key_file;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <yaml.h>
 
 #define CFG_MAX_BYTES (1u << 20)
@@ -51,12 +52,25 @@ static const char *scalar(yaml_node_t *n)
 	return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
 }
 
+/* A value that goes into a job mount's -o: no ',' (the next option) or
+ * '\\' (escapes the character after it), nothing unprintable. */
+static bool opt_value_ok(const char *s)
+{
+	for (; *s; s++)
+		if (*s == ',' || *s == '\\' || (unsigned char)*s < 0x20 || *s == 0x7f)
+			return false;
+	return true;
+}
+
 static int set_str(char **dst, yaml_node_t *v, const char *key, char *err, size_t cap)
 {
 	const char *s = scalar(v);
 
 	if (!s || !*s)
 		return csi_fail(err, cap, "%s: expected a non-empty string", key);
+	if (!opt_value_ok(s))
+		return csi_fail(err, cap, "%s: ',', '\\' and control characters cannot be in a "
+				"mount option", key);
 	free(*dst);
 	*dst = strdup(s);
 	return *dst ? 0 : -ENOMEM;
@@ -83,8 +97,9 @@ static int set_bucket(struct csi_cfg *c, yaml_node_t *v, char *err, size_t cap)
 
 	if (!s || !*s)
 		return csi_fail(err, cap, "cloudStorageBucketName: expected a bucket name");
-	if (strchr(s, ','))
-		return csi_fail(err, cap, "cloudStorageBucketName: a comma cannot be in a mount option");
+	if (!opt_value_ok(s))
+		return csi_fail(err, cap, "cloudStorageBucketName: a comma, '\\' or a control "
+				"character cannot be in a mount option");
 	free(c->bucket);
 	if (strstr(s, "://")) {
 		c->bucket = strdup(s);
@@ -109,8 +124,9 @@ static int set_list(yaml_document_t *d, yaml_node_t *v, char ***dst, size_t *n,
 		const char *s = scalar(yaml_document_get_node(d, *it));
 		char **grown;
 
-		if (!s || !*s || strchr(s, ','))
-			return csi_fail(err, cap, "%s: items must be non-empty strings without ','", key);
+		if (!s || !*s || (dst && !opt_value_ok(s)) || (!dst && strchr(s, ',')))
+			return csi_fail(err, cap, "%s: items must be non-empty strings without ','%s",
+					key, dst ? ", '\\' or control characters" : "");
 		if (!dst) {             /* counted only */
 			(*n)++;
 			continue;
@@ -150,6 +166,31 @@ static int apply(struct csi_cfg *c, yaml_document_t *d, const char *k, yaml_node
 			csi_fail(err, cap, "tolerations: expected a list");
 	if (!strcmp(k, "gcsFuseMountOptions"))
 		return set_list(d, v, NULL, &c->n_gcsfuse_opts, k, err, cap);
+	/* GKE's other spec fields (checkpointing.gke.io/v1), so that its
+	 * documented objects apply unchanged; none changes what mtcfs does
+	 * (csi_main logs that once) */
+	if (!strcmp(k, "csiEphemeralLimit")) {
+		/* the ephemeral-storage limit of GKE's driver container: a quantity */
+		const char *s = scalar(v);
+		if (!s || !*s)
+			return csi_fail(err, cap, "csiEphemeralLimit: expected a quantity (50Mi)");
+		c->n_gke_ignored++;
+		return 0;
+	}
+	if (!strcmp(k, "enableExternalJaxProcessIds")) {
+		const char *s = scalar(v);
+		if (!s || (strcasecmp(s, "true") && strcasecmp(s, "false")))
+			return csi_fail(err, cap, "enableExternalJaxProcessIds: expected true or false");
+		c->external_jax_ids = !strcasecmp(s, "true");
+		return 0;
+	}
+	if (!strcmp(k, "replicationOptions")) {
+		size_t n = 0;
+		int rc = set_list(d, v, NULL, &n, k, err, cap);
+		if (rc == 0 && n)
+			c->n_gke_ignored++;
+		return rc;
+	}
 	if (!strcmp(k, "peerPort")) {
 		int rc = set_uint(&c->peer_port, v, 65535, k, err, cap);
 		return rc < 0 ? rc : c->peer_port ? 0 : csi_fail(err, cap, "peerPort: 0 is not a port");

@@ -5,6 +5,7 @@
 #ifndef MTCFS_CSI_CFG_H
 #define MTCFS_CSI_CFG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,6 +22,8 @@ struct csi_cfg {
 	char **mount_opts;      /* mountOptions: extra -o words, NULL-terminated */
 	size_t n_mount_opts;
 	size_t n_gcsfuse_opts;  /* gcsFuseMountOptions seen (none applies to mtcfs) */
+	size_t n_gke_ignored;   /* csiEphemeralLimit, replicationOptions given (no effect) */
+	bool external_jax_ids;  /* enableExternalJaxProcessIds: true (no effect either) */
 };
 
 /* Defaults only (no file). */

@@ -88,6 +88,16 @@ static grpc_status_code node_code(int rc)
 	}
 }
 
+/* An id that goes into our log lines as it is: printable only (a newline
+ * would start a forged line). */
+static bool printable(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			return false;
+	return true;
+}
+
 /* ---- Identity ---------------------------------------------------------- */
 
 static void h_plugin_info(const ProtobufCBinaryData *in, struct reply *r)
@@ -159,6 +169,10 @@ static void h_publish(const ProtobufCBinaryData *in, struct reply *r)
 		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id missing");
 		goto out;
 	}
+	if (!printable(rq->volume_id)) {
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id: a control character in it");
+		goto out;
+	}
 	if (!rq->target_path || !*rq->target_path) {
 		status(r, GRPC_STATUS_INVALID_ARGUMENT, "target_path missing");
 		goto out;
@@ -216,6 +230,8 @@ static void h_unpublish(const ProtobufCBinaryData *in, struct reply *r)
 	}
 	if (!rq->volume_id || !*rq->volume_id)
 		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id missing");
+	else if (!printable(rq->volume_id))
+		status(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id: a control character in it");
 	else if (!rq->target_path || !*rq->target_path)
 		status(r, GRPC_STATUS_INVALID_ARGUMENT, "target_path missing");
 	else if ((rc = csi_node_unpublish(g_node, rq->volume_id, rq->target_path, r->msg,
@@ -431,7 +447,15 @@ static void usage(FILE *f)
 		"  --state-dir DIR      per-job mounts and logs (default /var/lib/mtcfs/jobs)\n"
 		"  --node-address ADDR  peer listen address of the job mounts (default $NODE_IP or 127.0.0.1)\n"
 		"  --mtcfs PATH         the mtcfs binary (default: mtcfs on PATH)\n"
+		"  --kubelet-dir DIR    kubelet's root: targets must be under DIR/pods (default\n"
+		"                       /var/lib/kubelet)\n"
+		"  --idle-timeout S     a job mount no pod uses stops after S seconds, its RAMDIR\n"
+		"                       kept for the job's next pods (default 600)\n"
+		"  --free-above PCT     RAM tier more than PCT%% full while a job runs: free the\n"
+		"                       RAMDIRs of stopped jobs, oldest first (default 50; 0: never)\n"
 		"  --no-tmpfs           use --ram-root as it is, mount nothing there\n"
+		"  --status             what each job holds in the RAM tier (published, idle,\n"
+		"                       stopped; bytes; pods) and exit; beside a running driver too\n"
 		"  --release            unmount the job mounts and the RAM tier (frees the node's\n"
 		"                       checkpoint RAM, data included) and exit; no driver may run\n"
 		"  --watch-config KIND/NAME  checkpointconfiguration/NAME or configmap/NS/NAME: poll it\n"
@@ -481,7 +505,8 @@ int main(int argc, char **argv)
 	const char *endpoint = NULL, *cfg_path = NULL;
 	struct csi_node_opts o = {
 		.ram_root = "/var/lib/mtcfs/ram", .state_dir = "/var/lib/mtcfs/jobs",
-		.mtcfs_bin = "mtcfs",
+		.mtcfs_bin = "mtcfs", .kubelet_dir = "/var/lib/kubelet", .idle_s = 600,
+		.free_pct = 50,
 	};
 	struct csi_cfg cfg;
 	char err[ERR_MAX], addr[PATH_MAX + 8];
@@ -490,11 +515,14 @@ int main(int argc, char **argv)
 	size_t nth = 0;
 	sigset_t sigs;
 	int rc = 1, sig;
-	bool release = false;
+	bool release = false, show_status = false;
 	grpc_server_credentials *creds = NULL;
 	struct csi_watch_opts wo = { .interval_s = 10, .grace = 2 };
 	struct csi_watch *watch = NULL;
-	const char *interval = NULL, *grace = NULL;
+	const char *interval = NULL, *grace = NULL, *idle = NULL, *free_above = NULL;
+	char kubelet_dir[PATH_MAX];
+	mode_t um;
+	struct stat sst;
 	uint64_t u;
 
 	csi_cfg_init(&cfg);
@@ -509,6 +537,9 @@ int main(int argc, char **argv)
 		ARG("--state-dir", o.state_dir);
 		ARG("--node-address", o.node_address);
 		ARG("--mtcfs", o.mtcfs_bin);
+		ARG("--kubelet-dir", o.kubelet_dir);
+		ARG("--idle-timeout", idle);
+		ARG("--free-above", free_above);
 		ARG("--watch-config", wo.what);
 		ARG("--watch-interval", interval);
 		ARG("--watch-grace", grace);
@@ -523,6 +554,8 @@ int main(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--release")) {
 			release = true;
+		} else if (!strcmp(a, "--status")) {
+			show_status = true;
 		} else if (!strcmp(a, "--no-tmpfs")) {
 			o.no_tmpfs = true;
 		} else if (!strcmp(a, "-d")) {
@@ -542,6 +575,30 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mtcfs-csi: --ram-root and --state-dir must be absolute\n");
 		return 2;
 	}
+	{
+		/* targets are compared as kubelet spells them: no trailing '/' */
+		size_t kl = strlen(o.kubelet_dir);
+
+		while (kl > 1 && o.kubelet_dir[kl - 1] == '/')
+			kl--;
+		if (o.kubelet_dir[0] != '/' || kl >= sizeof(kubelet_dir) || strstr(o.kubelet_dir, "/.")) {
+			fprintf(stderr, "mtcfs-csi: --kubelet-dir must be an absolute, normalized path\n");
+			return 2;
+		}
+		memcpy(kubelet_dir, o.kubelet_dir, kl);
+		kubelet_dir[kl] = 0;
+		o.kubelet_dir = kubelet_dir;
+	}
+	if (idle) {
+		if (util_parse_u64(idle, 86400 * 365, &u) < 0)
+			goto bad;
+		o.idle_s = (unsigned)u;
+	}
+	if (free_above) {
+		if (util_parse_u64(free_above, 100, &u) < 0)
+			goto bad;
+		o.free_pct = (unsigned)u;
+	}
 	if (interval) {
 		if (util_parse_u64(interval, 86400, &u) < 0 || !u)
 			goto bad;
@@ -555,6 +612,13 @@ int main(int argc, char **argv)
 	if (wo.what && wo.what[0] == '@' && read_watch_file(wo.what + 1, &wo.what) < 0)
 		return 2;
 	o.watch = wo.what;
+	if (show_status) {
+		if (csi_node_status(&o, stdout, err, sizeof(err)) < 0) {
+			log_err(MOD, "status: %s", err);
+			return 1;
+		}
+		return 0;
+	}
 	if (release) {
 		if (csi_node_release(&o, err, sizeof(err)) < 0) {
 			log_err(MOD, "release: %s", err);
@@ -577,6 +641,12 @@ int main(int argc, char **argv)
 	if (cfg.n_gcsfuse_opts)
 		log_info(MOD, "config: %zu gcsFuseMountOptions ignored (mtcfs talks to Cloud Storage itself)",
 			 cfg.n_gcsfuse_opts);
+	if (cfg.n_gke_ignored)
+		log_info(MOD, "config: csiEphemeralLimit/replicationOptions accepted and ignored "
+			 "(GKE's driver container and replicator flags; nothing of mtcfs)");
+	if (cfg.external_jax_ids)
+		log_info(MOD, "config: enableExternalJaxProcessIds: mtcfs writes jax-init-info.txt "
+			 "for every job (the mount option no_jax_init_info turns it off)");
 	if (!cfg.bucket)
 		log_info(MOD, "config: no cloudStorageBucketName: the job mounts have no backup tier");
 	o.cfg = &cfg;
@@ -618,8 +688,18 @@ int main(int argc, char **argv)
 	}
 	snprintf(addr, sizeof(addr), "unix:%s", sock);
 	creds = grpc_insecure_server_credentials_create();
+	/* the socket is kubelet's (root) only: whoever can call publish binds
+	 * mounts as root. bind(2) gives it 0777 & ~umask; no other thread
+	 * creates files now (the job mounts start at the first publish) */
+	um = umask(0177);
 	if (!grpc_server_add_http2_port(g_server, addr, creds)) {
+		umask(um);
 		log_err(MOD, "cannot listen on %s", addr);
+		goto out_grpc;
+	}
+	umask(um);
+	if (chmod(sock, 0600) < 0 || stat(sock, &sst) < 0 || (sst.st_mode & 0777) != 0600) {
+		log_err(MOD, "%s: cannot make it 0600: %s", sock, strerror(errno));
 		goto out_grpc;
 	}
 	grpc_server_start(g_server);

@@ -1,14 +1,24 @@
 /* csi_node.c: RAM tier, job mounts and bind mounts (csi.md "Behaviour").
  *
  * Lock: mu (one, taken by publish/unpublish for their whole run; a first
- * publish holds it while its mtcfs starts, a few seconds). Nothing else
- * is shared between RPC threads. */
+ * publish holds it while its mtcfs starts, a few seconds; the reaper
+ * thread holds it while it stops an idle job mount or frees a stopped
+ * job's RAMDIR). Nothing else is shared between RPC threads.
+ *
+ * A job's life on the node: published (pods bind it) -> idle (no pod; its
+ * mtcfs keeps running for idle_s, so a JobSet restart finds it) ->
+ * stopped (no mtcfs, no port; its RAMDIR kept: the next pod restarts it on
+ * the same data) -> freed (RAMDIR deleted, when the RAM tier is over
+ * free_pct full while another job runs, the longest stopped first). A
+ * published or idle job's RAM is never freed. */
 #include "csi/csi_node.h"
 #include "common/log.h"
+#include "common/util.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -44,8 +54,10 @@ struct job {
 	unsigned rank;
 	unsigned peer_port;         /* its listen port; 0 while not running */
 	unsigned metrics_port;      /* its /metrics port; 0: none */
-	char **targets;             /* published targets (this driver's life) */
+	char **targets;             /* published targets (also in <state>/<key>/published) */
 	size_t n_targets;
+	uint64_t idle_mono;         /* now_ms() when its last target went (n_targets 0) */
+	time_t idle_wall;           /* the same in wall time (survives restarts: the file's mtime) */
 	struct job *next;
 };
 
@@ -56,7 +68,20 @@ struct csi_node {
 	uint64_t ram_bytes;         /* tmpfs size= (mu): the config's, then the watch's */
 	bool cfg_gone;              /* (mu) the watched configuration is deleted */
 	bool ram_freed;             /* (mu) we unmounted the tmpfs for that */
+	char pods[PATH_MAX];        /* <kubelet_dir>/pods as targets spell it */
+	char pods_real[PATH_MAX];   /* the same resolved (how /proc/self/mountinfo spells it) */
+	pthread_cond_t cv;          /* wakes the reaper to stop */
+	bool stopping;              /* (mu) destroy: the reaper returns */
+	bool has_reaper;
+	pthread_t reaper;
+	bool quiet;                 /* --status: jobs_load logs nothing */
 };
+
+static void ram_pressure(struct csi_node *n, const struct job *self, uint64_t need);
+static void jobs_load(struct csi_node *n);
+static void *reaper_run(void *arg);
+static int unmount_any(const char *path);
+static void job_free(struct job *j);
 
 static int fail(char *err, size_t cap, int rc, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -122,6 +147,156 @@ static int mount_point(const char *path, dev_t *dev)
 	return a.st_dev != b.st_dev || a.st_ino == b.st_ino;
 }
 
+/* /proc/self/mountinfo escapes ' ', '\t', '\n' and '\\' as \ooo. */
+static void unescape_octal(char *s)
+{
+	char *w = s;
+
+	for (char *r = s; *r; r++) {
+		if (r[0] == '\\' && r[1] >= '0' && r[1] <= '7' && r[2] >= '0' && r[2] <= '7' &&
+		    r[3] >= '0' && r[3] <= '7') {
+			*w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0'));
+			r += 3;
+		} else {
+			*w++ = *r;
+		}
+	}
+	*w = 0;
+}
+
+/* The file system type of the topmost mount at path (a resolved path, as
+ * the kernel shows it) into type: 1; 0 when nothing is mounted there;
+ * -errno. Read from the mount table, so a FUSE mount whose daemon is gone
+ * (ENOTCONN to stat) is seen like any other. */
+static int mount_type(const char *path, char *type, size_t cap)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	char *line = NULL;
+	size_t lcap = 0;
+	int found = 0;
+
+	if (!f)
+		return -errno;
+	while (getline(&line, &lcap, f) > 0) {
+		char *p = line, *mp = NULL, *dash, *t;
+
+		/* id parent maj:min root mountpoint opts [optional...] - type source super */
+		for (int i = 0; i < 5 && p; i++)
+			mp = strsep(&p, " ");
+		if (!p || !mp)
+			continue;
+		unescape_octal(mp);
+		if (strcmp(mp, path))
+			continue;
+		dash = strstr(p, " - ");
+		if (!dash)
+			continue;
+		t = dash + 3;
+		t[strcspn(t, " \n")] = 0;
+		snprintf(type, cap, "%s", t);
+		found = 1;              /* later lines are mounted on top: keep the last */
+	}
+	free(line);
+	fclose(f);
+	return found;
+}
+
+/* A target kubelet may give: <kubelet_dir>/pods/<uid>/volumes/<more>,
+ * absolute, normalized (no "//", ".", "..", trailing '/'), printable.
+ * Returns the part after "<kubelet_dir>/pods/" or NULL with the reason in
+ * err. */
+static const char *target_rel(const struct csi_node *n, const char *target, char *err, size_t cap)
+{
+	size_t pl = strlen(n->pods), len = strlen(target), ncomp = 0, cl;
+	const char *rel, *c;
+
+	for (const char *q = target; *q; q++)
+		if ((unsigned char)*q < 0x20 || *q == 0x7f) {
+			fail(err, cap, -EINVAL, "target_path: a control character in it");
+			return NULL;
+		}
+	if (len >= PATH_MAX - 8 || strncmp(target, n->pods, pl) || target[pl] != '/') {
+		fail(err, cap, -EINVAL, "target_path %s: not under kubelet's %s/", target, n->pods);
+		return NULL;
+	}
+	rel = target + pl + 1;
+	for (c = rel;; c += cl + 1) {
+		cl = strcspn(c, "/");
+		if (cl == 0 || cl > NAME_MAX || (cl == 1 && c[0] == '.') ||
+		    (cl == 2 && c[0] == '.' && c[1] == '.')) {
+			fail(err, cap, -EINVAL, "target_path %s: not a normalized path", target);
+			return NULL;
+		}
+		if (++ncomp == 2 && (cl != 7 || strncmp(c, "volumes", 7)))
+			break;
+		if (!c[cl])
+			break;
+	}
+	if (ncomp < 3) {
+		fail(err, cap, -EINVAL, "target_path %s: not %s/<pod uid>/volumes/...", target, n->pods);
+		return NULL;
+	}
+	return rel;
+}
+
+/* Open rel (target_rel's) below the pods directory one component at a
+ * time, never following a symlink, creating the missing directories when
+ * create: an O_PATH fd in *out, and its parent's in *parent (or NULL).
+ * 0; -ENOENT (missing, !create); -ELOOP or -ENOTDIR (a symlink or a
+ * file on the way); -errno. */
+static int target_open(const struct csi_node *n, const char *rel, bool create, int *out, int *parent)
+{
+	char comp[NAME_MAX + 1];
+	int fd, nfd, pfd = -1, rc;
+
+	fd = open(n->pods_real, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	while (*rel) {
+		size_t cl = strcspn(rel, "/");
+		memcpy(comp, rel, cl);
+		comp[cl] = 0;
+		nfd = openat(fd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (nfd < 0 && errno == ENOENT && create) {
+			/* the bind covers the target's own mode; parents kubelet did
+			 * not make must let the pod's uid through */
+			if (mkdirat(fd, comp, 0755) < 0 && errno != EEXIST) {
+				rc = -errno;
+				goto fail;
+			}
+			nfd = openat(fd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		}
+		if (nfd < 0) {
+			rc = errno == ENOTDIR ? -ENOTDIR : -errno;
+			goto fail;
+		}
+		if (pfd >= 0)
+			close(pfd);
+		pfd = fd;
+		fd = nfd;
+		rel += cl;
+		if (*rel == '/')
+			rel++;
+	}
+	*out = fd;
+	if (parent)
+		*parent = pfd;
+	else if (pfd >= 0)
+		close(pfd);
+	return 0;
+fail:
+	close(fd);
+	if (pfd >= 0)
+		close(pfd);
+	return rc;
+}
+
+/* The target as the mount table spells it (the pods directory resolved). */
+static void target_real(const struct csi_node *n, const char *rel, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s/%s", n->pods_real, rel);
+}
+
 /* Mount the RAM tier's tmpfs on root: bytes big (0: the kernel's default
  * size), with huge pages if asked; the options used in opts. 0 or -errno. */
 static int mount_ram(const char *root, bool huge, uint64_t bytes, char *opts, size_t cap)
@@ -177,14 +352,44 @@ int csi_node_create(const struct csi_node_opts *o, struct csi_node **out, char *
 	n->o = *o;
 	n->ram_bytes = o->cfg->ram_bytes;
 	pthread_mutex_init(&n->mu, NULL);
+	{
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&n->cv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
+	/* kubelet names targets under its root as it was given (a symlink
+	 * there is the admin's); the mount table shows them resolved */
+	if (snprintf(n->pods, sizeof(n->pods), "%s/pods",
+		     o->kubelet_dir ? o->kubelet_dir : "/var/lib/kubelet") >= (int)sizeof(n->pods)) {
+		rc = fail(err, errcap, -ENAMETOOLONG, "--kubelet-dir too long");
+		goto out;
+	}
+	if (!realpath(n->pods, n->pods_real))
+		snprintf(n->pods_real, sizeof(n->pods_real), "%s", n->pods);
 	rc = mkdirs(o->state_dir, 0755);
 	if (rc < 0) {
 		fail(err, errcap, rc, "mkdir %s: %s", o->state_dir, strerror(-rc));
 		goto out;
 	}
 	rc = ram_tier(n, err, errcap);
+	if (rc < 0)
+		goto out;
+	jobs_load(n);
+	rc = -pthread_create(&n->reaper, NULL, reaper_run, n);
+	if (rc < 0)
+		fail(err, errcap, rc, "reaper thread: %s", strerror(-rc));
+	n->has_reaper = rc == 0;
 out:
 	if (rc < 0) {
+		while (n->jobs) {
+			struct job *j = n->jobs;
+			n->jobs = j->next;
+			job_free(j);
+		}
+		pthread_cond_destroy(&n->cv);
 		pthread_mutex_destroy(&n->mu);
 		free(n);
 		return rc;
@@ -272,6 +477,12 @@ void csi_node_destroy(struct csi_node *n)
 	if (!n)
 		return;
 	pthread_mutex_lock(&n->mu);
+	n->stopping = true;
+	pthread_cond_broadcast(&n->cv);
+	pthread_mutex_unlock(&n->mu);
+	if (n->has_reaper)
+		pthread_join(n->reaper, NULL);
+	pthread_mutex_lock(&n->mu);
 	for (j = n->jobs; j; j = next) {
 		next = j->next;
 		if (j->pid > 0) {
@@ -282,6 +493,7 @@ void csi_node_destroy(struct csi_node *n)
 	}
 	n->jobs = NULL;
 	pthread_mutex_unlock(&n->mu);
+	pthread_cond_destroy(&n->cv);
 	pthread_mutex_destroy(&n->mu);
 	free(n);
 }
@@ -341,7 +553,9 @@ static int job_options(struct csi_node *n, struct job *self, const struct csi_po
 	if (!rc)
 		rc = opt_add(opts, cap, "coordinator=%s", coord);
 	if (!rc)
-		rc = opt_add(opts, cap, "rank=%u", p->rank);
+		/* a hint: the yaml's node-rank wins (as GKE takes it), the
+		 * pod's index only names the node until then */
+		rc = opt_add(opts, cap, "rank_hint=%u", p->rank);
 	if (!rc && p->ram_size[0])
 		rc = opt_add(opts, cap, "ram_size=%s", p->ram_size);
 	if (!rc && c->bucket)
@@ -436,13 +650,27 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	pid_t pid;
 
 	port = p->peer_port ? p->peer_port : n->o.cfg->peer_port;
-	for (struct job *o = n->jobs; o; o = o->next)
-		if (o != j && o->peer_port == port && !job_exited(o))
+	for (struct job *o = n->jobs; o; o = o->next) {
+		if (o == j || o->peer_port != port || job_exited(o))
+			continue;
+		if (o->n_targets)
 			/* every node of a job must agree on rank 0's port, so the
 			 * driver cannot pick another one by itself */
 			return fail(err, cap, -EBUSY, "job %s: peer port %u is used by job %s on this "
 				    "node: give one of the JobSets another peerPort volume attribute",
 				    j->key, port, o->key);
+		/* no pod uses that one: its RAMDIR stays, its port is this job's */
+		log_info(MOD, "job %s: no pod, stopping its mtcfs (its RAMDIR stays): job %s needs "
+			 "peer port %u", o->key, j->key, port);
+		job_stop(o);
+	}
+	{
+		uint64_t need = 0;
+
+		if (p->ram_size[0] && util_parse_size(p->ram_size, &need) < 0)
+			need = 0;
+		ram_pressure(n, j, need);
+	}
 	rc = job_options(n, j, p, opts, sizeof(opts));
 	if (rc < 0)
 		return fail(err, cap, -EINVAL, "job %s: mount options too long", j->key);
@@ -546,14 +774,30 @@ static struct job *job_find(struct csi_node *n, const char *key)
 	return NULL;
 }
 
-static int job_new(struct csi_node *n, const struct csi_pod *p, struct job **out)
+/* A job key as this driver makes them (<namespace>.<job>): a safe single
+ * directory name. Names found in ram_root/state_dir that are not are
+ * someone else's and left alone. */
+static bool key_ok(const char *k)
+{
+	size_t n = strlen(k);
+
+	if (!n || n >= 160 || k[0] == '.' || !strchr(k, '.'))
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((k[i] >= 'a' && k[i] <= 'z') || (k[i] >= 'A' && k[i] <= 'Z') ||
+		      (k[i] >= '0' && k[i] <= '9') || k[i] == '-' || k[i] == '_' || k[i] == '.'))
+			return false;
+	return true;
+}
+
+static int job_new_key(struct csi_node *n, const char *key, struct job **out)
 {
 	struct job *j = calloc(1, sizeof(*j));
 	int w1, w2, w3, w4;
 
 	if (!j)
 		return -ENOMEM;
-	w1 = snprintf(j->key, sizeof(j->key), "%s.%s", p->namespace_, p->job);
+	w1 = snprintf(j->key, sizeof(j->key), "%s", key);
 	w2 = snprintf(j->ramdir, sizeof(j->ramdir), "%s/%s", n->o.ram_root, j->key);
 	w3 = snprintf(j->mnt, sizeof(j->mnt), "%s/%s/mnt", n->o.state_dir, j->key);
 	w4 = snprintf(j->log, sizeof(j->log), "%s/%s/mtcfs.log", n->o.state_dir, j->key);
@@ -563,11 +807,48 @@ static int job_new(struct csi_node *n, const struct csi_pod *p, struct job **out
 		return -ENAMETOOLONG;
 	}
 	j->pid = -1;
-	j->rank = p->rank;
+	j->idle_mono = now_ms();
+	j->idle_wall = time(NULL);
 	j->next = n->jobs;
 	n->jobs = j;
 	*out = j;
 	return 0;
+}
+
+/* <state_dir>/<key>/published: the targets this driver bound for the job,
+ * one a line (target_rel refuses control characters), rewritten whole at
+ * every change (tmp + rename). A later driver reads it: unpublish then
+ * knows the target is ours, and its mtime says since when the job has had
+ * no pod. Called with mu held; a failure is a WARN (the bind is made). */
+static void record_save(const struct csi_node *n, const struct job *j)
+{
+	char dir[PATH_MAX], path[PATH_MAX + 16], tmp[PATH_MAX + 32];
+	FILE *f;
+	int rc;
+
+	snprintf(dir, sizeof(dir), "%s/%s", n->o.state_dir, j->key);
+	snprintf(path, sizeof(path), "%s/published", dir);
+	snprintf(tmp, sizeof(tmp), "%s/.published.tmp", dir);
+	if ((rc = mkdirs(dir, 0755)) < 0) {
+		log_warn(MOD, "job %s: mkdir %s: %s", j->key, dir, strerror(-rc));
+		return;
+	}
+	f = fopen(tmp, "we");
+	if (!f) {
+		log_warn(MOD, "job %s: %s: %s", j->key, tmp, strerror(errno));
+		return;
+	}
+	for (size_t i = 0; i < j->n_targets; i++)
+		fprintf(f, "%s\n", j->targets[i]);
+	if (fflush(f) != 0 || fsync(fileno(f)) < 0 || ferror(f)) {
+		log_warn(MOD, "job %s: writing %s: %s", j->key, tmp, strerror(errno));
+		fclose(f);
+		unlink(tmp);
+		return;
+	}
+	fclose(f);
+	if (rename(tmp, path) < 0)
+		log_warn(MOD, "job %s: rename %s: %s", j->key, path, strerror(errno));
 }
 
 static ssize_t target_index(const struct job *j, const char *target)
@@ -578,7 +859,7 @@ static ssize_t target_index(const struct job *j, const char *target)
 	return -1;
 }
 
-static int target_add(struct job *j, const char *target)
+static int target_add_(struct job *j, const char *target)
 {
 	char **t;
 
@@ -595,14 +876,101 @@ static int target_add(struct job *j, const char *target)
 	return 0;
 }
 
-static void target_remove(struct csi_node *n, const char *target)
+static int target_add(struct csi_node *n, struct job *j, const char *target)
 {
-	for (struct job *j = n->jobs; j; j = j->next) {
-		ssize_t i = target_index(j, target);
-		if (i < 0)
-			continue;
-		free(j->targets[i]);
-		j->targets[i] = j->targets[--j->n_targets];
+	int rc = target_add_(j, target);
+
+	if (rc == 0)
+		record_save(n, j);
+	return rc;
+}
+
+/* The job that published target, or NULL. */
+static struct job *target_owner(struct csi_node *n, const char *target)
+{
+	for (struct job *j = n->jobs; j; j = j->next)
+		if (target_index(j, target) >= 0)
+			return j;
+	return NULL;
+}
+
+static void target_remove(struct csi_node *n, struct job *j, const char *target)
+{
+	ssize_t i = target_index(j, target);
+
+	if (i < 0)
+		return;
+	free(j->targets[i]);
+	j->targets[i] = j->targets[--j->n_targets];
+	if (!j->n_targets) {
+		/* its last pod is gone: the reaper stops its mtcfs after idle_s */
+		j->idle_mono = now_ms();
+		j->idle_wall = time(NULL);
+	}
+	record_save(n, j);
+}
+
+/* At start: the jobs an earlier driver left, from their records (targets
+ * still holding an mtcfs bind stay published: kubelet will unpublish
+ * them) and from the RAMDIRs in ram_root (stopped jobs, whose RAM the
+ * reaper may free). Their mtcfs are not running (an earlier driver's stop
+ * ended them; a mount that outlived it is adopted at the next publish). */
+static void jobs_load(struct csi_node *n)
+{
+	const char *roots[2] = { n->o.state_dir, n->o.ram_root };
+	char path[PATH_MAX + 200], type[64];
+	struct dirent *e;
+	struct stat st;
+	time_t now = time(NULL);
+	uint64_t ago;
+
+	for (int r = 0; r < 2; r++) {
+		DIR *d = opendir(roots[r]);
+
+		while (d && (e = readdir(d))) {
+			struct job *j;
+			char *line = NULL;
+			size_t lcap = 0;
+			ssize_t len;
+			FILE *f;
+
+			if (!key_ok(e->d_name) || job_find(n, e->d_name))
+				continue;
+			snprintf(path, sizeof(path), "%s/%s", roots[r], e->d_name);
+			if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+				continue;
+			if (job_new_key(n, e->d_name, &j) < 0)
+				continue;
+			j->idle_wall = st.st_mtime;
+			snprintf(path, sizeof(path), "%s/%s/published", n->o.state_dir, j->key);
+			if (stat(path, &st) == 0)
+				j->idle_wall = st.st_mtime;
+			f = fopen(path, "re");
+			while (f && (len = getline(&line, &lcap, f)) > 0) {
+				char real[PATH_MAX + 8], why[8];
+				const char *rel;
+
+				if (line[len - 1] == '\n')
+					line[len - 1] = 0;
+				rel = target_rel(n, line, why, sizeof(why));
+				if (!rel)
+					continue;
+				target_real(n, rel, real, sizeof(real));
+				if (mount_type(real, type, sizeof(type)) == 1 && !strcmp(type, "fuse.mtcfs") &&
+				    target_add_(j, line) < 0)
+					break;
+			}
+			free(line);
+			if (f)
+				fclose(f);
+			ago = now > j->idle_wall ? (uint64_t)(now - j->idle_wall) * 1000 : 0;
+			j->idle_mono = j->idle_mono > ago ? j->idle_mono - ago : 0;
+			if (j->n_targets && !n->quiet)
+				log_info(MOD, "job %s: %zu target(s) published by an earlier driver", j->key,
+					 j->n_targets);
+		}
+		if (d)
+			closedir(d);
 	}
 }
 
@@ -614,12 +982,14 @@ static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **
 	struct job *j;
 	int rc;
 
+	/* unambiguous: a namespace has no '.' (csi_pod) */
 	snprintf(key, sizeof(key), "%s.%s", p->namespace_, p->job);
 	j = job_find(n, key);
 	if (!j) {
-		rc = job_new(n, p, &j);
+		rc = job_new_key(n, key, &j);
 		if (rc < 0)
 			return fail(err, cap, rc, "job %s: %s", key, strerror(-rc));
+		j->rank = p->rank;
 	}
 	*out = j;
 	if (j->pid <= 0 && !j->adopted && job_mounted(j)) {
@@ -636,9 +1006,10 @@ static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **
 		if (j->adopted)
 			return fail(err, cap, -EBUSY, "job %s: the adopted mount at %s is not ours to "
 				    "restart for rank %u", j->key, j->mnt, p->rank);
-		/* rank= fixes a mount's identity; a pod of another rank on this
-		 * node (the restarted JobSet placed ranks differently) gets the
-		 * same RAMDIR under a restarted daemon, once nobody uses it */
+		/* the pod's index names the mount until its yaml (rank_hint=, and
+		 * jax-init-info.txt): a pod of another index on this node (the
+		 * restarted JobSet placed ranks differently) gets the same RAMDIR
+		 * under a restarted daemon, once nobody uses it */
 		if (j->n_targets)
 			return fail(err, cap, -EBUSY,
 				    "job %s runs as rank %u on this node and is published at %s; "
@@ -653,46 +1024,79 @@ static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **
 	return job_start(n, j, p, err, cap);
 }
 
-static int bind_target(struct job *j, const char *target, bool ro, char *err, size_t cap)
+/* Bind the job's mount on target (rel: target_rel's), created without
+ * following symlinks; the bind goes through an fd of it, so the directory
+ * checked is the one mounted on. */
+static int bind_target(struct csi_node *n, struct job *j, const char *target, const char *rel,
+		       bool ro, char *err, size_t cap)
 {
-	dev_t tdev = 0, jdev = 0;
-	int rc;
+	char real[PATH_MAX + 8], type[64], fdp[40];
+	struct stat ts, js;
+	int rc, fd = -1, mt;
 
-	/* the bind covers target's own mode; parents kubelet did not make
-	 * must let the pod's uid through */
-	rc = mkdirs(target, 0755);
-	if (rc < 0)
-		return fail(err, cap, rc, "mkdir %s: %s", target, strerror(-rc));
-	rc = mount_point(target, &tdev);
-	if (rc == -ENOTCONN) {
-		/* a bind of a job mount whose daemon died: replace it */
-		umount2(target, MNT_DETACH);
-		rc = mount_point(target, &tdev);
-	}
+	target_real(n, rel, real, sizeof(real));
+	rc = target_open(n, rel, true, &fd, NULL);
+	if (rc == -ELOOP || rc == -ENOTDIR)
+		return fail(err, cap, -EINVAL, "target_path %s: a symlink or a file on the way", target);
 	if (rc < 0)
 		return fail(err, cap, rc, "%s: %s", target, strerror(-rc));
-	if (mount_point(j->mnt, &jdev) != 1)
-		return fail(err, cap, -EIO, "job %s: mount gone; see %s", j->key, j->log);
-	if (rc == 1) {
+	mt = mount_type(real, type, sizeof(type));
+	if (mt == 1 && !strcmp(type, "fuse.mtcfs") && fstat(fd, &ts) < 0 && errno == ENOTCONN) {
+		/* a bind of a job mount whose daemon died: replace it */
+		close(fd);
+		umount2(real, MNT_DETACH | UMOUNT_NOFOLLOW);
+		rc = target_open(n, rel, true, &fd, NULL);
+		if (rc < 0)
+			return fail(err, cap, rc, "%s: %s", target, strerror(-rc));
+		mt = mount_type(real, type, sizeof(type));
+	}
+	if (mt < 0) {
+		rc = mt;
+		fail(err, cap, rc, "mount table: %s", strerror(-rc));
+		goto out;
+	}
+	if (mount_point(j->mnt, NULL) != 1 || stat(j->mnt, &js) < 0) {
+		rc = fail(err, cap, -EIO, "job %s: mount gone; see %s", j->key, j->log);
+		goto out;
+	}
+	snprintf(fdp, sizeof(fdp), "/proc/self/fd/%d", fd);
+	if (mt == 1) {
 		struct statvfs sv;
 
-		if (tdev != jdev)
-			return fail(err, cap, -EEXIST, "%s already holds another mount", target);
+		if (fstat(fd, &ts) < 0 || ts.st_dev != js.st_dev) {
+			rc = fail(err, cap, -EEXIST, "%s already holds another mount", target);
+			goto out;
+		}
 		/* published already: the same volume again is fine, the same
 		 * volume with the other readonly flag is not (CSI: ALREADY_EXISTS) */
-		if (statvfs(target, &sv) == 0 && !!(sv.f_flag & ST_RDONLY) != ro)
-			return fail(err, cap, -EEXIST, "%s is already published %s", target,
-				    ro ? "read-write" : "read-only");
-		return 0;
+		if (statvfs(fdp, &sv) == 0 && !!(sv.f_flag & ST_RDONLY) != ro)
+			rc = fail(err, cap, -EEXIST, "%s is already published %s", target,
+				  ro ? "read-write" : "read-only");
+		goto out;
 	}
-	if (mount(j->mnt, target, NULL, MS_BIND, NULL) < 0)
-		return fail(err, cap, -errno, "bind %s on %s: %s", j->mnt, target, strerror(errno));
-	if (ro && mount(NULL, target, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) < 0) {
-		rc = -errno;
-		umount2(target, MNT_DETACH);
-		return fail(err, cap, rc, "read-only remount of %s: %s", target, strerror(-rc));
+	if (mount(j->mnt, fdp, NULL, MS_BIND, NULL) < 0) {
+		rc = fail(err, cap, -errno, "bind %s on %s: %s", j->mnt, target, strerror(errno));
+		goto out;
 	}
-	return 0;
+	if (ro) {
+		/* the fd is the directory under the bind: the remount goes to a
+		 * new one of the bind's root */
+		close(fd);
+		fd = -1;
+		rc = target_open(n, rel, false, &fd, NULL);
+		snprintf(fdp, sizeof(fdp), "/proc/self/fd/%d", fd);
+		if (rc < 0 || mount(NULL, fdp, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) < 0) {
+			rc = rc < 0 ? rc : -errno;
+			umount2(real, MNT_DETACH | UMOUNT_NOFOLLOW);
+			fail(err, cap, rc, "read-only remount of %s: %s", target, strerror(-rc));
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	if (fd >= 0)
+		close(fd);
+	return rc;
 }
 
 static void free_ram(struct csi_node *n);
@@ -701,11 +1105,13 @@ int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err
 {
 	struct csi_pod p;
 	struct job *j = NULL;
+	const char *rel;
 	int rc;
 
 	err[0] = 0;
-	if (rq->target[0] != '/' || strstr(rq->target, "/../") || strlen(rq->target) >= PATH_MAX - 8)
-		return fail(err, errcap, -EINVAL, "target_path %s: expected an absolute path", rq->target);
+	rel = target_rel(n, rq->target, err, errcap);
+	if (!rel)
+		return -EINVAL;
 	rc = csi_pod_parse(&p, rq->ctx, rq->n_ctx, err, errcap);
 	if (rc < 0)
 		return rc;
@@ -717,12 +1123,25 @@ int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err
 			  n->o.watch ? n->o.watch : "");
 	else if (n->ram_freed && (rc = ram_tier(n, err, errcap)) == 0)
 		n->ram_freed = false;   /* the configuration came back: a new tmpfs */
+	if (rc == 0) {
+		/* a symlink on the way is refused before any job starts for it */
+		int fd = -1;
+
+		rc = target_open(n, rel, true, &fd, NULL);
+		if (fd >= 0)
+			close(fd);
+		if (rc == -ELOOP || rc == -ENOTDIR)
+			rc = fail(err, errcap, -EINVAL, "target_path %s: a symlink or a file on the way",
+				  rq->target);
+		else if (rc < 0)
+			fail(err, errcap, rc, "%s: %s", rq->target, strerror(-rc));
+	}
 	if (rc == 0)
 		rc = job_ensure(n, &p, &j, err, errcap);
 	if (rc == 0)
-		rc = bind_target(j, rq->target, rq->readonly, err, errcap);
+		rc = bind_target(n, j, rq->target, rel, rq->readonly, err, errcap);
 	if (rc == 0)
-		rc = target_add(j, rq->target);
+		rc = target_add(n, j, rq->target);
 	pthread_mutex_unlock(&n->mu);
 	if (rc == 0)
 		log_info(MOD, "published volume %s of job %s (pod %s, rank %u) at %s%s", rq->volume_id,
@@ -738,44 +1157,80 @@ int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err
 int csi_node_unpublish(struct csi_node *n, const char *volume_id, const char *target,
 		       char *err, size_t errcap)
 {
-	int rc, mp;
+	char real[PATH_MAX + 8], type[64] = "";
+	const char *rel;
+	struct job *owner;
+	int rc, mp, fd = -1;
 
 	err[0] = 0;
-	if (target[0] != '/')
-		return fail(err, errcap, -EINVAL, "target_path %s: expected an absolute path", target);
+	rel = target_rel(n, target, err, errcap);
+	if (!rel)
+		return -EINVAL;
+	target_real(n, rel, real, sizeof(real));
 	pthread_mutex_lock(&n->mu);
-	mp = mount_point(target, NULL);
-	rc = 0;
-	if (mp == -ENOENT) {
+	owner = target_owner(n, target);
+	rc = target_open(n, rel, false, &fd, NULL);
+	if (fd >= 0)
+		close(fd);
+	if (rc == -ENOENT) {
 		mp = 0;                 /* gone already: idempotent */
-	} else if (mp != 0) {
-		/* mounted, or a dead FUSE bind (-ENOTCONN) */
-		if (umount2(target, 0) < 0) {
-			if (errno == EBUSY) {
-				/* the pod is gone but something holds a file open: detach now,
-				 * the kernel frees it at the last close; the job mount is
-				 * untouched either way */
-				log_warn(MOD, "unpublish %s: busy, detached lazily", target);
-				if (umount2(target, MNT_DETACH) < 0)
-					rc = -errno;
-			} else if (errno != EINVAL) {
+		rc = 0;
+		goto done;
+	}
+	if (rc == -ELOOP || rc == -ENOTDIR) {
+		rc = fail(err, errcap, -EINVAL, "target_path %s: a symlink or a file on the way",
+			  target);
+		goto out;
+	}
+	if (rc < 0) {
+		fail(err, errcap, rc, "%s: %s", target, strerror(-rc));
+		goto out;
+	}
+	mp = mount_type(real, type, sizeof(type));
+	if (mp < 0) {
+		rc = fail(err, errcap, mp, "mount table: %s", strerror(-mp));
+		goto out;
+	}
+	if (mp == 1 && strcmp(type, "fuse.mtcfs")) {
+		/* what is mounted there is not a bind of ours: not ours to remove */
+		rc = fail(err, errcap, -EPERM, "%s holds a %s mount this driver did not publish: "
+			  "left alone", target, type);
+		goto out;
+	}
+	if (mp == 1 && !owner)
+		/* an mtcfs bind without a record: a driver before the records */
+		log_warn(MOD, "unpublish %s: an mtcfs bind this driver has no record of: unmounted",
+			 target);
+	if (mp == 1 && umount2(real, UMOUNT_NOFOLLOW) < 0) {
+		if (errno == EBUSY) {
+			/* the pod is gone but something holds a file open: detach now,
+			 * the kernel frees it at the last close; the job mount is
+			 * untouched either way */
+			log_warn(MOD, "unpublish %s: busy, detached lazily", target);
+			if (umount2(real, MNT_DETACH | UMOUNT_NOFOLLOW) < 0)
 				rc = -errno;
-			}
+		} else if (errno != EINVAL) {
+			rc = -errno;
+		}
+		if (rc < 0) {
+			fail(err, errcap, rc, "unmount %s: %s", target, strerror(-rc));
+			goto out;
 		}
 	}
-	if (rc == 0) {
-		target_remove(n, target);
-		if (rmdir(target) < 0 && errno != ENOENT)
-			log_warn(MOD, "unpublish %s: rmdir: %s", target, strerror(errno));
-		if (n->cfg_gone)
-			free_ram(n);    /* its last pod gone: what waited for it goes now */
-	}
+	if (rmdir(real) < 0 && errno != ENOENT)
+		log_warn(MOD, "unpublish %s: rmdir: %s", target, strerror(errno));
+done:
+	if (owner)
+		target_remove(n, owner, target);
+	if (n->cfg_gone)
+		free_ram(n);    /* its last pod gone: what waited for it goes now */
 	pthread_mutex_unlock(&n->mu);
-	if (rc < 0)
-		return fail(err, errcap, rc, "unmount %s: %s", target, strerror(-rc));
 	log_info(MOD, "unpublished volume %s at %s%s", volume_id, target,
 		 mp == 0 ? " (was not mounted)" : "");
 	return 0;
+out:
+	pthread_mutex_unlock(&n->mu);
+	return rc;
 }
 
 static int unmount_any(const char *path)
@@ -861,6 +1316,164 @@ static void free_ram(struct csi_node *n)
 		 "checkpoints with it)", n->o.watch ? n->o.watch : "", n->o.ram_root);
 }
 
+/* ---- the reaper: idle job mounts stop, stopped jobs' RAM is freed ---- */
+
+static int g_rm_errors;         /* (mu) rm_tree's failures, for its caller */
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	if ((flag == FTW_DP || flag == FTW_DNR ? rmdir(path) : unlink(path)) < 0 && errno != ENOENT)
+		g_rm_errors++;
+	return 0;
+}
+
+/* Delete dir and everything below it, on its own file system only (a
+ * mount below is not crossed). Called with mu held. 0 or -EIO. */
+static int rm_tree(const char *dir)
+{
+	g_rm_errors = 0;
+	if (nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) < 0 && errno != ENOENT)
+		return -errno;
+	return g_rm_errors ? -EIO : 0;
+}
+
+/* Is anything of the job alive here: a pod, or its mtcfs? (Reaps it.) */
+static bool job_running(struct job *j)
+{
+	return j->n_targets || j->adopted || !job_exited(j);
+}
+
+/* Free a stopped job's RAM: its RAMDIR goes, and the job with it (a later
+ * pod of it starts on an empty RAMDIR and restores from peers or the
+ * bucket). Called with mu held. */
+static void job_free_ram(struct csi_node *n, struct job *j, unsigned pct)
+{
+	struct statfs a, b;
+	char when[32];
+	struct tm tm;
+	int rc;
+
+	gmtime_r(&j->idle_wall, &tm);
+	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+	if (job_mounted(j)) {
+		/* a mount nobody started (it appeared since): leave it all */
+		log_warn(MOD, "job %s: not freeing its RAM: something is mounted at %s", j->key, j->mnt);
+		j->adopted = true;
+		return;
+	}
+	statfs(n->o.ram_root, &a);
+	rc = rm_tree(j->ramdir);
+	if (statfs(n->o.ram_root, &b) < 0)
+		b = a;
+	log_msg(rc < 0 ? LOG_WARN : LOG_INFO, MOD,
+		"job %s: no pod since %s and the RAM tier %u%% full while another job runs: "
+		"freed its RAMDIR %s (%llu bytes)%s", j->key, when, pct, j->ramdir,
+		(unsigned long long)(b.f_bfree > a.f_bfree ?
+				     (uint64_t)(b.f_bfree - a.f_bfree) * (uint64_t)b.f_bsize : 0),
+		rc < 0 ? ", some files could not be removed" : "");
+	for (struct job **pp = &n->jobs; *pp; pp = &(*pp)->next)
+		if (*pp == j) {
+			*pp = j->next;
+			break;
+		}
+	job_free(j);
+}
+
+/* Under pressure (the RAM tier more than free_pct full, or less free than
+ * a starting job's ramSize), free stopped jobs' RAMDIRs, the longest
+ * without a pod first, as long as another job runs (self: the one about
+ * to start counts): a node whose only job is between two pods keeps its
+ * data however full. Never a published or idle (mtcfs running) job's.
+ * Called with mu held. */
+static void ram_pressure(struct csi_node *n, const struct job *self, uint64_t need)
+{
+	struct statfs sf;
+
+	if (!n->o.free_pct || n->ram_freed || n->cfg_gone)
+		return;
+	for (;;) {
+		struct job *victim = NULL;
+		bool other = self != NULL;
+		struct stat st;
+		uint64_t size, used, avail;
+
+		if (statfs(n->o.ram_root, &sf) < 0 || !sf.f_blocks)
+			return;
+		size = (uint64_t)sf.f_blocks * (uint64_t)sf.f_bsize;
+		used = (uint64_t)(sf.f_blocks - sf.f_bfree) * (uint64_t)sf.f_bsize;
+		avail = (uint64_t)sf.f_bavail * (uint64_t)sf.f_bsize;
+		if (used * 100 <= size * n->o.free_pct && avail >= need)
+			return;
+		for (struct job *j = n->jobs; j; j = j->next) {
+			if (j == self)
+				continue;
+			if (job_running(j)) {
+				other = true;
+				continue;
+			}
+			if (stat(j->ramdir, &st) < 0)
+				continue;
+			if (!victim || j->idle_wall < victim->idle_wall)
+				victim = j;
+		}
+		if (!other || !victim)
+			return;
+		job_free_ram(n, victim, (unsigned)(used * 100 / size));
+	}
+}
+
+/* Stop the mtcfs of jobs no pod has used for idle_s: it frees their port
+ * (and metrics port) and the process; the RAMDIR stays. Called with mu. */
+static void reap_idle(struct csi_node *n)
+{
+	uint64_t now = now_ms();
+
+	for (struct job *j = n->jobs; j; j = j->next) {
+		if (j->n_targets || (!j->adopted && job_exited(j)))
+			continue;
+		if (now - j->idle_mono < (uint64_t)n->o.idle_s * 1000)
+			continue;
+		log_info(MOD, "job %s: no pod for %u s: stopping its mtcfs (its RAMDIR stays for "
+			 "the job's next pods)", j->key, n->o.idle_s);
+		job_stop(j);
+		if (j->adopted) {
+			int r = unmount_any(j->mnt);
+			if (r < 0)
+				log_warn(MOD, "job %s: unmount %s: %s", j->key, j->mnt, strerror(-r));
+			j->adopted = false;
+		}
+	}
+}
+
+static void *reaper_run(void *arg)
+{
+	struct csi_node *n = arg;
+	unsigned tick = n->o.idle_s ? n->o.idle_s * 250 : 100;
+
+	if (tick > 1000)
+		tick = 1000;
+	if (tick < 100)
+		tick = 100;
+	pthread_mutex_lock(&n->mu);
+	while (!n->stopping) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += (long)(tick % 1000) * 1000000L;
+		ts.tv_sec += tick / 1000 + ts.tv_nsec / 1000000000L;
+		ts.tv_nsec %= 1000000000L;
+		pthread_cond_timedwait(&n->cv, &n->mu, &ts);
+		if (n->stopping)
+			break;
+		reap_idle(n);
+		ram_pressure(n, NULL, 0);
+	}
+	pthread_mutex_unlock(&n->mu);
+	return NULL;
+}
+
 void csi_node_config_gone(struct csi_node *n)
 {
 	pthread_mutex_lock(&n->mu);
@@ -921,4 +1534,71 @@ void csi_node_config_present(struct csi_node *n, uint64_t ram_bytes)
 		ram_resize(n);
 	}
 	pthread_mutex_unlock(&n->mu);
+}
+
+/* ---- mtcfs-csi --status ------------------------------------------------- */
+
+static uint64_t g_du_bytes;     /* du_one's sum (--status runs one thread) */
+
+static int du_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)path;
+	(void)flag;
+	(void)ftw;
+	g_du_bytes += (uint64_t)st->st_blocks * 512;
+	return 0;
+}
+
+int csi_node_status(const struct csi_node_opts *o, FILE *out, char *err, size_t errcap)
+{
+	struct csi_node *n;
+	struct statfs sf;
+	struct job *j;
+
+	err[0] = 0;
+	n = calloc(1, sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	n->o = *o;
+	n->quiet = true;
+	snprintf(n->pods, sizeof(n->pods), "%s/pods", o->kubelet_dir ? o->kubelet_dir : "/var/lib/kubelet");
+	if (!realpath(n->pods, n->pods_real))
+		snprintf(n->pods_real, sizeof(n->pods_real), "%s", n->pods);
+	jobs_load(n);
+	if (statfs(o->ram_root, &sf) == 0 && sf.f_blocks)
+		fprintf(out, "RAM tier %s: %llu of %llu bytes used (%llu%%)\n", o->ram_root,
+			(unsigned long long)((uint64_t)(sf.f_blocks - sf.f_bfree) * sf.f_bsize),
+			(unsigned long long)((uint64_t)sf.f_blocks * sf.f_bsize),
+			(unsigned long long)((sf.f_blocks - sf.f_bfree) * 100 / sf.f_blocks));
+	fprintf(out, "%-40s %-9s %14s %4s %s\n", "JOB", "STATE", "RAM_BYTES", "PODS", "NO_POD_SINCE");
+	for (j = n->jobs; j; j = j->next) {
+		char when[32] = "-";
+		struct stat st;
+		const char *state;
+
+		g_du_bytes = 0;
+		if (stat(j->ramdir, &st) == 0)
+			nftw(j->ramdir, du_one, 16, FTW_PHYS | FTW_MOUNT);
+		else if (!j->n_targets && !job_mounted(j))
+			continue;       /* a state directory only: its RAM is gone */
+		if (j->n_targets)
+			state = "published";
+		else if (job_mounted(j))
+			state = "idle";
+		else
+			state = "stopped";
+		if (!j->n_targets) {
+			struct tm tm;
+			gmtime_r(&j->idle_wall, &tm);
+			strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+		}
+		fprintf(out, "%-40s %-9s %14llu %4zu %s\n", j->key, state,
+			(unsigned long long)g_du_bytes, j->n_targets, when);
+	}
+	while ((j = n->jobs)) {
+		n->jobs = j->next;
+		job_free(j);
+	}
+	free(n);
+	return 0;
 }

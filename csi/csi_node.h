@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 struct csi_node_opts {
 	const char *node_id;
@@ -27,6 +28,9 @@ struct csi_node_opts {
 	bool debug;                 /* pass -d to the job mounts */
 	const struct csi_cfg *cfg;  /* borrowed; outlives the node */
 	const char *watch;          /* --watch-config's KIND/NAME, named in refusals; or NULL */
+	const char *kubelet_dir;    /* kubelet's root: targets must be under its pods/ */
+	unsigned idle_s;            /* a job mount no pod uses stops after this (its RAM stays) */
+	unsigned free_pct;          /* RAM of stopped jobs is freed above this % use (0: never) */
 };
 
 struct csi_node;
@@ -46,14 +50,21 @@ struct csi_publish {
 	size_t n_ctx;
 };
 
-/* Bind the job's mount (started on first use) onto rq->target. 0;
+/* Bind the job's mount (started on first use) onto rq->target, which must
+ * be <kubelet_dir>/pods/<uid>/volumes/... (no "..", no symlink on the way).
+ * The publish is recorded in <state_dir>/<key>/published, so that a later
+ * driver knows it too. 0;
  * -EINVAL bad request (reason in err); -EEXIST target holds another mount;
  * -EBUSY the job runs with another rank and is still published; -EIO the
  * job mount did not come up (err names its log); other -errno. */
 int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err, size_t errcap);
 
 /* Unmount the bind at target (lazily when busy) and remove the directory;
- * the job mount stays. A target that is not mounted is fine (0). */
+ * only an mtcfs bind (what this driver publishes), never another mount
+ * (-EPERM). The job mount stays; when its last pod is gone it stops after
+ * o->idle_s (its RAMDIR stays for the job's next pods), at once when
+ * another job needs its peer port. A target that is not mounted is fine
+ * (0). */
 int csi_node_unpublish(struct csi_node *n, const char *volume_id, const char *target,
 		       char *err, size_t errcap);
 
@@ -62,6 +73,13 @@ int csi_node_unpublish(struct csi_node *n, const char *volume_id, const char *ta
  * it. For when the configuration is deleted, with no driver running
  * (mtcfs-csi --release). 0, or the first -errno (reason in err). */
 int csi_node_release(const struct csi_node_opts *o, char *err, size_t errcap);
+
+/* What each job holds on the node, one line a job (mtcfs-csi --status):
+ * its key, published (a pod binds it) / idle (no pod, its mtcfs runs) /
+ * stopped (only its RAMDIR), the bytes of its RAMDIR, its pods, since when
+ * it has had none; first the RAM tier's use. Reads the files a driver
+ * keeps, so it works beside a running driver. 0 or -errno. */
+int csi_node_status(const struct csi_node_opts *o, FILE *out, char *err, size_t errcap);
 
 /* The watched configuration is deleted (csi_watch): refuse new publishes
  * (-EBUSY), stop the job mounts nobody publishes, and unmount the RAM tier

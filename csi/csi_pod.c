@@ -30,6 +30,33 @@ static bool safe_name(const char *s, size_t max)
 	return true;
 }
 
+/* A coordinator endpoint: HOST:PORT, [IPv6]:PORT or a DNS name, and
+ * nothing that means something in a mount option (',' separates them,
+ * '\\' escapes the next character: "h:1\\" would swallow the ",rank_hint="
+ * after it). */
+static bool endpoint_ok(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++) {
+		char c = *s;
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '-' || c == '_' || c == '.' || c == ':' || c == '[' || c == ']' || c == '%'))
+			return false;
+	}
+	return true;
+}
+
+/* Printable, so that a value (or a key) echoed in a reason cannot start a
+ * forged log line. */
+static bool printable(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			return false;
+	return true;
+}
+
 static int copy(char *dst, size_t cap, const char *s, size_t n)
 {
 	if (n >= cap)
@@ -140,6 +167,11 @@ int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *er
 
 	memset(p, 0, sizeof(*p));
 	p->pods_per_job = 1;
+	for (size_t i = 0; i < n; i++)
+		if (!printable(kv[i].key) || (kv[i].value && !printable(kv[i].value)))
+			return csi_fail(err, errcap, "volume context: a control character in an "
+					"attribute%s%s", printable(kv[i].key) ? " " : "",
+					printable(kv[i].key) ? kv[i].key : "");
 	for (size_t i = 0; i < n; i++) {
 		const char *k = kv[i].key, *v = kv[i].value ? kv[i].value : "";
 
@@ -179,7 +211,7 @@ int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *er
 			if (!p->peer_port)
 				return csi_fail(err, errcap, "volume attribute peerPort=0 is not a port");
 		} else if (!strcmp(k, "coordinator")) {
-			if (!*v || strchr(v, ',') || strchr(v, '/') ||
+			if (!endpoint_ok(v) ||
 			    copy(p->coordinator, sizeof(p->coordinator), v, strlen(v)) < 0)
 				return csi_fail(err, errcap, "volume attribute coordinator=%s: expected HOST:PORT", v);
 		} else if (!strcmp(k, "subdomain")) {
@@ -196,7 +228,9 @@ int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *er
 		}
 	}
 	if (a_ns && *a_ns) {
-		if (!safe_name(a_ns, 63))
+		/* a Kubernetes namespace is a DNS label: no '.', which is what
+		 * keeps the job key <namespace>.<job> unambiguous */
+		if (!safe_name(a_ns, 63) || strchr(a_ns, '.'))
 			return csi_fail(err, errcap, "namespace %s cannot name a directory", a_ns);
 		copy(p->namespace_, sizeof(p->namespace_), a_ns, strlen(a_ns));
 	} else {

@@ -104,6 +104,14 @@ static void bad_attributes(void **state)
 		{ { POD("t-w-x-0-a") }, 1, "not named" },
 		{ { KV("jobName", "j") }, 1, "jobName and rank" },
 		{ { KV("jobName", "j"), KV("rank", "1") }, 2, "coordinator" },
+		/* a trailing '\\' escapes the ',' before the next mount option */
+		{ { POD("t-w-0-0-a"), KV("coordinator", "h:1\\") }, 2, "coordinator" },
+		{ { POD("t-w-0-0-a"), KV("coordinator", "h:1 x") }, 2, "coordinator" },
+		/* "a.b" + job "c" and "a" + job "b.c" would share the key a.b.c */
+		{ { POD("t-w-0-0-a"), NS("a.b") }, 2, "namespace a.b" },
+		/* a newline anywhere would forge a log line where it is echoed */
+		{ { POD("t-w-0-0-a\nERROR x") }, 1, "control character" },
+		{ { POD("t-w-0-0-a"), KV("jobName\r", "j") }, 2, "control character in an attribute" },
 	};
 	struct csi_pod p;
 
@@ -152,6 +160,29 @@ static void cfg_resource_and_spec_forms(void **state)
 	csi_cfg_free(&c);
 }
 
+/* GKE's own spec fields apply unchanged (its documented example) */
+static void cfg_gke_fields(void **state)
+{
+	static const char gke[] =
+		"apiVersion: checkpointing.gke.io/v1\nkind: CheckpointConfiguration\n"
+		"metadata:\n  name: my-checkpointconfiguration\nspec:\n"
+		"  cloudStorageBucketName: b\n  nodeSelector:\n    node.kubernetes.io/instance-type: x\n"
+		"  tolerations:\n  - key: google.com/tpu\n    operator: Exists\n    effect: NoSchedule\n"
+		"  inMemoryVolumeSize: 50Gi\n  csiEphemeralLimit: 50Mi\n"
+		"  enableExternalJaxProcessIds: true\n  replicationOptions: [verbose-logs]\n"
+		"  gcsFuseMountOptions: [implicit-dirs]\n";
+	struct csi_cfg c;
+
+	(void)state;
+	csi_cfg_init(&c);
+	assert_int_equal(csi_cfg_parse(&c, gke, sizeof(gke) - 1, err, sizeof(err)), 0);
+	assert_string_equal(c.bucket, "gs://b");
+	assert_true(c.external_jax_ids);
+	assert_int_equal(c.n_gke_ignored, 2);
+	assert_int_equal(c.n_mount_opts, 0);
+	csi_cfg_free(&c);
+}
+
 static void cfg_errors(void **state)
 {
 	static const struct { const char *text, *want; } cases[] = {
@@ -165,6 +196,10 @@ static void cfg_errors(void **state)
 		{ "mountOptions: [a, 'b,c']\n", "mountOptions" },
 		{ "mountOptions: a\n", "mountOptions" },
 		{ "cloudStorageBucketName: 'a,b'\n", "comma" },
+		{ "secretFile: '/etc/s\\\\'\n", "secretFile" },
+		{ "mountOptions: ['a\\\\']\n", "mountOptions" },
+		{ "enableExternalJaxProcessIds: maybe\n", "enableExternalJaxProcessIds" },
+		{ "csiEphemeralLimit: ''\n", "csiEphemeralLimit" },
 		{ "spec: {\n", "not YAML" },
 	};
 	struct csi_cfg c;
@@ -189,6 +224,7 @@ int main(void)
 		cmocka_unit_test(attributes_override),
 		cmocka_unit_test(bad_attributes),
 		cmocka_unit_test(cfg_resource_and_spec_forms),
+		cmocka_unit_test(cfg_gke_fields),
 		cmocka_unit_test(cfg_errors),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

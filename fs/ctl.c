@@ -262,6 +262,9 @@ static void process_yaml(struct fs *fs)
 	}
 	log_info("ctl", "configured job=%s framework=%s rank=%d nodes=%d workers=%d",
 		 c.job, rcfg_framework_name(c.framework), c.node_rank, c.nodes, c.workers_per_node);
+	if (fs->o.rank_hint >= 0 && fs->o.rank < 0 && c.node_rank != fs->o.rank_hint)
+		log_warn("ctl", "replicator.yaml's node-rank %d differs from rank_hint=%d (the pod's "
+			 "index): node-rank %d is used", c.node_rank, fs->o.rank_hint, c.node_rank);
 	set_phase(fs, "restoring");
 	apply_identity(fs, &c);
 	if (rcfg_to_yaml(&c, dump, sizeof(dump)) > 0)
@@ -351,7 +354,7 @@ static void write_jax_init_info(struct fs *fs, int rank)
 	int n;
 
 	if (rank < 0) {
-		rank = fs->eng ? eng_rank(fs->eng) : fs->o.rank;
+		rank = fs->eng ? eng_rank(fs->eng) : fs->o.rank >= 0 ? fs->o.rank : fs->o.rank_hint;
 		if (rank < 0 && coord) {
 			log_info("ctl", "%s: waiting for replicator.yaml to know this node's rank "
 				 "(give rank= to have it at start-up)", JAXINFO);

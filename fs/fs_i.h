@@ -78,6 +78,7 @@ struct fs_opts {
 	int jax_init_info;
 	int jax_port;
 	int rank;                   /* -1: from peers/listen, else 0 */
+	int rank_hint;              /* -1; else the rank until a yaml gives one (it wins) */
 	int restore_timeout;
 	int debug;
 };

@@ -122,6 +122,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("restore_timeout=%d", o.restore_timeout),
 	OPT("jax_port=%d", o.jax_port),
 	OPT("rank=%d", o.rank),
+	OPT("rank_hint=%d", o.rank_hint),
 	OPT("-h", show_help),
 	OPT("--help", show_help),
 	OPT("-V", show_version),
@@ -157,6 +158,8 @@ static void usage(const char *prog)
 	       "    -o no_jax_init_info    do not write jax-init-info.txt (written by default)\n"
 	       "    -o jax_port=PORT       JAX coordinator port written there (default 8476)\n"
 	       "    -o rank=N              this node's rank when no peer table says it (default 0)\n"
+	       "    -o rank_hint=N         with coordinator=: the rank until replicator.yaml\n"
+	       "                           gives one; the yaml's node-rank wins (mtcfs-csi)\n"
 	       "    -o restore_timeout=S   seconds to wait for all nodes when planning a restore\n"
 	       "    -o listen=HOST:PORT    this node's peer/coordinator endpoint\n"
 	       "    -o peers=A0,A1,...     static table: rank i at Ai (rank 0 runs the coordinator)\n"
@@ -428,7 +431,7 @@ int fs_main(int argc, char **argv)
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct fuse_cmdline_opts fo = { 0 };
 	struct fuse_loop_config *lc = NULL;
-	struct cmdline c = { .o = { .jax_port = 8476, .rank = -1, .restore_timeout = 300 } };
+	struct cmdline c = { .o = { .jax_port = 8476, .rank = -1, .rank_hint = -1, .restore_timeout = 300 } };
 	struct fs *fs = NULL;
 	struct stat st;
 	uint64_t cap;
@@ -575,7 +578,7 @@ int fs_main(int argc, char **argv)
 	if (fs->o.listen || fs->o.bucket) {
 		struct eng_opts eo = {
 			.listen = fs->o.listen, .peers = fs->o.peers, .coordinator = fs->o.coordinator,
-			.secret_file = fs->o.secret_file, .rank = fs->o.rank,
+			.secret_file = fs->o.secret_file, .rank = fs->o.rank, .rank_hint = fs->o.rank_hint,
 			.tls_cert = fs->o.tls_cert, .tls_key = fs->o.tls_key, .tls_ca = fs->o.tls_ca,
 			.restore_timeout_s = fs->o.restore_timeout, .bucket = fs->o.bucket,
 			.gcs_endpoint = fs->o.gcs_endpoint, .gcs_key_file = fs->o.gcs_key_file,

@@ -20,6 +20,23 @@ socket the way kubelet drives it, with real mtcfs job mounts behind it.
   volume attribute, a pod name that is not a JobSet pod's; ALREADY_EXISTS for
   a target holding another mount; UNIMPLEMENTED for NodeStageVolume.
 - A bad --config is refused at start with the key named.
+- Who may call it (issue 22.8): the socket is 0600 under umask 000 (uid
+  65534 cannot connect); targets outside <kubelet-dir>/pods/<uid>/volumes/,
+  with "..", "." or "//", or through a symlink are refused, the RAM tier
+  among them; unpublish refuses a mount that is not an mtcfs bind and
+  knows its own publishes after a driver restart (the record file).
+- Lifecycle: five JobSets of one name in five namespaces, one after the
+  other on one peer port: each takes the port of the idle one before it,
+  one mtcfs at a time; with --idle-timeout 1 an idle mtcfs stops and the
+  next pod restarts it on the same RAMDIR (a file written before reads
+  back). RAM (issue 24.5): a stopped job alone keeps its RAMDIR; when
+  another job starts over --free-above it is deleted, and the running
+  job's 40 MiB fit where they would have hit ENOSPC.
+- Hostile values: a coordinator ending in '\\', a newline in volume_id,
+  a pod name or target_path, a namespace with '.': INVALID_ARGUMENT and
+  no forged log line.
+- The yaml's node-rank wins over the pod's index (issue 24.4): rank_hint=,
+  a WARN in the job's log, markers instead of replicator.failed.
 
 The gRPC client runs under the venv python (grpcio + grpcio-tools from
 tests/requirements.txt; csi/csi.proto is compiled at test time): skipped
@@ -154,7 +171,7 @@ class Kubelet:
 class Driver:
     """One mtcfs-csi (one simulated node) in private directories."""
 
-    def __init__(self, tc, kubelet, name, config="", node_address="127.0.0.1"):
+    def __init__(self, tc, kubelet, name, config="", node_address="127.0.0.1", extra=()):
         self.tc, self.k, self.name = tc, kubelet, name
         self.dir = tempfile.mkdtemp(prefix="mtcfs-csi-%s-" % name)
         os.chmod(self.dir, 0o755)     # like /var/lib/kubelet: others may pass
@@ -168,6 +185,7 @@ class Driver:
             f.write(config)
         self.log_path = os.path.join(self.dir, "driver.log")
         self.node_address = node_address
+        self.extra = list(extra)
         self.proc = None
         self.expected = []
         tc.addCleanup(self.close)
@@ -175,12 +193,14 @@ class Driver:
     def argv(self):
         return [CSI_BIN, "--endpoint", "unix://" + self.sock, "--node-id", self.name,
                 "--config", self.cfg, "--ram-root", self.ram, "--state-dir", self.state,
-                "--node-address", self.node_address, "--mtcfs", harness.MTCFS_BIN]
+                "--node-address", self.node_address, "--mtcfs", harness.MTCFS_BIN,
+                "--kubelet-dir", self.dir] + self.extra
 
-    def start(self):
+    def start(self, umask=None):
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT,
+                                     preexec_fn=None if umask is None else lambda: os.umask(umask))
         log.close()
 
         def ready():
@@ -231,6 +251,34 @@ class Driver:
 
     def starts(self):
         return len(re.findall(r"starting mtcfs", self.log()))
+
+    def status(self):
+        """mtcfs-csi --status beside the running driver: {job: [state,
+        bytes, pods, since]}."""
+        r = subprocess.run(self.argv() + ["--status"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        self.tc.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.tc.assertRegex(lines[0], r"^RAM tier %s: \d+ of \d+ bytes used" % re.escape(self.ram))
+        self.tc.assertEqual(lines[1].split(), ["JOB", "STATE", "RAM_BYTES", "PODS", "NO_POD_SINCE"])
+        return {ln.split()[0]: ln.split()[1:] for ln in lines[2:]}
+
+    def daemons(self):
+        """The mtcfs processes serving this driver's jobs (their RAMDIR
+        argument is under its RAM root): {pid: RAMDIR}."""
+        out = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            for a in argv:
+                if a.startswith(self.ram.encode() + b"/"):
+                    out[int(pid)] = a.decode()
+        return out
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -579,7 +627,7 @@ class CsiTest(unittest.TestCase):
         self.assertEqual(d.publish(t1, pod_ctx("rk-w-1-0-bbbbb", **attrs))["code"], "OK")
         self.assertEqual(d.starts(), 2)
         self.assertRegex(d.log(), r"job default.rk: rank 0 -> 1: restarting")
-        self.assertRegex(d.log(), r"starting mtcfs rank=1: .*,rank=1[ ,]")
+        self.assertRegex(d.log(), r"starting mtcfs rank=1: .*,rank_hint=1[ ,]")
         # podsPerJob: rank = jobIndex * podsPerJob + podIndex
         self.assertEqual(d.unpublish(t1)["code"], "OK")
         self.assertEqual(d.publish(t1, pod_ctx("rk-w-1-1-ccccc", podsPerJob="4",
@@ -754,6 +802,250 @@ class CsiTest(unittest.TestCase):
         # and it still serves good ones
         self.assertEqual(d.publish(t, ctx)["code"], "OK")
         self.assertEqual(d.unpublish(t)["code"], "OK")
+
+    # --- issue 22.8: what a caller of the socket can reach -------------------
+
+    def test_socket_is_0600_whatever_the_umask(self):
+        # bind(2) gives a socket 0777 & ~umask: under umask 000 anyone could
+        # publish a volume (bind mounts made as root)
+        d = Driver(self, self.k, "node-a").start(umask=0)
+        self.assertEqual(os.stat(d.sock).st_mode & 0o777, 0o600)
+        os.chmod(d.dir, 0o755)
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            sys.executable, "-c",
+                            "import socket; s = socket.socket(socket.AF_UNIX); "
+                            "s.connect(%r)" % d.sock],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(b"PermissionError", r.stdout)
+        self.assertEqual(d.call("Identity.Probe")["code"], "OK")   # root still may
+
+    def test_targets_only_under_kubelets_pods_directory(self):
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        ctx = pod_ctx("conf-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port)
+        outside = os.path.join(d.dir, "outside")
+        os.mkdir(outside)
+        sym = os.path.join(d.pods, "uid-sym")
+        os.makedirs(sym)
+        os.symlink(outside, os.path.join(sym, "volumes"))
+        bad = [d.ram,                                                   # the RAM tier
+               outside,                                                 # any directory
+               d.pods + "/uid-x/volumes/../../../outside",              # "/.." included
+               d.pods + "/uid-x/volumes/./kubernetes.io~csi/c/mount",
+               d.pods + "/uid-x//volumes/kubernetes.io~csi/c/mount",
+               d.pods + "/uid-x/etc/mount",                             # not volumes/
+               d.pods + "/uid-x/volumes",
+               sym + "/volumes/kubernetes.io~csi/c/mount"]              # a symlink on the way
+        for t in bad:
+            r = d.publish(t, ctx)
+            self.assertEqual(r["code"], "INVALID_ARGUMENT", (t, r))
+        self.assertEqual(d.starts(), 0)
+        self.assertEqual(os.listdir(outside), [])
+        self.assertFalse(os.path.exists(d.pods + "/uid-x"))
+        # and unpublish: not the RAM tier, not through the symlink
+        for t in (d.ram, d.pods + "/uid-x/volumes/../../../ram", bad[-1]):
+            r = d.unpublish(t)
+            self.assertEqual(r["code"], "INVALID_ARGUMENT", (t, r))
+        self.assertEqual(mount_fstype(d.ram), "tmpfs")
+        # kubelet's own form works
+        t = d.target("ok")
+        self.assertEqual(d.publish(t, ctx)["code"], "OK")
+        self.assertEqual(mount_fstype(t), "fuse.mtcfs")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+
+    def test_unpublish_only_what_it_published(self):
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        d.expected.append(r"did not publish: left alone")
+        # some other mount in a pod's volume directory: not the driver's
+        other = d.target("other")
+        os.makedirs(other)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "other", other], check=True)
+        self.addCleanup(force_unmount, other)
+        r = d.unpublish(other)
+        self.assertEqual(r["code"], "PERMISSION_DENIED", r)
+        self.assertIn("holds a tmpfs mount this driver did not publish", r["details"])
+        self.assertEqual(mount_fstype(other), "tmpfs")
+        subprocess.run(["umount", other], check=True)
+        # its own publishes survive a driver restart (the record in the state dir)
+        ctx = pod_ctx("rec-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port)
+        t = d.target("rec")
+        self.assertEqual(d.publish(t, ctx)["code"], "OK")
+        with open(os.path.join(d.state, "default.rec", "published")) as f:
+            self.assertEqual(f.read(), t + "\n")
+        d.stop()                  # its mtcfs goes: the bind at t is a dead FUSE mount
+        d.start()
+        self.assertRegex(d.log(), r"job default.rec: 1 target\(s\) published by an earlier driver")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+        self.assertIsNone(mount_fstype(t))
+        self.assertFalse(os.path.exists(t))
+        self.assertNotIn("has no record of", d.log())
+        with open(os.path.join(d.state, "default.rec", "published")) as f:
+            self.assertEqual(f.read(), "")
+
+    def test_idle_job_mounts_give_their_port_and_stop(self):
+        # one JobSet name in five namespaces, one after the other on the
+        # node, all on the default peer port: each new one takes the port of
+        # the idle one before it (that one's mtcfs stops, its RAMDIR stays)
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        for i in range(5):
+            ns = "team%d" % i
+            t = d.target("js-%d" % i)
+            r = d.publish(t, pod_ctx("js-w-0-0-aaaa%d" % i, ns=ns,
+                                     coordinator="127.0.0.1:%d" % port))
+            self.assertEqual(r["code"], "OK", r)
+            self.assertEqual(list(d.daemons().values()), [os.path.join(d.ram, ns + ".js")])
+            harness.write_file(os.path.join(t, "mark"), ns.encode())
+            self.assertEqual(d.unpublish(t)["code"], "OK")
+        self.assertEqual(len(re.findall(r"no pod, stopping its mtcfs \(its RAMDIR stays\): "
+                                        r"job team\d.js needs peer port", d.log())), 4)
+        for i in range(4):
+            self.assertEqual(sorted(os.listdir(os.path.join(d.ram, "team%d.js" % i))) != [], True)
+        st = d.status()
+        self.assertEqual({k: v[0] for k, v in st.items()},
+                         dict({"team%d.js" % i: "stopped" for i in range(4)}, **{"team4.js": "idle"}))
+        d.stop()
+        # with distinct ports: the last pod's unpublish starts the idle
+        # clock, --idle-timeout later the mtcfs is gone
+        pa, pb = free_ports(2)
+        d = self.driver("node-b", config="peerPort: %d\n" % pa, extra=["--idle-timeout", "1"])
+        ta, tb = d.target("a"), d.target("b")
+        self.assertEqual(d.publish(ta, pod_ctx("ia-w-0-0-aaaaa",
+                                               coordinator="127.0.0.1:%d" % pa))["code"], "OK")
+        self.assertEqual(d.publish(tb, pod_ctx("ib-w-0-0-aaaaa", peerPort=str(pb),
+                                               coordinator="127.0.0.1:%d" % pb))["code"], "OK")
+        self.assertEqual(len(d.daemons()), 2)
+        harness.write_file(os.path.join(ta, "kept"), b"in RAM")
+        self.assertEqual(d.unpublish(ta)["code"], "OK")
+        wait_until(lambda: len(d.daemons()) == 1, TIMEOUT, "job ia's mtcfs stopped")
+        self.assertRegex(d.log(), r"job default.ia: no pod for 1 s: stopping its mtcfs")
+        self.assertIsNone(mount_fstype(d.job_mnt("default.ia")))
+        self.assertEqual(list(d.daemons().values()), [os.path.join(d.ram, "default.ib")])
+        # a pod of it again: the same RAMDIR under a new mtcfs
+        ta = d.target("a2")
+        self.assertEqual(d.publish(ta, pod_ctx("ia-w-0-0-bbbbb",
+                                               coordinator="127.0.0.1:%d" % pa))["code"], "OK")
+        with open(os.path.join(ta, "kept"), "rb") as f:
+            self.assertEqual(f.read(), b"in RAM")
+        for t in (ta, tb):
+            self.assertEqual(d.unpublish(t)["code"], "OK")
+        wait_until(lambda: not d.daemons(), TIMEOUT, "every idle mtcfs stopped")
+
+    def test_hostile_values(self):
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        t = d.target("hv")
+        ctx = pod_ctx("hv-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port)
+        # a trailing '\\' would escape the comma before rank_hint=
+        r = d.publish(t, dict(ctx, coordinator="127.0.0.1:%d\\" % port))
+        self.assertEqual(r["code"], "INVALID_ARGUMENT", r)
+        self.assertIn("coordinator", r["details"])
+        # a newline in an id or a value would forge a log line
+        r = d.publish(t, ctx, vol="v1\n2026-01-01 ERROR forged line")
+        self.assertEqual((r["code"], r["details"]),
+                         ("INVALID_ARGUMENT", "volume_id: a control character in it"))
+        r = d.unpublish(t, vol="v1\nforged")
+        self.assertEqual(r["code"], "INVALID_ARGUMENT", r)
+        r = d.publish(t, dict(ctx, **{"csi.storage.k8s.io/pod.name": "a\nERROR forged"}))
+        self.assertEqual(r["code"], "INVALID_ARGUMENT", r)
+        r = d.publish(t + "\nforged", ctx)
+        self.assertEqual(r["code"], "INVALID_ARGUMENT", r)
+        self.assertNotIn("forged", d.log())
+        # namespace "a.b" + job "c" and namespace "a" + job "b.c" would share
+        # the key a.b.c: a namespace has no '.' in Kubernetes
+        r = d.publish(t, pod_ctx("x", ns="a.b", jobName="c", rank="0",
+                                 coordinator="127.0.0.1:%d" % port))
+        self.assertEqual(r["code"], "INVALID_ARGUMENT", r)
+        self.assertIn("namespace a.b", r["details"])
+        self.assertEqual(d.starts(), 0)
+
+    # --- issue 24.4: the yaml's node-rank wins, as in GKE ---------------------
+
+    def test_yaml_node_rank_wins_over_the_pods_index(self):
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        # pod index 1, but the application (Orbax: jax.process_index())
+        # says node-rank 0 of a 1-node job
+        t = d.target("yr")
+        r = d.publish(t, pod_ctx("yr-w-1-0-aaaaa", coordinator="127.0.0.1:%d" % port))
+        self.assertEqual(r["code"], "OK", r)
+        with open(os.path.join(t, "jax-init-info.txt")) as f:
+            self.assertEqual(f.read().split("\n")[0], "1")     # until a yaml says
+        write_yaml(t, "yr", 0, 1)
+        self.assertEqual(wait_markers(t)[0], 0)                # not replicator.failed
+        self.assertRegex(d.log(), r"starting mtcfs rank=1: .*,rank_hint=1[ ,]")
+        self.assertFalse(os.path.exists(os.path.join(t, "replicator.failed")))
+        self.assertRegex(d.job_log("default.yr"),
+                         r"WARN ctl: replicator.yaml's node-rank 0 differs from rank_hint=1 "
+                         r"\(the pod's index\): node-rank 0 is used")
+        with open(os.path.join(t, "jax-init-info.txt")) as f:
+            self.assertEqual(f.read().split("\n")[0], "0")
+        save_step(t, "yr", 2, 0)
+        wait_until(lambda: committed(os.path.join(d.ram, "default.yr"), "yr", 2, 0), TIMEOUT,
+                   "step 2 committed as rank 0")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+
+    # --- issue 24.5: RAM of jobs that no longer run is given back --------------
+
+    def test_ram_of_stopped_jobs_is_freed_under_pressure(self):
+        pa, pb = free_ports(2)
+        d = self.driver(config="spec:\n  peerPort: %d\n  inMemoryVolumeSize: 64Mi\n" % pa,
+                        extra=["--idle-timeout", "1", "--free-above", "50"])
+        big = os.urandom(1 << 20) * 40              # 40 MiB of the 64
+        ta = d.target("fa")
+        self.assertEqual(d.publish(ta, pod_ctx("fa-w-0-0-aaaaa",
+                                               coordinator="127.0.0.1:%d" % pa))["code"], "OK")
+        harness.write_file(os.path.join(ta, "big"), big)
+        self.assertEqual(d.unpublish(ta)["code"], "OK")
+        wait_until(lambda: not d.daemons(), TIMEOUT, "job fa's mtcfs stopped")
+        # alone on the node, a stopped job keeps its RAM however full (its
+        # JobSet may be between two generations of pods)
+        ra = os.path.join(d.ram, "default.fa")
+        self.assertTrue(os.listdir(ra))
+        self.assertNotIn("freed its RAMDIR", d.log())
+        st = d.status()
+        self.assertEqual(st["default.fa"][0], "stopped")
+        self.assertGreaterEqual(int(st["default.fa"][1]), 40 << 20)
+        self.assertEqual(st["default.fa"][2], "0")
+        self.assertRegex(st["default.fa"][3], r"^\d{4}-\d\d-\d\dT")
+        # another job starts: the tier is 62% full, over 50%: fa's RAM goes
+        tb = d.target("fb")
+        self.assertEqual(d.publish(tb, pod_ctx("fb-w-0-0-aaaaa", peerPort=str(pb),
+                                               coordinator="127.0.0.1:%d" % pb))["code"], "OK")
+        self.assertRegex(d.log(), r"job default.fa: no pod since \S+ and the RAM tier \d+%% full "
+                                  r"while another job runs: freed its RAMDIR %s \(\d+ bytes\)"
+                                  % re.escape(ra))
+        self.assertFalse(os.path.exists(ra))
+        st = d.status()
+        self.assertNotIn("default.fa", st)
+        self.assertEqual((st["default.fb"][0], st["default.fb"][2:]), ("published", ["1", "-"]))
+        # the running job has the room: 40 MiB more fit, and stay while it
+        # runs, over the mark as it is
+        harness.write_file(os.path.join(tb, "big"), big)
+        with open(os.path.join(tb, "big"), "rb") as f:
+            self.assertEqual(f.read(), big)
+        self.assertEqual(d.unpublish(tb)["code"], "OK")
+        wait_until(lambda: not d.daemons(), TIMEOUT, "job fb's mtcfs stopped")
+        self.assertTrue(os.listdir(os.path.join(d.ram, "default.fb")))
+        self.assertEqual(len(re.findall("freed its RAMDIR", d.log())), 1)
+
+    def test_gkes_configuration_applies(self):
+        # issue 24.6: GKE's documented CheckpointConfiguration as it is
+        # (its own group, its csiEphemeralLimit and enableExternalJaxProcessIds)
+        gke = ("apiVersion: checkpointing.gke.io/v1\nkind: CheckpointConfiguration\n"
+               "metadata:\n  name: my-checkpointconfiguration\nspec:\n"
+               "  cloudStorageBucketName: file://%s\n"
+               "  nodeSelector:\n    node.kubernetes.io/instance-type: ct5p-hightpu-4t\n"
+               "  tolerations:\n  - key: google.com/tpu\n    operator: Exists\n"
+               "    effect: NoSchedule\n"
+               "  inMemoryVolumeSize: 64Mi\n  csiEphemeralLimit: 50Mi\n"
+               "  enableExternalJaxProcessIds: true\n  replicationOptions: [verbose-logs]\n"
+               "  gcsFuseMountOptions: [implicit-dirs]\n" % self.tmp)
+        d = self.driver(config=gke)
+        self.assertIn("csiEphemeralLimit/replicationOptions accepted and ignored", d.log())
+        self.assertIn("enableExternalJaxProcessIds: mtcfs writes jax-init-info.txt", d.log())
 
     def test_bad_config_refused(self):
         cfg = os.path.join(self.tmp, "bad.yaml")

@@ -63,7 +63,7 @@ DRIVER = "mtcfs.csi.checkpoint.dev"
 # (csi/csi_main.c): flags with a value take it as the next argument
 CSI_VALUE_FLAGS = {"--endpoint", "--node-id", "--config", "--ram-root", "--state-dir",
                    "--node-address", "--mtcfs", "--log-format", "--watch-config",
-                   "--watch-interval"}
+                   "--watch-interval", "--kubelet-dir", "--idle-timeout", "--free-above"}
 CSI_BOOL_FLAGS = {"--no-tmpfs", "-d"}
 CSI_ATTRS = {"jobName", "jobSetName", "replicatedJobName", "podsPerJob",
              "rank", "coordinator", "subdomain", "peerPort", "ramSize"}
@@ -585,6 +585,37 @@ class Mutations(unittest.TestCase):
         self.assertEqual(len(errs), 2, errs)
         self.assertIn("'bucket' was unexpected", "".join(errs))
 
+    def test_gke_example_applies(self):
+        # GKE's documented CheckpointConfiguration, its group replaced by
+        # ours: every field of GKE's spec is known (strict decoding refuses
+        # unknown ones), csiEphemeralLimit and enableExternalJaxProcessIds too
+        crd = by_kind(render(os.path.join(K8S, "node")))["CustomResourceDefinition"][0]
+        gke = yaml.safe_load("""
+apiVersion: checkpointing.gke.io/v1
+kind: CheckpointConfiguration
+metadata:
+  name: my-checkpointconfiguration
+spec:
+  cloudStorageBucketName: my-bucket
+  nodeSelector:
+    node.kubernetes.io/instance-type: ct5p-hightpu-4t
+  tolerations:
+  - key: google.com/tpu
+    operator: Exists
+    effect: NoSchedule
+  inMemoryVolumeSize: 50Gi
+  csiEphemeralLimit: 50Mi
+  enableExternalJaxProcessIds: true
+  replicationOptions: [verbose-logs]
+  gcsFuseMountOptions:
+  - implicit-dirs
+  - metadata-cache:negative-ttl-secs:0
+""")
+        gke["apiVersion"] = "%s/v1" % crd["spec"]["group"]
+        self.assertEqual(self.v.errors(gke), [])
+        gke["spec"]["enableExternalJaxProcessIds"] = "yes"
+        self.assertEqual(len(self.v.errors(gke)), 1)
+
     def test_jobset_field_and_pod_template(self):
         self.mutate("example/jobset.yaml", "    replicas: 2\n", "    replicas: two\n")
         errs = self.errors("example")
@@ -644,6 +675,11 @@ class Wiring(unittest.TestCase):
         self.assertEqual(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName")
         self.assertEqual(env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP")
         self.assertEqual(f["--node-address"], "$(NODE_IP)")
+        # targets are accepted under kubelet's root, which is the host's,
+        # mounted at the same path
+        kd = mounts(self.drv)["kubelet-dir"]
+        self.assertEqual(f["--kubelet-dir"], kd["mountPath"])
+        self.assertEqual(self.vols[kd["name"]]["hostPath"]["path"], kd["mountPath"])
         # the socket directory kubelet is told about is the one the driver listens in
         sock_host = self.vols[mounts(self.drv)["socket-dir"]["name"]]["hostPath"]["path"]
         self.assertEqual(mounts(self.drv)["socket-dir"]["mountPath"], "/csi")
