@@ -460,7 +460,11 @@ int fs_main(int argc, char **argv)
 		return 0;
 	}
 	if (c.show_version) {
-		printf("mtcfs %s (libfuse %d)\n", MTCFS_VERSION, fuse_version());
+		/* what the container image and the package are checked for;
+		 * whether the kernel offers it too, the mount's log says */
+		printf("mtcfs %s (libfuse %s; FUSE passthrough: %s)\n", MTCFS_VERSION,
+		       fuse_pkgversion(),
+		       MTCFS_PASSTHROUGH ? "available" : "not available, built with libfuse < 3.17");
 		fuse_opt_free_args(&args);
 		return 0;
 	}
