@@ -463,7 +463,11 @@ int fs_main(int argc, char **argv)
 		return 0;
 	}
 	if (c.show_version) {
-		printf("mtcfs %s (libfuse %d)\n", MTCFS_VERSION, fuse_version());
+		/* what the container image and the package are checked for;
+		 * whether the kernel offers it too, the mount's log says */
+		printf("mtcfs %s (libfuse %s; FUSE passthrough: %s)\n", MTCFS_VERSION,
+		       fuse_pkgversion(),
+		       MTCFS_PASSTHROUGH ? "available" : "not available, built with libfuse < 3.17");
 		fuse_opt_free_args(&args);
 		return 0;
 	}
@@ -487,8 +491,16 @@ int fs_main(int argc, char **argv)
 	if (c.foreground)
 		fuse_opt_add_arg(&args, "-f");
 	fuse_opt_add_arg(&args, "-osubtype=mtcfs,fsname=mtcfs");
-	if (geteuid() == 0)
+	if (geteuid() == 0) {
 		fuse_opt_add_arg(&args, "-oallow_other,default_permissions");
+		/* A checkpoint store has no use for set-user-ID programs or
+		 * device nodes, and a trainer must not gain either through it
+		 * (fusermount3 forces the same on unprivileged mounts). Last,
+		 * because libfuse applies mount flags in order and mount.fuse3
+		 * (fstab, mount -t fuse.mtcfs) passes suid,dev unless told
+		 * otherwise. */
+		fuse_opt_add_arg(&args, "-onosuid,nodev");
+	}
 	if (fuse_parse_cmdline(&args, &fo) != 0 || !c.ramdir || !fo.mountpoint) {
 		usage(argv[0]);
 		goto out;

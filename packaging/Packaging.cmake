@@ -103,10 +103,80 @@ install(FILES ${CMAKE_CURRENT_LIST_DIR}/systemd/fstab.example
               ${CMAKE_CURRENT_LIST_DIR}/systemd/60-mtcfs.conf
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT doc EXCLUDE_FROM_ALL)
 
+# ---- libfuse for the package. Passthrough needs libfuse >= 3.17. Debian 13
+# ships it (libfuse3-4); Debian 12 ships 3.14, and install-deps.sh builds
+# trixie's 3.17 there, whose libfuse3-4 package bookworm's archive does not
+# have: a .deb depending on it would not install on a stock Debian 12. So
+# on a release without its own 3.17 the package carries that one library
+# privately (/usr/lib/<triplet>/mtcfs/libfuse3.so.4, found through mtcfs's
+# RUNPATH; libfuse is LGPL-2.1, linked dynamically and replaceable), and
+# depends on nothing the release lacks. The Debian version names the
+# release and the libfuse, so one name and version is always one build:
+# 0.1.0+deb12 (3.17 carried), 0.1.0+deb12.fuse314 (no passthrough),
+# 0.1.0+deb13 (the release's 3.17).
+set(MTCFS_OS_ID "")
+set(MTCFS_OS_VERSION_ID "")
+if(EXISTS /etc/os-release)
+  file(STRINGS /etc/os-release _osr REGEX "^(ID|VERSION_ID)=")
+  foreach(_l ${_osr})
+    if(_l MATCHES "^ID=\"?([a-z0-9]+)")
+      set(MTCFS_OS_ID ${CMAKE_MATCH_1})
+    elseif(_l MATCHES "^VERSION_ID=\"?([0-9]+)")
+      set(MTCFS_OS_VERSION_ID ${CMAKE_MATCH_1})
+    endif()
+  endforeach()
+endif()
+set(_bundle_default OFF)
+if(MTCFS_OS_ID STREQUAL "debian" AND MTCFS_OS_VERSION_ID AND MTCFS_OS_VERSION_ID LESS 13
+   AND NOT FUSE3_VERSION VERSION_LESS 3.17)
+  set(_bundle_default ON)
+endif()
+option(MTCFS_BUNDLE_LIBFUSE "Package the libfuse >= 3.17 mtcfs links (for a release without it)"
+       ${_bundle_default})
+set(MTCFS_DEB_VERSION ${PROJECT_VERSION})
+if(MTCFS_OS_ID STREQUAL "debian" AND MTCFS_OS_VERSION_ID)
+  string(APPEND MTCFS_DEB_VERSION "+deb${MTCFS_OS_VERSION_ID}")
+  if(FUSE3_VERSION VERSION_LESS 3.17)
+    string(REGEX REPLACE "^([0-9]+)\\.([0-9]+).*" "fuse\\1\\2" _fv ${FUSE3_VERSION})
+    string(APPEND MTCFS_DEB_VERSION ".${_fv}")
+  endif()
+endif()
+# lib/<triplet>/mtcfs whatever the prefix: Debian's place for a private
+# library (and not a directory CPack would run ldconfig for)
+if(CMAKE_LIBRARY_ARCHITECTURE)
+  set(MTCFS_PRIVATE_LIBDIR lib/${CMAKE_LIBRARY_ARCHITECTURE}/mtcfs)
+else()
+  set(MTCFS_PRIVATE_LIBDIR lib/mtcfs)
+endif()
+if(MTCFS_BUNDLE_LIBFUSE)
+  find_library(_fuse_so NAMES fuse3 HINTS ${FUSE3_LIBRARY_DIRS} NO_DEFAULT_PATH)
+  if(NOT _fuse_so)
+    find_library(_fuse_so NAMES fuse3)
+  endif()
+  get_filename_component(_fuse_real ${_fuse_so} REALPATH)
+  execute_process(COMMAND readelf -d ${_fuse_real} OUTPUT_VARIABLE _fuse_dyn
+                  RESULT_VARIABLE _rc)
+  if(NOT _rc EQUAL 0 OR NOT _fuse_dyn MATCHES "\\(SONAME\\)[^[]*\\[([^]]+)\\]")
+    message(FATAL_ERROR "MTCFS_BUNDLE_LIBFUSE: cannot read the SONAME of ${_fuse_real}")
+  endif()
+  set(MTCFS_FUSE_SONAME ${CMAKE_MATCH_1})
+  message(STATUS "package: carries ${_fuse_real} as ${MTCFS_PRIVATE_LIBDIR}/${MTCFS_FUSE_SONAME}")
+  install(FILES ${_fuse_real} DESTINATION ${MTCFS_PRIVATE_LIBDIR}
+          RENAME ${MTCFS_FUSE_SONAME}
+          PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+  # relative to the binary, so that /usr (the package) and /usr/local
+  # (cmake --install) both find it; the build tree keeps its own RPATH
+  set_target_properties(mtcfs PROPERTIES
+    INSTALL_RPATH "\$ORIGIN/../${MTCFS_PRIVATE_LIBDIR}")
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS
+      "${MTCFS_PRIVATE_LIBDIR}")
+endif()
+
 # ---- CPack
 set(CPACK_PACKAGE_NAME mtcfs)
 set(CPACK_PACKAGE_VENDOR "mtcfs")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_DEBIAN_PACKAGE_VERSION ${MTCFS_DEB_VERSION})
 set(CPACK_PACKAGE_CONTACT "${MTCFS_MAINTAINER}")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
     "FUSE filesystem for multi-tier checkpointing of distributed training")
@@ -131,7 +201,9 @@ set(CPACK_DEBIAN_PACKAGE_SECTION admin)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 # fuse3 is not a shared library the binaries link: it brings mount.fuse3
 # (mount -t fuse.mtcfs, fstab) and fusermount3, so it is always declared.
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "fuse3")
+# ca-certificates: gs:// goes over HTTPS, and libcurl only Recommends the
+# CA bundle (apt --no-install-recommends, slim images).
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "fuse3, ca-certificates")
 find_program(MTCFS_DPKG_SHLIBDEPS dpkg-shlibdeps)
 find_program(MTCFS_FILE_CMD file)                # CPackDeb needs it for SHLIBDEPS
 if(MTCFS_DPKG_SHLIBDEPS AND MTCFS_FILE_CMD)

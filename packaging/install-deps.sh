@@ -20,7 +20,7 @@ PKGS=(
   python3 python3-venv python3-yaml iproute2 procps psmisc file dpkg-dev groff-base
   clang gnuplot-nox curl openssl
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
-  lintian prometheus systemd
+  lintian prometheus systemd debootstrap docker.io
 )
 
 say() { echo "install-deps: $*" >&2; }

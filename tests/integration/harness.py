@@ -90,6 +90,19 @@ def mount_fstype(path):
     return found
 
 
+def mount_options(path):
+    """The mount options of the mount at exactly path per /proc/mounts (the
+    top one), as a set, else None."""
+    path = os.path.realpath(path)
+    found = None
+    with open("/proc/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 4 and _unescape_mount_field(fields[1]) == path:
+                found = set(fields[3].split(","))
+    return found
+
+
 def _run_quiet(argv, timeout=30):
     try:
         return subprocess.run(argv, stdin=subprocess.DEVNULL,

@@ -68,6 +68,8 @@ class Install(unittest.TestCase):
         r = run(["mount", "-t", "fuse.mtcfs", ramdir, mnt, "-o", "ram_size=1G"])
         self.assertEqual(r.returncode, 0, r.stdout.decode())
         wait_until(lambda: mount_fstype(mnt) == "fuse.mtcfs", 30, "mounted")
+        # fstab and mount(8) get the same nosuid,nodev as a direct start
+        self.assertTrue({"nosuid", "nodev"} <= harness.mount_options(mnt))
         # the daemon runs in the background: find it to reap it
         pid = int(subprocess.check_output(["pgrep", "-f", "mtcfs %s" % ramdir]).split()[0])
 

@@ -942,5 +942,26 @@ class Posix(harness.MountTestCase):
         self.assertErrno(errno.ENOENT, os.unlink, self.p("d"))
 
 
+class MountFlags(harness.MountTestCase):
+    """mtcfs as root mounts nosuid,nodev (as fusermount3 does for users): a
+    trainer can neither run a set-user-ID program nor open a device node
+    through the mount, also when mount.fuse3 passes suid,dev."""
+
+    def test_nosuid_nodev_by_default(self):
+        opts = harness.mount_options(self.mnt)
+        self.assertTrue({"nosuid", "nodev"} <= opts, opts)
+        # a device node can be made (pjdfstest's mknod tests) but not opened
+        dev = os.path.join(self.mnt, "null")
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        self.assertTrue(stat.S_ISCHR(os.lstat(dev).st_mode))
+        self.assertErrno(errno.EACCES, os.open, dev, os.O_WRONLY)
+
+    def test_suid_dev_options_do_not_override(self):
+        # mount.fuse3 passes "suid,dev" on every fstab / mount(8) mount
+        d = self.new_daemon(opts=harness.DEFAULT_OPTS + ",suid,dev")
+        d.start()
+        opts = harness.mount_options(d.mnt)
+        self.assertTrue({"nosuid", "nodev"} <= opts, opts)
+
 if __name__ == "__main__":
     harness.main()
