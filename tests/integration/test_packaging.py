@@ -237,7 +237,7 @@ class ManPages(unittest.TestCase):
         self.assertIn("ram_size", opts)
         page = roff_text(self.PAGES[0])
         for o in opts:
-            self.assertRegex(page, re.compile(r"^\.TP\n\.BI? %s\b" % re.escape(o), re.M),
+            self.assertRegex(page, re.compile(r"^\.TP\n\.B[IR]? %s\b" % re.escape(o), re.M),
                              "mtcfs.8 does not document -o %s" % o)
         flags = re.findall(r"^\s+(-[a-zA-Z])\s", out, re.M)
         self.assertIn("-f", flags)
