@@ -201,6 +201,35 @@ static int read_meta(int dirfd, int owner, struct manifest **mf)
 	return rc;
 }
 
+int ecx_store_meta(struct eng *e, int dirfd, const char *name, const void *buf, size_t len)
+{
+	struct eng_ec *ec = e->ec;
+	char *old = NULL;
+	size_t olen = 0;
+	struct stat st;
+	int rc;
+
+	/* reserved holding no lock, as every ram_reserve (its reclaim takes
+	 * fs->mu and the engine's mu); given back when nothing is written */
+	rc = ram_reserve(e->ram, len);
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&ec->mu);
+	rc = util_read_file_at(dirfd, name, EC_META_MAX, &old, &olen);
+	if (rc == 0) {
+		rc = olen == len && !memcmp(old, buf, len) ? 1 : -EEXIST;
+	} else if (rc == -ENOENT) {
+		rc = util_write_file_atomic(dirfd, name, buf, len);
+		if (rc == 0 && fstatat(dirfd, name, &st, 0) == 0)
+			ram_adjust(e->ram, (int64_t)st.st_blocks * 512 - (int64_t)len);
+	}
+	pthread_mutex_unlock(&ec->mu);
+	free(old);
+	if (rc != 0)
+		ram_adjust(e->ram, -(int64_t)len);
+	return rc < 0 ? rc : 0;
+}
+
 int ecx_load_metas(const struct eng_ec_ctx *x, int dirfd, uint64_t *size, uint8_t (*hash)[32],
 		   int rank, struct manifest **mine, int *missing)
 {
@@ -252,8 +281,8 @@ int ecx_tmpfile(int dirfd, const char *prefix, char name[64])
 	return -EEXIST;
 }
 
-static void send_replicated(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
-			    uint32_t dp)
+void ecx_send_replicated(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
+			 uint32_t dp)
 {
 	struct proto_step_ev m = { .job = { job, nodes, dp }, .step = step, .workers = 1 };
 	json_t *ev = proto_replicated_encode(&m);
@@ -321,11 +350,10 @@ static int send_data(struct eng *e, uint32_t to, const char *job, uint64_t step,
 	return rc;
 }
 
-static void backoff(int attempt)
-{
-	struct timespec ts = { .tv_sec = 1 << attempt, .tv_nsec = 0 };
-	nanosleep(&ts, NULL);
-}
+/* A send to one peer is tried 3 times within EC_SEND_BUDGET_MS, and not
+ * again once the daemon stops (eng_retry_wait). */
+#define EC_SEND_TRIES      3
+#define EC_SEND_BUDGET_MS  10000
 
 /* Every manifest of the group is here: send this node's data fragments to
  * the parity holders (once per step: the "sent" marker). */
@@ -379,12 +407,13 @@ static void send_frags(struct eng_ec_ctx *x, const char *job, uint64_t step)
 			for (unsigned j = 0; rc == 0 && j < g->m; j++) {
 				int to = g->unit[ecplan_slot_pos(g, cw, g->k + j)];
 				int r2 = -EIO;
-				for (int a = 0; a < 3; a++) {
+				uint64_t t0 = util_now_ns();
+				for (int a = 0; a < EC_SEND_TRIES; a++) {
 					r2 = send_data(e, (uint32_t)to, job, step, (unsigned)x->gi, cw,
 						       slot, fd, fsz);
-					if (r2 == 0)
+					if (r2 == 0 || a + 1 == EC_SEND_TRIES ||
+					    !eng_retry_wait(e, a, t0, EC_SEND_BUDGET_MS))
 						break;
-					backoff(a);
 				}
 				if (r2 < 0) {
 					failed++;
@@ -468,10 +497,8 @@ out:
 
 void eng_ec_committed(struct eng *e, const struct shard_key *k, uint32_t nodes, uint32_t dp)
 {
-	struct shard_rec rec = { 0 };
 	struct eng_ec_ctx x;
 	int dirfd = -1, rc;
-	char name[32];
 
 	rc = ecx_ctx(e, nodes, dp, &x);
 	if (rc < 0 || x.plan->rep[x.rank] != x.rank) {
@@ -480,38 +507,50 @@ void eng_ec_committed(struct eng *e, const struct shard_key *k, uint32_t nodes, 
 		if (rc == -ENOENT && x.plan)
 			log_warn("engine", "ec: job=%s step=%" PRIu64 ": not erasure coded: %s", k->job,
 				 k->step, x.plan->why);
-		send_replicated(e, k->job, k->step, nodes, dp);
+		ecx_send_replicated(e, k->job, k->step, nodes, dp);
 		goto out;
 	}
-	if (idx_get_shard(ram_idx(e->ram), k, &rec) < 0 || !rec.mf)
-		goto out;
 	dirfd = ecx_dir(e, k->job, k->step, true);
-	if (dirfd < 0)
+	if (dirfd < 0 || ecx_own_meta(&x, dirfd, k) < 0)
 		goto out;
-	snprintf(name, sizeof(name), "m%d.mf", x.rank);
-	if (util_write_file_atomic(dirfd, name, rec.mf, rec.mflen) < 0)
-		goto out;
-	const struct ecplan_group *g = &x.plan->g[x.gi];
-	for (unsigned p = 0; p < g->n; p++) {
-		int to = g->unit[p];
-		if (to == x.rank)
-			continue;
-		for (int a = 0; a < 3; a++) {
-			rc = send_meta(e, (uint32_t)to, k->job, k->step, x.rank, &rec);
-			if (rc == 0)
-				break;
-			backoff(a);
-		}
-		if (rc < 0)
-			log_warn("engine", "ec: job=%s step=%" PRIu64 ": manifest to rank %d failed: %s",
-				 k->job, k->step, to, strerror(-rc));
-	}
 	maybe_send(e, k->job, k->step, nodes, dp);
 out:
 	if (dirfd >= 0)
 		close(dirfd);
-	idx_rec_clear(&rec);
 	ecx_ctx_free(&x);
+}
+
+int ecx_own_meta(struct eng_ec_ctx *x, int dirfd, const struct shard_key *k)
+{
+	struct eng *e = x->e;
+	struct shard_rec rec = { 0 };
+	const struct ecplan_group *g = &x->plan->g[x->gi];
+	char name[32];
+	int rc;
+
+	rc = idx_get_shard(ram_idx(e->ram), k, &rec);
+	if (rc == 0 && !rec.mf)
+		rc = -ENOENT;
+	snprintf(name, sizeof(name), "m%d.mf", x->rank);
+	if (rc == 0)
+		rc = ecx_store_meta(e, dirfd, name, rec.mf, rec.mflen);
+	for (unsigned p = 0; rc == 0 && p < g->n; p++) {
+		int to = g->unit[p], r2 = -EIO;
+		uint64_t t0 = util_now_ns();
+		if (to == x->rank)
+			continue;
+		for (int a = 0; a < EC_SEND_TRIES; a++) {
+			r2 = send_meta(e, (uint32_t)to, k->job, k->step, x->rank, &rec);
+			if (r2 == 0 || a + 1 == EC_SEND_TRIES ||
+			    !eng_retry_wait(e, a, t0, EC_SEND_BUDGET_MS))
+				break;
+		}
+		if (r2 < 0)
+			log_warn("engine", "ec: job=%s step=%" PRIu64 ": manifest to rank %d failed: %s",
+				 k->job, k->step, to, strerror(-r2));
+	}
+	idx_rec_clear(&rec);
+	return rc;
 }
 
 /* ---------- serving ---------- */
@@ -673,7 +712,7 @@ static void maybe_protected(struct eng_ec_ctx *x, int dirfd, const char *job, ui
 	close(fd);
 	log_info("engine", "ec: job=%s step=%" PRIu64 " parity complete here (%u fragments, rs:%u+%u group %d)",
 		 job, step, g->m, g->k, g->m, x->gi);
-	send_replicated(x->e, job, step, x->nodes, x->dp);
+	ecx_send_replicated(x->e, job, step, x->nodes, x->dp);
 }
 
 /* Fold the data fragment in fd (checked: this codeword, this node a
@@ -1075,7 +1114,9 @@ json_t *eng_ec_catalog(struct eng *e, const char *job)
 	return o;
 }
 
-void eng_ec_gc(struct eng *e, const char *job, uint64_t safe)
+/* Drop job's fragment directories of the steps below `step` (older) or
+ * above it, and their open encoders. */
+static void drop_steps(struct eng *e, const char *job, uint64_t step, bool older)
 {
 	DIR *d;
 	int fd;
@@ -1089,30 +1130,44 @@ void eng_ec_gc(struct eng *e, const char *job, uint64_t safe)
 		return;
 	}
 	for (struct dirent *de; (de = readdir(d));) {
-		uint64_t step, freed = 0;
-		if (!util_is_step_name(de->d_name, &step) || step >= safe)
+		uint64_t s, freed = 0;
+		if (!util_is_step_name(de->d_name, &s) || (older ? s >= step : s <= step))
 			continue;
 		if (util_rmtree_at(dirfd(d), de->d_name, &freed) == 0) {
 			ram_adjust(e->ram, -(int64_t)freed);
-			log_info("engine", "ec: job=%s step=%" PRIu64 " fragments dropped (step %" PRIu64 " protected) bytes=%" PRIu64,
-				 job, step, safe, freed);
+			if (older)
+				log_info("engine", "ec: job=%s step=%" PRIu64 " fragments dropped (step %" PRIu64 " protected) bytes=%" PRIu64,
+					 job, s, step, freed);
+			else
+				log_info("engine", "ec: job=%s step=%" PRIu64 " fragments dropped (newer than the restored step %" PRIu64 ") bytes=%" PRIu64,
+					 job, s, step, freed);
 		}
 	}
 	closedir(d);
 	/* encoders of dropped steps go with them */
 	pthread_mutex_lock(&e->ec->mu);
 	for (struct enc_slot **pp = &e->ec->open; *pp;) {
-		struct enc_slot *s = *pp;
-		if (!strcmp(s->job, job) && s->step < safe) {
-			*pp = s->next;
-			ec_enc_free(s->enc);
-			close(s->fd);
-			free(s);
+		struct enc_slot *sl = *pp;
+		if (!strcmp(sl->job, job) && (older ? sl->step < step : sl->step > step)) {
+			*pp = sl->next;
+			ec_enc_free(sl->enc);
+			close(sl->fd);
+			free(sl);
 		} else {
-			pp = &s->next;
+			pp = &sl->next;
 		}
 	}
 	pthread_mutex_unlock(&e->ec->mu);
+}
+
+void eng_ec_gc(struct eng *e, const char *job, uint64_t safe)
+{
+	drop_steps(e, job, safe, true);
+}
+
+void eng_ec_drop_newer(struct eng *e, const char *job, uint64_t step)
+{
+	drop_steps(e, job, step, false);
 }
 
 bool eng_ec_wanted(struct eng *e, const struct shard_key *k)
