@@ -30,6 +30,8 @@ killed -9 with their RAMDIR wiped, then a job restart.
   step 2, and once step 2 is protected it is rebuilt from its parity;
 - an unmount while the replication worker waits between retries (manifest
   sends to dead nodes; a push to a dead peer) takes well under 5 s;
+- a shard rebuilt from fragments gets permission bits only: 04755, 02755
+  files and a 01777 directory come back 0755, 0755, 0777;
 - RAM held per node for one protected step (du of RAMDIR's shards/ and
   frags/) against (1 + M/K) x S.
 
@@ -359,6 +361,41 @@ class EcCase(unittest.TestCase):
         self.wait_protected(job, 2)
         self.lose([3])
         self.restart_verify(job, 2, [3])
+
+    # -- modes of a rebuilt shard (issue 22) -----------------------------------
+
+    def test_rebuild_drops_setuid_setgid_sticky(self):
+        # a shard rebuilt from fragments gets permission bits only, as
+        # restores from a peer or the bucket do: the daemon's files are
+        # root's, and a trainer's 04755 binary must not come back 04755
+        c = self.make(3, "rs:2+1")
+        job = "ecmode"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(3)})
+        modes = {"bin/suid": 0o4755, "bin/sgid": 0o2755}
+        for r in range(3):
+            tmp = os.path.join(c.nodes[r].mnt, "4.orbax-checkpoint-tmp-%d" % r)
+            from cluster import write_shard
+            write_shard(tmp, job, 4, r, SIZE)
+            os.makedirs(os.path.join(tmp, "bin"))
+            os.makedirs(os.path.join(tmp, "shared"))
+            harness.write_file(os.path.join(tmp, "shared", "f"), b"in a sticky dir\n")
+            for rel, mode in modes.items():
+                harness.write_file(os.path.join(tmp, rel), b"#!/bin/sh\n")
+                os.chmod(os.path.join(tmp, rel), mode)
+            os.chmod(os.path.join(tmp, "shared"), 0o1777)
+            harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
+            os.rename(tmp, os.path.join(c.nodes[r].mnt, "4"))
+        self.wait_protected(job, 4)
+        st = os.stat(os.path.join(c.nodes[1].mnt, "4", "bin", "suid"))
+        self.assertEqual(st.st_mode & 0o7777, 0o4755, "inconclusive: the app's own mode")
+        self.lose([1])
+        self.restart_verify(job, 4, [1])
+        d = os.path.join(c.nodes[1].mnt, "4")
+        got = {rel: os.stat(os.path.join(d, rel)).st_mode & 0o7777
+               for rel in ("bin/suid", "bin/sgid", "shared")}
+        self.assertEqual(got, {"bin/suid": 0o755, "bin/sgid": 0o755, "shared": 0o777})
+        with open(os.path.join(d, "shared", "f"), "rb") as f:
+            self.assertEqual(f.read(), b"in a sticky dir\n")
 
     # -- a node lost right after a job restart (issue 22) ----------------------
 
