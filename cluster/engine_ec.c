@@ -1,6 +1,10 @@
 /* engine_ec.c — `redundancy=rs:K+M`: the setting, RAMDIR/frags, protecting
  * a step and the ec_* data requests (see engine_ec.h).
- * Data connection requests (first NT_REQ on a "data" connection):
+ * Data connection requests (first NT_REQ on a "data" connection); the
+ * ones that write (ec_meta, ec_data) are taken only for this node's current
+ * job, for a step not older than its protected one and within
+ * EC_PENDING_STEPS steps above the LKG (admit_step), and only from a unit
+ * of this node's group:
  *   ec_meta  {job, step, owner, manifest:b64} -> {ok}: the owner's manifest
  *            (its size and hash are the geometry of its pieces)
  *   ec_data  {job, step, group, cw, slot}, then one NT_FILE (the data
@@ -648,8 +652,108 @@ int ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix,
 	return rc;
 }
 
+static int job_dir(struct eng *e, const char *job);
+
+/* At most this many steps above the job's LKG hold fragments here: the
+ * steps being protected now (a node commits a step a little before or
+ * after the others, not many steps ahead of them). */
+#define EC_PENDING_STEPS 4
+
+/* Within the job's fragment directory jfd: how many steps above `lkg`
+ * (all when !has_lkg) have one, and the highest of them. */
+static unsigned pending_steps(int jfd, bool has_lkg, uint64_t lkg, uint64_t *highest)
+{
+	unsigned n = 0;
+	int fd = dup(jfd);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+
+	*highest = 0;
+	if (!d) {
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
+	for (struct dirent *de; (de = readdir(d));) {
+		uint64_t s;
+		if (!util_is_step_name(de->d_name, &s) || (has_lkg && s <= lkg))
+			continue;
+		n++;
+		if (s > *highest)
+			*highest = s;
+	}
+	closedir(d);
+	return n;
+}
+
+/* May an authenticated peer write fragments of (job, step) on this node
+ * (ec_meta, ec_data)? Only for the node's current job, for a step not
+ * older than the job's safe step (older fragments are collected), and
+ * for a step without a fragment directory here yet only while fewer than
+ * EC_PENDING_STEPS steps above the LKG have one; at the limit a lower
+ * step takes the place of the highest (the least plausible: far ahead
+ * of the job, written by nobody but the sender). The step's directory,
+ * a dirfd, or -EPERM / -ERANGE / -errno with why. */
+static int admit_step(struct eng *e, const char *job, uint64_t step, char *why, size_t whylen)
+{
+	char cur[RCFG_JOB_MAX + 1], name[24];
+	bool set, has_lkg, has_safe;
+	uint64_t lkg = 0, safe = 0, highest;
+	int jfd = -1, fd, rc;
+
+	pthread_mutex_lock(&e->mu);
+	set = e->job_set;
+	snprintf(cur, sizeof(cur), "%s", e->job);
+	has_lkg = e->has_lkg && !strcmp(e->lkg_job, job);
+	has_safe = has_lkg && e->has_safe;
+	lkg = e->lkg;
+	safe = e->safe;
+	pthread_mutex_unlock(&e->mu);
+	if (!set || strcmp(cur, job)) {
+		snprintf(why, whylen, "job %s is not this node's job", job);
+		return -EPERM;
+	}
+	if (has_safe && step < safe) {
+		snprintf(why, whylen, "step %" PRIu64 " is older than the job's protected step %" PRIu64,
+			 step, safe);
+		return -ERANGE;
+	}
+	fd = ecx_dir(e, job, step, false);
+	if (fd >= 0 || fd != -ENOENT)
+		return fd;
+	pthread_mutex_lock(&e->ec->mu);
+	rc = ecx_dir(e, job, step, true);   /* makes frags/JOB too */
+	if (rc >= 0) {
+		close(rc);
+		rc = jfd = job_dir(e, job);
+	}
+	if (rc >= 0 && pending_steps(jfd, has_lkg, lkg, &highest) > EC_PENDING_STEPS) {
+		/* the new one counts: one too many */
+		if (highest > step) {
+			uint64_t freed = 0;
+			snprintf(name, sizeof(name), "%" PRIu64, highest);
+			if (util_rmtree_at(jfd, name, &freed) == 0)
+				ram_adjust(e->ram, -(int64_t)freed);
+			log_warn("engine", "ec: job=%s: fragments of step %" PRIu64 " dropped for step %" PRIu64 " (at most %u steps above the LKG)",
+				 job, highest, step, EC_PENDING_STEPS);
+		} else {
+			snprintf(name, sizeof(name), "%" PRIu64, step);
+			unlinkat(jfd, name, AT_REMOVEDIR);
+			snprintf(why, whylen, "step %" PRIu64 " is too far ahead: %u steps above the LKG have fragments here already",
+				 step, EC_PENDING_STEPS);
+			rc = -ERANGE;
+		}
+	}
+	pthread_mutex_unlock(&e->ec->mu);
+	if (jfd >= 0)
+		close(jfd);
+	if (rc < 0)
+		return rc;
+	return ecx_dir(e, job, step, false);
+}
+
 static void serve_meta(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *m)
 {
+	struct eng_ec_ctx x = { 0 };
 	struct manifest *mf = NULL;
 	struct ec_req r;
 	uint32_t owner;
@@ -667,26 +771,41 @@ static void serve_meta(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 		send_error(c, id, EPERM, "only a shard's owner sends its manifest");
 		return;
 	}
-	rc = xfer_decode_manifest(m, &mf, why, sizeof(why));
+	job_shape(e, &nodes, &dp);
+	rc = ecx_ctx(e, nodes, dp, &x);
+	if (rc == 0 && (owner >= x.nodes || x.plan->group[owner] != x.gi ||
+			x.plan->rep[owner] != (int)owner)) {
+		/* a manifest goes to the units of its owner's group only */
+		snprintf(why, sizeof(why), "rank %u stores no shard in this node's group", owner);
+		rc = -EPERM;
+	}
+	if (rc == 0)
+		rc = xfer_decode_manifest(m, &mf, why, sizeof(why));
 	if (rc == 0)
 		rc = mf_encode(mf, &buf, &len);
 	if (rc == 0)
-		rc = dirfd = ecx_dir(e, r.job, r.step, true);
+		rc = dirfd = admit_step(e, r.job, r.step, why, sizeof(why));
 	snprintf(name, sizeof(name), "m%d.mf", (int)owner);
-	if (rc >= 0)
-		rc = util_write_file_atomic(dirfd, name, buf, len);
-	if (rc < 0)
+	if (rc >= 0) {
+		rc = ecx_store_meta(e, dirfd, name, buf, len);
+		if (rc == -EEXIST)
+			snprintf(why, sizeof(why), "rank %u's manifest of step %" PRIu64 " is here already, with other content",
+				 owner, r.step);
+	}
+	if (rc < 0) {
+		log_warn("engine", "ec: manifest of job=%s step=%" PRIu64 " from rank %d refused: %s",
+			 r.job, r.step, peer, why[0] ? why : strerror(-rc));
 		send_error(c, id, -rc, why[0] ? why : "cannot store the manifest");
-	else
+	} else {
 		send_ok(c, id);
+	}
 	if (dirfd >= 0)
 		close(dirfd);
 	free(buf);
 	mf_free(mf);
-	if (rc >= 0) {
-		job_shape(e, &nodes, &dp);
+	ecx_ctx_free(&x);
+	if (rc >= 0)
 		maybe_send(e, r.job, r.step, nodes, dp);
-	}
 }
 
 static bool slot_done(int dirfd, unsigned gi, unsigned cw, unsigned slot)
@@ -857,7 +976,7 @@ static void serve_data(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 		rc = -EPERM;
 	}
 	if (rc == 0)
-		rc = dirfd = ecx_dir(e, r.job, r.step, true);
+		rc = dirfd = admit_step(e, r.job, r.step, why, sizeof(why));
 	if (rc >= 0)
 		rc = fd = ecx_recv_frag(e, c, dirfd, "in", tmp, &want);
 	if (rc >= 0)
