@@ -235,15 +235,8 @@ static void send_plan_to_waiters(struct coord *c, struct cjob *j)
 	}
 }
 
-static void release_barrier(struct coord *c, struct cjob *j)
+void coord_restart_history(struct cjob *j)
 {
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		struct cnode *n = &j->n[r];
-		if (n->rdy.waiting) {
-			coord_send(c, n->rdy.conn, NT_RESP, n->rdy.req_id, proto_go_encode(j->plan_id));
-			n->rdy.waiting = false;
-		}
-	}
 	/* what was committed before the restore belongs to a timeline the job
 	 * left: from now on every node's history starts at the restored step */
 	for (uint32_t r = 0; r < j->nodes; r++) {
@@ -278,6 +271,20 @@ static void release_barrier(struct coord *c, struct cjob *j)
 		j->lkg = j->plan.step;
 		j->has_safe = j->bucket_plan;
 		j->safe = j->plan.step;
+	}
+}
+
+static void release_barrier(struct coord *c, struct cjob *j)
+{
+	for (uint32_t r = 0; r < j->nodes; r++) {
+		struct cnode *n = &j->n[r];
+		if (n->rdy.waiting) {
+			coord_send(c, n->rdy.conn, NT_RESP, n->rdy.req_id, proto_go_encode(j->plan_id));
+			n->rdy.waiting = false;
+		}
+	}
+	coord_restart_history(j);
+	if (j->plan.found) {
 		j->restored_step = j->plan.step;
 		/* after a restore from it, restore.version goes with the next commit */
 		if (j->forced_restore) {
