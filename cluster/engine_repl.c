@@ -137,6 +137,10 @@ static void repl_run(void *arg)
 			if (workq_submit(e->replq, repl_run, again) < 0)
 				free(again);
 		}
+	} else if (failed && eng_quitting(e)) {
+		/* not a lost copy: the daemon stops, and the shard with it */
+		log_info("engine", "job %s step %llu: not replicated to %d of %d peers: the daemon is stopping",
+			 j->key.job, (unsigned long long)j->key.step, failed, npeers);
 	} else if (failed) {
 		eng_report(e, "job %s step %llu: could not be replicated to %d of %d peers; it has fewer copies than configured",
 		       j->key.job, (unsigned long long)j->key.step, failed, npeers);
