@@ -466,16 +466,35 @@ static void on_committed(void *arg, const struct proto_in *in)
 	}
 }
 
-/* A node's pushes of its own step all succeeded. */
+bool coord_replicated(struct cjob *j, struct cnode *n, uint32_t worker, uint64_t step)
+{
+	uint64_t safe;
+	uint8_t hash[32];
+	struct wlog *l;
+
+	if (!hash_at_w(n, worker, step, hash) || !(l = coord_wlog_of(n, worker, false)))
+		return false;   /* not a commit we know (a timeline left by a restore) */
+	if (step + 1 > l->repl[0]) {
+		memmove(&l->repl[1], &l->repl[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
+		memmove(&l->repl_hash[1], &l->repl_hash[0], (COMMITS_KEPT - 1) * 32);
+		l->repl[0] = step + 1;
+		memcpy(l->repl_hash[0], hash, 32);
+	}
+	if (!newest_of(j, true, &safe) || (j->has_safe && safe <= j->safe))
+		return false;
+	j->has_safe = true;
+	j->safe = safe;
+	return true;
+}
+
+/* A node's pushes of its own step all succeeded (under rs: all its parity
+ * of the step is stored). */
 static void on_replicated(void *arg, const struct proto_in *in)
 {
 	struct coord *c = arg;
 	struct proto_step_ev m;
-	uint64_t step, safe;
-	uint8_t hash[32];
 	struct cjob *j;
 	struct cnode *n;
-	struct wlog *l;
 	char why[160];
 
 	if (proto_replicated_decode(in->msg, &m, why, sizeof(why)) < 0) {
@@ -484,20 +503,9 @@ static void on_replicated(void *arg, const struct proto_in *in)
 	}
 	if (!event_node(c, in, &m, &j, &n))
 		return;
-	step = m.step;
-	if (!hash_at_w(n, m.worker, step, hash) || !(l = coord_wlog_of(n, m.worker, false)))
-		return;   /* not a commit we know (a timeline left by a restore) */
-	if (step + 1 > l->repl[0]) {
-		memmove(&l->repl[1], &l->repl[0], (COMMITS_KEPT - 1) * sizeof(uint64_t));
-		memmove(&l->repl_hash[1], &l->repl_hash[0], (COMMITS_KEPT - 1) * 32);
-		l->repl[0] = step + 1;
-		memcpy(l->repl_hash[0], hash, 32);
-	}
-	if (newest_of(j, true, &safe) && (!j->has_safe || safe > j->safe)) {
-		j->has_safe = true;
-		j->safe = safe;
+	if (coord_replicated(j, n, m.worker, m.step)) {
 		log_info("coord", "job %s: step %llu is committed and replicated on all %u nodes",
-			 j->name, (unsigned long long)safe, j->nodes);
+			 j->name, (unsigned long long)j->safe, j->nodes);
 		send_lkg(c, j);
 	}
 }

@@ -104,6 +104,12 @@ struct coord {
 };
 
 /* coord.c */
+/* Node n of j said "replicated" of its worker's shard of step (its
+ * replicas pushed, or under rs all its parity stored): the job's safe step
+ * (older steps may go, DESIGN §5) is the newest step every node has
+ * committed and said so of. true when that moved it; a step that is not
+ * one of n's known commits changes nothing. */
+bool coord_replicated(struct cjob *j, struct cnode *n, uint32_t worker, uint64_t step);
 /* Send m (taken) on conn; errors are the server's to log. */
 void coord_send(struct coord *c, uint64_t conn, uint8_t type, uint32_t req_id, json_t *m);
 void coord_reply_err(struct coord *c, uint64_t conn, uint32_t req_id, int err, const char *what);
@@ -121,6 +127,13 @@ struct cjob *coord_job_get(struct coord *c, const char *name, uint32_t nodes, ui
 struct cjob *coord_job_of(struct coord *c, const char *name, int rank);
 
 /* coord_restore.c */
+/* At the barrier of j's plan: every node's history starts again at the
+ * restored step, committed everywhere (the LKG). It is the safe step at
+ * once only when it came from the bucket; restored from the cluster it
+ * is safe once every node has said "replicated" of it again
+ * (coord_replicated), as it was read from one copy whose replicas or
+ * parity may not exist on the nodes there are now. */
+void coord_restart_history(struct cjob *j);
 /* All catalogs are in (or the wait timed out): plan, asking the bucket
  * first when there is one. */
 void coord_start_plan(struct coord *c, struct cjob *j);

@@ -235,15 +235,8 @@ static void send_plan_to_waiters(struct coord *c, struct cjob *j)
 	}
 }
 
-static void release_barrier(struct coord *c, struct cjob *j)
+void coord_restart_history(struct cjob *j)
 {
-	for (uint32_t r = 0; r < j->nodes; r++) {
-		struct cnode *n = &j->n[r];
-		if (n->rdy.waiting) {
-			coord_send(c, n->rdy.conn, NT_RESP, n->rdy.req_id, proto_go_encode(j->plan_id));
-			n->rdy.waiting = false;
-		}
-	}
 	/* what was committed before the restore belongs to a timeline the job
 	 * left: from now on every node's history starts at the restored step */
 	for (uint32_t r = 0; r < j->nodes; r++) {
@@ -256,21 +249,42 @@ static void release_barrier(struct coord *c, struct cjob *j)
 			uint32_t W = j->plan.workers ? j->plan.workers : 1;
 			if (!l)
 				break;
-			l->commits[0] = l->repl[0] = j->plan.step + 1;
+			l->commits[0] = j->plan.step + 1;
 			if (!j->bucket_plan && r < j->plan.nodes && w < W)
 				memcpy(l->commit_hash[0], j->plan.src[(size_t)r * W + w].hash, 32);
-			memcpy(l->repl_hash[0], l->commit_hash[0], 32);
+			if (j->bucket_plan) {
+				/* the bucket holds it */
+				l->repl[0] = j->plan.step + 1;
+				memcpy(l->repl_hash[0], l->commit_hash[0], 32);
+			}
 		}
 	}
 	j->has_lkg = false;
 	j->has_safe = false;
 	if (j->plan.found) {
 		/* every node restores this step: it is complete job-wide, and
-		 * what is older than it belongs to the past */
+		 * what is older than it belongs to the past. But it is safe
+		 * (older steps may go) only once each node has said "replicated"
+		 * of it again (eng_reprotect: its replicas or parity on the
+		 * nodes there are now), unless the bucket holds it. */
 		j->has_lkg = true;
 		j->lkg = j->plan.step;
-		j->has_safe = true;
+		j->has_safe = j->bucket_plan;
 		j->safe = j->plan.step;
+	}
+}
+
+static void release_barrier(struct coord *c, struct cjob *j)
+{
+	for (uint32_t r = 0; r < j->nodes; r++) {
+		struct cnode *n = &j->n[r];
+		if (n->rdy.waiting) {
+			coord_send(c, n->rdy.conn, NT_RESP, n->rdy.req_id, proto_go_encode(j->plan_id));
+			n->rdy.waiting = false;
+		}
+	}
+	coord_restart_history(j);
+	if (j->plan.found) {
 		j->restored_step = j->plan.step;
 		/* after a restore from it, restore.version goes with the next commit */
 		if (j->forced_restore) {

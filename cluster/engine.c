@@ -4,12 +4,15 @@
 #include "cluster/placement.h"
 #include "net/tls.h"
 #include "common/log.h"
+#include "common/util.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 void eng_report(struct eng *e, const char *fmt, ...)
 {
@@ -21,6 +24,34 @@ void eng_report(struct eng *e, const char *fmt, ...)
 	log_err("engine", "%s", line);
 	if (e->cb.report)
 		e->cb.report(e->cb.arg, line);
+}
+
+bool eng_quitting(struct eng *e)
+{
+	bool q;
+	pthread_mutex_lock(&e->ctl_mu);
+	q = e->quit;
+	pthread_mutex_unlock(&e->ctl_mu);
+	return q;
+}
+
+bool eng_retry_wait(struct eng *e, int attempt, uint64_t t0_ns, unsigned budget_ms)
+{
+	uint64_t wait_ns = (uint64_t)1000000000 << (attempt < 3 ? attempt : 3);
+	uint64_t now = util_now_ns(), end = now + wait_ns;
+	struct timespec ts;
+	bool q;
+
+	if (end > t0_ns + (uint64_t)budget_ms * 1000000)
+		return false;
+	ts.tv_sec = (time_t)(end / 1000000000);
+	ts.tv_nsec = (long)(end % 1000000000);
+	pthread_mutex_lock(&e->ctl_mu);
+	while (!e->quit && pthread_cond_timedwait(&e->quit_cv, &e->ctl_mu, &ts) == 0)
+		;
+	q = e->quit;
+	pthread_mutex_unlock(&e->ctl_mu);
+	return !q;
 }
 
 bool eng_gc_step(struct eng *e, const char *job, uint64_t *step)
@@ -158,6 +189,13 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	pthread_mutex_init(&e->mu, NULL);
 	pthread_mutex_init(&e->ctl_mu, NULL);
 	pthread_cond_init(&e->ctl_cv, NULL);
+	{
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&e->quit_cv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	if (!o->listen && (o->peers || o->coordinator)) {
 		log_err("engine", "the peer tier needs listen=HOST:PORT");
 		rc = -EINVAL;
@@ -277,6 +315,8 @@ void eng_stop(struct eng *e)
 		return;
 	pthread_mutex_lock(&e->ctl_mu);
 	e->stopping = true;
+	e->quit = true;
+	pthread_cond_broadcast(&e->quit_cv);
 	if (e->ctl)
 		nconn_shutdown(e->ctl);
 	pthread_mutex_unlock(&e->ctl_mu);
@@ -302,5 +342,6 @@ void eng_stop(struct eng *e)
 	pthread_mutex_destroy(&e->mu);
 	pthread_mutex_destroy(&e->ctl_mu);
 	pthread_cond_destroy(&e->ctl_cv);
+	pthread_cond_destroy(&e->quit_cv);
 	free(e);
 }

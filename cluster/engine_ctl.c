@@ -250,6 +250,8 @@ void eng_restore_stop(struct eng *e)
 	pthread_mutex_lock(&e->ctl_mu);
 	e->no_restores = true;
 	pthread_cond_broadcast(&e->ctl_cv);
+	e->quit = true;   /* retries of queued jobs end too (eng_retry_wait) */
+	pthread_cond_broadcast(&e->quit_cv);
 	pthread_mutex_unlock(&e->ctl_mu);
 }
 

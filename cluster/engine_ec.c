@@ -1,6 +1,10 @@
 /* engine_ec.c — `redundancy=rs:K+M`: the setting, RAMDIR/frags, protecting
  * a step and the ec_* data requests (see engine_ec.h).
- * Data connection requests (first NT_REQ on a "data" connection):
+ * Data connection requests (first NT_REQ on a "data" connection); the
+ * ones that write (ec_meta, ec_data) are taken only for this node's current
+ * job, for a step not older than its protected one and within
+ * EC_PENDING_STEPS steps above the LKG (admit_step), and only from a unit
+ * of this node's group:
  *   ec_meta  {job, step, owner, manifest:b64} -> {ok}: the owner's manifest
  *            (its size and hash are the geometry of its pieces)
  *   ec_data  {job, step, group, cw, slot}, then one NT_FILE (the data
@@ -201,6 +205,35 @@ static int read_meta(int dirfd, int owner, struct manifest **mf)
 	return rc;
 }
 
+int ecx_store_meta(struct eng *e, int dirfd, const char *name, const void *buf, size_t len)
+{
+	struct eng_ec *ec = e->ec;
+	char *old = NULL;
+	size_t olen = 0;
+	struct stat st;
+	int rc;
+
+	/* reserved holding no lock, as every ram_reserve (its reclaim takes
+	 * fs->mu and the engine's mu); given back when nothing is written */
+	rc = ram_reserve(e->ram, len);
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&ec->mu);
+	rc = util_read_file_at(dirfd, name, EC_META_MAX, &old, &olen);
+	if (rc == 0) {
+		rc = olen == len && !memcmp(old, buf, len) ? 1 : -EEXIST;
+	} else if (rc == -ENOENT) {
+		rc = util_write_file_atomic(dirfd, name, buf, len);
+		if (rc == 0 && fstatat(dirfd, name, &st, 0) == 0)
+			ram_adjust(e->ram, (int64_t)st.st_blocks * 512 - (int64_t)len);
+	}
+	pthread_mutex_unlock(&ec->mu);
+	free(old);
+	if (rc != 0)
+		ram_adjust(e->ram, -(int64_t)len);
+	return rc < 0 ? rc : 0;
+}
+
 int ecx_load_metas(const struct eng_ec_ctx *x, int dirfd, uint64_t *size, uint8_t (*hash)[32],
 		   int rank, struct manifest **mine, int *missing)
 {
@@ -252,8 +285,8 @@ int ecx_tmpfile(int dirfd, const char *prefix, char name[64])
 	return -EEXIST;
 }
 
-static void send_replicated(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
-			    uint32_t dp)
+void ecx_send_replicated(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
+			 uint32_t dp)
 {
 	struct proto_step_ev m = { .job = { job, nodes, dp }, .step = step, .workers = 1 };
 	json_t *ev = proto_replicated_encode(&m);
@@ -321,11 +354,10 @@ static int send_data(struct eng *e, uint32_t to, const char *job, uint64_t step,
 	return rc;
 }
 
-static void backoff(int attempt)
-{
-	struct timespec ts = { .tv_sec = 1 << attempt, .tv_nsec = 0 };
-	nanosleep(&ts, NULL);
-}
+/* A send to one peer is tried 3 times within EC_SEND_BUDGET_MS, and not
+ * again once the daemon stops (eng_retry_wait). */
+#define EC_SEND_TRIES      3
+#define EC_SEND_BUDGET_MS  10000
 
 /* Every manifest of the group is here: send this node's data fragments to
  * the parity holders (once per step: the "sent" marker). */
@@ -379,12 +411,13 @@ static void send_frags(struct eng_ec_ctx *x, const char *job, uint64_t step)
 			for (unsigned j = 0; rc == 0 && j < g->m; j++) {
 				int to = g->unit[ecplan_slot_pos(g, cw, g->k + j)];
 				int r2 = -EIO;
-				for (int a = 0; a < 3; a++) {
+				uint64_t t0 = util_now_ns();
+				for (int a = 0; a < EC_SEND_TRIES; a++) {
 					r2 = send_data(e, (uint32_t)to, job, step, (unsigned)x->gi, cw,
 						       slot, fd, fsz);
-					if (r2 == 0)
+					if (r2 == 0 || a + 1 == EC_SEND_TRIES ||
+					    !eng_retry_wait(e, a, t0, EC_SEND_BUDGET_MS))
 						break;
-					backoff(a);
 				}
 				if (r2 < 0) {
 					failed++;
@@ -468,10 +501,8 @@ out:
 
 void eng_ec_committed(struct eng *e, const struct shard_key *k, uint32_t nodes, uint32_t dp)
 {
-	struct shard_rec rec = { 0 };
 	struct eng_ec_ctx x;
 	int dirfd = -1, rc;
-	char name[32];
 
 	rc = ecx_ctx(e, nodes, dp, &x);
 	if (rc < 0 || x.plan->rep[x.rank] != x.rank) {
@@ -480,38 +511,50 @@ void eng_ec_committed(struct eng *e, const struct shard_key *k, uint32_t nodes, 
 		if (rc == -ENOENT && x.plan)
 			log_warn("engine", "ec: job=%s step=%" PRIu64 ": not erasure coded: %s", k->job,
 				 k->step, x.plan->why);
-		send_replicated(e, k->job, k->step, nodes, dp);
+		ecx_send_replicated(e, k->job, k->step, nodes, dp);
 		goto out;
 	}
-	if (idx_get_shard(ram_idx(e->ram), k, &rec) < 0 || !rec.mf)
-		goto out;
 	dirfd = ecx_dir(e, k->job, k->step, true);
-	if (dirfd < 0)
+	if (dirfd < 0 || ecx_own_meta(&x, dirfd, k) < 0)
 		goto out;
-	snprintf(name, sizeof(name), "m%d.mf", x.rank);
-	if (util_write_file_atomic(dirfd, name, rec.mf, rec.mflen) < 0)
-		goto out;
-	const struct ecplan_group *g = &x.plan->g[x.gi];
-	for (unsigned p = 0; p < g->n; p++) {
-		int to = g->unit[p];
-		if (to == x.rank)
-			continue;
-		for (int a = 0; a < 3; a++) {
-			rc = send_meta(e, (uint32_t)to, k->job, k->step, x.rank, &rec);
-			if (rc == 0)
-				break;
-			backoff(a);
-		}
-		if (rc < 0)
-			log_warn("engine", "ec: job=%s step=%" PRIu64 ": manifest to rank %d failed: %s",
-				 k->job, k->step, to, strerror(-rc));
-	}
 	maybe_send(e, k->job, k->step, nodes, dp);
 out:
 	if (dirfd >= 0)
 		close(dirfd);
-	idx_rec_clear(&rec);
 	ecx_ctx_free(&x);
+}
+
+int ecx_own_meta(struct eng_ec_ctx *x, int dirfd, const struct shard_key *k)
+{
+	struct eng *e = x->e;
+	struct shard_rec rec = { 0 };
+	const struct ecplan_group *g = &x->plan->g[x->gi];
+	char name[32];
+	int rc;
+
+	rc = idx_get_shard(ram_idx(e->ram), k, &rec);
+	if (rc == 0 && !rec.mf)
+		rc = -ENOENT;
+	snprintf(name, sizeof(name), "m%d.mf", x->rank);
+	if (rc == 0)
+		rc = ecx_store_meta(e, dirfd, name, rec.mf, rec.mflen);
+	for (unsigned p = 0; rc == 0 && p < g->n; p++) {
+		int to = g->unit[p], r2 = -EIO;
+		uint64_t t0 = util_now_ns();
+		if (to == x->rank)
+			continue;
+		for (int a = 0; a < EC_SEND_TRIES; a++) {
+			r2 = send_meta(e, (uint32_t)to, k->job, k->step, x->rank, &rec);
+			if (r2 == 0 || a + 1 == EC_SEND_TRIES ||
+			    !eng_retry_wait(e, a, t0, EC_SEND_BUDGET_MS))
+				break;
+		}
+		if (r2 < 0)
+			log_warn("engine", "ec: job=%s step=%" PRIu64 ": manifest to rank %d failed: %s",
+				 k->job, k->step, to, strerror(-r2));
+	}
+	idx_rec_clear(&rec);
+	return rc;
 }
 
 /* ---------- serving ---------- */
@@ -609,8 +652,108 @@ int ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix,
 	return rc;
 }
 
+static int job_dir(struct eng *e, const char *job);
+
+/* At most this many steps above the job's LKG hold fragments here: the
+ * steps being protected now (a node commits a step a little before or
+ * after the others, not many steps ahead of them). */
+#define EC_PENDING_STEPS 4
+
+/* Within the job's fragment directory jfd: how many steps above `lkg`
+ * (all when !has_lkg) have one, and the highest of them. */
+static unsigned pending_steps(int jfd, bool has_lkg, uint64_t lkg, uint64_t *highest)
+{
+	unsigned n = 0;
+	int fd = dup(jfd);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+
+	*highest = 0;
+	if (!d) {
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
+	for (struct dirent *de; (de = readdir(d));) {
+		uint64_t s;
+		if (!util_is_step_name(de->d_name, &s) || (has_lkg && s <= lkg))
+			continue;
+		n++;
+		if (s > *highest)
+			*highest = s;
+	}
+	closedir(d);
+	return n;
+}
+
+/* May an authenticated peer write fragments of (job, step) on this node
+ * (ec_meta, ec_data)? Only for the node's current job, for a step not
+ * older than the job's safe step (older fragments are collected), and
+ * for a step without a fragment directory here yet only while fewer than
+ * EC_PENDING_STEPS steps above the LKG have one; at the limit a lower
+ * step takes the place of the highest (the least plausible: far ahead
+ * of the job, written by nobody but the sender). The step's directory,
+ * a dirfd, or -EPERM / -ERANGE / -errno with why. */
+static int admit_step(struct eng *e, const char *job, uint64_t step, char *why, size_t whylen)
+{
+	char cur[RCFG_JOB_MAX + 1], name[24];
+	bool set, has_lkg, has_safe;
+	uint64_t lkg = 0, safe = 0, highest;
+	int jfd = -1, fd, rc;
+
+	pthread_mutex_lock(&e->mu);
+	set = e->job_set;
+	snprintf(cur, sizeof(cur), "%s", e->job);
+	has_lkg = e->has_lkg && !strcmp(e->lkg_job, job);
+	has_safe = has_lkg && e->has_safe;
+	lkg = e->lkg;
+	safe = e->safe;
+	pthread_mutex_unlock(&e->mu);
+	if (!set || strcmp(cur, job)) {
+		snprintf(why, whylen, "job %s is not this node's job", job);
+		return -EPERM;
+	}
+	if (has_safe && step < safe) {
+		snprintf(why, whylen, "step %" PRIu64 " is older than the job's protected step %" PRIu64,
+			 step, safe);
+		return -ERANGE;
+	}
+	fd = ecx_dir(e, job, step, false);
+	if (fd >= 0 || fd != -ENOENT)
+		return fd;
+	pthread_mutex_lock(&e->ec->mu);
+	rc = ecx_dir(e, job, step, true);   /* makes frags/JOB too */
+	if (rc >= 0) {
+		close(rc);
+		rc = jfd = job_dir(e, job);
+	}
+	if (rc >= 0 && pending_steps(jfd, has_lkg, lkg, &highest) > EC_PENDING_STEPS) {
+		/* the new one counts: one too many */
+		if (highest > step) {
+			uint64_t freed = 0;
+			snprintf(name, sizeof(name), "%" PRIu64, highest);
+			if (util_rmtree_at(jfd, name, &freed) == 0)
+				ram_adjust(e->ram, -(int64_t)freed);
+			log_warn("engine", "ec: job=%s: fragments of step %" PRIu64 " dropped for step %" PRIu64 " (at most %u steps above the LKG)",
+				 job, highest, step, EC_PENDING_STEPS);
+		} else {
+			snprintf(name, sizeof(name), "%" PRIu64, step);
+			unlinkat(jfd, name, AT_REMOVEDIR);
+			snprintf(why, whylen, "step %" PRIu64 " is too far ahead: %u steps above the LKG have fragments here already",
+				 step, EC_PENDING_STEPS);
+			rc = -ERANGE;
+		}
+	}
+	pthread_mutex_unlock(&e->ec->mu);
+	if (jfd >= 0)
+		close(jfd);
+	if (rc < 0)
+		return rc;
+	return ecx_dir(e, job, step, false);
+}
+
 static void serve_meta(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *m)
 {
+	struct eng_ec_ctx x = { 0 };
 	struct manifest *mf = NULL;
 	struct ec_req r;
 	uint32_t owner;
@@ -628,26 +771,41 @@ static void serve_meta(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 		send_error(c, id, EPERM, "only a shard's owner sends its manifest");
 		return;
 	}
-	rc = xfer_decode_manifest(m, &mf, why, sizeof(why));
+	job_shape(e, &nodes, &dp);
+	rc = ecx_ctx(e, nodes, dp, &x);
+	if (rc == 0 && (owner >= x.nodes || x.plan->group[owner] != x.gi ||
+			x.plan->rep[owner] != (int)owner)) {
+		/* a manifest goes to the units of its owner's group only */
+		snprintf(why, sizeof(why), "rank %u stores no shard in this node's group", owner);
+		rc = -EPERM;
+	}
+	if (rc == 0)
+		rc = xfer_decode_manifest(m, &mf, why, sizeof(why));
 	if (rc == 0)
 		rc = mf_encode(mf, &buf, &len);
 	if (rc == 0)
-		rc = dirfd = ecx_dir(e, r.job, r.step, true);
+		rc = dirfd = admit_step(e, r.job, r.step, why, sizeof(why));
 	snprintf(name, sizeof(name), "m%d.mf", (int)owner);
-	if (rc >= 0)
-		rc = util_write_file_atomic(dirfd, name, buf, len);
-	if (rc < 0)
+	if (rc >= 0) {
+		rc = ecx_store_meta(e, dirfd, name, buf, len);
+		if (rc == -EEXIST)
+			snprintf(why, sizeof(why), "rank %u's manifest of step %" PRIu64 " is here already, with other content",
+				 owner, r.step);
+	}
+	if (rc < 0) {
+		log_warn("engine", "ec: manifest of job=%s step=%" PRIu64 " from rank %d refused: %s",
+			 r.job, r.step, peer, why[0] ? why : strerror(-rc));
 		send_error(c, id, -rc, why[0] ? why : "cannot store the manifest");
-	else
+	} else {
 		send_ok(c, id);
+	}
 	if (dirfd >= 0)
 		close(dirfd);
 	free(buf);
 	mf_free(mf);
-	if (rc >= 0) {
-		job_shape(e, &nodes, &dp);
+	ecx_ctx_free(&x);
+	if (rc >= 0)
 		maybe_send(e, r.job, r.step, nodes, dp);
-	}
 }
 
 static bool slot_done(int dirfd, unsigned gi, unsigned cw, unsigned slot)
@@ -673,7 +831,7 @@ static void maybe_protected(struct eng_ec_ctx *x, int dirfd, const char *job, ui
 	close(fd);
 	log_info("engine", "ec: job=%s step=%" PRIu64 " parity complete here (%u fragments, rs:%u+%u group %d)",
 		 job, step, g->m, g->k, g->m, x->gi);
-	send_replicated(x->e, job, step, x->nodes, x->dp);
+	ecx_send_replicated(x->e, job, step, x->nodes, x->dp);
 }
 
 /* Fold the data fragment in fd (checked: this codeword, this node a
@@ -818,7 +976,7 @@ static void serve_data(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 		rc = -EPERM;
 	}
 	if (rc == 0)
-		rc = dirfd = ecx_dir(e, r.job, r.step, true);
+		rc = dirfd = admit_step(e, r.job, r.step, why, sizeof(why));
 	if (rc >= 0)
 		rc = fd = ecx_recv_frag(e, c, dirfd, "in", tmp, &want);
 	if (rc >= 0)
@@ -1075,7 +1233,9 @@ json_t *eng_ec_catalog(struct eng *e, const char *job)
 	return o;
 }
 
-void eng_ec_gc(struct eng *e, const char *job, uint64_t safe)
+/* Drop job's fragment directories of the steps below `step` (older) or
+ * above it, and their open encoders. */
+static void drop_steps(struct eng *e, const char *job, uint64_t step, bool older)
 {
 	DIR *d;
 	int fd;
@@ -1089,30 +1249,44 @@ void eng_ec_gc(struct eng *e, const char *job, uint64_t safe)
 		return;
 	}
 	for (struct dirent *de; (de = readdir(d));) {
-		uint64_t step, freed = 0;
-		if (!util_is_step_name(de->d_name, &step) || step >= safe)
+		uint64_t s, freed = 0;
+		if (!util_is_step_name(de->d_name, &s) || (older ? s >= step : s <= step))
 			continue;
 		if (util_rmtree_at(dirfd(d), de->d_name, &freed) == 0) {
 			ram_adjust(e->ram, -(int64_t)freed);
-			log_info("engine", "ec: job=%s step=%" PRIu64 " fragments dropped (step %" PRIu64 " protected) bytes=%" PRIu64,
-				 job, step, safe, freed);
+			if (older)
+				log_info("engine", "ec: job=%s step=%" PRIu64 " fragments dropped (step %" PRIu64 " protected) bytes=%" PRIu64,
+					 job, s, step, freed);
+			else
+				log_info("engine", "ec: job=%s step=%" PRIu64 " fragments dropped (newer than the restored step %" PRIu64 ") bytes=%" PRIu64,
+					 job, s, step, freed);
 		}
 	}
 	closedir(d);
 	/* encoders of dropped steps go with them */
 	pthread_mutex_lock(&e->ec->mu);
 	for (struct enc_slot **pp = &e->ec->open; *pp;) {
-		struct enc_slot *s = *pp;
-		if (!strcmp(s->job, job) && s->step < safe) {
-			*pp = s->next;
-			ec_enc_free(s->enc);
-			close(s->fd);
-			free(s);
+		struct enc_slot *sl = *pp;
+		if (!strcmp(sl->job, job) && (older ? sl->step < step : sl->step > step)) {
+			*pp = sl->next;
+			ec_enc_free(sl->enc);
+			close(sl->fd);
+			free(sl);
 		} else {
-			pp = &s->next;
+			pp = &sl->next;
 		}
 	}
 	pthread_mutex_unlock(&e->ec->mu);
+}
+
+void eng_ec_gc(struct eng *e, const char *job, uint64_t safe)
+{
+	drop_steps(e, job, safe, true);
+}
+
+void eng_ec_drop_newer(struct eng *e, const char *job, uint64_t step)
+{
+	drop_steps(e, job, step, false);
 }
 
 bool eng_ec_wanted(struct eng *e, const struct shard_key *k)

@@ -53,10 +53,15 @@ void eng_ec_gc(struct eng *e, const char *job, uint64_t safe);
 /* The restore needs k on this node and does not hold it: the code is a
  * source (true under rs and with no local record of k). */
 bool eng_ec_wanted(struct eng *e, const struct shard_key *k);
-/* The job restored step from the cluster: under rs, this node's parity of
- * it that is missing (encoding cut short by a lost node, or a wiped node)
- * is rebuilt in the background. */
+/* The job restored step from the cluster: under rs, this node's manifest
+ * of it is stored and sent again, the parity of it that is missing here
+ * (encoding cut short by a lost node, or a wiped node) is rebuilt in the
+ * background, and once all of it is here the coordinator is told
+ * "replicated" (at once on a node that stores no parity). */
 void eng_ec_restored(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp);
+/* The job restored step: the fragments of its later steps belong to the
+ * timeline it left (their step numbers are written again) and go. */
+void eng_ec_drop_newer(struct eng *e, const char *job, uint64_t step);
 /* The erasure-coded tier as a restore source for this node's shards of
  * a job of `nodes`/`dp`. tier_close frees. 0 or -ENOMEM. */
 int eng_ec_tier(struct eng *e, uint32_t nodes, uint32_t dp, struct tier *t);
@@ -74,6 +79,20 @@ struct eng_ec_ctx {
  * group) or -errno. ctx_free releases it. */
 int  ecx_ctx(struct eng *e, uint32_t nodes, uint32_t dp, struct eng_ec_ctx *x);
 void ecx_ctx_free(struct eng_ec_ctx *x);
+/* The manifest bytes buf as dirfd/name (m<R>.mf), counted in ram_size:
+ * 0 when written, or when those very bytes are there already; -EEXIST
+ * when other bytes are (an owner's manifest of a step is written once: a
+ * restore drops the fragments of the steps it leaves behind first), or
+ * -ENOSPC / -errno. */
+int  ecx_store_meta(struct eng *e, int dirfd, const char *name, const void *buf, size_t len);
+/* This node's own manifest of k stored (ecx_store_meta) and sent (ec_meta)
+ * to every other unit of its group, each tried EC_SEND_TRIES times; on the
+ * replication worker. 0, or -errno when the shard or its manifest cannot
+ * be had or stored (a failed send is logged, not returned). */
+int  ecx_own_meta(struct eng_ec_ctx *x, int dirfd, const struct shard_key *k);
+/* Tell the coordinator: this node's part of protecting step is done. */
+void ecx_send_replicated(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
+			 uint32_t dp);
 /* frags/JOB/STEP under RAMDIR (created when create). A dirfd or -errno. */
 int  ecx_dir(struct eng *e, const char *job, uint64_t step, bool create);
 /* The label of (job, step, group, cw): no fragment of another is mixed in. */

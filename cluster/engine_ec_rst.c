@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 struct ec_tier {
@@ -69,7 +68,8 @@ static int fetch_metas(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_
 				continue;
 			}
 			snprintf(name, sizeof(name), "m%ld.mf", owner);
-			if (util_write_file_atomic(dirfd, name, buf, len) == 0)
+			/* one held here already stays (another is not taken) */
+			if (ecx_store_meta(x->e, dirfd, name, buf, len) == 0)
 				stored++;
 			json_decref(wrap);
 			free(buf);
@@ -226,32 +226,56 @@ static unsigned reprotect_once(struct eng_ec_ctx *x, int dirfd, const char *job,
 	return built;
 }
 
+/* How long a node keeps trying to rebuild its parity of a restored step:
+ * the other nodes rebuild their shards and send their manifests at the
+ * same time, so the first tries may find members missing. */
+#define REPROTECT_BUDGET_MS 30000
+
 static void reprotect_run(void *arg)
 {
 	struct ecx_step_job *r = arg;
+	struct shard_key k = { .step = r->step };
 	struct eng_ec_ctx x;
-	int dirfd = -1, fd;
+	uint64_t t0 = util_now_ns();
+	int dirfd = -1, fd, rc;
 
-	/* a data-parallel twin stores no parity: its representative does */
-	if (ecx_ctx(r->e, r->nodes, r->dp, &x) < 0 || x.plan->rep[x.rank] != x.rank ||
-	    (dirfd = ecx_dir(r->e, r->job, r->step, true)) < 0)
+	snprintf(k.job, sizeof(k.job), "%s", r->job);
+	rc = ecx_ctx(r->e, r->nodes, r->dp, &x);
+	if (rc < 0 || x.plan->rep[x.rank] != x.rank) {
+		/* no parity stored here (a data-parallel twin, whose unit the
+		 * representative protects, or too few distinct shards) */
+		if (x.plan)
+			ecx_send_replicated(r->e, r->job, r->step, r->nodes, r->dp);
+		goto out;
+	}
+	dirfd = ecx_dir(r->e, r->job, r->step, true);
+	if (dirfd < 0)
 		goto out;
 	const struct ecplan_group *g = &x.plan->g[x.gi];
-	if (faccessat(dirfd, "protected", F_OK, 0) == 0)
+	if (faccessat(dirfd, "protected", F_OK, 0) == 0) {
+		ecx_send_replicated(r->e, r->job, r->step, r->nodes, r->dp);
 		goto out;
-	for (int a = 0; a < 4; a++) {
+	}
+	/* this node's manifest again: the group cuts data members by it, and
+	 * it may never have been sent (killed right after the commit) */
+	k.rank = (uint32_t)x.rank;
+	if (ecx_own_meta(&x, dirfd, &k) < 0)
+		log_info("engine", "ec: job=%s step=%" PRIu64 ": this node's manifest of it is not held here",
+			 r->job, r->step);
+	for (int a = 0;; a++) {
 		if (reprotect_once(&x, dirfd, r->job, r->step) == g->m) {
 			fd = openat(dirfd, "protected", O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
 			if (fd >= 0)
 				close(fd);
 			log_info("engine", "ec: job=%s step=%" PRIu64 " parity rebuilt here (%u fragments, rs:%u+%u group %d)",
 				 r->job, r->step, g->m, g->k, g->m, x.gi);
+			ecx_send_replicated(r->e, r->job, r->step, r->nodes, r->dp);
 			goto out;
 		}
-		struct timespec ts = { .tv_sec = 1 << a, .tv_nsec = 0 };
-		nanosleep(&ts, NULL);
+		if (!eng_retry_wait(r->e, a, t0, REPROTECT_BUDGET_MS))
+			break;
 	}
-	log_warn("engine", "ec: job=%s step=%" PRIu64 ": this node's parity could not be rebuilt; the step is protected again once a newer one is",
+	log_warn("engine", "ec: job=%s step=%" PRIu64 ": this node's parity could not be rebuilt; older steps are kept until a newer one is protected",
 		 r->job, r->step);
 out:
 	if (dirfd >= 0)

@@ -102,6 +102,12 @@ struct eng {
 	uint32_t next_id;
 	struct pending_call *calls[16];
 	bool stopping;
+	/* The daemon's stop has begun (eng_restore_stop or eng_stop; protected
+	 * by ctl_mu): retry waits (eng_retry_wait) end at once on quit_cv
+	 * (CLOCK_MONOTONIC), so a queue drained at the stop runs each queued
+	 * job's current attempt only. */
+	bool quit;
+	pthread_cond_t quit_cv;
 };
 
 struct bk_upload {
@@ -114,6 +120,13 @@ struct bk_upload {
 
 /* engine.c: a recoverable problem, logged and passed to cb.report. */
 void eng_report(struct eng *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* engine.c: the wait before retry `attempt` (0, 1, ...: 1 s, 2 s, 4 s,
+ * then 8 s each) of work begun at t0_ns (util_now_ns). false, at once,
+ * when the daemon is stopping, or when the retry would start later than
+ * t0_ns + budget_ms: the caller gives up. Any thread but a FUSE one. */
+bool eng_retry_wait(struct eng *e, int attempt, uint64_t t0_ns, unsigned budget_ms);
+/* engine.c: the daemon's stop has begun (no new retries). */
+bool eng_quitting(struct eng *e);
 
 /* engine_data.c */
 extern const struct nsrv_ops eng_srv_ops;
@@ -124,6 +137,15 @@ int eng_ctl_event(struct eng *e, json_t *ev);
 int eng_register(struct eng *e, bool want_table);
 int eng_addr_of(struct eng *e, uint32_t rank, char *out, size_t len);
 void eng_ctl_new_identity(struct eng *e, int old_rank, int new_rank);
+
+/* engine_repl.c: the job restored `step` from the cluster (DESIGN §5):
+ * this node's shards of it are protected again to the configured level on
+ * the nodes there are now — replicas pushed again to the peers, or under
+ * rs the parity rebuilt (eng_ec_restored) — and each node then says
+ * "replicated". Until every node has, the coordinator has no safe step for
+ * the job, so no node drops a step older than the restored one: a node lost
+ * right after the restart still leaves the older protected step. */
+void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp);
 
 /* engine_backup.c */
 int64_t eng_save_worker(const char *path, const char *job, uint32_t rank, uint64_t step);

@@ -20,7 +20,14 @@ struct repl_job {
 	struct shard_key key;
 	uint8_t hash[32];
 	int attempt;
+	uint64_t t0;       /* the first attempt (util_now_ns): retries end REPL_RETRY_BUDGET_MS after */
+	bool restored;     /* the job restored it: pushed again, no "committed" event */
 };
+
+/* Failed pushes are tried again 3 times, while within this of the first
+ * attempt, and not once the daemon stops (eng_retry_wait). */
+#define REPL_RETRIES          3
+#define REPL_RETRY_BUDGET_MS  60000
 
 /* Replicate shard k (its catalog record rec, manifest mf) to rank peer
  * through the peer tier: 0 sent, 1 the peer had the content, or -errno. */
@@ -70,7 +77,7 @@ static void repl_run(void *arg)
 	se = (struct proto_step_ev){ .job = { j->key.job, nodes, dp }, .step = j->key.step,
 				     .worker = j->key.worker, .workers = workers };
 	memcpy(se.hash, j->hash, 32);
-	if (j->attempt == 0) {
+	if (j->attempt == 0 && !j->restored) {
 		pthread_mutex_lock(&e->mu);
 		se.bi_min = e->bi_min;
 		se.bi_steps = e->bi_steps;
@@ -81,7 +88,7 @@ static void repl_run(void *arg)
 				 (unsigned long long)j->key.step, e->coord_addr);
 		json_decref(ev);
 	}
-	if (workers == 1 && eng_ec_get(e, NULL)) {
+	if (!j->restored && workers == 1 && eng_ec_get(e, NULL)) {
 		/* rs:K+M: the code protects the step instead of replicas (one
 		 * shard per step: per-worker shards are still replicated) */
 		eng_ec_committed(e, &j->key, nodes, dp);
@@ -113,21 +120,27 @@ static void repl_run(void *arg)
 		 * job's older steps go */
 		if (npeers > 0)
 			life_replicated(ram_idx(e->ram), &j->key);
+		if (j->restored)
+			log_info("engine", "job %s step %llu: the restored shard is replicated again (peers: %d)",
+				 j->key.job, (unsigned long long)j->key.step, npeers);
 		ev = proto_replicated_encode(&se);
 		if (eng_ctl_event(e, ev) < 0)
 			log_warn("engine", "cannot report step %llu as replicated to the coordinator at %s",
 				 (unsigned long long)j->key.step, e->coord_addr);
 		json_decref(ev);
-	} else if (failed && j->attempt < 3) {
+	} else if (failed && j->attempt < REPL_RETRIES &&
+		   eng_retry_wait(e, j->attempt, j->t0, REPL_RETRY_BUDGET_MS)) {
 		struct repl_job *again = malloc(sizeof(*again));
 		if (again) {
 			*again = *j;
 			again->attempt++;
-			struct timespec ts = { .tv_sec = 1 << j->attempt, .tv_nsec = 0 };
-			nanosleep(&ts, NULL);
 			if (workq_submit(e->replq, repl_run, again) < 0)
 				free(again);
 		}
+	} else if (failed && eng_quitting(e)) {
+		/* not a lost copy: the daemon stops, and the shard with it */
+		log_info("engine", "job %s step %llu: not replicated to %d of %d peers: the daemon is stopping",
+			 j->key.job, (unsigned long long)j->key.step, failed, npeers);
 	} else if (failed) {
 		eng_report(e, "job %s step %llu: could not be replicated to %d of %d peers; it has fewer copies than configured",
 		       j->key.job, (unsigned long long)j->key.step, failed, npeers);
@@ -149,8 +162,45 @@ void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[
 	j->e = e;
 	j->key = *k;
 	memcpy(j->hash, hash, 32);
+	j->t0 = util_now_ns();
 	if (workq_submit(e->replq, repl_run, j) < 0)
 		free(j);
+}
+
+void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp)
+{
+	uint32_t workers;
+	int rank;
+
+	pthread_mutex_lock(&e->mu);
+	workers = e->workers ? e->workers : 1;
+	rank = e->rank;
+	pthread_mutex_unlock(&e->mu);
+	if (workers == 1 && eng_ec_get(e, NULL)) {
+		eng_ec_restored(e, job, step, nodes, dp);   /* the code's parity of it */
+		return;
+	}
+	for (uint32_t w = 0; rank >= 0 && w < workers; w++) {
+		struct shard_key k = { .step = step, .rank = (uint32_t)rank, .worker = w };
+		struct shard_rec rec = { 0 };
+		struct manifest *mf = NULL;
+		struct repl_job *j = NULL;
+
+		snprintf(k.job, sizeof(k.job), "%s", job);
+		if (idx_get_shard(ram_idx(e->ram), &k, &rec) == 0 && rec.mf &&
+		    mf_decode(rec.mf, rec.mflen, &mf) == 0 && (j = calloc(1, sizeof(*j))) != NULL) {
+			*j = (struct repl_job){ .e = e, .key = k, .t0 = util_now_ns(), .restored = true };
+			memcpy(j->hash, mf->hash, 32);
+			if (workq_submit(e->replq, repl_run, j) < 0)
+				free(j);
+		} else {
+			/* never reported: the older steps stay until a newer one is replicated */
+			log_warn("engine", "job %s step %llu worker %u: the restored shard is not held here; it is not replicated again",
+				 job, (unsigned long long)step, w);
+		}
+		mf_free(mf);
+		idx_rec_clear(&rec);
+	}
 }
 
 void eng_drain(struct eng *e)

@@ -417,14 +417,24 @@ restart:
 			json_decref(resp);
 			resp = NULL;
 			if (p.found) {
+				/* Older steps go only once the restored one is protected
+				 * again job-wide (the coordinator's next safe step): it
+				 * was restored from one copy, and its replicas or parity
+				 * may never have been made (a node killed right after
+				 * its commit) or may be on a node lost since. A step
+				 * restored from the bucket is held there. */
 				pthread_mutex_lock(&e->mu);
-				e->has_lkg = e->has_safe = true;
-				e->lkg = e->safe = p.step;   /* older steps belong to the past */
+				e->has_lkg = true;
+				e->lkg = p.step;
+				e->has_safe = p.bucket;
+				e->safe = p.step;
 				snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", c->job);
 				pthread_mutex_unlock(&e->mu);
-				if (!p.bucket)   /* rs: complete this node's parity of it */
-					eng_ec_restored(e, c->job, p.step, (uint32_t)c->nodes,
-							(uint32_t)c->assume_dp);
+				/* fragments of later steps belong to the timeline left */
+				eng_ec_drop_newer(e, c->job, p.step);
+				if (!p.bucket)
+					eng_reprotect(e, c->job, p.step, (uint32_t)c->nodes,
+						      (uint32_t)c->assume_dp);
 			}
 			rc = 0;
 			break;

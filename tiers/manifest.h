@@ -33,6 +33,16 @@ struct mf_entry {
 	uint32_t crc32c;     /* files only */
 };
 
+/* The mode a restore gives an entry of mode `mode` (a manifest's):
+ * permission bits only. A restored shard's modes come from a peer, a
+ * bucket or erasure-code fragments (each restore path applies this one
+ * rule): none of them may make a set-user-ID, set-group-ID or sticky
+ * file or directory on this node, as the daemon's files are root's. */
+static inline uint32_t mf_restore_mode(uint32_t mode)
+{
+	return mode & 0777;
+}
+
 struct manifest {
 	struct mf_entry *e;  /* sorted by path (bytewise) */
 	size_t n;

@@ -752,6 +752,40 @@ class FileBackupTest(BackupBase):
 
     # -- 9 --
 
+    def test_2d_setuid_setgid_sticky_not_restored(self):
+        """A backup of 04755/02755 files and a 01777 directory, every node
+        wiped, restored from the bucket: permission bits only (0755, 0755,
+        0777), as a peer or erasure-code restore gives them (issue 22)."""
+        job = "bk2d"
+        step = 10
+        c = self.cluster()
+        c.job_start(job)
+        for r in range(2):
+            tmp = os.path.join(c.nodes[r].mnt, "%d.orbax-checkpoint-tmp-%d" % (step, r))
+            os.makedirs(os.path.join(tmp, "bin"))
+            os.makedirs(os.path.join(tmp, "shared"))
+            harness.write_file(os.path.join(tmp, "shared", "f"), b"x\n")
+            for rel, mode in (("bin/suid", 0o4755), ("bin/sgid", 0o2755)):
+                harness.write_file(os.path.join(tmp, rel), b"#!/bin/sh\n")
+                os.chmod(os.path.join(tmp, rel), mode)
+            os.chmod(os.path.join(tmp, "shared"), 0o1777)
+            harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
+            os.rename(tmp, os.path.join(c.nodes[r].mnt, str(step)))
+        self.wait_backup(job, step)
+        self.lose_all_ram()
+        self.assertEqual(self.job_restart(job), {0: step, 1: step})
+        for r in range(2):
+            mnt = c.nodes[r].mnt
+            ms = [x for x in os.listdir(mnt) if x.endswith(".restore")]
+            os.replace(os.path.join(mnt, ms[0]), os.path.join(mnt, str(step)))
+            d = os.path.join(mnt, str(step))
+            got = {rel: os.stat(os.path.join(d, rel)).st_mode & 0o7777
+                   for rel in ("bin/suid", "bin/sgid", "shared")}
+            self.assertEqual(got, {"bin/suid": 0o755, "bin/sgid": 0o755, "shared": 0o777},
+                             "node %d" % r)
+            self.assertIn("restored job=%s step=%d from backup" % (job, step),
+                          c.nodes[r].log_text())
+
     def test_9_single_node_no_peers(self):
         job = "solo"
         d = Daemon(opts="ram_size=256M," + self.store.opts(), extra_args=["-d"],

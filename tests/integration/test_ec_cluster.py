@@ -22,6 +22,16 @@ killed -9 with their RAMDIR wiped, then a job restart.
   representative, S on a twin), a lost node whose twin lives is copied
   from the twin, a unit whose both copies are lost is rebuilt from the
   code on both nodes;
+- a node lost right after a job restart (issue 22): rs:2+1 on 3 nodes,
+  step 2 committed everywhere but never encoded (node 0 killed before its
+  manifest left it), restored from RAM: step 1 and its parity stay until
+  step 2 is protected again (node 0 sends its manifest again, every node
+  rebuilds its parity); a node lost right after the restart costs at most
+  step 2, and once step 2 is protected it is rebuilt from its parity;
+- an unmount while the replication worker waits between retries (manifest
+  sends to dead nodes; a push to a dead peer) takes well under 5 s;
+- a shard rebuilt from fragments gets permission bits only: 04755, 02755
+  files and a 01777 directory come back 0755, 0755, 0777;
 - RAM held per node for one protected step (du of RAMDIR's shards/ and
   frags/) against (1 + M/K) x S.
 
@@ -35,7 +45,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
+import time
 import tempfile
 import unittest
 
@@ -349,6 +361,173 @@ class EcCase(unittest.TestCase):
         self.wait_protected(job, 2)
         self.lose([3])
         self.restart_verify(job, 2, [3])
+
+    # -- modes of a rebuilt shard (issue 22) -----------------------------------
+
+    def test_rebuild_drops_setuid_setgid_sticky(self):
+        # a shard rebuilt from fragments gets permission bits only, as
+        # restores from a peer or the bucket do: the daemon's files are
+        # root's, and a trainer's 04755 binary must not come back 04755
+        c = self.make(3, "rs:2+1")
+        job = "ecmode"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(3)})
+        modes = {"bin/suid": 0o4755, "bin/sgid": 0o2755}
+        for r in range(3):
+            tmp = os.path.join(c.nodes[r].mnt, "4.orbax-checkpoint-tmp-%d" % r)
+            from cluster import write_shard
+            write_shard(tmp, job, 4, r, SIZE)
+            os.makedirs(os.path.join(tmp, "bin"))
+            os.makedirs(os.path.join(tmp, "shared"))
+            harness.write_file(os.path.join(tmp, "shared", "f"), b"in a sticky dir\n")
+            for rel, mode in modes.items():
+                harness.write_file(os.path.join(tmp, rel), b"#!/bin/sh\n")
+                os.chmod(os.path.join(tmp, rel), mode)
+            os.chmod(os.path.join(tmp, "shared"), 0o1777)
+            harness.write_file(os.path.join(tmp, "commit_success.txt"), b"ok\n")
+            os.rename(tmp, os.path.join(c.nodes[r].mnt, "4"))
+        self.wait_protected(job, 4)
+        st = os.stat(os.path.join(c.nodes[1].mnt, "4", "bin", "suid"))
+        self.assertEqual(st.st_mode & 0o7777, 0o4755, "inconclusive: the app's own mode")
+        self.lose([1])
+        self.restart_verify(job, 4, [1])
+        d = os.path.join(c.nodes[1].mnt, "4")
+        got = {rel: os.stat(os.path.join(d, rel)).st_mode & 0o7777
+               for rel in ("bin/suid", "bin/sgid", "shared")}
+        self.assertEqual(got, {"bin/suid": 0o755, "bin/sgid": 0o755, "shared": 0o777})
+        with open(os.path.join(d, "shared", "f"), "rb") as f:
+            self.assertEqual(f.read(), b"in a sticky dir\n")
+
+    # -- a node lost right after a job restart (issue 22) ----------------------
+
+    def unprotected_after_restart(self, job):
+        """rs:2+1 on 3 nodes, step 1 protected. Node 0 commits step 2 while
+        nodes 1 and 2 are stopped (SIGSTOP) and is killed -9 before its
+        manifest of step 2 left it (frags/JOB/2 removed from its RAMDIR: the
+        kill came before it was written); nodes 1 and 2 then commit step 2.
+        Node 0 comes back with its RAMDIR and the job restarts: every node
+        restores step 2 from its own RAM, and no parity of step 2 exists."""
+        c = self.make(3, "rs:2+1")
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(3)})
+        self.save_protected(job, 1)
+        for d in c.nodes:
+            d.expect_log(EXPECTED + r"|cannot report step")
+        for r in (1, 2):
+            os.kill(c.nodes[r].proc.pid, signal.SIGSTOP)
+        try:
+            c.save(job, 2, ranks=[0], size=SIZE)
+            wait_until(lambda: "m0.mf" in self.frags(0, job, 2), 30,
+                       "node 0's manifest of step 2 written")
+            c.nodes[0].kill9()
+        finally:
+            for r in (1, 2):
+                os.kill(c.nodes[r].proc.pid, signal.SIGCONT)
+        shutil.rmtree(os.path.join(c.nodes[0].ramdir, "frags", job, "2"))
+        c.save(job, 2, ranks=[1, 2], size=SIZE)
+        wait_until(lambda: all(c.holds(r, job).get((r, 2)) in harness.COMMITTED_STATES
+                               for r in (1, 2)), 30, "step 2 committed on nodes 1 and 2")
+        c.nodes[0].start()
+        self.assertEqual(c.job_start(job), {r: 2 for r in range(3)}, "restored from RAM")
+        return c
+
+    def step1_kept_unless_2_protected(self, job):
+        """Until step 2 is protected on every node, every node still holds
+        its step 1 shard and its parity of step 1."""
+        c = self.c
+        for r in range(3):
+            prot2 = all("protected" in self.frags(q, job, 2) for q in range(3))
+            if prot2:
+                return True
+            self.assertIn((r, 1), c.holds(r, job), "node %d dropped step 1 while step 2 "
+                          "is not protected on every node" % r)
+            self.assertIn("protected", self.frags(r, job, 1),
+                          "node %d dropped its parity of step 1" % r)
+        return False
+
+    def test_node_lost_right_after_restart(self):
+        # the restored step is protected again before older steps go: a
+        # node lost right after the restart costs at most that step
+        job = "ecrst"
+        c = self.unprotected_after_restart(job)
+        self.step1_kept_unless_2_protected(job)
+        for r in range(3):
+            c.restore_and_verify(job, r, 2, size=SIZE)
+        self.lose([1])
+        got = c.job_start(job)
+        step = got[0]
+        self.assertEqual(got, {r: step for r in range(3)})
+        self.assertIn(step, (1, 2), "a step the code rebuilds, never step 0")
+        for r in range(3):
+            c.restore_and_verify(job, r, step, size=SIZE)
+        self.assertRegex(c.nodes[1].log_text(), r"restored job=%s step=%d from erasure code "
+                         % (job, step))
+
+    def test_restored_step_protected_again(self):
+        # the step restored without parity gets it after the restart (node
+        # 0 sends its manifest again, every node rebuilds its parity), is
+        # then the safe step, and step 1 goes; a node lost after that is
+        # rebuilt from step 2's parity
+        job = "ecrst2"
+        c = self.unprotected_after_restart(job)
+        self.wait_protected(job, 2)
+        wait_until(lambda: all(self.frags(r, job) == ["2"] and (r, 1) not in c.holds(r, job)
+                               for r in range(3)), 30, "step 1 dropped once 2 is protected")
+        for r in range(3):
+            c.restore_and_verify(job, r, 2, size=SIZE)
+        self.lose([2])
+        self.restart_verify(job, 2, [2])
+
+    # -- the daemon's stop during retries (issue 22) ----------------------------
+
+    def test_unmount_during_retries_is_quick(self):
+        # node 0 commits steps 2 and 3 with both other nodes dead: its
+        # replication worker retries each manifest send (waits of 1 s, 2 s)
+        # for ~6 s per step. An unmount then ends the waits at once: the
+        # queued jobs run their current attempt only
+        c = self.make(3, "rs:2+1")
+        job = "ecstop"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(3)})
+        self.save_protected(job, 1)
+        for d in c.nodes:
+            d.expect_log(EXPECTED + r"|cannot report step")
+        for r in (1, 2):
+            c.nodes[r].kill9()
+        c.save(job, 2, ranks=[0], size=SIZE)
+        c.save(job, 3, ranks=[0], size=SIZE)
+        wait_until(lambda: re.search(r"committed job=%s step=3 rank=0" % job,
+                                     c.nodes[0].log_text()), 30, "node 0 committed step 3")
+        t0 = time.monotonic()
+        c.nodes[0].stop()
+        secs = time.monotonic() - t0
+        print("unmount with retries pending: %.2f s" % secs)
+        self.assertLess(secs, 5.0, "unmount waited for the retries")
+
+    def test_unmount_during_push_retries_is_quick(self):
+        # the same under replication: node 0's pushes of steps 2, 3, 4 to
+        # the dead node 1 are each retried after 1 s, 2 s, 4 s
+        c = Cluster(2, ram_size="256M", restore_timeout=20)
+        for d in c.nodes:
+            d.extra_args.append("-d")
+        self.addCleanup(c.close)
+        c.start()
+        job = "replstop"
+        self.assertEqual(c.job_start(job), {0: 0, 1: 0})
+        c.save(job, 1, size=SIZE)
+        c.wait_replicated(job, 1)
+        for d in c.nodes:
+            d.expect_log(r"replicating job=.* failed|cannot report step|connect|"
+                         r"Connection refused|could not be replicated")
+        c.nodes[1].kill9()
+        for step in (2, 3, 4):
+            c.save(job, step, ranks=[0], size=SIZE)
+        wait_until(lambda: re.search(r"committed job=%s step=4 rank=0" % job,
+                                     c.nodes[0].log_text()), 30, "node 0 committed step 4")
+        wait_until(lambda: re.search(r"replicating job=%s step=2 to rank 1 failed" % job,
+                                     c.nodes[0].log_text()), 30, "node 0's first push failed")
+        t0 = time.monotonic()
+        c.nodes[0].stop()
+        secs = time.monotonic() - t0
+        print("unmount with push retries pending: %.2f s" % secs)
+        self.assertLess(secs, 2.0, "unmount waited for the push retries")
 
     # -- data parallelism ------------------------------------------------------
 

@@ -21,6 +21,14 @@ between "N committed everywhere" and "N replicated everywhere".
   20; once 20 is replicated both ways, step 10 disappears from both nodes
   (own shards and replicas), and no node dropped it before every push of
   step 20 was done (log timestamps).
+- test_node_lost_right_after_restart / test_restored_step_replicated_again
+  (issue 22): 3 nodes; node 0 commits step 20 while nodes 1 and 2 are
+  stopped (SIGSTOP: its push cannot even authenticate) and is killed -9;
+  nodes 1 and 2 commit step 20; node 0 comes back with its RAMDIR and the
+  job restores step 20 from RAM, node 0's shard of it held only by node 0.
+  Step 10 must stay everywhere until step 20 is replicated again (the
+  restart pushes each node's restored shard to its peers again); node 0
+  lost right after the restart costs at most step 20, never both.
 
 Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
      /usr/bin/python3 tests/integration/test_gc_safety.py [-k NAME]
@@ -28,6 +36,7 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
 
 import os
 import re
+import signal
 import sys
 import time
 import unittest
@@ -279,6 +288,75 @@ class GcSafety(unittest.TestCase):
                     "was done (pushes done at %s): %s"
                     % (r, OLD, NEW, pushed, d))
 
+
+    # -- 3: a node lost right after a job restart (issue 22) -----------------
+
+    def unreplicated_after_restart(self, job):
+        c = self.track(Cluster(3))
+        c.start()
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(3)}, "fresh job start")
+        c.save(job, OLD)
+        c.wait_replicated(job, OLD)
+        for d in c.nodes:
+            d.expect_log(r"cannot report step|could not be replicated|"
+                         r"replicating job=.* failed")
+        for r in (1, 2):
+            os.kill(c.nodes[r].proc.pid, signal.SIGSTOP)
+        try:
+            c.save(job, NEW, ranks=[0])
+            wait_until(lambda: (0, NEW) in self.held(0, job), 30,
+                       "node 0 committed step %d" % NEW)
+            c.nodes[0].kill9()
+        finally:
+            for r in (1, 2):
+                os.kill(c.nodes[r].proc.pid, signal.SIGCONT)
+        c.save(job, NEW, ranks=[1, 2])
+        wait_until(lambda: all((r, NEW) in self.held(r, job) for r in (1, 2)), 30,
+                   "step %d committed on nodes 1 and 2" % NEW)
+        for r in (1, 2):
+            self.assertNotIn((0, NEW), self.held(r, job),
+                             "inconclusive: node 0's step %d reached node %d" % (NEW, r))
+        c.nodes[0].start()
+        self.assertEqual(c.job_start(job), {r: NEW for r in range(3)}, "restored from RAM")
+        return c
+
+    def test_node_lost_right_after_restart(self):
+        job = "gcrst"
+        c = self.unreplicated_after_restart(job)
+        # until node 0's shard of step 20 is held by another node again,
+        # every node keeps step 10 (its own, and its replicas)
+        h = {r: self.held(r, job) for r in range(3)}
+        if not any((0, NEW) in h[r] for r in (1, 2)):
+            for r in range(3):
+                self.assertIn((r, OLD), h[r], "node %d dropped step %d while node 0's "
+                              "step %d is held by node 0 only: %s" % (r, OLD, NEW, h))
+        for r in range(3):
+            c.restore_and_verify(job, r, NEW)
+        c.nodes[0].kill9()
+        c.nodes[0].wipe_ramdir()
+        c.nodes[0].start()
+        got = c.job_start(job)
+        step = got[0]
+        self.assertEqual(got, {r: step for r in range(3)})
+        self.assertIn(step, (OLD, NEW), "a step the copies left allow, never nothing")
+        for r in range(3):
+            c.restore_and_verify(job, r, step)
+
+    def test_restored_step_replicated_again(self):
+        job = "gcrst2"
+        c = self.unreplicated_after_restart(job)
+        wait_until(lambda: any((0, NEW) in self.held(r, job) for r in (1, 2)), 30,
+                   "node 0's restored step %d pushed to its peer again" % NEW)
+        wait_until(lambda: all(st == NEW for r in range(3) for _, st in self.held(r, job)),
+                   30, "step %d dropped once step %d is replicated again" % (OLD, NEW))
+        self.assertRegex(c.nodes[0].log_text(), r"job %s step %d: the restored shard is replicated "
+                         r"again \(peers: 1\)" % (job, NEW))
+        c.nodes[0].kill9()
+        c.nodes[0].wipe_ramdir()
+        c.nodes[0].start()
+        self.assertEqual(c.job_start(job), {r: NEW for r in range(3)})
+        for r in range(3):
+            c.restore_and_verify(job, r, NEW)
 
 if __name__ == "__main__":
     harness.main()

@@ -13,6 +13,13 @@ wire format of net/frame.h and the HMAC handshake of net/auth.h.
   connection is dropped; nothing appears outside RAMDIR/shards, no new
   shard is listed by mtcfs-admin ls, the daemon keeps serving; a pushed
   file never lands set-user-ID/set-group-ID in RAMDIR;
+- erasure coding (rs:2+1 on 6 nodes, two groups; issue 22): ec_meta and
+  ec_data are refused for another job, for a step older than the job's
+  protected step, from a rank outside the receiver's group; a manifest
+  that would replace a stored one with other bytes is refused (the same
+  bytes again are accepted); at most 4 steps above the LKG get fragment
+  directories (a lower step takes the highest one's place); the bytes
+  stored count in ram_size;
 - the positive path: a correct authenticated push of a small shard is
   accepted, stored under RAMDIR/shards/JOB/STEP/nOWNER-w0, listed as a
   replica ("own": false, "rank" = the owner) and can be fetched back.
@@ -30,6 +37,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import socket
 import struct
 import sys
@@ -906,6 +914,136 @@ class PeerSecurity(unittest.TestCase):
             % (self.target, reply, self.target, got.get(self.target),
                sorted(restored or {})))
 
+
+EC_JOB = "ecsec"
+
+
+class EcHostilePeer(unittest.TestCase):
+    """rs:2+1 on 6 nodes (two groups of three), step 1 protected; the
+    hostile peer authenticates as a rank of the cluster (it has the
+    secret) and sends ec_meta / ec_data to node 1."""
+
+    def setUp(self):
+        self.c = Cluster(6, ram_size="256M", restore_timeout=10,
+                         extra="redundancy=rs:2+1")
+        for d in self.c.nodes:
+            d.extra_args.append("-d")
+            d.expect_log(r"ec: (manifest|data fragment) .*refused|"
+                         r"fragments of step \d+ dropped for step")
+        self.daemons = list(self.c.nodes)
+        self.addCleanup(self.c.close)
+        self.c.start()
+        self.secret = read_secret(self.c.secret)
+        self.assertEqual(self.c.job_start(EC_JOB), {r: 0 for r in range(6)})
+        self.c.save(EC_JOB, 1, size=32 * 1024)
+        harness.wait_until(lambda: all("protected" in self.frags(r, 1) for r in range(6)),
+                           60, "step 1 protected on every node")
+        self.target = 1
+        self.node = self.c.nodes[1]
+        self.group = {}
+        for r in range(6):
+            m = harness.wait_until(lambda: re.search(
+                r"ec: job=%s step=1 parity complete here \(.* group (\d+)\)" % EC_JOB,
+                self.c.nodes[r].log_text()), 10, "node %d's group" % r)
+            self.group[r] = int(m.group(1))
+        self.mates = [r for r in range(6) if self.group[r] == self.group[1] and r != 1]
+        self.others = [r for r in range(6) if self.group[r] != self.group[1]]
+
+    def frags(self, r, step=None):
+        d = os.path.join(self.c.nodes[r].ramdir, "frags", EC_JOB)
+        if step is not None:
+            d = os.path.join(d, str(step))
+        try:
+            return sorted(os.listdir(d))
+        except FileNotFoundError:
+            return []
+
+    def ram_used(self):
+        return json.loads(harness.admin("status", self.node.ramdir, "--json"))["ram_used"]
+
+    def call(self, rank, req):
+        """One request on a data connection authenticated as rank: the
+        reply object, or Refused."""
+        with Wire(self.c.addrs[self.target]) as w:
+            w.handshake(self.secret, rank=rank, purpose="data", server_rank=self.target)
+            w.send(frame(NT_REQ, req, req_id=5))
+            return w.recv_json()[2]
+
+    def meta(self, rank, step, manifest, job=EC_JOB, owner=None):
+        return self.call(rank, {"op": "ec_meta", "job": job, "step": step,
+                                "owner": rank if owner is None else owner,
+                                "manifest": b64(manifest)})
+
+    def refused(self, errno_, fn, *a, **kw):
+        with self.assertRaises(Refused) as cm:
+            fn(*a, **kw)
+        self.assertEqual(cm.exception.errno, errno_, cm.exception)
+        self.node.check_alive()
+        return cm.exception
+
+    def some_manifest(self, n=1, tag=b""):
+        files = {"state/f%d" % i: tag + b"x" * 10 for i in range(n)}
+        return mf_encode(manifest_entries(files))
+
+    def test_ec_meta_other_job_refused(self):
+        mate = self.mates[0]
+        self.refused(errno.EPERM, self.meta, mate, 2, self.some_manifest(), job="otherjob")
+        self.assertFalse(os.path.exists(os.path.join(self.node.ramdir, "frags", "otherjob")))
+
+    def test_ec_meta_older_than_protected_refused(self):
+        # step 1 is the protected (safe) step: step 0 is older
+        mate = self.mates[0]
+        harness.wait_until(lambda: self.frags(1) == ["1"], 30, "only step 1's fragments")
+        self.refused(errno.ERANGE, self.meta, mate, 0, self.some_manifest())
+        self.assertEqual(self.frags(1), ["1"])
+
+    def test_ec_meta_from_other_group_refused(self):
+        other = self.others[0]
+        self.refused(errno.EPERM, self.meta, other, 2, self.some_manifest())
+        self.assertEqual(self.frags(1, 2), [])
+
+    def test_ec_meta_never_replaces_a_manifest(self):
+        mate = self.mates[0]
+        path = os.path.join(self.node.ramdir, "frags", EC_JOB, "1", "m%d.mf" % mate)
+        with open(path, "rb") as f:
+            real = f.read()
+        e = self.refused(errno.EEXIST, self.meta, mate, 1, self.some_manifest())
+        self.assertIn("other content", e.text)
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), real, "the protected step's manifest is unchanged")
+        # the owner's own bytes again (a retry, a re-send after a restart): accepted
+        self.assertEqual(self.meta(mate, 1, real), {"ok": True})
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), real)
+
+    def test_ec_meta_steps_far_ahead_bounded(self):
+        mate = self.mates[0]
+        for s in (1000, 1001, 1002, 1003):
+            self.assertEqual(self.meta(mate, s, self.some_manifest()), {"ok": True})
+        e = self.refused(errno.ERANGE, self.meta, mate, 1004, self.some_manifest())
+        self.assertIn("too far ahead", e.text)
+        self.assertEqual(self.frags(1), ["1", "1000", "1001", "1002", "1003"])
+        # a lower step takes the place of the highest
+        self.assertEqual(self.meta(mate, 500, self.some_manifest()), {"ok": True})
+        self.assertEqual(self.frags(1), ["1", "1000", "1001", "1002", "500"])
+
+    def test_ec_meta_bytes_count_in_ram_size(self):
+        mate = self.mates[0]
+        big = self.some_manifest(n=4000, tag=b"y")     # a manifest of ~100 KB
+        before = self.ram_used()
+        self.assertEqual(self.meta(mate, 2, big), {"ok": True})
+        harness.wait_until(lambda: self.ram_used() >= before + len(big), 10,
+                           "ram_used grows by the manifest's %d bytes" % len(big))
+
+    def test_ec_data_other_job_or_far_step_refused(self):
+        mate = self.mates[0]
+        for job, step, err in (("otherjob", 2, errno.EPERM), (EC_JOB, 0, errno.ERANGE)):
+            if err == errno.ERANGE:
+                harness.wait_until(lambda: self.frags(1) == ["1"], 30, "only step 1's fragments")
+            self.refused(err, self.call, mate, {"op": "ec_data", "job": job, "step": step,
+                                                "group": self.group[1], "cw": 0, "slot": 0})
+        self.assertFalse(os.path.exists(os.path.join(self.node.ramdir, "frags", "otherjob")))
+        self.assertEqual(self.frags(1), ["1"])
 
 if __name__ == "__main__":
     harness.main()

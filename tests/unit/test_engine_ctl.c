@@ -3,9 +3,10 @@
  * 127.0.0.1 whose handler answers, stays silent or hangs up): calls matched
  * to their answers by id, events both ways (the LKG and report events the
  * reader thread hands to the engine), timeouts, a restore's calls ended at
- * once by eng_restore_interrupt(), and a new connection after the
- * coordinator hung up. The engine is a struct eng of just what the control
- * code reads, stopped with eng_stop(). */
+ * once by eng_restore_interrupt(), a new connection after the
+ * coordinator hung up, and retry waits bounded by a budget and ended by
+ * the daemon's stop (eng_retry_wait). The engine is a struct eng of just
+ * what the control code reads, stopped with eng_stop(). */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -118,6 +119,13 @@ static int setup(void **state)
 	pthread_mutex_init(&e->mu, NULL);
 	pthread_mutex_init(&e->ctl_mu, NULL);
 	pthread_cond_init(&e->ctl_cv, NULL);
+	{
+		pthread_condattr_t ca;   /* as eng_start makes it */
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&e->quit_cv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	e->rank = 3;
 	snprintf(e->coord_addr, sizeof(e->coord_addr), "%s", x->f.addr);
 	e->cb.on_lkg = on_lkg;
@@ -367,6 +375,49 @@ static void test_reconnect_after_hang_up(void **state)
 	assert_int_equal(conns, 2);
 }
 
+/* Retries wait (eng_retry_wait) 1 s, 2 s, 4 s, then 8 s each, within a
+ * time budget from the first attempt, and the daemon's stop ends a wait at
+ * once: an unmount with retries queued on the replication worker is quick
+ * (issue 22: 41 s of 1+2+4+8 s sleeps before). */
+static void *stop_later(void *arg)
+{
+	struct timespec ts = { 0, 200 * 1000000L };
+	nanosleep(&ts, NULL);
+	eng_restore_stop(arg);
+	return NULL;
+}
+
+static void test_retry_wait_budget_and_stop(void **state)
+{
+	struct fixture *x = *state;
+	struct eng *e = x->e;
+	pthread_t th;
+	uint64_t t0, dt;
+
+	/* past the budget: no wait at all */
+	t0 = util_now_ns();
+	assert_false(eng_retry_wait(e, 0, t0, 500));
+	assert_true(util_now_ns() - t0 < 100 * 1000000ull);
+	/* within it: the attempt's wait (1 s), then go on */
+	t0 = util_now_ns();
+	assert_true(eng_retry_wait(e, 0, t0, 5000));
+	dt = util_now_ns() - t0;
+	assert_true(dt >= 900 * 1000000ull && dt < 3000 * 1000000ull);
+	assert_false(eng_quitting(e));
+	/* an 8 s wait ended by the stop 200 ms in */
+	assert_int_equal(pthread_create(&th, NULL, stop_later, e), 0);
+	t0 = util_now_ns();
+	assert_false(eng_retry_wait(e, 5, t0, 60000));
+	dt = util_now_ns() - t0;
+	pthread_join(th, NULL);
+	assert_true(dt < 1500 * 1000000ull);
+	/* and no retry waits after it */
+	assert_true(eng_quitting(e));
+	t0 = util_now_ns();
+	assert_false(eng_retry_wait(e, 0, t0, 60000));
+	assert_true(util_now_ns() - t0 < 100 * 1000000ull);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -374,6 +425,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_timeout_and_interrupt, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stop_ends_restore_call, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reconnect_after_hang_up, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_retry_wait_budget_and_stop, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
