@@ -1,0 +1,164 @@
+"""Backups as GKE schedules them, and restores of a backup written by a job
+of another size (issue 24 items 1 and 2, issue 27 point 4), on real
+multi-node clusters on loopback with a file:// bucket.
+
+1. The schedule: backup-interval-steps N backs up the first job-wide
+   complete step, then each complete step at least N above the last one
+   backed up; backup-interval-minutes: 0 is GKE's "every step" (it was
+   rounded up to one minute). Backups are named by the UTC minute, one per
+   minute: a step that becomes due in the minute of the previous backup
+   waits for the next minute, and then the newest complete step is
+   uploaded (steps committed meanwhile are skipped).
+2. Another job size: a backup with more nodes than the job restores ranks
+   0..nodes-1 and ignores the others; a backup with fewer nodes restores
+   under assume-data-parallelism, each new rank taking the shard of the
+   backup's node of its column (rank r mod nodes/D), byte for byte; the
+   same with restore.version naming it. A backup the job cannot use is
+   reported in replicator.errors with the reason, before the job starts
+   from nothing.
+
+Run: MTCFS_BUILD=build /usr/bin/python3 tests/integration/test_backup_shape.py
+"""
+import os
+import re
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
+from harness import admin_ls, wait_until  # noqa: E402
+from cluster import Cluster, shard_files  # noqa: E402
+from test_backup_restore import (FileStore, NAME_RE, TEST_MINUTE_SECS,  # noqa: E402
+                                 meta_name, quiesce, read_text)
+
+SIZE = 64 * 1024
+
+
+class ShapeCluster(Cluster):
+    """A cluster whose yaml says interval (the whole line) and extra."""
+
+    def __init__(self, n, interval, **kw):
+        super().__init__(n, **kw)
+        self.interval = interval
+
+
+class ShapeBase(unittest.TestCase):
+
+    def setUp(self):
+        self.store = FileStore(self)
+
+    def cluster(self, n, interval="backup-interval-steps: 1", env=None, start=True):
+        c = ShapeCluster(n, interval, ram_size="128M", restore_timeout=15,
+                         extra=self.store.opts())
+        self.addCleanup(c.close)
+        self.addCleanup(quiesce, c)            # runs before c.close
+        for d in c.nodes:
+            d.extra_args.append("-d")          # INFO: backup/restore lines
+            d.env["MTCFS_TEST_MINUTE_SECS"] = TEST_MINUTE_SECS
+            if env:
+                d.env.update(env)
+        if start:
+            c.start()
+        return c
+
+    def backups(self, job):
+        """{backup name: step} of the job's complete backups in the
+        bucket, judged by their .meta names (every node's, one step)."""
+        out = {}
+        for x in self.store.names(job + "/"):
+            m = re.match(r"[^/]+/(%s)/%s-s(\d+)-n\d+-w0\.meta$" % (NAME_RE, re.escape(job)), x)
+            if m:
+                out[m.group(1)] = int(m.group(2))
+        return out
+
+    def backed_up_steps(self, c, job):
+        """Steps whose backup rank 0 logged complete, in order."""
+        rx = r"backup job=%s name=%s step=(\d+) complete" % (re.escape(job), NAME_RE)
+        return [int(m.group(1)) for m in re.finditer(rx, c.nodes[0].log_text())]
+
+    def errors(self, c, r):
+        return read_text(os.path.join(c.nodes[r].mnt, "replicator.errors"))
+
+
+class ScheduleTest(ShapeBase):
+
+    def test_steps_interval(self):
+        """backup-interval-steps: 20 with steps 10..60 saved one after
+        another: backups of 10 (the first complete step), 30 and 50, each
+        started once its step was complete on every node; 20, 40, 60 are
+        not backed up."""
+        job = "iv20"
+        c = self.cluster(2, "backup-interval-steps: 20")
+        self.assertEqual(c.job_start(job), {0: 0, 1: 0})
+        for s in (10, 20, 30, 40, 50, 60):
+            c.save(job, s, size=SIZE)
+            if s in (10, 30, 50):
+                c.wait_backup(job, s, timeout=30)
+            else:
+                # the coordinator has seen the step complete (and decided)
+                c.nodes[0].wait_log(r"job %s: step %d is complete on all 2 nodes" % (job, s),
+                                    30, "step %d complete" % s, since=0)
+        quiesce(c)
+        self.assertEqual(self.backed_up_steps(c, job), [10, 30, 50])
+        self.assertEqual(sorted(self.backups(job).values()), [10, 30, 50])
+
+    def test_minutes_zero_backs_up_every_step(self):
+        """backup-interval-minutes: 0 is GKE's backup of every step: each
+        step saved after the previous backup ended is backed up (the test's
+        backup minute lasts 1 s). mtcfs used to round 0 up to one minute:
+        no backup at all for the first 60 s."""
+        job = "iv0"
+        c = self.cluster(2, "backup-interval-minutes: 0")
+        self.assertEqual(c.job_start(job), {0: 0, 1: 0})
+        names = {}
+        for s in (10, 20, 30):
+            c.save(job, s, size=SIZE)
+            names[s] = c.wait_backup(job, s, timeout=30)
+        self.assertEqual(len(set(names.values())), 3, names)
+        self.assertEqual({self.backups(job)[n] for n in names.values()}, {10, 20, 30})
+        self.assertNotIn("rounded up", c.nodes[0].log_text())
+
+    def test_minutes_zero_one_backup_per_minute(self):
+        """Every step, but one backup per UTC minute (a backup minute of
+        20 s here): steps that become complete in the minute of the last
+        backup wait, and at the next minute the newest complete step is
+        uploaded; the steps between are skipped."""
+        job = "iv0m"
+        c = self.cluster(2, "backup-interval-minutes: 0",
+                         env={"MTCFS_TEST_MINUTE_SECS": "20"})
+        c.job_start(job)
+        c.save(job, 10, size=SIZE)
+        a = c.wait_backup(job, 10, timeout=30)
+        mark = c.nodes[0].log_size()
+        # 20, 30 and 40 committed back to back, well within the minute of a
+        # (unless it ends right now: then one of them is backed up at once
+        # and the next waits; the rule below holds either way)
+        for s in (20, 30, 40):
+            c.save(job, s, size=SIZE)
+        b = c.wait_backup(job, 40, timeout=60)
+        quiesce(c)
+        log = c.nodes[0].log_text()[mark:]
+        waited = [int(x) for x in re.findall(
+            r"job %s: backup of step (\d+) waits \d+ s for the next UTC minute" % job, log)]
+        self.assertTrue(waited, "no backup waited for the next minute:\n" + log)
+        done = self.backed_up_steps(c, job)
+        self.assertEqual(done[0], 10)
+        self.assertEqual(done[-1], 40)
+        # one per minute, newest first in name order
+        got = self.backups(job)
+        self.assertEqual(sorted(got.values()), sorted(done), got)
+        names = sorted(got)
+        self.assertEqual(len(names), len(set(n[:16] for n in names)))
+        self.assertEqual([got[n] for n in names], sorted(done))
+        self.assertEqual(names[0], a)
+        self.assertEqual(names[-1], b)
+        # a step that waited is not uploaded when a newer one was complete
+        # by the end of its wait (40 was committed within a second of 20)
+        self.assertLessEqual(len(done), 3, done)
+        if waited[0] == 20:
+            self.assertEqual(done, [10, 40], log)
+
+
+if __name__ == "__main__":
+    unittest.main()
