@@ -65,6 +65,7 @@ static void job_free(struct cjob *j)
 	free(j->bad);
 	free(j->n);
 	free(j->excluded);
+	free(j->bucket_owners);
 	free(j->bk_done);
 	coord_ec_free(j->ec);
 	free(j);

@@ -160,5 +160,128 @@ class ScheduleTest(ShapeBase):
             self.assertEqual(done, [10, 40], log)
 
 
+class ShapeTest(ShapeBase):
+    """Backups of one job size restored by another (GKE checks only the
+    current job's ranks)."""
+
+    def saved_backup(self, n, job, step):
+        """A cluster of n nodes saves step and backs it up; then it is
+        gone (its RAM with it): only the bucket is left. The backup's name."""
+        c = self.cluster(n)
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(n)})
+        c.save(job, step, size=SIZE)
+        name = c.wait_backup(job, step, timeout=60)
+        quiesce(c)
+        c.close()
+        return name
+
+    def restore_marker(self, c, job, r, step):
+        """Orbax's restore on node r: rename the marker to <step>; the
+        restored directory's path."""
+        mnt = c.nodes[r].mnt
+        ms = [x for x in os.listdir(mnt) if x.endswith(".restore")]
+        self.assertEqual(ms, ["%s-s%d-n%d-w0.restore" % (job, step, r)], "node %d" % r)
+        os.replace(os.path.join(mnt, ms[0]), os.path.join(mnt, str(step)))
+        return os.path.join(mnt, str(step))
+
+    def assert_shard(self, c, job, r, step, owner):
+        """Node r restored exactly owner's shard of step, byte for byte."""
+        d = self.restore_marker(c, job, r, step)
+        want = shard_files(job, step, owner, SIZE)
+        got = {}
+        for dp, _, fns in os.walk(d):
+            for fn in fns:
+                rel = os.path.relpath(os.path.join(dp, fn), d)
+                if rel != "commit_success.txt":
+                    with open(os.path.join(dp, fn), "rb") as f:
+                        got[rel] = f.read()
+        self.assertEqual(sorted(got), sorted(want), "node %d's files" % r)
+        for rel, data in want.items():
+            self.assertEqual(got[rel], data, "node %d: %s is not node %d's" % (r, rel, owner))
+
+    def set_restore_version(self, job, name):
+        self.store.write("%s/restore.version" % job, name.encode())
+
+    def test_larger_backup_restored_on_fewer_nodes(self):
+        """4 nodes back up step 10; the job comes back with 2 nodes and
+        every RAM lost: ranks 0 and 1 restore their shards of that backup
+        (nodes 2 and 3 ignored, as GKE does), with no note in
+        replicator.errors. Then, with step 20 saved and backed up by the 2
+        nodes, restore.version naming the 4-node backup restores step 10
+        again. (A backup with a node outside the job was incomplete: the
+        job started from nothing.)"""
+        job = "shrink"
+        big = self.saved_backup(4, job, 10)
+        c = self.cluster(2)
+        self.assertEqual(c.job_start(job), {0: 10, 1: 10})
+        for r in range(2):
+            self.assertEqual(self.errors(c, r), "", "node %d's replicator.errors" % r)
+            self.assertIn("restored job=%s step=10 from backup %s" % (job, big),
+                          c.nodes[r].log_text())
+            self.assert_shard(c, job, r, 10, r)
+        c.save(job, 20, size=SIZE)
+        small = c.wait_backup(job, 20, timeout=60)
+        self.assertNotEqual(small, big)
+        quiesce(c)
+        self.set_restore_version(job, big)
+        self.assertEqual(c.job_start(job), {0: 10, 1: 10})
+        for r in range(2):
+            self.assertEqual(self.errors(c, r), "", "node %d's replicator.errors" % r)
+            self.assert_shard(c, job, r, 10, r)
+        self.assertRegex(c.nodes[0].log_text(),
+                         r"plan job=%s plan=\d+: restore backup %s \(step 10\) named by "
+                         r"restore.version" % (job, big))
+
+    def test_smaller_backup_grows_under_data_parallelism(self):
+        """2 nodes (D = 1) back up step 10; the job comes back with 4
+        nodes and assume-data-parallelism: 2 (columns {0, 2} and {1, 3}):
+        ranks 0 and 1 restore their own shards, ranks 2 and 3 those of
+        nodes 0 and 1, byte for byte. The same through restore.version
+        after the 4 nodes saved and backed up step 20."""
+        job = "grow"
+        small = self.saved_backup(2, job, 10)
+        c = self.cluster(4)
+        dp = "assume-data-parallelism: 2\n"
+        self.assertEqual(c.job_start(job, extra=dp), {r: 10 for r in range(4)})
+        for r in range(4):
+            self.assertEqual(self.errors(c, r), "", "node %d's replicator.errors" % r)
+            self.assertIn("restored job=%s step=10 from backup %s" % (job, small),
+                          c.nodes[r].log_text())
+            self.assert_shard(c, job, r, 10, r % 2)
+        c.save(job, 20, size=SIZE)
+        big = c.wait_backup(job, 20, timeout=60)
+        quiesce(c)
+        self.set_restore_version(job, small)
+        self.assertEqual(c.job_start(job, extra=dp), {r: 10 for r in range(4)})
+        for r in range(4):
+            self.assertEqual(self.errors(c, r), "", "node %d's replicator.errors" % r)
+            self.assert_shard(c, job, r, 10, r % 2)
+        self.assertIn("plan job=%s plan=" % job, c.nodes[0].log_text())
+        self.assertNotEqual(big, small)
+
+    def test_unusable_backup_reported(self):
+        """2 nodes back up step 10; 4 nodes without data parallelism cannot
+        tell what ranks 2 and 3 held: every node's replicator.errors says
+        why the backup was passed over, the job starts from nothing; with
+        restore.version naming it, the same reason, and nothing restored
+        (no fallback)."""
+        job = "nodp"
+        small = self.saved_backup(2, job, 10)
+        c = self.cluster(4)
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(4)})
+        why = ("it was written by a job of 2 nodes and this job has 4: node 2 has no "
+               "shard in it (with assume-data-parallelism a new node restores its column's)")
+        for r in range(4):
+            self.assertEqual(self.errors(c, r), "backup %s skipped: %s\n" % (small, why),
+                             "node %d" % r)
+        self.set_restore_version(job, small)
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(4)})
+        for r in range(4):
+            self.assertEqual(self.errors(c, r),
+                             "restore.version names backup %s, which cannot be restored by "
+                             "this job: %s; nothing is restored (no fallback)\n" % (small, why),
+                             "node %d" % r)
+
+
 if __name__ == "__main__":
     unittest.main()
