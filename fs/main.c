@@ -157,7 +157,8 @@ static void usage(const char *prog)
 	       "    -o no_jax_init_info    do not write jax-init-info.txt (written by default)\n"
 	       "    -o jax_port=PORT       JAX coordinator port written there (default 8476)\n"
 	       "    -o rank=N              this node's rank when no peer table says it (default 0)\n"
-	       "    -o restore_timeout=S   seconds to wait for all nodes when planning a restore\n"
+	       "    -o restore_timeout=S   seconds to wait for all nodes when planning a restore,\n"
+	       "                           and again at the barrier (default 120)\n"
 	       "    -o listen=HOST:PORT    this node's peer/coordinator endpoint\n"
 	       "    -o peers=A0,A1,...     static table: rank i at Ai (rank 0 runs the coordinator)\n"
 	       "    -o coordinator=H:P     rank 0's endpoint for dynamic registration\n"
@@ -428,7 +429,7 @@ int fs_main(int argc, char **argv)
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct fuse_cmdline_opts fo = { 0 };
 	struct fuse_loop_config *lc = NULL;
-	struct cmdline c = { .o = { .jax_port = 8476, .rank = -1, .restore_timeout = 300 } };
+	struct cmdline c = { .o = { .jax_port = 8476, .rank = -1, .restore_timeout = ENG_RESTORE_TIMEOUT_S } };
 	struct fs *fs = NULL;
 	struct stat st;
 	uint64_t cap;
