@@ -26,11 +26,10 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import harness  # noqa: E402
-from harness import admin_ls, wait_until  # noqa: E402
+import harness  # noqa: E402,F401
 from cluster import Cluster, shard_files  # noqa: E402
 from test_backup_restore import (FileStore, NAME_RE, TEST_MINUTE_SECS,  # noqa: E402
-                                 meta_name, quiesce, read_text)
+                                 quiesce, read_text)
 
 SIZE = 64 * 1024
 
