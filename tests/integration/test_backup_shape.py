@@ -30,6 +30,7 @@ import harness  # noqa: E402,F401
 from cluster import Cluster, shard_files  # noqa: E402
 from test_backup_restore import (FileStore, NAME_RE, TEST_MINUTE_SECS,  # noqa: E402
                                  quiesce, read_text)
+import test_pytorch_backup as pt  # noqa: E402
 
 SIZE = 64 * 1024
 
@@ -280,6 +281,39 @@ class ShapeTest(ShapeBase):
                              "restore.version names backup %s, which cannot be restored by "
                              "this job: %s; nothing is restored (no fallback)\n" % (small, why),
                              "node %d" % r)
+
+
+class PytorchShapeTest(ShapeBase):
+    """framework: pytorch, one shard per worker (workers-per-node 2)."""
+
+    def test_gke_backup_of_two_nodes_restored_on_four_under_dp(self):
+        """A backup as GKE's replicator writes it, 2 nodes x 2 workers (a
+        .meta per worker naming one <hash>.data): a job of 4 nodes with
+        assume-data-parallelism: 2 restores it, each worker of ranks 2 and
+        3 getting the file of the same worker of nodes 0 and 1 under its own
+        name, <job>-s70-n<rank>-w<w>.save, byte for byte."""
+        pt.write_gke_pytorch_backup(self.store)
+        job, step = pt.GKE_JOB, pt.GKE_STEP
+        c = pt.PtBackupCluster(4, restore_timeout=15, extra=self.store.opts())
+        self.addCleanup(c.close)
+        self.addCleanup(quiesce, c)
+        for d in c.nodes:
+            d.extra_args.append("-d")
+            d.env["MTCFS_TEST_MINUTE_SECS"] = TEST_MINUTE_SECS
+        c.start()
+        self.assertEqual(c.job_start(job, extra="assume-data-parallelism: 2\n"),
+                         {r: step for r in range(4)})
+        for r in range(4):
+            mnt = c.nodes[r].mnt
+            self.assertEqual(self.errors(c, r), "", "node %d's replicator.errors" % r)
+            want = [pt.save_name(job, step, r, w, "restore") for w in range(pt.W)]
+            self.assertEqual(pt.markers(mnt), want, "markers of node %d" % r)
+            for w, name in enumerate(want):
+                p = os.path.join(mnt, name)
+                self.assertTrue(os.readlink(p).endswith("/" + pt.save_name(job, step, r, w)),
+                                "%s -> %s" % (name, os.readlink(p)))
+                self.assertEqual(pt.read_file(p), pt.gke_body(r % 2, w),
+                                 "node %d worker %d: not node %d's bytes" % (r, w, r % 2))
 
 
 if __name__ == "__main__":
