@@ -65,6 +65,7 @@ static void job_free(struct cjob *j)
 	free(j->bad);
 	free(j->n);
 	free(j->excluded);
+	free(j->bucket_owners);
 	free(j->bk_done);
 	coord_ec_free(j->ec);
 	free(j);
@@ -677,12 +678,15 @@ static void *tick_main(void *arg)
 				uint32_t missing = 0;
 				for (uint32_t r = 0; r < j->nodes; r++)
 					missing += !j->n[r].reported;
-				log_warn("coord", "job %s: %u of %u nodes did not report within restore_timeout; planning without them",
-					 j->name, missing, j->nodes);
+				log_warn("coord", "job %s: %u of %u nodes did not report within restore_timeout (%llu s); planning without them",
+					 j->name, missing, j->nodes,
+					 (unsigned long long)(c->timeout_ns / 1000000000ULL));
 				coord_start_plan(c, j);
 			}
 			maybe_backup(c, j);
-			if (j->state == R_PLANNED && now - j->plan_time > c->timeout_ns) {
+			/* a plan made just now (above) has plan_time > now */
+			if (j->state == R_PLANNED && now > j->plan_time &&
+			    now - j->plan_time > c->timeout_ns) {
 				log_warn("coord", "job %s: barrier timed out; releasing the nodes that are ready", j->name);
 				coord_maybe_release(c, j, true);
 				j->plan_time = now;
@@ -701,7 +705,7 @@ int coord_start(struct nsrv *srv, int restore_timeout_s, struct coord **out)
 	if (!c)
 		return -ENOMEM;
 	c->srv = srv;
-	c->timeout_ns = (uint64_t)(restore_timeout_s > 0 ? restore_timeout_s : 300) * 1000000000ULL;
+	c->timeout_ns = (uint64_t)(restore_timeout_s > 0 ? restore_timeout_s : 120) * 1000000000ULL;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
 	rc = pthread_create(&c->tick, NULL, tick_main, c);

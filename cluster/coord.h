@@ -28,12 +28,19 @@ struct coord_bk_decision {
 	char name[64];          /* the backup to restore */
 	uint64_t step;
 	char notes[1024];       /* for replicator.errors: skipped backups, why */
+	/* the backup's node each (rank, worker) restores, [nodes * workers]
+	 * (a backup of another job size: GKE's rule, lkg_plan_backup); malloc'ed
+	 * by decide, the coordinator's to free; NULL: every rank its own */
+	uint32_t *owners;
+	uint32_t workers;
 };
 struct coord_bucket {
 	/* need_newest: nothing is complete in the cluster, so look for the
-	 * newest complete backup too (else only restore.version matters) */
-	int  (*decide)(void *arg, const char *job, uint32_t nodes, const char (*exclude)[64],
-		       size_t nexclude, bool need_newest, struct coord_bk_decision *d);
+	 * newest backup this job can restore too (else only restore.version
+	 * matters); dp: the job's assume-data-parallelism (0: none) */
+	int  (*decide)(void *arg, const char *job, uint32_t nodes, uint32_t dp,
+		       const char (*exclude)[64], size_t nexclude, bool need_newest,
+		       struct coord_bk_decision *d);
 	/* a new backup's name into out; on failure the reason in words.
 	 * -EAGAIN: the current UTC minute already has a backup; *retry_s is
 	 * when the next minute starts */
@@ -45,6 +52,8 @@ struct coord_bucket {
 	void *arg;
 };
 
+/* restore_timeout_s: the wait for catalogs, and again at the barrier (<= 0:
+ * 120, the engine's ENG_RESTORE_TIMEOUT_S). */
 int  coord_start(struct nsrv *srv, int restore_timeout_s, struct coord **out);
 /* Give the coordinator a bucket: backups are scheduled and restores may
  * come from it. Call before traffic arrives. */

@@ -65,6 +65,10 @@ struct cjob {
 	/* the bucket's part of the plan */
 	bool bucket_plan;             /* plan.found/step come from a backup */
 	char bucket_name[64];
+	uint32_t *bucket_owners;      /* [nodes * bucket_owners_w]: the backup's
+				       * node each (rank, worker) fetches; NULL:
+				       * its own */
+	uint32_t bucket_owners_w;
 	char notes[1024];
 	char (*excluded)[64];         /* backups that failed during this round */
 	size_t nexcluded;

@@ -26,6 +26,23 @@ static json_t *plan_entry(struct coord *c, struct cjob *j, uint32_t rank)
 				.step = j->plan.step, .bucket = j->bucket_plan,
 				.backup = j->bucket_name };
 
+	if (j->plan.found && j->bucket_plan && j->bucket_owners && rank < j->nodes) {
+		/* a backup of another job size: the backup's node to fetch,
+		 * sent only where it is not the rank's own */
+		uint32_t W = j->bucket_owners_w ? j->bucket_owners_w : 1;
+		memset(sh, 0, sizeof(sh));
+		for (uint32_t w = 0; w < W && w < COORD_MAX_WORKERS; w++) {
+			sh[w].owner = sh[w].holder = j->bucket_owners[(size_t)rank * W + w];
+			sh[w].addr = "";
+			p.has_owner |= sh[w].owner != rank;
+		}
+		p.src = sh[0];
+		if (W > 1) {
+			p.shards = sh;
+			p.nshards = W < COORD_MAX_WORKERS ? W : COORD_MAX_WORKERS;
+		}
+	}
+
 	if (j->plan.found && !j->bucket_plan && rank < j->plan.nodes) {
 		uint32_t W = j->plan.workers ? j->plan.workers : 1;
 		for (uint32_t w = 0; w < W && w < COORD_MAX_WORKERS; w++) {
@@ -50,7 +67,7 @@ struct bk_plan_job {
 	struct coord *c;
 	char job[129];
 	uint64_t round;
-	uint32_t nodes;
+	uint32_t nodes, dp;
 	char (*exclude)[64];
 	size_t nexclude;
 };
@@ -91,8 +108,8 @@ static void bucket_plan_run(void *arg)
 		}
 	}
 	pthread_mutex_unlock(&c->mu);
-	rc = c->bk.decide(c->bk.arg, p->job, p->nodes, (const char (*)[64])p->exclude, p->nexclude,
-			  need_newest, &d);
+	rc = c->bk.decide(c->bk.arg, p->job, p->nodes, p->dp, (const char (*)[64])p->exclude,
+			  p->nexclude, need_newest, &d);
 	pthread_mutex_lock(&c->mu);
 	for (j = c->jobs; j; j = j->next)
 		if (!strcmp(j->name, p->job))
@@ -123,6 +140,13 @@ static void bucket_plan_run(void *arg)
 			j->bucket_plan = true;
 			snprintf(j->bucket_name, sizeof(j->bucket_name), "%s", d.name);
 		}
+		free(j->bucket_owners);
+		j->bucket_owners = NULL;
+		if (j->bucket_plan && d.owners) {
+			j->bucket_owners = d.owners;   /* [nodes * workers], ours now */
+			j->bucket_owners_w = d.workers;
+			d.owners = NULL;
+		}
 		if (j->plan_id == was_id && (j->plan.found != was_found || j->plan.step != was_step ||
 					     j->bucket_plan != was_bucket ||
 					     strcmp(was_name, j->bucket_name))) {
@@ -142,6 +166,7 @@ static void bucket_plan_run(void *arg)
 		send_plan_to_waiters(c, j);
 	}
 	pthread_mutex_unlock(&c->mu);
+	free(d.owners);
 	free(p->exclude);
 	free(p);
 }
@@ -161,6 +186,7 @@ void coord_start_plan(struct coord *c, struct cjob *j)
 	snprintf(p->job, sizeof(p->job), "%s", j->name);
 	p->round = j->round;
 	p->nodes = j->nodes;
+	p->dp = j->dp;
 	if (j->nexcluded) {
 		p->exclude = malloc(j->nexcluded * sizeof(*p->exclude));
 		if (p->exclude) {

@@ -185,7 +185,8 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	if (cb)
 		e->cb = *cb;
 	e->rank = o->rank;
-	e->restore_timeout_s = o->restore_timeout_s > 0 ? o->restore_timeout_s : 300;
+	e->restore_timeout_s = o->restore_timeout_s > 0 ? o->restore_timeout_s
+							    : ENG_RESTORE_TIMEOUT_S;
 	pthread_mutex_init(&e->mu, NULL);
 	pthread_mutex_init(&e->ctl_mu, NULL);
 	pthread_cond_init(&e->ctl_cv, NULL);

@@ -18,6 +18,15 @@
 
 struct eng;
 
+/* restore_timeout's default, seconds. Orbax waits 300 s for the .restore
+ * entries once replicator.yaml is gone (NeMo gives up after 300 s too), and
+ * a restore spends up to restore_timeout waiting for catalogs and up to
+ * restore_timeout again at the barrier (for the nodes still fetching; those
+ * ready are released then): 2 x 120 s leaves a minute for the plan's bucket
+ * listing and the fetches. With 300 (the old default) a plan without a
+ * missing node came just as Orbax gave up. */
+#define ENG_RESTORE_TIMEOUT_S 120
+
 struct eng_opts {
 	const char *listen;        /* host:port of this node's peer endpoint */
 	const char *peers;         /* "A0,A1,..." static table, or NULL */
@@ -26,7 +35,7 @@ struct eng_opts {
 	const char *tls_cert, *tls_key, *tls_ca;   /* mutual TLS (all or none) */
 	int rank;                  /* -1: from the peers table (our listen entry) or replicator.yaml */
 	int rank_hint;             /* -1, or the rank until a yaml says otherwise (not fixed) */
-	int restore_timeout_s;
+	int restore_timeout_s;     /* <= 0: ENG_RESTORE_TIMEOUT_S */
 	const char *bucket;        /* gs://B[/P] or file:///dir; NULL: no backup tier */
 	const char *gcs_endpoint, *gcs_key_file;
 	const char *redundancy;    /* "replication" (NULL) or "rs:K+M" (engine_ec.h) */

@@ -1,6 +1,7 @@
 /* engine_backup.c — backup uploads and the bucket, as the coordinator asks
  * for it (see engine_int.h). */
 #include "cluster/engine_int.h"
+#include "cluster/lkg.h"
 #include "tiers/lifecycle.h"
 #include "tiers/backup.h"
 #include "tiers/tier.h"
@@ -216,24 +217,122 @@ static bool excluded(const char (*ex)[64], size_t n, const char *name)
 	return false;
 }
 
-struct exclusions {
+/* Can a job of nodes x W (assume-data-parallelism dp) restore backup v,
+ * listed with bk_check_backup(nodes 0: its own shape)? As GKE judges it,
+ * only the job's ranks count (lkg_plan_backup): 0 and *owners (malloc'ed,
+ * [nodes * W]: the backup's node each (rank, worker) fetches), or
+ * -ENOENT with the reason in why. */
+static int plan_for_job(const struct bk_backup *v, uint32_t nodes, uint32_t dp, uint32_t W,
+			uint32_t **owners, char *why, size_t whylen)
+{
+	struct lkg_hold *h = NULL;
+	struct lkg_input in = { .nodes = nodes, .dp = dp, .workers = W };
+	struct lkg_plan p = { 0 };
+	struct lkg_gap g;
+	uint32_t seen = 0;
+	size_t nh = 0;
+	int rc;
+
+	*owners = NULL;
+	if (!v->nshards || !v->nodes_seen) {
+		snprintf(why, whylen, "%s", v->why[0] ? v->why : "no .meta");
+		return -ENOENT;
+	}
+	h = calloc(v->nshards * (W ? W : 1), sizeof(*h));
+	if (!h)
+		return -ENOMEM;
+	for (size_t i = 0; i < v->nshards; i++) {
+		const struct bk_shard *s = &v->shards[i];
+		if (s->node + 1 > seen)
+			seen = s->node + 1;   /* the backup's job size, as its .meta say */
+		if (!s->complete)
+			continue;
+		if (s->step != v->step) {
+			snprintf(why, whylen, "mixed steps %llu and %llu",
+				 (unsigned long long)s->step, (unsigned long long)v->step);
+			free(h);
+			return -ENOENT;
+		}
+		h[nh] = (struct lkg_hold){ .holder = s->node, .owner = s->node,
+					   .worker = s->worker, .step = s->step };
+		memcpy(h[nh].hash, s->hash, 32);
+		nh++;
+		/* mtcfs before per-worker backups: one w0 shard (with its
+		 * manifest) held every worker's file of the node */
+		if (W > 1 && s->worker == 0 && !s->gke && !s->file &&
+		    (i + 1 == v->nshards || v->shards[i + 1].node != s->node))
+			for (uint32_t w = 1; w < W; w++) {
+				h[nh] = h[nh - 1];
+				h[nh++].worker = w;
+			}
+	}
+	in.h = h;
+	in.nh = nh;
+	rc = lkg_plan_backup(&in, &p, &g);
+	if (rc == 0 && !p.found) {
+		const struct bk_shard *own = NULL;
+		char wk[24] = "";
+		rc = -ENOENT;
+		for (size_t i = 0; i < v->nshards && !own; i++)
+			if (v->shards[i].node == g.rank && v->shards[i].worker == g.worker)
+				own = &v->shards[i];
+		if (W > 1)
+			snprintf(wk, sizeof(wk), " worker %u", g.worker);
+		if (own && !g.disagree)
+			snprintf(why, whylen, "node %u worker %u: %s", g.rank, g.worker,
+				 own->why[0] ? own->why : "incomplete");
+		else if (g.disagree)
+			snprintf(why, whylen, "node %u%s has no shard in it and the shards of its column "
+				 "(nodes %u mod %u) differ, so none of them is its own", g.rank, wk,
+				 g.rank % (nodes / dp), nodes / dp);
+		else if (g.columns)
+			snprintf(why, whylen, "node %u%s has no shard in it, nor has any node of its "
+				 "column (nodes %u mod %u)", g.rank, wk, g.rank % (nodes / dp), nodes / dp);
+		else
+			snprintf(why, whylen, "it was written by a job of %u nodes and this job has %u: "
+				 "node %u has no shard in it (with assume-data-parallelism a new node "
+				 "restores its column's)", seen, nodes, g.rank);
+	} else if (rc == 0) {
+		*owners = malloc((size_t)nodes * p.workers * sizeof(**owners));
+		if (!*owners)
+			rc = -ENOMEM;
+		for (size_t i = 0; *owners && i < (size_t)nodes * p.workers; i++)
+			(*owners)[i] = p.src[i].owner;
+	} else if (rc == -EINVAL) {
+		snprintf(why, whylen, "its shards are not of one step");
+		rc = -ENOENT;
+	}
+	lkg_plan_free(&p);
+	free(h);
+	return rc;
+}
+
+struct usable_arg {
 	const char (*ex)[64];
 	size_t n;
+	uint32_t nodes, dp, workers;
 };
 
 static bool usable(void *arg, const struct bk_backup *v)
 {
-	const struct exclusions *x = arg;
-	return v->complete && !excluded(x->ex, x->n, v->name);
+	const struct usable_arg *x = arg;
+	uint32_t *owners = NULL;
+	char why[8];
+	bool ok;
+
+	if (excluded(x->ex, x->n, v->name))
+		return false;
+	ok = plan_for_job(v, x->nodes, x->dp, x->workers, &owners, why, sizeof(why)) == 0;
+	free(owners);
+	return ok;
 }
 
-int eng_bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex)[64], size_t nex,
-		     bool need_newest, struct coord_bk_decision *d)
+int eng_bk_decide(void *arg, const char *job, uint32_t nodes, uint32_t dp, const char (*ex)[64],
+		  size_t nex, bool need_newest, struct coord_bk_decision *d)
 {
-	struct exclusions exl = { ex, nex };
 	struct eng *e = arg;
 	struct bk_backup *v = NULL, one;
-	char rv[BK_NAME_MAX];
+	char rv[BK_NAME_MAX], why[512], reason[400];
 	size_t n = 0, nl = 0;
 	uint32_t workers;
 	int rc;
@@ -242,6 +341,9 @@ int eng_bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex)[6
 	pthread_mutex_lock(&e->mu);
 	workers = e->workers ? e->workers : 1;
 	pthread_mutex_unlock(&e->mu);
+	if (dp && nodes % dp)
+		dp = 0;
+	d->workers = workers;
 	rc = bk_get_restore_version(e->bkt, job, rv);
 	if (rc == 0 || rc == -EBADMSG) {
 		d->forced = true;
@@ -253,16 +355,27 @@ int eng_bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex)[6
 		}
 		snprintf(d->name, sizeof(d->name), "%s", rv);
 		memset(&one, 0, sizeof(one));
-		rc = bk_check_backup(e->bkt, job, rv, nodes, workers, &one);
-		if (rc == 0 && one.complete && !excluded(ex, nex, rv)) {
+		/* its own shape (nodes 0): the job's ranks are judged here, as
+		 * GKE judges them */
+		rc = bk_check_backup(e->bkt, job, rv, 0, workers, &one);
+		if (rc < 0)
+			snprintf(why, sizeof(why), "does not exist");
+		else if (excluded(ex, nex, rv))
+			snprintf(why, sizeof(why), "failed to restore");
+		else if ((rc = plan_for_job(&one, nodes, dp, workers, &d->owners, reason,
+					    sizeof(reason))) == 0) {
 			d->forced_ok = true;
 			d->step = one.step;
+		} else if (rc == -ENOMEM) {
+			bk_backup_clear(&one);
+			return rc;
 		} else {
+			snprintf(why, sizeof(why), "cannot be restored by this job: %s", reason);
+		}
+		if (!d->forced_ok)
 			snprintf(d->notes, sizeof(d->notes),
 				 "restore.version names backup %s, which %s; nothing is restored (no fallback)",
-				 rv, rc < 0 ? "does not exist" : excluded(ex, nex, rv) ? "failed to restore" :
-				 one.why[0] ? one.why : "is incomplete");
-		}
+				 rv, why);
 		bk_backup_clear(&one);
 		return 0;
 	}
@@ -271,13 +384,17 @@ int eng_bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex)[6
 	if (!need_newest)
 		return 0;
 	/* newest first, and no further than the first usable one */
-	rc = bk_list_backups_until(e->bkt, job, nodes, workers, usable, &exl, &v, &n);
+	struct usable_arg ua = { ex, nex, nodes, dp, workers };
+	rc = bk_list_backups_until(e->bkt, job, 0, workers, usable, &ua, &v, &n);
 	if (rc < 0)
 		return rc;
 	for (size_t i = 0; i < n; i++) {
 		if (excluded(ex, nex, v[i].name))
 			continue;
-		if (v[i].complete) {
+		rc = plan_for_job(&v[i], nodes, dp, workers, &d->owners, why, sizeof(why));
+		if (rc == -ENOMEM)
+			break;
+		if (rc == 0) {
 			d->have_newest = true;
 			d->step = v[i].step;
 			snprintf(d->name, sizeof(d->name), "%s", v[i].name);
@@ -285,12 +402,12 @@ int eng_bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex)[6
 		}
 		if (nl < sizeof(d->notes) - 1)
 			nl += (size_t)snprintf(d->notes + nl, sizeof(d->notes) - nl, "%sbackup %s skipped: %s",
-					       nl ? "; " : "", v[i].name, v[i].why);
+					       nl ? "; " : "", v[i].name, why);
 		if (nl >= sizeof(d->notes))
 			nl = sizeof(d->notes) - 1;
 	}
 	bk_backups_free(v, n);
-	return 0;
+	return rc == -ENOMEM ? rc : 0;
 }
 
 /* The clock backups are named by.  MTCFS_TEST_MINUTE_SECS=N (tests only,

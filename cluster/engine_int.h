@@ -150,7 +150,7 @@ void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes
 /* engine_backup.c */
 int64_t eng_save_worker(const char *path, const char *job, uint32_t rank, uint64_t step);
 void eng_backup_run(void *arg);       /* a struct bk_upload, freed */
-int eng_bk_decide(void *arg, const char *job, uint32_t nodes, const char (*ex)[64], size_t nex,
+int eng_bk_decide(void *arg, const char *job, uint32_t nodes, uint32_t dp, const char (*ex)[64], size_t nex,
 		  bool need_newest, struct coord_bk_decision *d);
 int eng_bk_name(void *arg, const char *job, char *out, size_t outlen, unsigned *retry_s);
 int eng_bk_discard(void *arg, const char *job, const char *name, char *out, size_t outlen);

@@ -33,7 +33,10 @@ struct plan_entry {
 	char backup[64];
 	char notes[1024];
 	uint64_t step;
-	uint32_t holder, owner;       /* worker 0's shard (the only one, mostly) */
+	uint32_t holder, owner;       /* worker 0's shard (the only one, mostly);
+				       * bucket: owner is the backup's node to
+				       * fetch (has_owner false: this rank) */
+	bool has_owner;
 	uint8_t hash[32];
 	char addr[256];
 	uint32_t nsrc;                /* > 0: one source per worker in src[] */
@@ -60,6 +63,7 @@ static int parse_plan(json_t *m, struct plan_entry *p)
 	snprintf(p->backup, sizeof(p->backup), "%s", x.bucket ? x.backup : "");
 	p->holder = x.src.holder;
 	p->owner = x.src.owner;
+	p->has_owner = x.has_owner;
 	memcpy(p->hash, x.src.hash, 32);
 	snprintf(p->addr, sizeof(p->addr), "%s", x.src.addr ? x.src.addr : "");
 	p->nsrc = x.nshards;
@@ -249,8 +253,10 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 			return rc;
 		g.hash = p->hash;
 	}
-	if (!p->bucket && p->owner != g.as.rank && c->framework == RCFG_FW_PYTORCH) {
-		g.rename = adopt_rename;   /* a column mate's files, as this node's */
+	if (p->owner != g.as.rank && c->framework == RCFG_FW_PYTORCH) {
+		/* a column mate's files, as this node's (a bucket restore of
+		 * one worker file already names it for this rank: no-op) */
+		g.rename = adopt_rename;
 		g.rename_arg = &ad;
 	}
 	rc = tier_obtain(&src, 1, &g, why, whylen);
@@ -340,6 +346,11 @@ restart:
 		resp = NULL;
 		if (rc < 0)
 			goto out;
+		if (p.bucket && !p.has_owner) {
+			/* this rank's own shard of the backup */
+			p.holder = p.owner = (uint32_t)c->node_rank;
+			p.nsrc = 0;
+		}
 		to_restore_plan(c, &p, plan);
 		if (p.notes[0] && rep && strcmp(p.notes, last_notes)) {
 			rep(arg, p.notes);
@@ -360,7 +371,9 @@ restart:
 					snprintf(why, sizeof(why), "the plan names no source for worker %u", w);
 					break;
 				}
-				if (w > 0 && !p.bucket) {
+				if (w > 0 && (!p.bucket || w < p.nsrc)) {
+					/* its own source (bucket: the backup's node
+					 * to fetch, when the plan names one) */
 					if (!pw && !(pw = malloc(sizeof(*pw)))) {
 						rc = -ENOMEM;
 						break;
@@ -372,8 +385,8 @@ restart:
 					snprintf(pw->addr, sizeof(pw->addr), "%s", p.src[w].addr);
 				}
 				fw = w;
-				rc = obtain(e, c, w > 0 && !p.bucket ? pw : &p, w, &whole, why,
-					    sizeof(why));
+				rc = obtain(e, c, w > 0 && (!p.bucket || w < p.nsrc) ? pw : &p, w,
+					    &whole, why, sizeof(why));
 				if (whole)
 					break;   /* every worker's file came in worker 0's shard */
 			}

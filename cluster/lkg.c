@@ -113,7 +113,7 @@ static bool column_agrees(const struct lkg_input *in, struct lkg_hold **run, siz
  * GKE's replicator does); only a rank without one borrows a same-column
  * shard under D, and only where the column agrees. */
 static bool cover(const struct lkg_input *in, struct lkg_hold **run, size_t n,
-		  struct lkg_src *src, uint32_t *load)
+		  struct lkg_src *src, uint32_t *load, struct lkg_gap *gap)
 {
 	uint32_t P = (in->dp > 0 && in->nodes % in->dp == 0) ? in->nodes / in->dp : in->nodes;
 	uint32_t W = nworkers(in);
@@ -127,12 +127,20 @@ static bool cover(const struct lkg_input *in, struct lkg_hold **run, size_t n,
 
 			memset(s, 0, sizeof(*s));
 			best = pick(in, run, n, r, w, r, load, &self);
-			if (!best && P != in->nodes && column_agrees(in, run, n, r, w, P))
+			bool agrees = !best && P != in->nodes && column_agrees(in, run, n, r, w, P);
+			if (agrees)
 				for (uint32_t o = r % P; !best && o < in->nodes; o += P)
 					if (o != r)
 						best = pick(in, run, n, o, w, r, load, &self);
-			if (!best)
+			if (!best) {
+				if (gap) {
+					gap->rank = r;
+					gap->worker = w;
+					gap->columns = P != in->nodes;
+					gap->disagree = gap->columns && !agrees;
+				}
 				return false;
+			}
 			s->found = true;
 			s->holder = best->holder;
 			s->owner = best->owner;
@@ -170,13 +178,53 @@ int lkg_plan(const struct lkg_input *in, struct lkg_plan *out)
 		size_t e = b;
 		while (e < in->nh && idx[e]->step == idx[b]->step)
 			e++;
-		if (cover(in, idx + b, e - b, out->src, load)) {
+		if (cover(in, idx + b, e - b, out->src, load, NULL)) {
 			out->found = true;
 			out->step = idx[b]->step;
 			break;
 		}
 		b = e;
 	}
+	if (!out->found)
+		memset(out->src, 0, (size_t)in->nodes * W * sizeof(*out->src));
+out:
+	free(idx);
+	free(load);
+	if (rc < 0)
+		lkg_plan_free(out);
+	return rc;
+}
+
+int lkg_plan_backup(const struct lkg_input *in, struct lkg_plan *out, struct lkg_gap *gap)
+{
+	struct lkg_hold **idx = NULL;
+	uint32_t *load = NULL, W = nworkers(in);
+	int rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	memset(gap, 0, sizeof(*gap));
+	if (in->nodes == 0 || (size_t)in->nodes * W > SIZE_MAX / sizeof(*out->src))
+		return -EINVAL;
+	for (size_t i = 1; i < in->nh; i++)
+		if (in->h[i].step != in->h[0].step)
+			return -EINVAL;     /* one backup holds one step */
+	out->nodes = in->nodes;
+	out->workers = W;
+	out->src = calloc((size_t)in->nodes * W, sizeof(*out->src));
+	load = calloc(in->nodes, sizeof(*load));
+	idx = malloc((in->nh ? in->nh : 1) * sizeof(*idx));
+	if (!out->src || !load || !idx) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < in->nh; i++)
+		idx[i] = (struct lkg_hold *)&in->h[i];
+	qsort(idx, in->nh, sizeof(*idx), cmp_hold);
+	/* a backup's node holds its own shard: holder == owner, so a rank
+	 * with its shard in the backup is its own source, and a borrowed one
+	 * names the column mate to fetch */
+	out->found = cover(in, idx, in->nh, out->src, load, gap);
+	out->step = in->nh ? in->h[0].step : 0;
 	if (!out->found)
 		memset(out->src, 0, (size_t)in->nodes * W * sizeof(*out->src));
 out:

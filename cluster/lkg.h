@@ -69,6 +69,26 @@ struct lkg_plan {
 int  lkg_plan(const struct lkg_input *in, struct lkg_plan *out);
 void lkg_plan_free(struct lkg_plan *p);
 
+/* The first (rank, worker) a plan could not cover. */
+struct lkg_gap {
+	uint32_t rank, worker;
+	bool columns;              /* D is assumed: it could borrow in its column */
+	bool disagree;             /* ... but the column's shards differ */
+};
+
+/* A backup as the source of a restore, as GKE judges one: only the job's
+ * ranks count. in->h are the backup's complete shards, holder == owner ==
+ * the backup's node, all of one step (else -EINVAL); in->nodes, dp and
+ * workers are the job's (live and bad unused). A shard of a node >=
+ * in->nodes is ignored (a backup of a larger job); a rank without its own
+ * shard (a backup of a smaller job) takes, under D, worker w's shard of
+ * the first node of its column (r mod nodes/D) that the backup holds, when
+ * every such shard of the column has the same hash (lkg_plan's rule).
+ * out->found with out->src[r * workers + w].owner the backup node to fetch
+ * for (r, w); else *gap names the first slot left without one.
+ * 0 or -ENOMEM / -EINVAL. */
+int  lkg_plan_backup(const struct lkg_input *in, struct lkg_plan *out, struct lkg_gap *gap);
+
 /* Newest step for which every owner committed (the steady-state LKG); the
  * reports are (owner, step) pairs. Returns false if none. */
 bool lkg_newest_complete(uint32_t nodes, uint32_t dp, const struct lkg_hold *h, size_t nh,

@@ -684,9 +684,10 @@ static int validate(struct parse *p)
 	if (HAS(p, K_MINUTES)) {
 		double m = p->minutes, c = (double)(long long)m;
 		long long whole = (long long)(c < m ? c + 1 : c);
-		if (whole < 1)
+		/* backups are named by the UTC minute, so one a minute at most;
+		 * 0 is GKE's "every step" (fill(): backup-interval-steps 1) */
+		if (whole < 1 && m > 0)
 			whole = 1;
-		/* backups are named by the UTC minute, so one a minute at most */
 		if ((double)whole != m)
 			warn(p, "line %zu: 'backup-interval-minutes' %g is rounded up to %lld: mtcfs "
 			     "backs up at most once a minute", p->line[K_MINUTES], m, whole);
@@ -722,6 +723,11 @@ static void fill(struct parse *p, struct rcfg *out)
 	}
 	if (HAS(p, K_STEPS))
 		out->backup_interval_steps = (int)p->ival[K_STEPS];
+	else if (HAS(p, K_MINUTES) && p->ival[K_MINUTES] == 0)
+		/* GKE backs up every step; so does mtcfs, at most one backup
+		 * per UTC minute (the names are minutes): the same as
+		 * backup-interval-steps: 1 */
+		out->backup_interval_steps = 1;
 	else
 		out->backup_interval_minutes = HAS(p, K_MINUTES) ? (int)p->ival[K_MINUTES] : 30;
 	out->assume_dp = HAS(p, K_DP) ? (int)p->ival[K_DP] : 0;

@@ -33,10 +33,12 @@ struct rcfg {
 	int peers_per_node;             /* == n_peer_ranks when peer-ranks given;
 	                                   default 1 if neither key; at most
 	                                   nodes - 1 when nodes > 1 */
-	int backup_interval_minutes;    /* 0 when backup-interval-steps given;
-	                                   default 30 if neither; whole minutes
-	                                   (fractions rounded up), >= 1 */
-	int backup_interval_steps;      /* 0 unless given */
+	int backup_interval_minutes;    /* 0 when backup-interval-steps given
+	                                   or the minutes were 0; default 30 if
+	                                   neither; whole minutes (fractions
+	                                   rounded up), else >= 1 */
+	int backup_interval_steps;      /* 0 unless given; 1 for minutes 0
+	                                   (GKE: a backup every step) */
 	int assume_dp;                  /* assume-data-parallelism, 0 = not set;
 	                                   else divides nodes */
 	int workers_per_node;           /* default 1; 1..RCFG_WORKERS_MAX */
@@ -51,7 +53,8 @@ struct rcfg {
  * Grammar: one YAML document whose top level is a mapping.  Keys read:
  * job-name, framework (orbax | pytorch.distributed | pytorch), node-rank,
  * nodes, peer-ranks (sequence of ints), peers-per-node, backup-interval-
- * minutes (a number; fractions are rounded up to whole minutes, 0 is 1) or
+ * minutes (a number; fractions are rounded up to whole minutes; 0 is every
+ * step, i.e. backup-interval-steps 1) or
  * backup-interval-steps, assume-data-parallelism, workers-per-node,
  * redundancy (mtcfs's own: replication | rs:K+M, ec_parse_redundancy), and
  * GKE's master / master-port (accepted, not used: the coordinator comes from

@@ -161,7 +161,8 @@ static void usage(const char *prog)
 	       "    -o rank=N              this node's rank when no peer table says it (default 0)\n"
 	       "    -o rank_hint=N         with coordinator=: the rank until replicator.yaml\n"
 	       "                           gives one; the yaml's node-rank wins (mtcfs-csi)\n"
-	       "    -o restore_timeout=S   seconds to wait for all nodes when planning a restore\n"
+	       "    -o restore_timeout=S   seconds to wait for all nodes when planning a restore,\n"
+	       "                           and again at the barrier (default 120)\n"
 	       "    -o listen=HOST:PORT    this node's peer/coordinator endpoint\n"
 	       "    -o peers=A0,A1,...     static table: rank i at Ai (rank 0 runs the coordinator)\n"
 	       "    -o coordinator=H:P     rank 0's endpoint for dynamic registration\n"
@@ -432,7 +433,8 @@ int fs_main(int argc, char **argv)
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct fuse_cmdline_opts fo = { 0 };
 	struct fuse_loop_config *lc = NULL;
-	struct cmdline c = { .o = { .jax_port = 8476, .rank = -1, .rank_hint = -1, .restore_timeout = 300 } };
+	struct cmdline c = { .o = { .jax_port = 8476, .rank = -1, .rank_hint = -1,
+				    .restore_timeout = ENG_RESTORE_TIMEOUT_S } };
 	struct fs *fs = NULL;
 	struct stat st;
 	uint64_t cap;

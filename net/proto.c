@@ -604,6 +604,15 @@ json_t *proto_plan_encode(const struct proto_plan *m)
 		set_int(o, "step", m->step);
 		set_str(o, "source", "bucket");
 		set_str(o, "backup", m->backup);
+		if (m->has_owner) {
+			set_int(o, "owner", m->src.owner);
+			if (m->nshards > 1) {
+				json_t *a = json_array();
+				for (uint32_t w = 0; a && w < m->nshards; w++)
+					json_array_append_new(a, json_integer(m->shards[w].owner));
+				json_object_set_new(o, "owners", a);
+			}
+		}
 	} else if (m->found && m->src.addr) {
 		set_int(o, "step", m->step);
 		set_int(o, "holder", m->src.holder);
@@ -659,7 +668,31 @@ int proto_plan_decode(json_t *o, struct proto_plan *m, struct proto_plan_src *sh
 		return -EINVAL;
 	if (net_json_str(o, "source", 16, &src) == 0 && !strcmp(src, "bucket")) {
 		m->bucket = true;
-		return get_str(o, "backup", PROTO_NAME_MAX, &m->backup, &w);
+		if (get_str(o, "backup", PROTO_NAME_MAX, &m->backup, &w) < 0)
+			return -EINVAL;
+		if (!json_object_get(o, "owner"))
+			return 0;
+		if (get_u32(o, "owner", PROTO_MAX_NODES - 1, false, &m->src.owner, &w) < 0)
+			return -EINVAL;
+		m->src.holder = m->src.owner;
+		m->src.addr = "";
+		m->has_owner = true;
+		a = json_object_get(o, "owners");
+		if (!a)
+			return 0;
+		if (!json_is_array(a) || json_array_size(a) > maxshards)
+			return bad(&w, "owners is not an array of at most %zu", maxshards);
+		json_array_foreach(a, i, x) {
+			json_int_t v = json_is_integer(x) ? json_integer_value(x) : -1;
+			if (v < 0 || v >= (json_int_t)PROTO_MAX_NODES)
+				return bad(&w, "owners[%zu] is not a rank", i);
+			memset(&shards[i], 0, sizeof(shards[i]));
+			shards[i].holder = shards[i].owner = (uint32_t)v;
+			shards[i].addr = "";
+		}
+		m->shards = shards;
+		m->nshards = (uint32_t)json_array_size(a);
+		return 0;
 	}
 	if (get_src(o, &m->src, &w) < 0)
 		return -EINVAL;

@@ -233,8 +233,11 @@ json_t *proto_backup_done_encode(const struct proto_backup_done *m);
 int proto_backup_done_decode(json_t *o, struct proto_backup_done *m, char *why, size_t whylen);
 
 /* A plan entry {op: "plan", plan, found, [notes], then when found either
- * step, source: "bucket", backup, or step, holder, owner, hash, addr,
- * [shards: [{worker, holder, owner, hash, addr}...]]} (NT_RESP). */
+ * step, source: "bucket", backup, [owner, [owners: [w0's, w1's, ...]]], or
+ * step, holder, owner, hash, addr, [shards: [{worker, holder, owner, hash,
+ * addr}...]]} (NT_RESP). A bucket entry's owner is the backup's node whose
+ * shard the rank restores when that is not the rank itself (a backup of
+ * another job size, under assume-data-parallelism); absent: its own. */
 struct proto_plan_src {
 	uint32_t holder, owner;
 	uint8_t hash[32];
@@ -251,6 +254,9 @@ struct proto_plan {
 				      * src.addr NULL: none for this rank */
 	const struct proto_plan_src *shards;   /* nshards > 1: every worker's */
 	uint32_t nshards;
+	/* bucket: src.owner (and, with nshards > 1, each shards[w].owner) is
+	 * the backup's node to fetch; false: the rank's own */
+	bool has_owner;
 };
 json_t *proto_plan_encode(const struct proto_plan *m);
 /* Decode into m, the shards into shards[0..maxshards) (m->shards points

@@ -18,7 +18,9 @@
  * holding every worker's file, with a manifest) is read whole. */
 static int fetch_backup(struct bkt *b, const struct tier_get *g, int dirfd, struct manifest **mf)
 {
-	uint32_t rank = g->as.rank;
+	/* the backup's node g->want.rank (a column mate's under D when the
+	 * backup is of a smaller job), saved under this node's names */
+	uint32_t rank = g->as.rank, node = g->want.rank;
 	int rc = -EMEDIUMTYPE;
 
 	if (g->save_files) {
@@ -28,7 +30,7 @@ static int fetch_backup(struct bkt *b, const struct tier_get *g, int dirfd, stru
 			if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", g->as.job,
 					     (unsigned long long)g->as.step, rank, w) >= sizeof(fn))
 				return -ENAMETOOLONG;
-			rc = bk_fetch_file(b, g->as.job, g->backup, rank, w, dirfd, fn);
+			rc = bk_fetch_file(b, g->as.job, g->backup, node, w, dirfd, fn);
 			if (rc == -EMEDIUMTYPE && w == 0)
 				break;
 			if (rc < 0)
@@ -37,7 +39,7 @@ static int fetch_backup(struct bkt *b, const struct tier_get *g, int dirfd, stru
 		if (rc == 0)
 			return mf_build(dirfd, mf);
 	}
-	return bk_fetch_shard(b, g->as.job, g->backup, rank, 0, dirfd, mf);
+	return bk_fetch_shard(b, g->as.job, g->backup, node, 0, dirfd, mf);
 }
 
 /* Worker w's file of backup g->backup into dirfd, as that worker's own
@@ -47,7 +49,7 @@ static int fetch_backup(struct bkt *b, const struct tier_get *g, int dirfd, stru
 static int fetch_backup_w(struct bkt *b, const struct tier_get *g, uint32_t w, int dirfd,
 			  struct manifest **mf, bool *whole)
 {
-	uint32_t rank = g->as.rank;
+	uint32_t rank = g->as.rank, node = g->want.rank;
 	char fn[NAME_MAX + 1];
 	int rc;
 
@@ -55,13 +57,13 @@ static int fetch_backup_w(struct bkt *b, const struct tier_get *g, uint32_t w, i
 	if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", g->as.job,
 			     (unsigned long long)g->as.step, rank, w) >= sizeof(fn))
 		return -ENAMETOOLONG;
-	rc = bk_fetch_file(b, g->as.job, g->backup, rank, w, dirfd, fn);
+	rc = bk_fetch_file(b, g->as.job, g->backup, node, w, dirfd, fn);
 	if (rc == 0)
 		return mf_build(dirfd, mf);
 	if (rc != -EMEDIUMTYPE || w != 0)
 		return rc;
 	*whole = true;
-	return bk_fetch_shard(b, g->as.job, g->backup, rank, 0, dirfd, mf);
+	return bk_fetch_shard(b, g->as.job, g->backup, node, 0, dirfd, mf);
 }
 
 static int bucket_get(void *self, struct tier_get *g, struct ram_stage *st, struct manifest **mf,

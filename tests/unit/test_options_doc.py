@@ -12,6 +12,7 @@ other place to it (docs/options.md says how to add an option):
 MTCFS_BIN names the built mtcfs (ctest sets it); without it the usage text
 is read from fs/main.c's source.
 """
+import glob
 import os
 import re
 import subprocess
@@ -76,7 +77,17 @@ def code_defaults():
     m = re.search(r"struct cmdline c = \{ \.o = \{([^}]*)\}", src)
     if not m:
         raise AssertionError("fs/main.c: no `struct cmdline c = { .o = {...} }` found")
-    return {k: int(v) for k, v in re.findall(r"\.(\w+)\s*=\s*(-?\d+)", m.group(1))}
+    # a default may be a macro of a header below fs/ (ENG_RESTORE_TIMEOUT_S)
+    macros = {}
+    for h in glob.glob(os.path.join(SRC, "*", "*.h")):
+        macros.update(re.findall(r"^#define\s+([A-Z][A-Z0-9_]*)\s+(-?\d+)\b", read(h), re.M))
+    out = {}
+    for k, v in re.findall(r"\.(\w+)\s*=\s*(-?\d+|[A-Z][A-Z0-9_]*)", m.group(1)):
+        if v in macros:
+            v = macros[v]
+        if re.fullmatch(r"-?\d+", v):
+            out[k] = int(v)
+    return out
 
 
 def usage_text():

@@ -290,6 +290,44 @@ static void test_bytes_plan(void **state)
 	assert_bytes(proto_plan_encode(&p),
 		     "{\"op\":\"plan\",\"plan\":5,\"found\":true,\"step\":300,\"source\":\"bucket\","
 		     "\"backup\":\"llama-20261201-1200\"}");
+	/* a backup of a smaller job under D: the column mate's shard */
+	p.has_owner = true;
+	p.src.owner = 1;
+	assert_bytes(proto_plan_encode(&p),
+		     "{\"op\":\"plan\",\"plan\":5,\"found\":true,\"step\":300,\"source\":\"bucket\","
+		     "\"backup\":\"llama-20261201-1200\",\"owner\":1}");
+	{
+		struct proto_plan_src ws[2] = { { .owner = 1 }, { .owner = 3 } }, got[4];
+		struct proto_plan q;
+		char why[160];
+		json_t *m;
+
+		p.shards = ws;
+		p.nshards = 2;
+		m = proto_plan_encode(&p);
+		assert_int_equal(proto_plan_decode(m, &q, got, 4, why, sizeof why), 0);
+		assert_true(q.bucket && q.has_owner);
+		assert_int_equal(q.src.owner, 1);
+		assert_int_equal(q.nshards, 2);
+		assert_int_equal(q.shards[1].owner, 3);
+		json_decref(m);
+		m = json_loads("{\"op\":\"plan\",\"plan\":5,\"found\":true,\"step\":3,"
+			       "\"source\":\"bucket\",\"backup\":\"b\",\"owner\":1,"
+			       "\"owners\":[1,-2]}", 0, NULL);
+		assert_int_equal(proto_plan_decode(m, &q, got, 4, why, sizeof why), -EINVAL);
+		assert_non_null(strstr(why, "owners[1] is not a rank"));
+		json_decref(m);
+		/* an older coordinator: no owner, the rank's own */
+		m = json_loads("{\"op\":\"plan\",\"plan\":5,\"found\":true,\"step\":3,"
+			       "\"source\":\"bucket\",\"backup\":\"b\"}", 0, NULL);
+		assert_int_equal(proto_plan_decode(m, &q, got, 4, why, sizeof why), 0);
+		assert_false(q.has_owner);
+		json_decref(m);
+		p.shards = NULL;
+		p.nshards = 0;
+		p.has_owner = false;
+		p.src.owner = 0;
+	}
 	p.bucket = false;
 	p.src = sh[0];
 	assert_bytes(proto_plan_encode(&p),

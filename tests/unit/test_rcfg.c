@@ -554,7 +554,8 @@ static void test_steps_interval(void **state)
 }
 
 /* GKE: yaml.safe_load gives 0.5 a float, and the coordinator backs up every
- * 0.5 * 60 s; backups are named by the minute, so mtcfs rounds up. */
+ * 0.5 * 60 s; backups are named by the minute, so mtcfs rounds up. 0 is a
+ * backup of every step in GKE: backup-interval-steps 1 here. */
 static void test_fractional_minutes(void **state)
 {
 	static const struct {
@@ -562,7 +563,8 @@ static void test_fractional_minutes(void **state)
 		int minutes, warns;
 	} cases[] = {
 		{ "0.5", 1, 1 },  { ".5", 1, 1 },    { "1.5", 2, 1 },    { "\"0.5\"", 1, 1 },
-		{ "2.0", 2, 0 },  { "1e1", 10, 0 },  { "0", 1, 1 },      { "0.0", 1, 1 },
+		{ "2.0", 2, 0 },  { "1e1", 10, 0 },  { "0", 0, 0 },      { "0.0", 0, 0 },
+		{ "0.001", 1, 1 },
 		{ "90.25", 91, 1 }, { "1_0.5", 11, 1 },
 	};
 	char yaml[256];
@@ -577,6 +579,8 @@ static void test_fractional_minutes(void **state)
 			fail();
 		}
 		assert_int_equal(c.backup_interval_minutes, cases[i].minutes);
+		/* 0: GKE backs up every step, as backup-interval-steps: 1 does */
+		assert_int_equal(c.backup_interval_steps, cases[i].minutes ? 0 : 1);
 		assert_int_equal(w.n, cases[i].warns);
 		if (w.n)
 			assert_non_null(strstr(w.lines[0], "is rounded up to"));
