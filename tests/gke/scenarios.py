@@ -618,7 +618,7 @@ def main():
     src = os.path.join(os.path.abspath(a.gke), "src", "replicator")
     commit = subprocess.run(["git", "-C", a.gke, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or \
-        read_text(os.path.join(a.gke, ".mtcfs-gke-commit")) or "unknown"
+        (read_text(os.path.join(a.gke, ".mtcfs-gke-commit")) or "unknown").strip()
     workdir = tempfile.mkdtemp(prefix="mtcfs-gke-run-")
     facts = {}
     ran = {}
