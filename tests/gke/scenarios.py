@@ -122,6 +122,20 @@ def bucket_listing(root, job):
 # GKE's replicator
 # =============================================================================
 
+LIVE_GKE = set()
+
+
+def _on_signal(signum, frame):
+    """GKE's nodes run in their own sessions: stop them before the harness
+    unmounts mtcfs and exits (harness._on_signal)."""
+    for nd in list(LIVE_GKE):
+        try:
+            nd.stop()
+        except Exception:
+            pass
+    harness._on_signal(signum, frame)
+
+
 class GkeNode:
     def __init__(self, be, i):
         self.be, self.i = be, i
@@ -151,8 +165,10 @@ class GkeNode:
                 [self.be.py, os.path.join(HERE, "gke_node.py"), "loop", self.be.src, self.dir],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True)
+        LIVE_GKE.add(self)
 
     def stop(self):
+        LIVE_GKE.discard(self)
         if self.proc is None:
             return
         self.proc.send_signal(signal.SIGTERM)
@@ -614,6 +630,8 @@ def main():
     ap.add_argument("--backends", default="gke,mtcfs")
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
     only = set(a.only.split(","))
     src = os.path.join(os.path.abspath(a.gke), "src", "replicator")
     commit = subprocess.run(["git", "-C", a.gke, "rev-parse", "--short", "HEAD"],
