@@ -10,7 +10,7 @@ mtcfs with the same driver and assert what mtcfs does; each "GKE (run
 2026-12-02, checkpoint-replicator 3a24fd1):" comment is what GKE's
 replicator did in that run (tests/gke/README.md has the whole table).
 Where mtcfs differs on purpose the comment says so; where the difference is
-a bug of ours the test is marked expectedFailure and says which fix ends it.
+a bug of ours that has since been fixed, the comment says what mtcfs did before.
 
 Run: MTCFS_BUILD=$PWD/build /usr/bin/python3 tests/integration/test_gke_multinode.py -v
 """
@@ -183,14 +183,12 @@ class GkeMultiNode(unittest.TestCase):
         app.settle(s, 3, ranks)
         wait_until(lambda: not os.path.exists(rv), 30, "restore.version deleted")
 
-    @unittest.expectedFailure
     def test_3_backup_interval_minutes_0_is_every_step(self):
         # GKE (run 2026-12-02, checkpoint-replicator 3a24fd1), minutes 0: a
         # backup of step 1 within 4-7 s of the save (every sync round asks
-        # for one; none while the last still runs). mtcfs rounds 0 up to
-        # one minute and warns (backup after 26-58 s in the harness runs).
-        # A bug of ours, issue 24 item 1: the backup-interval helper's
-        # branch fixes it; remove expectedFailure when that is merged.
+        # for one; none while the last still runs). mtcfs did the same
+        # once minutes 0 stopped being rounded up to one minute (it was,
+        # with a warning: the backup came 26-58 s later).
         app = self.app(2, "jobm0")
         ranks = [0, 1]
         app.start_job("m0", ranks, 2, minutes=0)
@@ -259,18 +257,15 @@ class GkeMultiNode(unittest.TestCase):
 
     # -- restore.version naming a backup of another job size --------------
 
-    @unittest.expectedFailure
     def test_5_restore_version_of_a_bigger_job(self):
         # GKE (run 2026-12-02, checkpoint-replicator 3a24fd1): a backup of
         # the job on 4 nodes, restore.version naming it, the job restarted
         # on 2 nodes: both restore the backup's step ("restore-backup:
         # <name>\nrestore-step: 1\n" in the rerun with step 2 in a later
-        # minute; GKE validates only ranks 0..nodes-1). mtcfs: nothing
-        # restored, s0 markers, replicator.errors "restore.version names
-        # backup <name>, which node 2 worker 0 is outside the job's 2 nodes
-        # x 1 workers; nothing is restored (no fallback)". A bug of ours,
-        # issue 24 item 2: the restore.version helper's branch fixes it;
-        # remove expectedFailure when that is merged.
+        # minute; GKE validates only ranks 0..nodes-1). mtcfs does the
+        # same since it judges a backup by the job's ranks only (before:
+        # nothing restored, "node 2 worker 0 is outside the job's 2 nodes
+        # x 1 workers; nothing is restored (no fallback)").
         app = self.app(4, "jobrv")
         be = app.be
         all4 = [0, 1, 2, 3]
@@ -284,9 +279,6 @@ class GkeMultiNode(unittest.TestCase):
         app.settle(s, 2, all4)
         with open(os.path.join(be.bucket, be.job, "restore.version"), "w") as f:
             f.write(name1 + "\n")
-        # the refusal is logged as an error on rank 0 (what this test is
-        # about)
-        be.nodes[0].expect_log(r"restore\.version names backup")
         app.start_job(s, [0, 1], 2, minutes=0, steps=[1, 2], cols=[0, 1])
         self.assert_restored(app, s, [0, 1], 1, col_identity, backup=name1)
 
