@@ -177,7 +177,15 @@ static int adopt_mate_files(const struct rcfg *c, int dirfd, uint64_t step, uint
 		if (renameat(dirfd, p, dirfd, nn) < 0)
 			return -errno;
 	}
-	rc = mf_build(dirfd, &nm);
+	/* the owners the mate's manifest gave its files go onto the tree
+	 * (the mate was written by this job's uid too), so that the rebuilt
+	 * manifest records them; without any, the publish's rule decides */
+	if ((*mf)->owners)
+		rc = mf_apply_owners(dirfd, *mf, 0, 0, 0, NULL, 0);
+	else
+		rc = 0;
+	if (rc == 0)
+		rc = (*mf)->owners ? mf_build(dirfd, &nm) : mf_build_ownerless(dirfd, &nm);
 	if (rc < 0)
 		return rc;
 	mf_free(*mf);

@@ -262,6 +262,11 @@ static void process_yaml(struct fs *fs)
 	}
 	log_info("ctl", "configured job=%s framework=%s rank=%d nodes=%d workers=%d",
 		 c.job, rcfg_framework_name(c.framework), c.node_rank, c.nodes, c.workers_per_node);
+	/* the trainer writes replicator.yaml: what this node publishes from a
+	 * source that names no owners (a backup in GKE's layout, the .save
+	 * files of framework: pytorch backups, an older mtcfs's shards)
+	 * becomes its uid's and group's (an fsGroup's, in a set-gid root) */
+	ram_set_owner(fs->ram, (uint32_t)st.st_uid, (uint32_t)st.st_gid);
 	set_phase(fs, "restoring");
 	apply_identity(fs, &c);
 	if (rcfg_to_yaml(&c, dump, sizeof(dump)) > 0)
@@ -300,9 +305,17 @@ static void process_yaml(struct fs *fs)
 			return;
 		}
 	} else {
-		rc = restore_plan_local_w(fs->ram, c.job, (uint32_t)c.node_rank,
-					  c.framework == RCFG_FW_PYTORCH && c.workers_per_node > 1 ?
-					  (uint32_t)c.workers_per_node : 1, ctl_report_error, fs, &plan);
+		uint32_t workers = c.framework == RCFG_FW_PYTORCH && c.workers_per_node > 1 ?
+				   (uint32_t)c.workers_per_node : 1;
+		rc = restore_plan_local_w(fs->ram, c.job, (uint32_t)c.node_rank, workers,
+					  ctl_report_error, fs, &plan);
+		/* restored in place, as the RAM tier's get does with an engine:
+		 * an older mtcfs's shard gets the writer's directories */
+		for (uint32_t w = 0; rc == 0 && plan.found && w < workers; w++) {
+			struct shard_key k = plan.key;
+			k.worker = w;
+			ram_own(fs->ram, &k);   /* -ENOENT: a worker-0 shard holds all */
+		}
 		if (rc < 0) {
 			snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
 				 strerror(-rc));
