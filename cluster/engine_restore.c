@@ -181,7 +181,7 @@ static int adopt_mate_files(const struct rcfg *c, int dirfd, uint64_t step, uint
 	 * (the mate was written by this job's uid too), so that the rebuilt
 	 * manifest records them; without any, the publish's rule decides */
 	if ((*mf)->owners)
-		rc = mf_apply_owners(dirfd, *mf, 0, 0, 0, NULL, 0);
+		rc = mf_apply_owners(dirfd, *mf, NULL, 0, NULL, 0);
 	else
 		rc = 0;
 	if (rc == 0)

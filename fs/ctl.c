@@ -265,8 +265,11 @@ static void process_yaml(struct fs *fs)
 	/* the trainer writes replicator.yaml: what this node publishes from a
 	 * source that names no owners (a backup in GKE's layout, the .save
 	 * files of framework: pytorch backups, an older mtcfs's shards)
-	 * becomes its uid's and group's (an fsGroup's, in a set-gid root) */
-	ram_set_owner(fs->ram, (uint32_t)st.st_uid, (uint32_t)st.st_gid);
+	 * becomes its uid's and group's (an fsGroup's, in a set-gid root),
+	 * with modes less the umask the yaml's mode shows (0640: 027; a
+	 * class that may not read it may not search either) */
+	ram_set_owner(fs->ram, (uint32_t)st.st_uid, (uint32_t)st.st_gid,
+		      (uint32_t)((~st.st_mode & 066) | ((~st.st_mode & 044) >> 2)));
 	set_phase(fs, "restoring");
 	apply_identity(fs, &c);
 	if (rcfg_to_yaml(&c, dump, sizeof(dump)) > 0)

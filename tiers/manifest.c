@@ -402,15 +402,24 @@ static int own_one(int dirfd, const char *path, int flags, bool link, uid_t u, g
 	return 0;
 }
 
-int mf_apply_owners(int dirfd, const struct manifest *m, uint32_t uid, uint32_t gid,
+int mf_apply_owners(int dirfd, const struct manifest *m, const struct mf_owner *dflt,
 		    unsigned flags, char *err, size_t errlen)
 {
+	const struct mf_owner none = { 0, 0, 0 };
 	const mode_t setid = S_ISUID | S_ISGID;
+	mode_t drop;
+	uid_t uid;
+	gid_t gid;
 	struct stat root;
 	int rc;
 
 	if (geteuid() != 0)
 		return 0;   /* a daemon that is not root owns everything it makes */
+	if (m->owners || !dflt)
+		dflt = &none;
+	uid = (uid_t)dflt->uid;
+	gid = (gid_t)dflt->gid;
+	drop = setid | ((mode_t)dflt->umask & 077);
 	/* deepest first (the entries are sorted: "a/b" after "a"), so that a
 	 * directory's own mode comes after what is in it */
 	for (size_t i = m->n; i-- > 0;) {
@@ -418,8 +427,8 @@ int mf_apply_owners(int dirfd, const struct manifest *m, uint32_t uid, uint32_t 
 		if (e->type == MF_FILE && (flags & MF_OWN_NOT_FILES))
 			continue;
 		rc = own_one(dirfd, e->path, 0, e->type == MF_SYMLINK,
-			     (uid_t)(m->owners ? e->uid : uid), (gid_t)(m->owners ? e->gid : gid),
-			     (mode_t)e->mode & ~setid);
+			     m->owners ? (uid_t)e->uid : uid, m->owners ? (gid_t)e->gid : gid,
+			     (mode_t)e->mode & ~drop);
 		if (rc < 0) {
 			if (err && errlen)
 				snprintf(err, errlen, "%.200s: owner or mode: %s", e->path, strerror(-rc));
@@ -429,8 +438,8 @@ int mf_apply_owners(int dirfd, const struct manifest *m, uint32_t uid, uint32_t 
 	if (fstat(dirfd, &root) < 0)
 		return -errno;
 	rc = own_one(dirfd, "", AT_EMPTY_PATH, false,
-		     (uid_t)(m->owners ? m->root_uid : uid), (gid_t)(m->owners ? m->root_gid : gid),
-		     (m->owners ? (mode_t)m->root_mode : root.st_mode & 07777) & ~setid);
+		     m->owners ? (uid_t)m->root_uid : uid, m->owners ? (gid_t)m->root_gid : gid,
+		     (m->owners ? (mode_t)m->root_mode : root.st_mode & 07777) & ~drop);
 	if (rc < 0 && err && errlen)
 		snprintf(err, errlen, "the shard directory's owner or mode: %s", strerror(-rc));
 	return rc;

@@ -63,15 +63,24 @@ int mf_build(int dirfd, struct manifest **out);
  * this node downloaded, whose owners are the daemon's and not the
  * writer's. */
 int mf_build_ownerless(int dirfd, struct manifest **out);
+/* Who owns what a manifest without owners describes, and the umask that
+ * its modes (which such a source does not keep: GKE's layout restores
+ * files 0644) get: only group and other bits. */
+struct mf_owner {
+	uint32_t uid, gid;
+	uint32_t umask;
+};
 /* Give the tree under dirfd (a stage about to be published) the owners and
- * modes m records: each entry's uid/gid (m->owners) or else uid/gid, modes
- * as written without setuid/setgid (a chown clears those anyway), the
- * directory dirfd itself too. Only a daemon running as root can and does
- * (otherwise 0 and nothing changed: every copy is then the daemon's uid's).
- * Symlinks get owners only; with MF_OWN_NOT_FILES regular files are not
- * touched. 0 or -errno (what failed in err). */
+ * modes m records: each entry's uid/gid (m->owners), or else dflt's uid/gid
+ * and the recorded modes less dflt's umask; modes without setuid/setgid (a
+ * chown clears those anyway); the directory dirfd itself too (its mode
+ * from m, or its own less the umask). dflt may be NULL when m->owners. Only
+ * a daemon running as root can and does (otherwise 0 and nothing changed:
+ * every copy is then the daemon's uid's). Symlinks get owners only; with
+ * MF_OWN_NOT_FILES regular files are not touched. 0 or -errno (what failed
+ * in err). */
 #define MF_OWN_NOT_FILES 1u   /* leave regular files alone (hard links of the writer's) */
-int mf_apply_owners(int dirfd, const struct manifest *m, uint32_t uid, uint32_t gid,
+int mf_apply_owners(int dirfd, const struct manifest *m, const struct mf_owner *dflt,
 		    unsigned flags, char *err, size_t errlen);
 /* The one rule for what a shard may hold, applied when this node seals a
  * tree (mf_build) and to every manifest decoded from a peer, the bucket or

@@ -24,9 +24,10 @@ struct ram_tier {
 	int rootfd, nsfd, shardsfd;
 	struct idx *idx;
 	uint64_t cap;
-	/* who gets a published shard whose manifest names no owners
-	 * (ram_set_owner) */
-	_Atomic uint32_t def_uid, def_gid;
+	/* who gets a published shard whose manifest names no owners, and
+	 * the umask of its modes (ram_set_owner) */
+	pthread_mutex_t owner_mu;
+	struct mf_owner owner;
 	_Atomic int64_t used;
 	/* Serialises reclaim, and is the outermost lock of the daemon:
 	 * ram_reserve() holds it across the reclaim callback (fs/commit.c
@@ -70,6 +71,7 @@ int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 	pthread_mutex_init(&t->reclaim_mu, NULL);
 	pthread_mutex_init(&t->keys_mu, NULL);
 	pthread_cond_init(&t->keys_cv, NULL);
+	pthread_mutex_init(&t->owner_mu, NULL);
 	t->path = realpath(ramdir, NULL);
 	if (!t->path) {
 		rc = -errno;
@@ -100,7 +102,7 @@ int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 	{
 		struct stat ns;
 		if (fstat(t->nsfd, &ns) == 0)
-			ram_set_owner(t, (uint32_t)ns.st_uid, (uint32_t)ns.st_gid);
+			ram_set_owner(t, (uint32_t)ns.st_uid, (uint32_t)ns.st_gid, 022);
 	}
 	snprintf(db, sizeof(db), "%s/db", t->path);
 	rc = idx_open(db, false, &t->idx);
@@ -331,15 +333,27 @@ void ram_close(struct ram_tier *t)
 	pthread_mutex_destroy(&t->reclaim_mu);
 	pthread_mutex_destroy(&t->keys_mu);
 	pthread_cond_destroy(&t->keys_cv);
+	pthread_mutex_destroy(&t->owner_mu);
 	free(t->busy);
 	free(t->path);
 	free(t);
 }
 
-void ram_set_owner(struct ram_tier *t, uint32_t uid, uint32_t gid)
+void ram_set_owner(struct ram_tier *t, uint32_t uid, uint32_t gid, uint32_t umask)
 {
-	atomic_store(&t->def_uid, uid);
-	atomic_store(&t->def_gid, gid);
+	pthread_mutex_lock(&t->owner_mu);
+	t->owner = (struct mf_owner){ uid, gid, umask & 077 };
+	pthread_mutex_unlock(&t->owner_mu);
+}
+
+static struct mf_owner owner_of(struct ram_tier *t)
+{
+	struct mf_owner o;
+
+	pthread_mutex_lock(&t->owner_mu);
+	o = t->owner;
+	pthread_mutex_unlock(&t->owner_mu);
+	return o;
 }
 
 void ram_set_reclaim(struct ram_tier *t, ram_reclaim_fn fn, void *arg)
@@ -770,9 +784,12 @@ int ram_own(struct ram_tier *t, const struct shard_key *k)
 		rc = fd;
 	/* an older mtcfs made the directories as root; its files are hard
 	 * links of the writer's, with their owners */
-	if (rc == 0)
-		rc = mf_apply_owners(fd, mf, atomic_load(&t->def_uid), atomic_load(&t->def_gid),
-				     MF_OWN_NOT_FILES, why, sizeof(why));
+	if (rc == 0) {
+		/* the modes are the writer's own: no umask on them */
+		struct mf_owner o = owner_of(t);
+		o.umask = 0;
+		rc = mf_apply_owners(fd, mf, &o, MF_OWN_NOT_FILES, why, sizeof(why));
+	}
 	if (rc < 0 && rc != -ENOENT)
 		log_err("ram", "job=%s step=%llu rank=%u: cannot give the shard its owners: %s",
 			k->job, (unsigned long long)k->step, k->rank, why[0] ? why : strerror(-rc));
@@ -888,8 +905,10 @@ static int publish_locked(struct ram_tier *t, struct ram_stage *st, const struct
 		return rc;
 	/* the copy is the writer's, as the one it was sealed from (the
 	 * manifest's owners, else this job's writer: ram_set_owner) */
-	rc = mf_apply_owners(st->fd, mf, atomic_load(&t->def_uid), atomic_load(&t->def_gid), 0,
-			     why, sizeof(why));
+	{
+		struct mf_owner o = owner_of(t);
+		rc = mf_apply_owners(st->fd, mf, &o, 0, why, sizeof(why));
+	}
 	if (rc < 0) {
 		log_err("ram", "publishing %s: %s", rel, why);
 		return rc;

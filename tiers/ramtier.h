@@ -37,11 +37,12 @@ void ram_set_reclaim(struct ram_tier *t, ram_reclaim_fn fn, void *arg);
 /* Who owns a published copy (a replica, a restore from a peer or the
  * bucket) whose manifest records no owners: a backup in GKE's layout, the
  * per-worker files of framework: pytorch backups, a shard from an mtcfs
- * before owners. The control thread sets the owner and group of the
- * replicator.yaml that configured the job (the trainer writes it; under a
- * Kubernetes fsGroup its group is the set-gid mount root's); until then,
- * the mount root's (RAMDIR/ns). */
-void ram_set_owner(struct ram_tier *t, uint32_t uid, uint32_t gid);
+ * before owners; and the umask (group and other bits) of its modes, which
+ * such a source does not keep. The control thread sets the owner, group
+ * and umask of the replicator.yaml that configured the job (the trainer
+ * writes it; under a Kubernetes fsGroup its group is the set-gid mount
+ * root's); until then, the mount root's owner and 022. */
+void ram_set_owner(struct ram_tier *t, uint32_t uid, uint32_t gid, uint32_t umask);
 
 int ram_ns_fd(const struct ram_tier *t);        /* borrowed; valid until close */
 int ram_root_fd(const struct ram_tier *t);      /* RAMDIR itself; borrowed */

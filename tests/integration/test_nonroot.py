@@ -16,11 +16,13 @@ member of the group reads what is group-readable but not a 0600 file, a uid
 outside the group reads nothing, and the store view's directories
 (.mtcfs, .mtcfs/JOB, .mtcfs/JOB/STEP) can be passed but not listed or
 written by anyone but root. The trainer's operations are
-nonroot_trainer.py, run through setpriv.
+nonroot_trainer.py, run through setpriv (from a copy any uid can read).
 """
+import atexit
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,7 +34,8 @@ import cluster  # noqa: E402
 import harness  # noqa: E402
 from harness import Daemon, wait_committed  # noqa: E402
 
-TRAINER = os.path.join(HERE, "nonroot_trainer.py")
+_TRAINER_SRC = os.path.join(HERE, "nonroot_trainer.py")
+_trainer_copy = None
 UID, GID, FSGROUP = 1000, 1000, 2000
 AS_TRAINER = ["setpriv", "--reuid", str(UID), "--regid", str(GID), "--groups", str(FSGROUP),
               "--"]
@@ -42,13 +45,27 @@ AS_OTHER = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
 DENIED = ("EACCES", "EPERM", "EROFS")
 
 
+def trainer_path():
+    """nonroot_trainer.py where any uid can read it (a CI checkout may sit
+    under a directory only root can pass)."""
+    global _trainer_copy
+    if _trainer_copy is None:
+        d = tempfile.mkdtemp(prefix="mtcfs-nonroot-trainer-")
+        os.chmod(d, 0o755)
+        shutil.copy(_TRAINER_SRC, d)
+        os.chmod(os.path.join(d, "nonroot_trainer.py"), 0o644)
+        atexit.register(shutil.rmtree, d, True)
+        _trainer_copy = os.path.join(d, "nonroot_trainer.py")
+    return _trainer_copy
+
+
 def trainer_cmd(who, *args):
-    return who + ["/usr/bin/python3", TRAINER] + [str(a) for a in args]
+    return who + ["/usr/bin/python3", trainer_path()] + [str(a) for a in args]
 
 
 def run_as(who, *args, timeout=180):
     p = subprocess.run(trainer_cmd(who, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       timeout=timeout)
+                       timeout=timeout, cwd="/")
     if p.returncode != 0:
         raise AssertionError("%s %s failed (%d): %s" % (who[2], args[0], p.returncode,
                                                         (p.stderr or p.stdout).decode()[-2000:]))
@@ -59,7 +76,7 @@ def run_parallel(who, argss, timeout=180):
     """The same trainer command on several nodes at once (a job start
     waits for a job-wide barrier): their results, in order."""
     procs = [subprocess.Popen(trainer_cmd(who, *a), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) for a in argss]
+                              stderr=subprocess.PIPE, cwd="/") for a in argss]
     out = []
     for a, p in zip(argss, procs):
         so, se = p.communicate(timeout=timeout)
@@ -220,7 +237,7 @@ class ClusterRestore(NonRootBase):
     def test_bucket_restore(self):
         job = "nrbucket"
         bucket = tempfile.mkdtemp(prefix="mtcfs-nonroot-bucket-")
-        self.addCleanup(lambda: __import__("shutil").rmtree(bucket, ignore_errors=True))
+        self.addCleanup(shutil.rmtree, bucket, True)
         c = self.cluster(2, extra="bucket=file://" + bucket)
         c.interval = "backup-interval-steps: 1"
         c.start()
@@ -249,7 +266,7 @@ class PytorchSaveFiles(NonRootBase):
     def test_save_files_local_and_bucket(self):
         job = "nrpt"
         bucket = tempfile.mkdtemp(prefix="mtcfs-nonroot-bucket-")
-        self.addCleanup(lambda: __import__("shutil").rmtree(bucket, ignore_errors=True))
+        self.addCleanup(shutil.rmtree, bucket, True)
         d = self.daemon(opts="ram_size=256M,bucket=file://" + bucket, name="pt")
         d.start()
         fsgroup_root(d.mnt)
@@ -276,7 +293,8 @@ class PytorchSaveFiles(NonRootBase):
         self.assertEqual(run_as(AS_OTHER, "try", m), {m: "EACCES"})
 
         # the node is replaced: the file from the bucket (GKE's layout,
-        # which keeps no owner: the job's replicator.yaml writer's)
+        # which keeps no owner: the job's replicator.yaml writer's, and
+        # no mode: GKE's 0644 less the umask the yaml shows)
         d.kill9()
         d.wipe_ramdir()
         d.start()
@@ -286,11 +304,13 @@ class PytorchSaveFiles(NonRootBase):
         d.wait_log(r"restore job=%s step=4 source=bucket" % job, 30, "bucket restore",
                    since=pos)
         self.assertEqual(run_as(AS_TRAINER, "read_pt", d.mnt, job, 4, 0), {"ok": True})
+        # no mode either: GKE's 0644 less the umask of the trainer's
+        # replicator.yaml (0640: 027)
         m = marker()
-        self.assertEqual(owner(m)[:2], (UID, FSGROUP))
-        self.assertEqual(owner(os.path.dirname(os.path.realpath(m)))[:2], (UID, FSGROUP))
-        self.assertEqual(run_as(AS_OTHER, "try", m)[m], "ok" if owner(m)[2] & 0o004
-                         else "EACCES")
+        self.assertEqual(owner(m), (UID, FSGROUP, 0o640))
+        self.assertEqual(owner(os.path.dirname(os.path.realpath(m))), (UID, FSGROUP, 0o750))
+        self.assertEqual(run_as(AS_GROUPMATE, "try", m), {m: "ok"})
+        self.assertEqual(run_as(AS_OTHER, "try", m), {m: "EACCES"})
 
 
 if __name__ == "__main__":
