@@ -386,14 +386,15 @@ static int own_one(int dirfd, const char *path, int flags, bool link, uid_t u, g
 
 	if (fstatat(dirfd, path, &st, flags | AT_SYMLINK_NOFOLLOW) < 0)
 		return -errno;
-	if ((st.st_uid != u || st.st_gid != g) &&
-	    fchownat(dirfd, path, u, g, flags | AT_SYMLINK_NOFOLLOW) < 0)
-		return -errno;
+	if (st.st_uid != u || st.st_gid != g) {
+		if (fchownat(dirfd, path, u, g, flags | AT_SYMLINK_NOFOLLOW) < 0)
+			return -errno;
+		/* the chown cleared set-id bits of a file */
+		if (!link && fstatat(dirfd, path, &st, flags | AT_SYMLINK_NOFOLLOW) < 0)
+			return -errno;
+	}
 	if (link)
 		return 0;
-	/* after the chown, which cleared set-id bits of a file */
-	if (fstatat(dirfd, path, &st, flags | AT_SYMLINK_NOFOLLOW) < 0)
-		return -errno;
 	if ((st.st_mode & 07777) != mode) {
 		int rc = flags ? fchmod(dirfd, mode) : fchmodat(dirfd, path, mode, 0);
 		if (rc < 0)
@@ -426,9 +427,10 @@ int mf_apply_owners(int dirfd, const struct manifest *m, const struct mf_owner *
 		const struct mf_entry *e = &m->e[i];
 		if (e->type == MF_FILE && (flags & MF_OWN_NOT_FILES))
 			continue;
+		/* sticky means nothing on a file: as xfer.c, never from a peer */
 		rc = own_one(dirfd, e->path, 0, e->type == MF_SYMLINK,
 			     m->owners ? (uid_t)e->uid : uid, m->owners ? (gid_t)e->gid : gid,
-			     (mode_t)e->mode & ~drop);
+			     (mode_t)e->mode & ~drop & ~(e->type == MF_DIR ? 0 : S_ISVTX));
 		if (rc < 0) {
 			if (err && errlen)
 				snprintf(err, errlen, "%.200s: owner or mode: %s", e->path, strerror(-rc));

@@ -73,7 +73,7 @@ struct mf_owner {
 /* Give the tree under dirfd (a stage about to be published) the owners and
  * modes m records: each entry's uid/gid (m->owners), or else dflt's uid/gid
  * and the recorded modes less dflt's umask; modes without setuid/setgid (a
- * chown clears those anyway); the directory dirfd itself too (its mode
+ * chown clears those anyway) and, but for directories, sticky; the directory dirfd itself too (its mode
  * from m, or its own less the umask). dflt may be NULL when m->owners. Only
  * a daemon running as root can and does (otherwise 0 and nothing changed:
  * every copy is then the daemon's uid's). Symlinks get owners only; with
