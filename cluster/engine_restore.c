@@ -168,6 +168,12 @@ static int adopt_mate_files(const struct rcfg *c, int dirfd, uint64_t step, uint
 
 	snprintf(from, sizeof(from), "-n%u-w", owner);
 	snprintf(to, sizeof(to), "-n%u-w", rank);
+	/* the owners the mate's manifest gives its files go onto the tree
+	 * first, under their names there (the mate was written by this job's
+	 * uid too), so that the rebuilt manifest records them; without any,
+	 * the publish's rule decides */
+	if ((*mf)->owners && (rc = mf_apply_owners(dirfd, *mf, NULL, 0, NULL, 0)) < 0)
+		return rc;
 	for (size_t i = 0; i < (*mf)->n; i++) {
 		const char *p = (*mf)->e[i].path, *q;
 		char nn[NAME_MAX + 1];
@@ -181,7 +187,7 @@ static int adopt_mate_files(const struct rcfg *c, int dirfd, uint64_t step, uint
 		if (renameat(dirfd, p, dirfd, nn) < 0)
 			return -errno;
 	}
-	rc = mf_build(dirfd, &nm);
+	rc = (*mf)->owners ? mf_build(dirfd, &nm) : mf_build_ownerless(dirfd, &nm);
 	if (rc < 0)
 		return rc;
 	mf_free(*mf);

@@ -233,6 +233,12 @@ static int gather_files(struct fs *fs, const struct shard_key *k, const char *st
 			rc = -ESTALE;
 			goto out;
 		}
+		/* the shard directory (a restore marker's target's parent) is
+		 * the writer's, as a directory step's is */
+		if (w == 0 && geteuid() == 0 && fchown(dfd, st.st_uid, st.st_gid) < 0) {
+			rc = -errno;
+			goto out;
+		}
 	}
 out:
 	if (rc < 0) {

@@ -265,6 +265,14 @@ static void process_yaml(struct fs *fs)
 	if (fs->o.rank_hint >= 0 && fs->o.rank < 0 && c.node_rank != fs->o.rank_hint)
 		log_warn("ctl", "replicator.yaml's node-rank %d differs from rank_hint=%d (the pod's "
 			 "index): node-rank %d is used", c.node_rank, fs->o.rank_hint, c.node_rank);
+	/* the trainer writes replicator.yaml: what this node publishes from a
+	 * source that names no owners (a backup in GKE's layout, the .save
+	 * files of framework: pytorch backups, an older mtcfs's shards)
+	 * becomes its uid's and group's (an fsGroup's, in a set-gid root),
+	 * with modes less the umask the yaml's mode shows (0640: 027; a
+	 * class that may not read it may not search either) */
+	ram_set_owner(fs->ram, (uint32_t)st.st_uid, (uint32_t)st.st_gid,
+		      (uint32_t)((~st.st_mode & 066) | ((~st.st_mode & 044) >> 2)));
 	set_phase(fs, "restoring");
 	apply_identity(fs, &c);
 	if (rcfg_to_yaml(&c, dump, sizeof(dump)) > 0)
@@ -303,9 +311,17 @@ static void process_yaml(struct fs *fs)
 			return;
 		}
 	} else {
-		rc = restore_plan_local_w(fs->ram, c.job, (uint32_t)c.node_rank,
-					  c.framework == RCFG_FW_PYTORCH && c.workers_per_node > 1 ?
-					  (uint32_t)c.workers_per_node : 1, ctl_report_error, fs, &plan);
+		uint32_t workers = c.framework == RCFG_FW_PYTORCH && c.workers_per_node > 1 ?
+				   (uint32_t)c.workers_per_node : 1;
+		rc = restore_plan_local_w(fs->ram, c.job, (uint32_t)c.node_rank, workers,
+					  ctl_report_error, fs, &plan);
+		/* restored in place, as the RAM tier's get does with an engine:
+		 * an older mtcfs's shard gets the writer's directories */
+		for (uint32_t w = 0; rc == 0 && plan.found && w < workers; w++) {
+			struct shard_key k = plan.key;
+			k.worker = w;
+			ram_own(fs->ram, &k);   /* -ENOENT: a worker-0 shard holds all */
+		}
 		if (rc < 0) {
 			snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
 				 strerror(-rc));

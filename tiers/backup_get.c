@@ -138,8 +138,9 @@ static int gke_get(struct bkt *b, const char *job, const char *backup, const uin
 			goto out;
 		}
 	}
+	/* GKE keeps no owners: the copy's are the publisher's rule */
 	if (mfp)
-		rc = mf_build(dirfd, mfp);
+		rc = mf_build_ownerless(dirfd, mfp);
 out:
 	for (size_t i = 0; names && i < nx; i++)
 		free(names[i]);

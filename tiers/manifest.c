@@ -17,7 +17,8 @@
 #include <openssl/evp.h>
 
 #define MF_MAGIC   0x4d43544du   /* "MTCM" little-endian */
-#define MF_VERSION 1u
+#define MF_VERSION 1u    /* no owners: what an mtcfs before owners wrote */
+#define MF_VERSION_OWNERS 2u   /* + the shard's and every entry's owner */
 
 /* ---- building ---- */
 
@@ -49,6 +50,8 @@ static int build_cb(void *arg, const struct walk_ent *w)
 	int rc;
 
 	ent.mode = st->st_mode & 07777;
+	ent.uid = (uint32_t)st->st_uid;
+	ent.gid = (uint32_t)st->st_gid;
 	if (S_ISREG(st->st_mode)) {
 		/* its CRC32C comes later (crc_files), perhaps on two threads */
 		ent.type = MF_FILE;
@@ -298,10 +301,11 @@ static int crc_files(int dirfd, struct mf_entry *e, size_t n)
 	return rc;
 }
 
-int mf_build_err(int dirfd, struct manifest **out, char *err, size_t errlen)
+static int build(int dirfd, bool owners, struct manifest **out, char *err, size_t errlen)
 {
 	struct mf_builder b = { 0 };
 	struct manifest *m;
+	struct stat root;
 	char dummy[1];
 	int rc;
 
@@ -310,6 +314,8 @@ int mf_build_err(int dirfd, struct manifest **out, char *err, size_t errlen)
 		errlen = sizeof(dummy);
 	}
 	err[0] = '\0';
+	if (fstat(dirfd, &root) < 0)
+		return -errno;
 	rc = walk_tree(dirfd, MF_MAX_DEPTH, 0, build_cb, &b);
 	if (rc < 0) {
 		rc = mf_refusal(rc, err, errlen);
@@ -327,6 +333,15 @@ int mf_build_err(int dirfd, struct manifest **out, char *err, size_t errlen)
 		qsort(b.e, b.n, sizeof(*b.e), cmp_entry);
 	m->e = b.e;
 	m->n = b.n;
+	m->owners = owners;
+	if (owners) {
+		m->root_mode = root.st_mode & 07777;
+		m->root_uid = (uint32_t)root.st_uid;
+		m->root_gid = (uint32_t)root.st_gid;
+	} else {
+		for (size_t i = 0; i < m->n; i++)
+			m->e[i].uid = m->e[i].gid = 0;
+	}
 	finish_totals(m);
 	rc = mf_validate(m, err, errlen);
 	if (rc == 0)
@@ -346,9 +361,90 @@ fail:
 	return rc;
 }
 
+int mf_build_err(int dirfd, struct manifest **out, char *err, size_t errlen)
+{
+	return build(dirfd, true, out, err, errlen);
+}
+
 int mf_build(int dirfd, struct manifest **out)
 {
-	return mf_build_err(dirfd, out, NULL, 0);
+	return build(dirfd, true, out, NULL, 0);
+}
+
+int mf_build_ownerless(int dirfd, struct manifest **out)
+{
+	return build(dirfd, false, out, NULL, 0);
+}
+
+/* One entry (path "" with AT_EMPTY_PATH: dirfd itself) to owner u:g and
+ * mode (ignored for a symlink), each only if it differs: the files of a
+ * stage may be hard links of another shard's, which must not change. */
+static int own_one(int dirfd, const char *path, int flags, bool link, uid_t u, gid_t g,
+		   mode_t mode)
+{
+	struct stat st;
+
+	if (fstatat(dirfd, path, &st, flags | AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	if (st.st_uid != u || st.st_gid != g) {
+		if (fchownat(dirfd, path, u, g, flags | AT_SYMLINK_NOFOLLOW) < 0)
+			return -errno;
+		/* the chown cleared set-id bits of a file */
+		if (!link && fstatat(dirfd, path, &st, flags | AT_SYMLINK_NOFOLLOW) < 0)
+			return -errno;
+	}
+	if (link)
+		return 0;
+	if ((st.st_mode & 07777) != mode) {
+		int rc = flags ? fchmod(dirfd, mode) : fchmodat(dirfd, path, mode, 0);
+		if (rc < 0)
+			return -errno;
+	}
+	return 0;
+}
+
+int mf_apply_owners(int dirfd, const struct manifest *m, const struct mf_owner *dflt,
+		    unsigned flags, char *err, size_t errlen)
+{
+	const struct mf_owner none = { 0, 0, 0 };
+	const mode_t setid = S_ISUID | S_ISGID;
+	mode_t drop;
+	uid_t uid;
+	gid_t gid;
+	struct stat root;
+	int rc;
+
+	if (geteuid() != 0)
+		return 0;   /* a daemon that is not root owns everything it makes */
+	if (m->owners || !dflt)
+		dflt = &none;
+	uid = (uid_t)dflt->uid;
+	gid = (gid_t)dflt->gid;
+	drop = setid | ((mode_t)dflt->umask & 077);
+	/* deepest first (the entries are sorted: "a/b" after "a"), so that a
+	 * directory's own mode comes after what is in it */
+	for (size_t i = m->n; i-- > 0;) {
+		const struct mf_entry *e = &m->e[i];
+		if (e->type == MF_FILE && (flags & MF_OWN_NOT_FILES))
+			continue;
+		/* sticky means nothing on a file: as xfer.c, never from a peer */
+		rc = own_one(dirfd, e->path, 0, e->type == MF_SYMLINK,
+			     m->owners ? (uid_t)e->uid : uid, m->owners ? (gid_t)e->gid : gid,
+			     (mode_t)e->mode & ~drop & ~(e->type == MF_DIR ? 0 : S_ISVTX));
+		if (rc < 0) {
+			if (err && errlen)
+				snprintf(err, errlen, "%.200s: owner or mode: %s", e->path, strerror(-rc));
+			return rc;
+		}
+	}
+	if (fstat(dirfd, &root) < 0)
+		return -errno;
+	rc = own_one(dirfd, "", AT_EMPTY_PATH, false,
+		     m->owners ? (uid_t)m->root_uid : uid, m->owners ? (gid_t)m->root_gid : gid,
+		     (m->owners ? (mode_t)m->root_mode : root.st_mode & 07777) & ~drop);
+	if (rc < 0 && err && errlen)
+		snprintf(err, errlen, "the shard directory's owner or mode: %s", strerror(-rc));
+	return rc;
 }
 
 void mf_free(struct manifest *m)
@@ -500,6 +596,10 @@ static void put_entries(struct wbuf *w, const struct manifest *m)
 		size_t pl = strlen(e->path), tl = e->target ? strlen(e->target) : 0;
 		wu8(w, e->type);
 		wu32(w, e->mode);
+		if (m->owners) {
+			wu32(w, e->uid);
+			wu32(w, e->gid);
+		}
 		wu64(w, e->size);
 		wu32(w, e->crc32c);
 		wu16(w, (uint16_t)pl);
@@ -521,9 +621,20 @@ static int wbuf_take(struct wbuf *w, uint8_t **bufp, size_t *lenp)
 	return 0;
 }
 
+/* The shard directory's mode and owner, in version 2 only. */
+static void put_root(struct wbuf *w, const struct manifest *m)
+{
+	if (!m->owners)
+		return;
+	wu32(w, m->root_mode);
+	wu32(w, m->root_uid);
+	wu32(w, m->root_gid);
+}
+
 static int encode_entries(const struct manifest *m, uint8_t **bufp, size_t *lenp)
 {
 	struct wbuf w = { 0 };
+	put_root(&w, m);
 	wu32(&w, (uint32_t)m->n);
 	put_entries(&w, m);
 	return wbuf_take(&w, bufp, lenp);
@@ -533,8 +644,9 @@ int mf_encode(const struct manifest *m, uint8_t **bufp, size_t *lenp)
 {
 	struct wbuf w = { 0 };
 	wu32(&w, MF_MAGIC);
-	wu32(&w, MF_VERSION);
+	wu32(&w, m->owners ? MF_VERSION_OWNERS : MF_VERSION);
 	wput(&w, m->hash, 32);
+	put_root(&w, m);
 	wu32(&w, (uint32_t)m->n);
 	put_entries(&w, m);
 	return wbuf_take(&w, bufp, lenp);
@@ -600,22 +712,35 @@ int mf_decode_err(const uint8_t *buf, size_t len, struct manifest **out, char *e
 {
 	struct rbuf r = { buf, len, 0 };
 	struct manifest *m;
-	uint32_t magic, ver, n;
+	uint32_t magic, ver, n, root[3] = { 0, 0, 0 };
 	uint8_t want[32];
+	size_t min_entry;
 	int rc = -EBADMSG;
 
 	if (err && errlen)
 		snprintf(err, errlen, "malformed manifest");
 
-	if (!ru32(&r, &magic) || magic != MF_MAGIC || !ru32(&r, &ver) || ver != MF_VERSION ||
-	    !rget(&r, want, 32) || !ru32(&r, &n) || n > MF_MAX_ENTRIES)
+	if (!ru32(&r, &magic) || magic != MF_MAGIC || !ru32(&r, &ver) ||
+	    (ver != MF_VERSION && ver != MF_VERSION_OWNERS) || !rget(&r, want, 32))
 		return -EBADMSG;
-	/* every entry takes at least 22 bytes: refuse counts the input cannot hold */
-	if ((uint64_t)n * 22 > len - r.off)
+	if (ver == MF_VERSION_OWNERS &&
+	    (!ru32(&r, &root[0]) || !ru32(&r, &root[1]) || !ru32(&r, &root[2]) ||
+	     (root[0] & ~07777u)))
+		return -EBADMSG;
+	if (!ru32(&r, &n) || n > MF_MAX_ENTRIES)
+		return -EBADMSG;
+	/* every entry takes at least 22 bytes (30 with owners): refuse counts
+	 * the input cannot hold */
+	min_entry = ver == MF_VERSION_OWNERS ? 30 : 22;
+	if ((uint64_t)n * min_entry > len - r.off)
 		return -EBADMSG;
 	m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
+	m->owners = ver == MF_VERSION_OWNERS;
+	m->root_mode = root[0];
+	m->root_uid = root[1];
+	m->root_gid = root[2];
 	m->e = n ? calloc(n, sizeof(*m->e)) : NULL;
 	if (n && !m->e) {
 		free(m);
@@ -625,8 +750,9 @@ int mf_decode_err(const uint8_t *buf, size_t len, struct manifest **out, char *e
 		struct mf_entry *e = &m->e[i];
 		uint16_t pl, tl;
 		m->n = i + 1;
-		if (!ru8(&r, &e->type) || !ru32(&r, &e->mode) || !ru64(&r, &e->size) ||
-		    !ru32(&r, &e->crc32c) || !ru16(&r, &pl))
+		if (!ru8(&r, &e->type) || !ru32(&r, &e->mode) ||
+		    (m->owners && (!ru32(&r, &e->uid) || !ru32(&r, &e->gid))) ||
+		    !ru64(&r, &e->size) || !ru32(&r, &e->crc32c) || !ru16(&r, &pl))
 			goto out;
 		if (e->type < MF_FILE || e->type > MF_FIFO || (e->mode & ~07777u) ||
 		    e->size > MF_MAX_FILE_SIZE || pl == 0)

@@ -24,6 +24,10 @@ struct ram_tier {
 	int rootfd, nsfd, shardsfd;
 	struct idx *idx;
 	uint64_t cap;
+	/* who gets a published shard whose manifest names no owners, and
+	 * the umask of its modes (ram_set_owner) */
+	pthread_mutex_t owner_mu;
+	struct mf_owner owner;
 	_Atomic int64_t used;
 	/* Serialises reclaim, and is the outermost lock of the daemon:
 	 * ram_reserve() holds it across the reclaim callback (fs/commit.c
@@ -67,6 +71,7 @@ int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 	pthread_mutex_init(&t->reclaim_mu, NULL);
 	pthread_mutex_init(&t->keys_mu, NULL);
 	pthread_cond_init(&t->keys_cv, NULL);
+	pthread_mutex_init(&t->owner_mu, NULL);
 	t->path = realpath(ramdir, NULL);
 	if (!t->path) {
 		rc = -errno;
@@ -79,7 +84,7 @@ int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 		goto fail;
 	}
 	if ((mkdirat(t->rootfd, "ns", 0755) < 0 && errno != EEXIST) ||
-	    (mkdirat(t->rootfd, "shards", 0700) < 0 && errno != EEXIST)) {
+	    (mkdirat(t->rootfd, "shards", STORE_DIR_MODE) < 0 && errno != EEXIST)) {
 		rc = -errno;
 		log_err("ram", "cannot create layout in %s: %s", t->path, strerror(errno));
 		goto fail;
@@ -89,6 +94,15 @@ int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 	if (t->nsfd < 0 || t->shardsfd < 0) {
 		rc = -errno;
 		goto fail;
+	}
+	/* an older mtcfs made it 0700: a restore marker pointed into a
+	 * directory no trainer but root could pass */
+	if (fchmod(t->shardsfd, STORE_DIR_MODE) < 0)
+		log_warn("ram", "cannot make %s/shards traversable: %s", t->path, strerror(errno));
+	{
+		struct stat ns;
+		if (fstat(t->nsfd, &ns) == 0)
+			ram_set_owner(t, (uint32_t)ns.st_uid, (uint32_t)ns.st_gid, 022);
 	}
 	snprintf(db, sizeof(db), "%s/db", t->path);
 	rc = idx_open(db, false, &t->idx);
@@ -285,6 +299,7 @@ static void sweep_shards(struct ram_tier *t)
 			close(jfd);
 			continue;
 		}
+		fchmod(jfd, STORE_DIR_MODE);   /* 0700 from an older mtcfs */
 		while ((se = walk_dir_next(&sd)) != NULL) {
 			int sfd;
 			if (se->d_name[0] == '.')
@@ -292,6 +307,7 @@ static void sweep_shards(struct ram_tier *t)
 			sfd = openat(jfd, se->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 			if (sfd < 0)
 				continue;
+			fchmod(sfd, STORE_DIR_MODE);
 			sweep_step(t, je->d_name, se->d_name, sfd);
 			close(sfd);
 			unlinkat(jfd, se->d_name, AT_REMOVEDIR);   /* if now empty */
@@ -317,9 +333,27 @@ void ram_close(struct ram_tier *t)
 	pthread_mutex_destroy(&t->reclaim_mu);
 	pthread_mutex_destroy(&t->keys_mu);
 	pthread_cond_destroy(&t->keys_cv);
+	pthread_mutex_destroy(&t->owner_mu);
 	free(t->busy);
 	free(t->path);
 	free(t);
+}
+
+void ram_set_owner(struct ram_tier *t, uint32_t uid, uint32_t gid, uint32_t umask)
+{
+	pthread_mutex_lock(&t->owner_mu);
+	t->owner = (struct mf_owner){ uid, gid, umask & 077 };
+	pthread_mutex_unlock(&t->owner_mu);
+}
+
+static struct mf_owner owner_of(struct ram_tier *t)
+{
+	struct mf_owner o;
+
+	pthread_mutex_lock(&t->owner_mu);
+	o = t->owner;
+	pthread_mutex_unlock(&t->owner_mu);
+	return o;
 }
 
 void ram_set_reclaim(struct ram_tier *t, ram_reclaim_fn fn, void *arg)
@@ -483,7 +517,7 @@ static int make_staging(struct ram_tier *t, const char *parent, const char *stag
 	for (int attempt = 0; attempt < 64; attempt++) {
 		/* either step can find a directory gone: JOB between making it and
 		 * making STEP in it, STEP before the staging directory pins it */
-		rc = util_mkdirs_at(t->shardsfd, parent, 0700);
+		rc = util_mkdirs_at(t->shardsfd, parent, STORE_DIR_MODE);
 		if (rc == 0 && mkdirat(t->shardsfd, staging, mode) == 0)
 			return 0;
 		if (rc == 0)
@@ -494,8 +528,21 @@ static int make_staging(struct ram_tier *t, const char *parent, const char *stag
 	return rc;
 }
 
+/* What the daemon made in a shard belongs to whoever owned the original
+ * (the trainer that wrote it: a restore hands it back to that uid). A
+ * daemon that is not root cannot, and owns everything itself. */
+static int own_like(int dirfd, const char *path, int flags, const struct stat *st)
+{
+	if (fchownat(dirfd, path, st->st_uid, st->st_gid, flags | AT_SYMLINK_NOFOLLOW) < 0 &&
+	    (errno != EPERM || geteuid() == 0))
+		return -errno;
+	return 0;
+}
+
 /* Mirror src into dst: directories made, files hard-linked, symlinks copied
- * (walk_tree callback; paths relative to dst). */
+ * (walk_tree callback; paths relative to dst). Directories, symlinks and
+ * FIFOs get the original's owner; directories its mode without setuid and
+ * setgid (mkdir takes neither from its mode, nor inherits setgid here). */
 static int link_cb(void *arg, const struct walk_ent *e)
 {
 	int dst = *(const int *)arg;
@@ -504,6 +551,7 @@ static int link_cb(void *arg, const struct walk_ent *e)
 	if (S_ISDIR(st->st_mode)) {
 		if (mkdirat(dst, e->path, st->st_mode & 07777) < 0 && errno != EEXIST)
 			return -errno;
+		return own_like(dst, e->path, 0, st);
 	} else if (S_ISREG(st->st_mode)) {
 		if (linkat(e->dirfd, e->name, dst, e->path, 0) < 0)
 			return -errno;
@@ -515,10 +563,12 @@ static int link_cb(void *arg, const struct walk_ent *e)
 		tgt[l] = 0;
 		if (symlinkat(tgt, dst, e->path) < 0)
 			return -errno;
+		return own_like(dst, e->path, 0, st);
 	} else if (S_ISFIFO(st->st_mode)) {
 		/* a FIFO of its own, not a link: the shard keeps only its mode,
-		 * exactly (fchmodat: mkfifoat is subject to the umask) */
-		if (mkfifoat(dst, e->path, st->st_mode & 0777) < 0 ||
+		 * exactly (fchmodat: mkfifoat is subject to the umask), and its
+		 * owner (chown first: it would clear nothing, but keep order) */
+		if (mkfifoat(dst, e->path, st->st_mode & 0777) < 0 || own_like(dst, e->path, 0, st) < 0 ||
 		    fchmodat(dst, e->path, st->st_mode & 0777, 0) < 0)
 			return -errno;
 	}
@@ -585,6 +635,10 @@ static int seal_locked(struct ram_tier *t, const struct shard_key *k, int src_di
 		rc = -errno;
 		goto out;
 	}
+	/* the shard directory is the step directory's copy: its owner too */
+	rc = own_like(sfd, "", AT_EMPTY_PATH, &st);
+	if (rc < 0)
+		goto out;
 	rc = link_tree(src_dirfd, sfd);
 	if (rc < 0) {
 		rc = mf_refusal(rc, why, sizeof(why));
@@ -712,6 +766,41 @@ out:
 	return rc;
 }
 
+int ram_own(struct ram_tier *t, const struct shard_key *k)
+{
+	struct shard_rec rec = { 0 };
+	struct manifest *mf = NULL;
+	char why[300] = "";
+	int fd = -1, rc;
+
+	rc = idx_get_shard(t->idx, k, &rec);
+	if (rc == 0 && !rec.mf)
+		rc = -EBADMSG;
+	if (rc == 0)
+		rc = mf_decode(rec.mf, rec.mflen, &mf);
+	if (rc == 0 && mf->owners)
+		goto out;   /* sealed with its owners (own_like): nothing to do */
+	if (rc == 0 && (fd = ram_shard_open(t, k)) < 0)
+		rc = fd;
+	/* an older mtcfs made the directories as root; its files are hard
+	 * links of the writer's, with their owners */
+	if (rc == 0) {
+		/* the modes are the writer's own: no umask on them */
+		struct mf_owner o = owner_of(t);
+		o.umask = 0;
+		rc = mf_apply_owners(fd, mf, &o, MF_OWN_NOT_FILES, why, sizeof(why));
+	}
+	if (rc < 0 && rc != -ENOENT)
+		log_err("ram", "job=%s step=%llu rank=%u: cannot give the shard its owners: %s",
+			k->job, (unsigned long long)k->step, k->rank, why[0] ? why : strerror(-rc));
+out:
+	if (fd >= 0)
+		close(fd);
+	mf_free(mf);
+	idx_rec_clear(&rec);
+	return rc;
+}
+
 /* Sizes only (start-up): see ramtier.h. */
 int ram_check_sizes(struct ram_tier *t, const struct shard_rec *r, char *err, size_t errlen)
 {
@@ -798,7 +887,7 @@ void ram_stage_abort(struct ram_tier *t, struct ram_stage *st)
 static int publish_locked(struct ram_tier *t, struct ram_stage *st, const struct manifest *mf,
 			  uint32_t flags)
 {
-	char rel[PATH_MAX];
+	char rel[PATH_MAX], why[300] = "";
 	uint64_t freed = 0;
 	int rc;
 
@@ -814,6 +903,16 @@ static int publish_locked(struct ram_tier *t, struct ram_stage *st, const struct
 	rc = ram_shard_relpath(&st->key, rel, sizeof(rel));
 	if (rc < 0)
 		return rc;
+	/* the copy is the writer's, as the one it was sealed from (the
+	 * manifest's owners, else this job's writer: ram_set_owner) */
+	{
+		struct mf_owner o = owner_of(t);
+		rc = mf_apply_owners(st->fd, mf, &o, 0, why, sizeof(why));
+	}
+	if (rc < 0) {
+		log_err("ram", "publishing %s: %s", rel, why);
+		return rc;
+	}
 	/* the old copy (if any) goes first: its record, then its files */
 	life_forget(t->idx, &st->key);
 	util_rmtree_at(t->shardsfd, rel, &freed);

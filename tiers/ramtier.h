@@ -17,6 +17,12 @@
 
 struct ram_tier;
 
+/* RAMDIR/shards and its JOB and STEP directories, seen by the trainer as
+ * .mtcfs/JOB/STEP: anyone may pass (a restore marker points through them
+ * for whatever uid wrote the step), only the daemon may list or change
+ * them. A shard directory below has its writer's owner and mode. */
+#define STORE_DIR_MODE 0711
+
 /* Called when a reservation does not fit: free what policy allows and
  * return the bytes freed (0 if nothing may go). Runs on the caller's
  * thread, under the tier's reclaim lock (one reclaim at a time): it may
@@ -28,6 +34,15 @@ typedef uint64_t (*ram_reclaim_fn)(void *arg, uint64_t want);
 int  ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out);
 void ram_close(struct ram_tier *t);      /* accepts NULL */
 void ram_set_reclaim(struct ram_tier *t, ram_reclaim_fn fn, void *arg);
+/* Who owns a published copy (a replica, a restore from a peer or the
+ * bucket) whose manifest records no owners: a backup in GKE's layout, the
+ * per-worker files of framework: pytorch backups, a shard from an mtcfs
+ * before owners; and the umask (group and other bits) of its modes, which
+ * such a source does not keep. The control thread sets the owner, group
+ * and umask of the replicator.yaml that configured the job (the trainer
+ * writes it; under a Kubernetes fsGroup its group is the set-gid mount
+ * root's); until then, the mount root's owner and 022. */
+void ram_set_owner(struct ram_tier *t, uint32_t uid, uint32_t gid, uint32_t umask);
 
 int ram_ns_fd(const struct ram_tier *t);        /* borrowed; valid until close */
 int ram_root_fd(const struct ram_tier *t);      /* RAMDIR itself; borrowed */
@@ -67,6 +82,11 @@ int ram_drop(struct ram_tier *t, const struct shard_key *k, uint64_t *freed);
 /* Re-check a shard's files against its catalog manifest (CRC32C).
  * 0, -EBADMSG (described in err), -ENOENT. */
 int ram_verify(struct ram_tier *t, const struct shard_key *k, char *err, size_t errlen);
+/* A shard restored in place that an older mtcfs sealed (a manifest without
+ * owners) has directories of root's: they, its symlinks and FIFOs get
+ * ram_set_owner's owner (its files are hard links of the writer's and keep
+ * theirs). Nothing changes for a shard sealed with owners. 0 or -errno. */
+int ram_own(struct ram_tier *t, const struct shard_key *k);
 /* Cheap consistency check of a record (start-up): every file of its
  * manifest is in the store with its size; full CRC checks (ram_verify)
  * happen before a restore uses the shard. 0, or -errno with why in err. */

@@ -37,7 +37,7 @@ static int fetch_backup(struct bkt *b, const struct tier_get *g, int dirfd, stru
 				return rc;
 		}
 		if (rc == 0)
-			return mf_build(dirfd, mf);
+			return mf_build_ownerless(dirfd, mf);   /* GKE's layout: no owners */
 	}
 	return bk_fetch_shard(b, g->as.job, g->backup, node, 0, dirfd, mf);
 }
@@ -59,7 +59,7 @@ static int fetch_backup_w(struct bkt *b, const struct tier_get *g, uint32_t w, i
 		return -ENAMETOOLONG;
 	rc = bk_fetch_file(b, g->as.job, g->backup, node, w, dirfd, fn);
 	if (rc == 0)
-		return mf_build(dirfd, mf);
+		return mf_build_ownerless(dirfd, mf);   /* GKE's layout: no owners */
 	if (rc != -EMEDIUMTYPE || w != 0)
 		return rc;
 	*whole = true;

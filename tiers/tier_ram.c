@@ -20,8 +20,17 @@ static int ram_get(void *self, struct tier_get *g, struct ram_stage *st, struct 
 		life_bad(ram_idx(ram), &g->want);
 		return rc;
 	}
-	if (g->want.rank == g->as.rank)
+	if (g->want.rank == g->as.rank) {
+		/* the trainer that wrote it reads it back (an older mtcfs's
+		 * shard has directories of root's) */
+		rc = ram_own(ram, &g->want);
+		if (rc < 0) {
+			snprintf(why, whylen, "giving node %u's shard its owners: %s", g->want.rank,
+				 strerror(-rc));
+			return rc;
+		}
 		return TIER_IN_PLACE;
+	}
 	/* a column mate's shard held here: same data under our key */
 	rc = idx_get_shard(ram_idx(ram), &g->want, &rec);
 	if (rc == 0)

@@ -675,6 +675,60 @@ class CsiTest(unittest.TestCase):
         self.assertIsNone(mount_fstype(d.ram))
         self.assertEqual(os.listdir(d.ram), [])
 
+    def test_nonroot_trainer_restores_through_the_driver(self):
+        """Issue 26: a trainer pod running as uid 1000 (fsGroup 2000 as a
+        supplementary group) saves a step through its volume and reads
+        it back after a JobSet restart (new pod, same job mount) and after
+        a node-pod restart (the driver and its job mount again): exact
+        bytes through the .restore marker, its own owners and modes, and
+        nothing for a uid outside the job."""
+        import test_nonroot as nr
+        port = free_ports(1)[0]
+        d = self.driver(config="spec:\n  peerPort: %d\n  inMemoryVolumeSize: 256Mi\n" % port)
+        job, key = "nonroot", "default.nonroot"
+        ctx = pod_ctx("nonroot-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port)
+        yaml = ("job-name: %s\nframework: orbax\nnode-rank: 0\nnodes: 1\n"
+                "peers-per-node: 1\nbackup-interval-minutes: 30\n" % job)
+
+        def pod(name):
+            t = d.target(name)
+            self.assertEqual(d.publish(t, ctx)["code"], "OK")
+            return t
+
+        def restored(t):
+            self.assertEqual(nr.run_as(nr.AS_TRAINER, "start", t, yaml)["step"], 4)
+            self.assertEqual(nr.run_as(nr.AS_TRAINER, "read", t, job, 4, 0), {"ok": True})
+            top = os.path.join(t, "4")
+            # the root is 0777 root's (no fsGroup walk): the trainer's own gid
+            self.assertEqual(nr.owner(top), (nr.UID, nr.GID, 0o750))
+            self.assertEqual(nr.owner(os.path.join(top, "state/secret.bin")),
+                             (nr.UID, nr.GID, 0o600))
+            self.assertEqual(nr.owner(os.path.join(top, "state/params/0.0")),
+                             (nr.UID, nr.GID, 0o640))
+            secret = os.path.join(top, "state/secret.bin")
+            self.assertEqual(nr.run_as(nr.AS_OTHER, "try", secret), {secret: "EACCES"})
+            self.assertEqual(nr.owner(os.path.join(t, ".mtcfs")), (0, 0, 0o711))
+
+        t = pod("nr1")
+        self.assertEqual(nr.run_as(nr.AS_TRAINER, "start", t, yaml)["step"], 0)
+        self.assertEqual(nr.run_as(nr.AS_TRAINER, "save", t, job, 4, 0), {"ok": True})
+        wait_until(lambda: committed(os.path.join(d.ram, key), job, 4, 0), TIMEOUT,
+                   "step 4 committed")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+        # a JobSet restart: a new pod on the same job mount
+        t = pod("nr2")
+        restored(t)
+        self.assertRegex(d.job_log(key), r"restore job=nonroot step=4 source=local")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+        # a node-pod restart: the driver and the job's mtcfs again
+        d.stop()
+        d.start()
+        t = pod("nr3")
+        restored(t)
+        self.assertEqual(len(re.findall(r"restore job=nonroot step=4 source=local",
+                                        d.job_log(key))), 2)
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+
     def test_adopts_a_serving_mount_it_did_not_start(self):
         # an mtcfs already serving the job's mount (it outlived an earlier
         # driver) is used, not unmounted under its feet

@@ -341,14 +341,21 @@ def fetch_shard(addr, secret, job, step, owner, rank=-1):
 
 
 def parse_manifest(mf):
-    """[(type, mode, size, crc, path, target)] of an encoded manifest."""
+    """[(type, mode, size, crc, path, target)] of an encoded manifest:
+    version 1, or 2 (the shard directory's mode, uid, gid before the count,
+    each entry's uid, gid after its mode; what an mtcfs seals now)."""
     magic, ver = struct.unpack_from("<II", mf, 0)
-    assert magic == MF_MAGIC and ver == 1
-    (n,) = struct.unpack_from("<I", mf, 40)
-    off, out = 44, []
+    assert magic == MF_MAGIC and ver in (1, 2), (magic, ver)
+    off = 40 + (12 if ver == 2 else 0)
+    (n,) = struct.unpack_from("<I", mf, off)
+    off, out = off + 4, []
     for _ in range(n):
-        t, mode, size, crc, pl = struct.unpack_from("<BIQIH", mf, off)
-        off += 19
+        if ver == 2:
+            t, mode, _uid, _gid, size, crc, pl = struct.unpack_from("<BIIIQIH", mf, off)
+            off += 27
+        else:
+            t, mode, size, crc, pl = struct.unpack_from("<BIQIH", mf, off)
+            off += 19
         path = mf[off:off + pl].decode()
         off += pl
         (tl,) = struct.unpack_from("<H", mf, off)

@@ -29,10 +29,16 @@
  *   u32 magic "MTCM", u32 version 1, u8[32] SHA-256, u32 count,
  *   count x { u8 type, u32 mode, u64 size, u32 crc32c,
  *             u16 pathlen, path, u16 targetlen, target }
- * and the hash covers count + entries. */
+ * and the hash covers count + entries. Version 2 (a manifest with owners)
+ * puts u32 root mode, u32 root uid, u32 root gid before the count and
+ * u32 uid, u32 gid after each entry's mode; its hash covers root fields +
+ * count + entries. Version 1 is what an mtcfs before owners wrote, and
+ * what mf_build_ownerless makes: it must stay readable, byte for byte. */
 #define MAGIC   0x4d43544du
 #define VERSION 1u
+#define VERSION_OWNERS 2u
 #define HDR_LEN 44u
+#define HDR_LEN_OWNERS 56u
 
 #define TESTTMP_NAME "manifest"
 #include "tests/unit/testtmp.h"
@@ -111,11 +117,11 @@ static void make_sample(int dirfd, const char *name)
 }
 
 /* Builds the manifest of dirfd/name. */
-static struct manifest *build(int dirfd, const char *name)
+static struct manifest *build_as(int dirfd, const char *name, bool owners)
 {
 	struct manifest *m = NULL;
 	int fd = open_dir(dirfd, name);
-	int rc = mf_build(fd, &m);
+	int rc = owners ? mf_build(fd, &m) : mf_build_ownerless(fd, &m);
 
 	close(fd);
 	if (rc != 0) {
@@ -123,7 +129,19 @@ static struct manifest *build(int dirfd, const char *name)
 		fail();
 	}
 	assert_non_null(m);
+	assert_int_equal(m->owners, owners);
 	return m;
+}
+
+static struct manifest *build(int dirfd, const char *name)
+{
+	return build_as(dirfd, name, true);
+}
+
+/* A manifest as an mtcfs before owners built it (version 1). */
+static struct manifest *build_v1(int dirfd, const char *name)
+{
+	return build_as(dirfd, name, false);
 }
 
 static void check_sample(const struct manifest *m)
@@ -166,10 +184,16 @@ static void assert_same_manifest(const struct manifest *a, const struct manifest
 	assert_int_equal(a->total, b->total);
 	assert_int_equal(a->nfiles, b->nfiles);
 	assert_memory_equal(a->hash, b->hash, 32);
+	assert_int_equal(a->owners, b->owners);
+	assert_int_equal(a->root_mode, b->root_mode);
+	assert_int_equal(a->root_uid, b->root_uid);
+	assert_int_equal(a->root_gid, b->root_gid);
 	for (size_t i = 0; i < a->n; i++) {
 		assert_string_equal(a->e[i].path, b->e[i].path);
 		assert_int_equal(a->e[i].type, b->e[i].type);
 		assert_int_equal(a->e[i].mode, b->e[i].mode);
+		assert_int_equal(a->e[i].uid, b->e[i].uid);
+		assert_int_equal(a->e[i].gid, b->e[i].gid);
 		assert_int_equal(a->e[i].size, b->e[i].size);
 		assert_int_equal(a->e[i].crc32c, b->e[i].crc32c);
 		if (a->e[i].target || b->e[i].target) {
@@ -272,6 +296,46 @@ static uint8_t *craft_count(const struct centry *e, size_t n, uint32_t count, si
 static uint8_t *craft(const struct centry *e, size_t n, size_t *len)
 {
 	return craft_count(e, n, (uint32_t)n, len);
+}
+
+struct cown {
+	uint32_t uid, gid;
+};
+
+/* Version 2: the root's mode and owner, each entry's owner. */
+static uint8_t *craft_owners(const struct centry *e, size_t n, uint32_t rmode, uint32_t ruid,
+			     uint32_t rgid, const struct cown *own, size_t *len)
+{
+	struct cbuf body = { 0 }, out = { 0 };
+	uint8_t hash[32];
+
+	cu32(&body, rmode);
+	cu32(&body, ruid);
+	cu32(&body, rgid);
+	cu32(&body, (uint32_t)n);
+	for (size_t i = 0; i < n; i++) {
+		size_t pl = e[i].pl ? e[i].pl : strlen(e[i].path);
+		size_t tl = e[i].target ? (e[i].tl ? e[i].tl : strlen(e[i].target)) : 0;
+
+		cu8(&body, e[i].type);
+		cu32(&body, e[i].mode);
+		cu32(&body, own[i].uid);
+		cu32(&body, own[i].gid);
+		cu64(&body, e[i].size);
+		cu32(&body, e[i].crc);
+		cu16(&body, (uint16_t)pl);
+		cput(&body, e[i].path, pl);
+		cu16(&body, (uint16_t)tl);
+		cput(&body, e[i].target, tl);
+	}
+	sha256(body.p, body.n, hash);
+	cu32(&out, MAGIC);
+	cu32(&out, VERSION_OWNERS);
+	cput(&out, hash, 32);
+	cput(&out, body.p, body.n);
+	free(body.p);
+	*len = out.n;
+	return out.p;
 }
 
 /* buf must be refused with -EBADMSG and *out left alone. */
@@ -505,7 +569,7 @@ static void test_build_empty(void **state)
 	static const uint8_t zero4[4] = { 0 };
 
 	put_dir(t->fd, "empty", 0755);
-	m = build(t->fd, "empty");
+	m = build_v1(t->fd, "empty");
 	assert_int_equal(m->n, 0);
 	assert_int_equal(m->total, 0);
 	assert_int_equal(m->nfiles, 0);
@@ -518,6 +582,32 @@ static void test_build_empty(void **state)
 	mf_free(d);
 	free(buf);
 	mf_free(m);
+
+	/* with owners: the directory's own mode and owner, then "count 0" */
+	{
+		uint8_t body[16] = { 0 };
+		struct stat st;
+		assert_int_equal(fstatat(t->fd, "empty", &st, 0), 0);
+		m = build(t->fd, "empty");
+		assert_int_equal(m->root_mode, 0755);
+		assert_int_equal(m->root_uid, st.st_uid);
+		assert_int_equal(m->root_gid, st.st_gid);
+		for (int i = 0; i < 4; i++) {
+			body[i] = (uint8_t)(0755 >> (8 * i));
+			body[4 + i] = (uint8_t)(st.st_uid >> (8 * i));
+			body[8 + i] = (uint8_t)(st.st_gid >> (8 * i));
+		}
+		sha256(body, sizeof(body), h);
+		assert_memory_equal(m->hash, h, 32);
+		assert_int_equal(mf_encode(m, &buf, &len), 0);
+		assert_int_equal(len, HDR_LEN_OWNERS);
+		assert_int_equal(buf[4], VERSION_OWNERS);
+		assert_int_equal(mf_decode(buf, len, &d), 0);
+		assert_same_manifest(m, d);
+		mf_free(d);
+		free(buf);
+		mf_free(m);
+	}
 }
 
 /* Rewrites one byte of dirfd/path at off. */
@@ -802,7 +892,7 @@ static void test_encode_layout(void **state)
 	put_file(t->fd, "t/dir/file", "hello", 5, 0644);
 	assert_int_equal(symlinkat("dir/file", t->fd, "t/link"), 0);
 	put_file(t->fd, "t/zz", "", 0, 0600);
-	m = build(t->fd, "t");
+	m = build_v1(t->fd, "t");
 	assert_int_equal(mf_encode(m, &buf, &len), 0);
 	want = craft(base, NBASE, &wlen);
 	assert_int_equal(len, wlen);
@@ -811,6 +901,31 @@ static void test_encode_layout(void **state)
 	free(want);
 	free(buf);
 	mf_free(m);
+
+	/* version 2: the same entries with their owners (this process's,
+	 * or the set-gid directory's group) and the shard directory's */
+	{
+		struct stat st;
+		struct cown own[NBASE];
+		assert_int_equal(fstatat(t->fd, "t", &st, 0), 0);
+		for (size_t i = 0; i < NBASE; i++) {
+			struct stat es;
+			char p[64];
+			snprintf(p, sizeof(p), "t/%s", base[i].path);
+			assert_int_equal(fstatat(t->fd, p, &es, AT_SYMLINK_NOFOLLOW), 0);
+			own[i].uid = es.st_uid;
+			own[i].gid = es.st_gid;
+		}
+		m = build(t->fd, "t");
+		assert_int_equal(mf_encode(m, &buf, &len), 0);
+		want = craft_owners(base, NBASE, st.st_mode & 07777, st.st_uid, st.st_gid, own, &wlen);
+		assert_int_equal(len, wlen);
+		assert_memory_equal(buf, want, len);
+		assert_memory_equal(m->hash, want + 8, 32);
+		free(want);
+		free(buf);
+		mf_free(m);
+	}
 }
 
 /* The smallest entry is 1+4+8+4+2+1+2 = 22 bytes (a one-byte path, no
@@ -833,7 +948,7 @@ static void test_decode_one_byte_names(void **state)
 
 	put_dir(t->fd, "t", 0755);
 	put_file(t->fd, "t/0", "hello", 5, 0644);
-	m = build(t->fd, "t");
+	m = build_v1(t->fd, "t");
 	assert_int_equal(mf_encode(m, &buf, &len), 0);
 	assert_int_equal(len, HDR_LEN + 22);
 	rc = mf_decode(buf, len, &d);
@@ -1422,6 +1537,166 @@ static void test_decode_same_rule(void **state)
 	assert_int_equal(mf_validate(&m, NULL, 0), 0);
 }
 
+/* ---- owners (version 2) ---- */
+
+/* A version-1 manifest (an mtcfs before owners, the catalogs and buckets
+ * it left) decodes, has no owners and encodes back byte for byte: its hash,
+ * which names its backup's data and decides de-duplication, stays. */
+static void test_owners_v1_still_read(void **state)
+{
+	struct manifest *m = NULL;
+	uint8_t *buf, *again;
+	size_t len, alen;
+
+	(void)state;
+	buf = craft(base, NBASE, &len);
+	assert_int_equal(mf_decode(buf, len, &m), 0);
+	assert_false(m->owners);
+	assert_int_equal(m->root_mode, 0);
+	assert_int_equal(m->root_uid, 0);
+	for (size_t i = 0; i < m->n; i++) {
+		assert_int_equal(m->e[i].uid, 0);
+		assert_int_equal(m->e[i].gid, 0);
+	}
+	assert_int_equal(mf_encode(m, &again, &alen), 0);
+	assert_int_equal(alen, len);
+	assert_memory_equal(again, buf, len);
+	free(again);
+	free(buf);
+	mf_free(m);
+}
+
+/* Owners decode as written and are covered by the hash; a version-2
+ * header with a root mode beyond 07777, or entries too short to hold
+ * owners, is refused. */
+static void test_owners_decode(void **state)
+{
+	struct cown own[NBASE], other[NBASE];
+	struct manifest *a = NULL, *b = NULL;
+	uint8_t *ba, *bb;
+	size_t la, lb;
+
+	(void)state;
+	for (size_t i = 0; i < NBASE; i++) {
+		own[i] = (struct cown){ 1000, 2000 };
+		other[i] = own[i];
+	}
+	other[1].gid = 1000;   /* dir/file's group only */
+	ba = craft_owners(base, NBASE, 02775, 1000, 2000, own, &la);
+	bb = craft_owners(base, NBASE, 02775, 1000, 2000, other, &lb);
+	assert_int_equal(mf_decode(ba, la, &a), 0);
+	assert_int_equal(mf_decode(bb, lb, &b), 0);
+	assert_true(a->owners);
+	assert_int_equal(a->root_mode, 02775);
+	assert_int_equal(a->root_uid, 1000);
+	assert_int_equal(a->root_gid, 2000);
+	assert_int_equal(a->e[1].uid, 1000);
+	assert_int_equal(a->e[1].gid, 2000);
+	assert_int_equal(b->e[1].gid, 1000);
+	assert_memory_not_equal(a->hash, b->hash, 32);
+	mf_free(a);
+	mf_free(b);
+	free(bb);
+	/* the root uid is covered too */
+	bb = craft_owners(base, NBASE, 02775, 1001, 2000, own, &lb);
+	assert_int_equal(mf_decode(bb, lb, &b), 0);
+	assert_memory_not_equal(ba + 8, bb + 8, 32);
+	mf_free(b);
+	free(bb);
+	free(ba);
+	ba = craft_owners(base, NBASE, 010000, 1000, 2000, own, &la);
+	decode_bad(ba, la, "version 2, root mode 010000");
+	free(ba);
+	/* version-1 entries under a version-2 header */
+	ba = craft(base, NBASE, &la);
+	ba[4] = VERSION_OWNERS;
+	decode_bad(ba, la, "version 2 header, version 1 body");
+	free(ba);
+	ba = craft(base, NBASE, &la);
+	ba[4] = 3;
+	decode_bad(ba, la, "version 3");
+	free(ba);
+}
+
+static void assert_owned(int dirfd, const char *path, uid_t u, gid_t g, mode_t mode)
+{
+	struct stat st;
+
+	assert_int_equal(fstatat(dirfd, path, &st, path[0] ? AT_SYMLINK_NOFOLLOW : AT_EMPTY_PATH), 0);
+	if (st.st_uid != u || st.st_gid != g || (!S_ISLNK(st.st_mode) && (st.st_mode & 07777) != mode)) {
+		print_error("%s: %u:%u %04o, want %u:%u %04o\n", path, (unsigned)st.st_uid,
+			    (unsigned)st.st_gid, (unsigned)(st.st_mode & 07777), (unsigned)u,
+			    (unsigned)g, (unsigned)mode);
+		fail();
+	}
+}
+
+/* The tree a peer or the bucket hands over, made by the daemon (root,
+ * its own modes), gets the writer's owners and modes from the manifest,
+ * set-id bits dropped; without owners in the manifest, the given ones. */
+static void test_apply_owners(void **state)
+{
+	struct tmp *t = *state;
+	struct manifest *m;
+	int fd;
+
+	if (geteuid() != 0) {
+		print_message("skipped: needs root (chown)\n");
+		skip();
+	}
+	/* as the trainer wrote it: uid 1000, fsGroup 2000 */
+	put_dir(t->fd, "w", 0750);
+	put_dir(t->fd, "w/d", 02770);
+	put_file(t->fd, "w/d/secret", "hello", 5, 0600);
+	put_file(t->fd, "w/suid", "x", 1, 04755);
+	assert_int_equal(symlinkat("d/secret", t->fd, "w/ln"), 0);
+	assert_int_equal(fchownat(t->fd, "w/ln", 1000, 2000, AT_SYMLINK_NOFOLLOW), 0);
+	assert_int_equal(fchownat(t->fd, "w/d/secret", 1000, 2000, 0), 0);
+	assert_int_equal(fchownat(t->fd, "w/suid", 1000, 1000, 0), 0);
+	assert_int_equal(fchmodat(t->fd, "w/suid", 04755, 0), 0);
+	assert_int_equal(fchownat(t->fd, "w/d", 1000, 2000, 0), 0);
+	assert_int_equal(fchmodat(t->fd, "w/d", 02770, 0), 0);
+	assert_int_equal(fchownat(t->fd, "w", 1000, 2000, 0), 0);
+	m = build(t->fd, "w");
+	assert_int_equal(m->root_uid, 1000);
+	assert_int_equal(m->root_gid, 2000);
+	assert_int_equal(m->root_mode, 0750);
+
+	/* as the daemon received it */
+	put_dir(t->fd, "r", 0755);
+	put_dir(t->fd, "r/d", 0700);
+	put_file(t->fd, "r/d/secret", "hello", 5, 0644);
+	put_file(t->fd, "r/suid", "x", 1, 0600);
+	assert_int_equal(symlinkat("d/secret", t->fd, "r/ln"), 0);
+	fd = open_dir(t->fd, "r");
+	assert_int_equal(mf_apply_owners(fd, m, &(struct mf_owner){ 7, 7, 077 }, 0, NULL, 0), 0);
+	assert_owned(fd, "", 1000, 2000, 0750);
+	assert_owned(fd, "d", 1000, 2000, 0770);
+	assert_owned(fd, "d/secret", 1000, 2000, 0600);
+	assert_owned(fd, "suid", 1000, 1000, 0755);
+	assert_owned(fd, "ln", 1000, 2000, 0);
+	close(fd);
+	mf_free(m);
+
+	/* no owners recorded (GKE's layout, an older mtcfs): the given ones,
+	 * the recorded modes less the given umask (the directory's own too) */
+	m = build_v1(t->fd, "w");
+	put_dir(t->fd, "g", 0755);
+	put_dir(t->fd, "g/d", 0700);
+	put_file(t->fd, "g/d/secret", "hello", 5, 0644);
+	put_file(t->fd, "g/suid", "x", 1, 0600);
+	assert_int_equal(symlinkat("d/secret", t->fd, "g/ln"), 0);
+	fd = open_dir(t->fd, "g");
+	assert_int_equal(mf_apply_owners(fd, m, &(struct mf_owner){ 1234, 5678, 027 }, 0, NULL, 0), 0);
+	assert_owned(fd, "", 1234, 5678, 0750);
+	assert_owned(fd, "d", 1234, 5678, 0750);
+	assert_owned(fd, "d/secret", 1234, 5678, 0600);
+	assert_owned(fd, "suid", 1234, 5678, 0750);
+	assert_owned(fd, "ln", 1234, 5678, 0);
+	close(fd);
+	mf_free(m);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, tmp_setup, tmp_teardown)
 
 int main(void)
@@ -1452,6 +1727,9 @@ int main(void)
 		T(test_decode_every_byte_flipped),
 		T(test_decode_random_damage),
 		cmocka_unit_test(test_hash_hex),
+		cmocka_unit_test(test_owners_v1_still_read),
+		cmocka_unit_test(test_owners_decode),
+		T(test_apply_owners),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
