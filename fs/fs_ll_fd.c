@@ -25,7 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The budget: a quarter of the soft RLIMIT_NOFILE (the rest is for the
+/* The budget: a quarter of RLIMIT_NOFILE (soft, raised to the hard one) (the rest is for the
  * application's open files, which hold one descriptor each, the network,
  * LMDB and the seal's walks), within [64, 16384]. */
 void fs_fd_init(struct fs *fs)
@@ -37,10 +37,17 @@ void fs_fd_init(struct fs *fs)
 	size_t cap = 1024;
 
 	pthread_mutex_init(&fs->fdmu, NULL);
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-		cap = (size_t)rl.rlim_cur / 4;
-	else if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
-		cap = 16384;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+		/* the soft limit up to the hard one (the peer server does the
+		 * same later): 1024 by default, far below what a node allows */
+		if (rl.rlim_cur < rl.rlim_max) {
+			rlim_t cur = rl.rlim_cur;
+			rl.rlim_cur = rl.rlim_max;
+			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+				rl.rlim_cur = cur;
+		}
+		cap = rl.rlim_cur == RLIM_INFINITY ? 16384 : (size_t)(rl.rlim_cur / 4);
+	}
 	if (cap < 64)
 		cap = 64;
 	if (cap > 16384)
