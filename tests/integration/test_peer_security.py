@@ -978,7 +978,8 @@ class ConnectionFlood(unittest.TestCase):
     to trip "too many connections authenticating" (and the per-address
     bound for the peers' own 127.0.0.1): the push of a step committed
     during the flood failed 4 times in 7 s and was never tried again. Now
-    the oldest unauthenticated connections are shed for new ones."""
+    the oldest unauthenticated connections are shed for new ones, and a
+    failed push is retried until the step is replicated."""
 
     def setUp(self):
         self.c = Cluster(2, ram_size="256M", restore_timeout=10)
@@ -1011,6 +1012,22 @@ class ConnectionFlood(unittest.TestCase):
         f.stop()
         self.c.save(JOB, 12, size=64 * 1024)
         self.c.wait_replicated(JOB, 12, timeout=60)
+
+    def test_failed_push_is_retried_until_the_peer_is_back(self):
+        # node 1 away for longer than the old retries (1 + 2 + 4 s)
+        node0, node1 = self.c.nodes
+        node1.stop()
+        mark = node0.log_size()
+        self.c.save(JOB, 11, ranks=[0], size=64 * 1024)
+        node0.wait_log(r"job=%s step=11: 1 of 1 peers do not have it yet; retrying" % JOB,
+                       30, "node 0's push of step 11 failing", since=mark)
+        harness.wait_until(lambda: len(re.findall(r"replicating job=%s step=11 to rank 1 failed"
+                                          % JOB, node0.log_from(mark))) >= 5,
+                   60, "node 0 trying step 11 five times")
+        node1.start()
+        harness.wait_until(lambda: (0, 11) in self.c.holds(1, JOB), 60,
+                   "node 1 holding node 0's step 11")
+        self.assertEqual(self.c.holds(1, JOB)[(0, 11)] in harness.COMMITTED_STATES, True)
 
 
 if __name__ == "__main__":
