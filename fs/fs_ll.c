@@ -1,6 +1,7 @@
 /* fs_ll.c: the low-level FUSE operations. A passthrough onto RAMDIR/ns with
- * an inode table of O_PATH descriptors (libfuse passthrough_ll's shape), plus
- * what mtcfs adds: commit detection on rename and on close of
+ * an inode table of O_PATH descriptors (libfuse passthrough_ll's shape; at
+ * most a budget of them open, the rest reopened by file handle: fs_ll_fd.c),
+ * plus what mtcfs adds: commit detection on rename and on close of
  * commit_success.txt, read-only committed steps, the capacity account, and
  * the read-only store view ".mtcfs" that restore markers point into.
  * This file: inodes (table, lookup, forget, attributes' timeouts),
@@ -238,7 +239,7 @@ static void inval_run(void *arg)
 {
 	struct inval_job *j = arg;
 	/* The kernel prunes the dentries below it; inodes nobody holds open
-	 * are evicted and FORGET reaches us, closing our O_PATH handles. */
+	 * are evicted and FORGET reaches us, freeing our nodes. */
 	fuse_lowlevel_notify_inval_entry(j->fs->se, FUSE_ROOT_ID, j->name, strlen(j->name));
 	free(j);
 }
