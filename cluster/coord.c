@@ -546,6 +546,11 @@ static void on_register(void *arg, const struct proto_in *in)
 		struct cjob *j = coord_job_get(c, m.job, m.nodes, m.dp);
 		if (j)
 			j->n[rank].conn = in->conn;
+		if (j && m.has_bi) {
+			/* a restarted coordinator: the interval before any commit */
+			j->bi_min = m.bi_min;
+			j->bi_steps = m.bi_steps;
+		}
 	}
 	/* the table only on request: at 4096 nodes answering every register
 	 * with it costs O(n^2) */

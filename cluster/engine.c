@@ -252,6 +252,8 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	rc = workq_start("mtcfs-repl", &e->replq);
 	if (rc == 0)
 		rc = workq_start("mtcfs-backup", &e->bkq);
+	if (rc == 0)
+		rc = eng_repl_start(e);
 	if (rc < 0)
 		goto fail;
 	if (o->bucket) {
@@ -324,6 +326,7 @@ void eng_stop(struct eng *e)
 	if (e->ctl_reader_running)
 		pthread_join(e->ctl_reader, NULL);
 	e->ctl_reader_running = false;
+	eng_repl_stop(e);
 	workq_stop(e->replq);
 	workq_stop(e->bkq);
 	coord_quiesce(e->coord);

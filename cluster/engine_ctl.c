@@ -181,6 +181,9 @@ static json_t *register_msg(struct eng *e)
 		r.job = e->job;
 		r.nodes = e->nodes;
 		r.dp = e->dp;
+		r.has_bi = true;
+		r.bi_min = e->bi_min;
+		r.bi_steps = e->bi_steps;
 	}
 	m = proto_register_encode(&r);   /* copies e->job under e->mu */
 	pthread_mutex_unlock(&e->mu);

@@ -85,6 +85,12 @@ struct eng {
 	char lkg_job[RCFG_JOB_MAX + 1];
 	char **table;                 /* rank -> address from the coordinator */
 	uint32_t ntable;
+	/* failed pushes waiting to be tried again (engine_repl.c) */
+	struct repl_job *retry;
+	pthread_cond_t retry_cv;      /* with mu: the list changed, or stop */
+	bool retry_stop;
+	bool retry_running;           /* retry_thr is running */
+	pthread_t retry_thr;
 
 	/* control connection to the coordinator */
 	pthread_mutex_t ctl_mu;       /* protects ctl state; taken before mu */
@@ -146,6 +152,11 @@ void eng_ctl_new_identity(struct eng *e, int old_rank, int new_rank);
  * the job, so no node drops a step older than the restored one: a node lost
  * right after the restart still leaves the older protected step. */
 void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp);
+
+/* engine_repl.c: the thread that retries failed pushes; stop drops what
+ * is waiting (logged) before the replication queue stops. */
+int eng_repl_start(struct eng *e);
+void eng_repl_stop(struct eng *e);
 
 /* engine_backup.c */
 int64_t eng_save_worker(const char *path, const char *job, uint32_t rank, uint64_t step);

@@ -20,14 +20,168 @@ struct repl_job {
 	struct shard_key key;
 	uint8_t hash[32];
 	int attempt;
-	uint64_t t0;       /* the first attempt (util_now_ns): retries end REPL_RETRY_BUDGET_MS after */
-	bool restored;     /* the job restored it: pushed again, no "committed" event */
+	uint64_t first_fail_ns;     /* when its first push failed */
+	uint64_t due_ns;            /* on the retry list: when to run again */
+	struct repl_job *next;      /* the retry list, under e->mu */
+	bool restored;              /* the job restored it: pushed again, no "committed" event */
 };
 
-/* Failed pushes are tried again 3 times, while within this of the first
- * attempt, and not once the daemon stops (eng_retry_wait). */
-#define REPL_RETRIES          3
-#define REPL_RETRY_BUDGET_MS  60000
+/* A failed push is tried again after 1, 2, 4, 8, then every 15 s, until
+ * the step is replicated, superseded (a newer step of the job and worker
+ * committed here: it replicates instead) or dropped, for at most
+ * REPL_RETRY_FOR_S (then replicator.errors says so). A peer refusing
+ * connections during a flood, or away for a restart, gets the step once it
+ * is back. The waits are on a timer thread, not on the replication queue,
+ * and end at eng_stop. */
+#define REPL_RETRY_MAX_S 15
+#define REPL_RETRY_FOR_S 1800
+
+static void repl_run(void *arg);
+
+static void *retry_main(void *arg)
+{
+	struct eng *e = arg;
+
+	pthread_mutex_lock(&e->mu);
+	while (!e->retry_stop) {
+		uint64_t now = util_now_ns(), next = now + 60ull * 1000000000ull;
+		struct repl_job **pp = &e->retry, *due = NULL;
+
+		while (*pp) {
+			struct repl_job *j = *pp;
+			if (j->due_ns <= now) {
+				*pp = j->next;
+				j->next = due;
+				due = j;
+			} else {
+				if (j->due_ns < next)
+					next = j->due_ns;
+				pp = &j->next;
+			}
+		}
+		pthread_mutex_unlock(&e->mu);
+		while (due) {
+			struct repl_job *j = due;
+			due = j->next;
+			j->next = NULL;
+			if (workq_submit(e->replq, repl_run, j) < 0)
+				free(j);
+		}
+		pthread_mutex_lock(&e->mu);
+		if (e->retry_stop)
+			break;
+		{
+			struct timespec ts;
+			uint64_t wait = next > now ? next - now : 0;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			ts.tv_sec += (time_t)(wait / 1000000000ull);
+			ts.tv_nsec += (long)(wait % 1000000000ull);
+			if (ts.tv_nsec >= 1000000000L) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000L;
+			}
+			if (!e->retry) {
+				pthread_cond_wait(&e->retry_cv, &e->mu);
+			} else {
+				pthread_cond_timedwait(&e->retry_cv, &e->mu, &ts);
+			}
+		}
+	}
+	pthread_mutex_unlock(&e->mu);
+	return NULL;
+}
+
+int eng_repl_start(struct eng *e)
+{
+	pthread_condattr_t ca;
+	int rc;
+
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&e->retry_cv, &ca);
+	pthread_condattr_destroy(&ca);
+	rc = pthread_create(&e->retry_thr, NULL, retry_main, e);
+	if (rc != 0)
+		return -rc;
+	e->retry_running = true;
+	return 0;
+}
+
+void eng_repl_stop(struct eng *e)
+{
+	struct repl_job *j;
+
+	if (!e->retry_running)
+		return;
+	pthread_mutex_lock(&e->mu);
+	e->retry_stop = true;
+	pthread_cond_broadcast(&e->retry_cv);
+	pthread_mutex_unlock(&e->mu);
+	pthread_join(e->retry_thr, NULL);
+	e->retry_running = false;
+	pthread_mutex_lock(&e->mu);
+	while ((j = e->retry)) {
+		e->retry = j->next;
+		log_info("engine", "stopping: job=%s step=%llu is not replicated to every peer yet",
+			 j->key.job, (unsigned long long)j->key.step);
+		free(j);
+	}
+	pthread_mutex_unlock(&e->mu);
+	pthread_cond_destroy(&e->retry_cv);
+}
+
+/* Put j on the retry list (takes it). false: not retried (stopping, or
+ * past its time: the caller reports). */
+static bool retry_later(struct eng *e, struct repl_job *j)
+{
+	uint64_t now = util_now_ns();
+	int secs = j->attempt < 4 ? 1 << j->attempt : REPL_RETRY_MAX_S;
+
+	if (!j->first_fail_ns)
+		j->first_fail_ns = now;
+	if (now - j->first_fail_ns > (uint64_t)REPL_RETRY_FOR_S * 1000000000ull)
+		return false;
+	j->attempt++;
+	j->due_ns = now + (uint64_t)secs * 1000000000ull;
+	pthread_mutex_lock(&e->mu);
+	if (e->retry_stop || !e->retry_running) {
+		pthread_mutex_unlock(&e->mu);
+		return false;
+	}
+	j->next = e->retry;
+	e->retry = j;
+	pthread_cond_broadcast(&e->retry_cv);
+	pthread_mutex_unlock(&e->mu);
+	return true;
+}
+
+/* A step of k's job and worker committed: retries of older ones stop. */
+static void retry_supersede(struct eng *e, const struct shard_key *k)
+{
+	struct repl_job **pp, *gone = NULL;
+
+	pthread_mutex_lock(&e->mu);
+	for (pp = &e->retry; *pp;) {
+		struct repl_job *j = *pp;
+		if (!strcmp(j->key.job, k->job) && j->key.worker == k->worker &&
+		    j->key.rank == k->rank && j->key.step < k->step) {
+			*pp = j->next;
+			j->next = gone;
+			gone = j;
+		} else {
+			pp = &j->next;
+		}
+	}
+	pthread_mutex_unlock(&e->mu);
+	while (gone) {
+		struct repl_job *j = gone;
+		gone = j->next;
+		log_info("engine", "job=%s step=%llu: no more replication retries, step %llu "
+			 "supersedes it", j->key.job, (unsigned long long)j->key.step,
+			 (unsigned long long)k->step);
+		free(j);
+	}
+}
 
 /* Replicate shard k (its catalog record rec, manifest mf) to rank peer
  * through the peer tier: 0 sent, 1 the peer had the content, or -errno. */
@@ -128,22 +282,22 @@ static void repl_run(void *arg)
 			log_warn("engine", "cannot report step %llu as replicated to the coordinator at %s",
 				 (unsigned long long)j->key.step, e->coord_addr);
 		json_decref(ev);
-	} else if (failed && j->attempt < REPL_RETRIES &&
-		   eng_retry_wait(e, j->attempt, j->t0, REPL_RETRY_BUDGET_MS)) {
-		struct repl_job *again = malloc(sizeof(*again));
-		if (again) {
-			*again = *j;
-			again->attempt++;
-			if (workq_submit(e->replq, repl_run, again) < 0)
-				free(again);
+	} else {
+		if (j->attempt == 0)
+			log_warn("engine", "job=%s step=%llu: %d of %d peers do not have it yet; "
+				 "retrying for up to %d s", j->key.job,
+				 (unsigned long long)j->key.step, failed, npeers, REPL_RETRY_FOR_S);
+		if (retry_later(e, j)) {
+			j = NULL;
+		} else {
+			bool stopping;
+			pthread_mutex_lock(&e->mu);
+			stopping = e->retry_stop;
+			pthread_mutex_unlock(&e->mu);
+			if (!stopping)
+				eng_report(e, "job %s step %llu: could not be replicated to %d of %d peers; it has fewer copies than configured",
+					   j->key.job, (unsigned long long)j->key.step, failed, npeers);
 		}
-	} else if (failed && eng_quitting(e)) {
-		/* not a lost copy: the daemon stops, and the shard with it */
-		log_info("engine", "job %s step %llu: not replicated to %d of %d peers: the daemon is stopping",
-			 j->key.job, (unsigned long long)j->key.step, failed, npeers);
-	} else if (failed) {
-		eng_report(e, "job %s step %llu: could not be replicated to %d of %d peers; it has fewer copies than configured",
-		       j->key.job, (unsigned long long)j->key.step, failed, npeers);
 	}
 out:
 	mf_free(mf);
@@ -162,9 +316,15 @@ void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[
 	j->e = e;
 	j->key = *k;
 	memcpy(j->hash, hash, 32);
-	j->t0 = util_now_ns();
+	retry_supersede(e, k);
 	if (workq_submit(e->replq, repl_run, j) < 0)
 		free(j);
+}
+
+void eng_drain(struct eng *e)
+{
+	if (e)
+		workq_drain(e->replq);
 }
 
 void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp)
@@ -189,7 +349,7 @@ void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes
 		snprintf(k.job, sizeof(k.job), "%s", job);
 		if (idx_get_shard(ram_idx(e->ram), &k, &rec) == 0 && rec.mf &&
 		    mf_decode(rec.mf, rec.mflen, &mf) == 0 && (j = calloc(1, sizeof(*j))) != NULL) {
-			*j = (struct repl_job){ .e = e, .key = k, .t0 = util_now_ns(), .restored = true };
+			*j = (struct repl_job){ .e = e, .key = k, .restored = true };
 			memcpy(j->hash, mf->hash, 32);
 			if (workq_submit(e->replq, repl_run, j) < 0)
 				free(j);
@@ -201,10 +361,4 @@ void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes
 		mf_free(mf);
 		idx_rec_clear(&rec);
 	}
-}
-
-void eng_drain(struct eng *e)
-{
-	if (e)
-		workq_drain(e->replq);
 }

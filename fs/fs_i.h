@@ -37,7 +37,13 @@ struct fnode {
 	uint64_t nlookup;           /* protected by fs->mu */
 	ino_t ino;
 	dev_t dev;
-	int fd;                     /* O_PATH, owned */
+	/* The O_PATH descriptor, or -1 while evicted (fs_ll_fd.c): used only
+	 * between fs_nfd() and fs_nfd_put(). Protected by fs->fdmu. */
+	int fd;
+	int fd_users;               /* operations using fd now: not evicted */
+	bool fd_pinned;             /* never evicted (root, unlinked, no handle) */
+	struct fnode *lru_prev, *lru_next;   /* fs->lru_*: evictable, newest first */
+	struct file_handle *fh;     /* to reopen it; made at its first eviction */
 	_Atomic uint32_t flags;     /* FN_* */
 	_Atomic int inflight;       /* writes/truncates in progress */
 	_Atomic int writers;        /* open handles with write access */
@@ -98,6 +104,12 @@ struct fs {
 	int proc_self_fd;
 
 	pthread_mutex_t mu;
+	/* inode descriptors (fs_ll_fd.c); a leaf lock, taken under mu or not */
+	pthread_mutex_t fdmu;
+	struct fnode *lru_head, *lru_tail;
+	size_t lru_n, fd_cap;
+	bool fd_evict;              /* file handles work: descriptors beyond fd_cap close */
+	int fd_mount;               /* decodes handles: RAMDIR/ns (not owned) */
 	/* every open file handle (fs_ll.c), so that a daemon stopped with files
 	 * still open frees them: the kernel sends no RELEASE after unmount */
 	pthread_mutex_t hmu;
@@ -154,6 +166,8 @@ extern const struct fuse_lowlevel_ops fs_ll_ops;
 void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step);
 void fs_nodes_free(struct fs *fs);
 void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step);
+/* fs_ll_fd.c: the budget of inode descriptors (after the root is open) */
+void fs_fd_init(struct fs *fs);
 
 /* ctl.c */
 int  ctl_start(struct fs *fs);

@@ -1,6 +1,7 @@
 /* fs_ll.c: the low-level FUSE operations. A passthrough onto RAMDIR/ns with
- * an inode table of O_PATH descriptors (libfuse passthrough_ll's shape), plus
- * what mtcfs adds: commit detection on rename and on close of
+ * an inode table of O_PATH descriptors (libfuse passthrough_ll's shape; at
+ * most a budget of them open, the rest reopened by file handle: fs_ll_fd.c),
+ * plus what mtcfs adds: commit detection on rename and on close of
  * commit_success.txt, read-only committed steps, the capacity account, and
  * the read-only store view ".mtcfs" that restore markers point into.
  * This file: inodes (table, lookup, forget, attributes' timeouts),
@@ -238,7 +239,7 @@ static void inval_run(void *arg)
 {
 	struct inval_job *j = arg;
 	/* The kernel prunes the dentries below it; inodes nobody holds open
-	 * are evicted and FORGET reaches us, closing our O_PATH handles. */
+	 * are evicted and FORGET reaches us, freeing our nodes. */
 	fuse_lowlevel_notify_inval_entry(j->fs->se, FUSE_ROOT_ID, j->name, strlen(j->name));
 	free(j);
 }
@@ -301,7 +302,7 @@ void fs_nodes_free(struct fs *fs)
 		struct fnode *n = fs->htab[i];
 		while (n) {
 			struct fnode *next = n->hnext;
-			close(n->fd);
+			fs_node_fd_drop(fs, n);
 			pthread_mutex_destroy(&n->amu);
 			free(n);
 			n = next;
@@ -347,7 +348,7 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 		close(fd);
 		return NULL;
 	}
-	n->fd = fd;
+	n->fd = -1;
 	n->ino = st->st_ino;
 	n->dev = st->st_dev;
 	n->nlookup = 1;
@@ -388,6 +389,7 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 		n->marker_step = parent->step + 1;
 		n->marker_dir_ino = parent->ino;
 	}
+	fs_node_fd_adopt(fs, n, fd);
 	n->hnext = fs->htab[hslot(fs, n->ino, n->dev)];
 	fs->htab[hslot(fs, n->ino, n->dev)] = n;
 	pthread_mutex_unlock(&fs->mu);
@@ -411,7 +413,7 @@ void fs_node_unref(struct fs *fs, struct fnode *n, uint64_t count)
 		htab_remove(fs, n);
 		parent = n->parent;
 		pthread_mutex_unlock(&fs->mu);
-		close(n->fd);
+		fs_node_fd_drop(fs, n);
 		pthread_mutex_destroy(&n->amu);
 		free(n);
 		n = parent;
@@ -424,16 +426,23 @@ int fs_do_lookup(struct fs *fs, struct fnode *parent, const char *name,
 		 struct fuse_entry_param *e)
 {
 	struct fnode *n;
-	int fd, dirfd = parent->fd, rc;
+	int fd, dirfd, rc;
 	const char *nm = name;
 
 	memset(e, 0, sizeof(*e));
 	if (parent == &fs->root && !strcmp(name, STORE_NAME)) {
 		/* The store view: RAMDIR/shards, read-only. */
-		dirfd = ram_root_fd(fs->ram);
+		fd = openat(ram_root_fd(fs->ram), "shards", O_PATH | O_NOFOLLOW | O_CLOEXEC);
 		nm = "shards";
+	} else {
+		dirfd = fs_nfd(fs, parent);
+		if (dirfd < 0)
+			return dirfd;
+		fd = openat(dirfd, nm, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+		rc = -errno;
+		fs_nfd_put(fs, parent);
+		errno = -rc;
 	}
-	fd = openat(dirfd, nm, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
 	rc = fstatat(fd, "", &e->attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
@@ -560,9 +569,16 @@ void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct fs *fs = fs_of(req);
 	struct fnode *n = fs_node_of(fs, ino);
 	struct stat st;
+	int fd = fs_nfd(fs, n), rc;
 
-	if (fstatat(n->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
-		fuse_reply_err(req, errno);
+	if (fd < 0) {
+		fuse_reply_err(req, -fd);
+		return;
+	}
+	rc = fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 ? errno : 0;
+	fs_nfd_put(fs, n);
+	if (rc) {
+		fuse_reply_err(req, rc);
 		return;
 	}
 	fuse_reply_attr(req, &st, attr_timeout(n));

@@ -19,12 +19,21 @@
 
 void ll_readlink(fuse_req_t req, fuse_ino_t ino)
 {
-	struct fnode *n = fs_node_of(fs_of(req), ino);
+	struct fs *fs = fs_of(req);
+	struct fnode *n = fs_node_of(fs, ino);
 	char buf[PATH_MAX + 1];
-	ssize_t r = readlinkat(n->fd, "", buf, sizeof(buf));
+	int fd = fs_nfd(fs, n), e;
+	ssize_t r;
 
+	if (fd < 0) {
+		fuse_reply_err(req, -fd);
+		return;
+	}
+	r = readlinkat(fd, "", buf, sizeof(buf));
+	e = errno;
+	fs_nfd_put(fs, n);
 	if (r < 0) {
-		fuse_reply_err(req, errno);
+		fuse_reply_err(req, e);
 		return;
 	}
 	if (r == (ssize_t)sizeof(buf)) {
@@ -58,35 +67,40 @@ int fs_own_new(struct fs *fs, fuse_req_t req, struct fnode *dir, const char *nam
 	uid_t u = ctx->uid;
 	gid_t g = ctx->gid;
 	char pp[64];
-	int rc = 0;
+	int rc = 0, dfd, nfd;
 
 	if (st->st_uid == u && st->st_gid == g)
 		return 0;
+	rc = fs_nfd2(fs, dir, n, &dfd, &nfd);
+	if (rc < 0)
+		return rc;
 	if (st->st_gid != g) {
 		struct stat ds;
-		if (fstatat(dir->fd, "", &ds, AT_EMPTY_PATH) == 0 && (ds.st_mode & S_ISGID))
+		if (fstatat(dfd, "", &ds, AT_EMPTY_PATH) == 0 && (ds.st_mode & S_ISGID))
 			g = ds.st_gid;
 	}
 	if (st->st_uid == u && st->st_gid == g)
-		return 0;
-	if (fchownat(n->fd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+		goto out;
+	if (fchownat(nfd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
 		rc = -errno;
 		goto out;
 	}
-	fs_proc_path(n->fd, pp, sizeof(pp));
+	fs_proc_path(nfd, pp, sizeof(pp));
 	if (!S_ISLNK(st->st_mode) && !S_ISDIR(st->st_mode) && (st->st_mode & (S_ISUID | S_ISGID)) &&
 	    fchmodat(fs->proc_self_fd, pp, st->st_mode & 07777, 0) < 0) {
 		rc = -errno;
 		goto out;
 	}
-	if (fstatat(n->fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
+	if (fstatat(nfd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
 		rc = -errno;
 out:
 	if (rc < 0) {
 		log_warn("fs", "cannot give %s to uid %u gid %u: %s", name, (unsigned)u, (unsigned)g,
 			 strerror(-rc));
-		unlinkat(dir->fd, name, S_ISDIR(st->st_mode) ? AT_REMOVEDIR : 0);
+		unlinkat(dfd, name, S_ISDIR(st->st_mode) ? AT_REMOVEDIR : 0);
 	}
+	fs_nfd_put(fs, n);
+	fs_nfd_put(fs, dir);
 	return rc;
 }
 
@@ -96,20 +110,27 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	struct fs *fs = fs_of(req);
 	struct fnode *dir = fs_node_of(fs, parent);
 	struct fuse_entry_param e;
-	int rc = fs_may_create(fs, dir, name);
+	int rc = fs_may_create(fs, dir, name), dfd;
 
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
+	dfd = fs_nfd(fs, dir);
+	if (dfd < 0) {
+		fuse_reply_err(req, -dfd);
+		return;
+	}
 	if (S_ISDIR(mode))
-		rc = mkdirat(dir->fd, name, mode);
+		rc = mkdirat(dfd, name, mode);
 	else if (link)
-		rc = symlinkat(link, dir->fd, name);
+		rc = symlinkat(link, dfd, name);
 	else
-		rc = mknodat(dir->fd, name, mode, rdev);
-	if (rc < 0) {
-		fuse_reply_err(req, errno);
+		rc = mknodat(dfd, name, mode, rdev);
+	rc = rc < 0 ? errno : 0;
+	fs_nfd_put(fs, dir);
+	if (rc) {
+		fuse_reply_err(req, rc);
 		return;
 	}
 	rc = fs_do_lookup(fs, dir, name, &e);
@@ -147,7 +168,7 @@ void ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char *name
 	struct fnode *n = fs_node_of(fs, ino), *dir = fs_node_of(fs, parent);
 	struct fuse_entry_param e;
 	char pp[64];
-	int rc = fs_may_create(fs, dir, name);
+	int rc = fs_may_create(fs, dir, name), nfd, dfd;
 
 	/* A committed file gets no new names: a link outside its step would
 	 * be a writable way to the shard's bytes (and the store is ours). */
@@ -157,9 +178,17 @@ void ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char *name
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	fs_proc_path(n->fd, pp, sizeof(pp));
-	if (linkat(fs->proc_self_fd, pp, dir->fd, name, AT_SYMLINK_FOLLOW) < 0) {
-		fuse_reply_err(req, errno);
+	rc = fs_nfd2(fs, n, dir, &nfd, &dfd);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fs_proc_path(nfd, pp, sizeof(pp));
+	rc = linkat(fs->proc_self_fd, pp, dfd, name, AT_SYMLINK_FOLLOW) < 0 ? errno : 0;
+	fs_nfd_put(fs, dir);
+	fs_nfd_put(fs, n);
+	if (rc) {
+		fuse_reply_err(req, rc);
 		return;
 	}
 	rc = fs_do_lookup(fs, dir, name, &e);
@@ -185,56 +214,110 @@ static int before_remove(struct fs *fs, struct fnode *dir, const char *name)
 	return 0;
 }
 
+/* The last name of an inode the kernel may still use (an open file, a
+ * cwd) is going: pin its descriptor (fs_ll_fd.c), or tmpfs frees the inode
+ * once an evicted descriptor is gone and its handle finds nothing. Returns
+ * the node, referenced, when this call pinned it; NULL when there is
+ * nothing to do. doomed_done() after the removal. */
+static struct fnode *doomed_pin(struct fs *fs, const struct stat *st)
+{
+	struct fnode *n;
+	bool pinned = false;
+	int fd;
+
+	if (!S_ISDIR(st->st_mode) && st->st_nlink > 1)
+		return NULL;
+	pthread_mutex_lock(&fs->mu);
+	n = fs_htab_find(fs, st->st_ino, st->st_dev);
+	if (n)
+		n->nlookup++;   /* it must outlive a FORGET meanwhile */
+	pthread_mutex_unlock(&fs->mu);
+	if (!n)
+		return NULL;
+	fd = fs_nfd(fs, n);
+	if (fd >= 0) {
+		pinned = fs_nfd_pin(fs, n);
+		fs_nfd_put(fs, n);
+	}
+	if (!pinned) {
+		fs_node_unref(fs, n, 1);
+		return NULL;
+	}
+	return n;
+}
+
+static void doomed_done(struct fs *fs, struct fnode *n, bool removed)
+{
+	if (!n)
+		return;
+	if (!removed)
+		fs_nfd_unpin(fs, n);
+	fs_node_unref(fs, n, 1);
+}
+
 void ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct fs *fs = fs_of(req);
-	struct fnode *dir = fs_node_of(fs, parent);
+	struct fnode *dir = fs_node_of(fs, parent), *doomed;
 	struct stat st;
-	int rc = before_remove(fs, dir, name);
+	int rc = before_remove(fs, dir, name), dfd;
 
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	if (fstatat(dir->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-		fuse_reply_err(req, errno);
+	dfd = fs_nfd(fs, dir);
+	if (dfd < 0) {
+		fuse_reply_err(req, -dfd);
 		return;
 	}
-	if (unlinkat(dir->fd, name, 0) < 0) {
-		fuse_reply_err(req, errno);
-		return;
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		rc = errno;
+		goto out;
 	}
-	if (S_ISREG(st.st_mode) && st.st_nlink == 1)
+	doomed = doomed_pin(fs, &st);
+	rc = unlinkat(dfd, name, 0) < 0 ? errno : 0;
+	doomed_done(fs, doomed, rc == 0);
+	if (rc == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1)
 		ram_adjust(fs->ram, -(int64_t)st.st_blocks * 512);
-	fuse_reply_err(req, 0);
+out:
+	fs_nfd_put(fs, dir);
+	fuse_reply_err(req, rc);
 }
 
 void ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct fs *fs = fs_of(req);
-	struct fnode *dir = fs_node_of(fs, parent);
+	struct fnode *dir = fs_node_of(fs, parent), *doomed = NULL;
 	struct stat st;
 	uint64_t step;
 	bool was_step = false;
-	int rc = before_remove(fs, dir, name);
+	int rc = before_remove(fs, dir, name), dfd;
 
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	if (dir == &fs->root && util_is_step_name(name, &step) &&
-	    fstatat(dir->fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-	    commit_is_step_dir(fs, step, st.st_ino)) {
-		commit_wait_sealed(fs, step);
-		was_step = true;
-	}
-	if (unlinkat(dir->fd, name, AT_REMOVEDIR) < 0) {
-		fuse_reply_err(req, errno);
+	dfd = fs_nfd(fs, dir);
+	if (dfd < 0) {
+		fuse_reply_err(req, -dfd);
 		return;
 	}
-	if (was_step)
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		if (dir == &fs->root && util_is_step_name(name, &step) &&
+		    commit_is_step_dir(fs, step, st.st_ino)) {
+			commit_wait_sealed(fs, step);
+			was_step = true;
+		}
+		if (S_ISDIR(st.st_mode))
+			doomed = doomed_pin(fs, &st);
+	}
+	rc = unlinkat(dfd, name, AT_REMOVEDIR) < 0 ? errno : 0;
+	doomed_done(fs, doomed, rc == 0);
+	fs_nfd_put(fs, dir);
+	if (rc == 0 && was_step)
 		commit_hide(fs, step);
-	fuse_reply_err(req, 0);
+	fuse_reply_err(req, rc);
 }
 
 void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
@@ -242,11 +325,12 @@ void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 {
 	struct fs *fs = fs_of(req);
 	struct fnode *src = fs_node_of(fs, parent), *dst = fs_node_of(fs, newparent);
+	struct fnode *doomed = NULL;
 	struct stat st, tst;
 	uint64_t step = 0, tstep;
-	bool commit = false, marker = false;
+	bool commit = false, marker = false, have_tst;
 	ino_t marker_dir = 0;
-	int rc;
+	int rc, sfd, dfd;
 
 	if (fs_is_frozen(src) || fs_is_frozen(dst)) {
 		fuse_reply_err(req, EROFS);
@@ -257,38 +341,50 @@ void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		fuse_reply_err(req, EPERM);
 		return;
 	}
-	if (fstatat(src->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-		fuse_reply_err(req, errno);
+	rc = fs_nfd2(fs, src, dst, &sfd, &dfd);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
 		return;
 	}
+	if (fstatat(sfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		rc = errno;
+		goto fail;
+	}
+	have_tst = fstatat(dfd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0;
 	/* A committed step can be neither moved nor replaced. */
 	if (src == &fs->root && S_ISDIR(st.st_mode) && util_is_step_name(name, &tstep) &&
 	    commit_is_step_dir(fs, tstep, st.st_ino)) {
-		fuse_reply_err(req, EROFS);
-		return;
+		rc = EROFS;
+		goto fail;
 	}
-	if (dst == &fs->root && util_is_step_name(newname, &tstep) &&
-	    fstatat(dst->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0 &&
+	if (dst == &fs->root && util_is_step_name(newname, &tstep) && have_tst &&
 	    S_ISDIR(tst.st_mode) && commit_is_step_dir(fs, tstep, tst.st_ino)) {
-		fuse_reply_err(req, EROFS);
-		return;
+		rc = EROFS;
+		goto fail;
 	}
 	if (dst == &fs->root && S_ISDIR(st.st_mode) && !(flags & RENAME_EXCHANGE) &&
 	    util_is_step_name(newname, &step)) {
 		rc = commit_begin(fs, step, newname, st.st_ino);
 		if (rc < 0) {
-			fuse_reply_err(req, -rc);
-			return;
+			rc = -rc;
+			goto fail;
 		}
 		commit = true;
 	}
-	if (renameat2(src->fd, name, dst->fd, newname, flags) < 0) {
-		int e = errno;
+	/* a rename over another inode removes one of its names */
+	if (have_tst && !(flags & RENAME_EXCHANGE) &&
+	    (tst.st_ino != st.st_ino || tst.st_dev != st.st_dev))
+		doomed = doomed_pin(fs, &tst);
+	if (renameat2(sfd, name, dfd, newname, flags) < 0) {
+		rc = errno;
+		doomed_done(fs, doomed, false);
 		if (commit)
 			commit_abort(fs, step);
-		fuse_reply_err(req, e);
-		return;
+		goto fail;
 	}
+	doomed_done(fs, doomed, true);
+	fs_nfd_put(fs, dst);
+	fs_nfd_put(fs, src);
 	/* Reclassify the moved node if the kernel holds it. */
 	pthread_mutex_lock(&fs->mu);
 	{
@@ -349,6 +445,11 @@ void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		commit_top_file_done(fs);
 	if (dst == &fs->root && !strcmp(newname, YAML_NAME))
 		ctl_notify(fs);
+	return;
+fail:
+	fs_nfd_put(fs, dst);
+	fs_nfd_put(fs, src);
+	fuse_reply_err(req, rc);
 }
 
 void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -362,7 +463,15 @@ void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	fd = openat(n->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fd = fs_nfd(fs, n);
+	if (fd >= 0) {
+		int pfd = fd;
+		fd = openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		fs_nfd_put(fs, n);
+	} else {
+		errno = -fd;
+		fd = -1;
+	}
 	if (fd < 0 || !(d->dp = fdopendir(fd))) {
 		int e = errno;
 		if (fd >= 0)

@@ -75,14 +75,19 @@ void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid,
 	struct fs *fs = fs_of(req);
 	struct fnode *n = fs_node_of(fs, ino);
 	char pp[64];
-	int rc = 0, fd = fi ? ((struct fhandle *)(uintptr_t)fi->fh)->fd : -1;
+	int rc = 0, fd = fi ? ((struct fhandle *)(uintptr_t)fi->fh)->fd : -1, nfd = -1;
 
 	atomic_fetch_add(&n->inflight, 1);
 	if (fs_is_frozen(n)) {
 		rc = EROFS;
 		goto out;
 	}
-	fs_proc_path(n->fd, pp, sizeof(pp));
+	nfd = fs_nfd(fs, n);
+	if (nfd < 0) {
+		rc = -nfd;
+		goto out;
+	}
+	fs_proc_path(nfd, pp, sizeof(pp));
 	if (valid & FUSE_SET_ATTR_MODE) {
 		if ((fd >= 0 ? fchmod(fd, attr->st_mode) :
 		     fchmodat(fs->proc_self_fd, pp, attr->st_mode, 0)) < 0) {
@@ -98,7 +103,7 @@ void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid,
 		       FUSE_SET_ATTR_MTIME))) {
 		uid_t u = (valid & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
 		gid_t g = (valid & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
-		if (fchownat(n->fd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+		if (fchownat(nfd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
 			rc = errno;
 			goto out;
 		}
@@ -140,6 +145,8 @@ void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid,
 		}
 	}
 out:
+	if (nfd >= 0)
+		fs_nfd_put(fs, n);
 	atomic_fetch_sub(&n->inflight, 1);
 	if (rc) {
 		fuse_reply_err(req, rc);
@@ -333,17 +340,22 @@ void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 	struct fuse_entry_param e;
 	struct fhandle *h;
 	bool created = false;
-	int fd, rc;
+	int fd, rc, dfd;
 
 	pthread_rwlock_rdlock(&fs->open_lk);
 	rc = fs_may_create(fs, dir, name);
 	if (rc < 0)
 		goto fail;
+	dfd = fs_nfd(fs, dir);
+	if (dfd < 0) {
+		rc = dfd;
+		goto fail;
+	}
 	/* Only an entry made here is given to the caller: try an exclusive
 	 * create, and open what another process made meanwhile (unless the
 	 * caller asked for O_EXCL itself). */
 	for (int attempt = 0;; attempt++) {
-		fd = openat(dir->fd, name, (fi->flags | O_CREAT | O_EXCL | O_CLOEXEC) & ~O_NOFOLLOW,
+		fd = openat(dfd, name, (fi->flags | O_CREAT | O_EXCL | O_CLOEXEC) & ~O_NOFOLLOW,
 			    mode);
 		if (fd >= 0) {
 			created = true;
@@ -351,14 +363,14 @@ void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 		}
 		if (errno != EEXIST || (fi->flags & O_EXCL) || attempt == 8)
 			break;
-		fd = openat(dir->fd, name, (fi->flags | O_CLOEXEC) & ~(O_NOFOLLOW | O_CREAT));
+		fd = openat(dfd, name, (fi->flags | O_CLOEXEC) & ~(O_NOFOLLOW | O_CREAT));
 		if (fd >= 0 || errno != ENOENT)
 			break;
 	}
-	if (fd < 0) {
-		rc = -errno;
+	rc = fd < 0 ? -errno : 0;
+	fs_nfd_put(fs, dir);
+	if (fd < 0)
 		goto fail;
-	}
 	if (created)
 		test_pause_create(name);
 	rc = fs_do_lookup(fs, dir, name, &e);
@@ -410,12 +422,17 @@ void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	rc = open_flags_ok(n, fi->flags);
 	if (rc < 0)
 		goto fail;
-	fs_proc_path(n->fd, pp, sizeof(pp));
-	fd = openat(fs->proc_self_fd, pp, (fi->flags | O_CLOEXEC) & ~O_NOFOLLOW);
+	fd = fs_nfd(fs, n);
 	if (fd < 0) {
-		rc = -errno;
+		rc = fd;
 		goto fail;
 	}
+	fs_proc_path(fd, pp, sizeof(pp));
+	fd = openat(fs->proc_self_fd, pp, (fi->flags | O_CLOEXEC) & ~O_NOFOLLOW);
+	rc = fd < 0 ? -errno : 0;
+	fs_nfd_put(fs, n);
+	if (fd < 0)
+		goto fail;
 	if (fi->flags & O_TRUNC)
 		account_after(fs, n, fd, 0);
 	h = new_handle(fs, fd, n, fi->flags);

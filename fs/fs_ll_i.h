@@ -43,6 +43,21 @@ int fs_proc_path(int fd, char *buf, size_t len);
 void fs_forget_pages(struct fs *fs, fuse_ino_t ino);
 bool fs_frozen_has(struct fs *fs, ino_t ino);
 void fs_frozen_load(struct fs *fs);
+/* fs_ll_fd.c: n's O_PATH descriptor for the length of one operation
+ * (reopened by file handle if it was evicted), or -errno (-ESTALE: the
+ * inode is gone); every success is paired with fs_nfd_put(). fs_nfd2: two
+ * at once, both or neither. */
+int fs_nfd(struct fs *fs, struct fnode *n);
+int fs_nfd2(struct fs *fs, struct fnode *a, struct fnode *b, int *fa, int *fb);
+void fs_nfd_put(struct fs *fs, struct fnode *n);
+/* A new node takes its first descriptor (consumed); a node freed closes it. */
+void fs_node_fd_adopt(struct fs *fs, struct fnode *n, int fd);
+void fs_node_fd_drop(struct fs *fs, struct fnode *n);
+/* Keep n's descriptor open until FORGET (its last name is going): true if
+ * this call pinned it (undo with fs_nfd_unpin when the removal failed).
+ * Between fs_nfd and fs_nfd_put. */
+bool fs_nfd_pin(struct fs *fs, struct fnode *n);
+void fs_nfd_unpin(struct fs *fs, struct fnode *n);
 void fs_node_unref(struct fs *fs, struct fnode *n, uint64_t count);
 int fs_do_lookup(struct fs *fs, struct fnode *parent, const char *name,
 		 struct fuse_entry_param *e);

@@ -587,6 +587,7 @@ int fs_main(int argc, char **argv)
 	fs->root.dev = st.st_dev;
 	fs->root.nlookup = 2;
 	pthread_mutex_init(&fs->root.amu, NULL);
+	fs_fd_init(fs);
 	if (workq_start("mtcfs-seal", &fs->sealq) < 0 ||
 	    workq_start("mtcfs-inval", &fs->notifyq) < 0)
 		goto out_unmount;

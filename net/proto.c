@@ -217,6 +217,10 @@ json_t *proto_register_encode(const struct proto_register *m)
 		set_str(o, "job", m->job);
 		set_int(o, "nodes", m->nodes);
 		set_int(o, "dp", m->dp);
+		if (m->has_bi) {
+			set_int(o, "bi_min", m->bi_min);
+			set_int(o, "bi_steps", m->bi_steps);
+		}
 	}
 	if (m->want_table)
 		json_object_set_new(o, "want_table", json_true());
@@ -238,6 +242,12 @@ int proto_register_decode(json_t *o, struct proto_register *m, char *why, size_t
 			dp = 0;
 		m->nodes = (uint32_t)nodes;
 		m->dp = (uint32_t)dp;
+		if (net_json_u64(o, "bi_min", 1u << 20, &nodes) == 0 &&
+		    net_json_u64(o, "bi_steps", 1u << 30, &dp) == 0) {
+			m->has_bi = true;
+			m->bi_min = (uint32_t)nodes;
+			m->bi_steps = (uint32_t)dp;
+		}
 	} else {
 		m->job = NULL;
 	}

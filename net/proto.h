@@ -103,14 +103,19 @@ int proto_dispatch(const struct proto_route *t, size_t n, void *ctx, struct prot
  * Every decoder: 0, or -EINVAL with the reason in why[0..whylen) (why may
  * be NULL). Optional fields have their documented "absent" value. */
 
-/* register {op, addr, [job, nodes, dp]}: a node's data address. The job
- * fields are a hint (the coordinator notes the connection for the job's
- * events) and are sent together or not at all; as ever, a malformed hint
- * is ignored rather than failing the registration (job NULL). */
+/* register {op, addr, [job, nodes, dp, [bi_min, bi_steps]]}: a node's data
+ * address. The job fields are a hint (the coordinator notes the connection
+ * for the job's events) and are sent together or not at all; as ever, a
+ * malformed hint is ignored rather than failing the registration (job
+ * NULL). bi_*: the job's backup interval, as committed carries it, so that
+ * a restarted coordinator knows it before the next commit (it backed up a
+ * restored step only then). */
 struct proto_register {
 	const char *addr;      /* <= PROTO_ADDR_MAX bytes */
 	const char *job;       /* NULL: no hint */
 	uint32_t nodes, dp;
+	bool has_bi;           /* with job: bi_min and bi_steps are sent */
+	uint32_t bi_min, bi_steps;   /* <= 1 << 20, <= 1 << 30 */
 	bool want_table;       /* the reply carries "addrs" */
 };
 json_t *proto_register_encode(const struct proto_register *m);

@@ -75,8 +75,7 @@ static void new_conn(struct nsrv *s, int fd, const struct sockaddr *sa, struct a
 	*srv_bucket(s, c->id) = c;
 	pthread_mutex_unlock(&s->mu);
 	s->nconns++;
-	c->in_hs = true;
-	s->nhs++;
+	srv_hs_add(s, c);
 	srv_timed_set(s, c, util_now_ns() + (uint64_t)s->hs_timeout_ms * 1000000u);
 	srv_flush(s, c);
 	return;
@@ -245,6 +244,8 @@ static void *loop_main(void *arg)
 				}
 			} else {
 				struct sconn *c = p;
+				if (c->shed)
+					continue;   /* closed after the batch */
 				if ((e & (EPOLLIN | EPOLLHUP | EPOLLERR)) && !c->handoff) {
 					if (srv_on_readable(s, c) < 0)
 						continue;
@@ -266,6 +267,7 @@ static void *loop_main(void *arg)
 				}
 			}
 		}
+		srv_close_shed(s);
 		process_dirty(s);
 		now = util_now_ns();
 		if (now >= s->next_sweep) {
@@ -281,8 +283,8 @@ static void *loop_main(void *arg)
 
 /* Raise RLIMIT_NOFILE's soft limit to the hard one and return the
  * result. Connections may use half of it, less FD_RESERVE_MIN: the rest
- * stays for FUSE (one O_PATH descriptor per inode the kernel remembers,
- * open files), LMDB and the tiers. */
+ * stays for FUSE (a quarter of the limit for inodes the kernel
+ * remembers, open files), LMDB and the tiers. */
 static size_t fd_budget(void)
 {
 	struct rlimit rl;

@@ -131,12 +131,35 @@ void srv_timed_clear(struct nsrv *s, struct sconn *c)
 	c->tprev = c->tnext = NULL;
 }
 
+/* c is unauthenticated now: the newest on the list admission sheds from. */
+void srv_hs_add(struct nsrv *s, struct sconn *c)
+{
+	c->in_hs = true;
+	s->nhs++;
+	c->hs_next = NULL;
+	c->hs_prev = s->hs_tail;
+	if (s->hs_tail)
+		s->hs_tail->hs_next = c;
+	else
+		s->hs_head = c;
+	s->hs_tail = c;
+}
+
 void srv_hs_done(struct nsrv *s, struct sconn *c)
 {
-	if (c->in_hs) {
-		c->in_hs = false;
-		s->nhs--;
-	}
+	if (!c->in_hs)
+		return;
+	c->in_hs = false;
+	s->nhs--;
+	if (c->hs_prev)
+		c->hs_prev->hs_next = c->hs_next;
+	else
+		s->hs_head = c->hs_next;
+	if (c->hs_next)
+		c->hs_next->hs_prev = c->hs_prev;
+	else
+		s->hs_tail = c->hs_prev;
+	c->hs_prev = c->hs_next = NULL;
 }
 
 void srv_release_data_slot(struct nsrv *s)
@@ -201,11 +224,51 @@ void srv_addr_put(struct nsrv *s, struct sconn *c)
 	c->ae = NULL;
 }
 
+/* Turn away the oldest connection still in its handshake (from address e
+ * only, unless NULL) to make room for a new one: a flood of idle
+ * connections then cannot keep a peer out, whose own handshake takes a
+ * round trip (it must only not be the oldest of 4096, or of its address's
+ * max_per_addr). Its counts go now; it is closed after the event batch
+ * (events for it may still be in the batch). why: the reason counted and
+ * logged, as for a refusal. false when there is none to shed. */
+static bool shed_oldest(struct nsrv *s, const struct addrent *e, const char *why)
+{
+	struct sconn *c;
+
+	for (c = s->hs_head; c; c = c->hs_next)
+		if (c->state == CS_HELLO && !c->handoff && (!e || c->ae == e))
+			break;
+	if (!c)
+		return false;
+	srv_hs_done(s, c);
+	srv_addr_put(s, c);
+	c->shed = true;
+	c->shed_next = s->shed;
+	s->shed = c;
+	s->refused++;
+	s->refused_since_log++;
+	s->refused_why = why;
+	snprintf(s->refused_from, sizeof(s->refused_from), "%s", c->addr);
+	return true;
+}
+
+/* Close what shed_oldest turned away (after an event batch). */
+void srv_close_shed(struct nsrv *s)
+{
+	while (s->shed) {
+		struct sconn *c = s->shed;
+		s->shed = c->shed_next;
+		srv_close_conn(s, c);
+	}
+}
+
 /* May one more connection from sa be served? NULL and *out = its address
  * entry (counted) when it may; else why not. The total keeps a reserve of
  * file descriptors for FUSE and the tiers: without it, a flood of
  * connections (every one passes HELLO when there is no secret) made every
- * open() of the mount fail with EMFILE. */
+ * open() of the mount fail with EMFILE. At a bound the oldest
+ * unauthenticated connection (of the address, for its bound) is shed for
+ * the new one; only when there is none is the new one refused. */
 const char *srv_admit(struct nsrv *s, const struct sockaddr *sa, struct addrent **out)
 {
 	struct addrent **pp, *e;
@@ -216,15 +279,23 @@ const char *srv_admit(struct nsrv *s, const struct sockaddr *sa, struct addrent 
 	pthread_mutex_lock(&s->mu);
 	ndata = s->ndata;
 	pthread_mutex_unlock(&s->mu);
-	if (s->nconns + (size_t)ndata >= s->max_conns)
-		return "connection limit reached";
-	if (s->nhs >= NSRV_MAX_HANDSHAKES)
-		return "too many connections authenticating";
 	addr_key(sa, ip);
-	pp = addr_slot(s, ip);
-	e = *pp;
-	if (e && e->n >= (uint32_t)s->max_per_addr)
+	e = *addr_slot(s, ip);
+	if (e && e->n >= (uint32_t)s->max_per_addr &&
+	    !shed_oldest(s, e, "too many unauthenticated connections from this address "
+			 "(shed its oldest)"))
 		return "too many unauthenticated connections from this address";
+	/* shed connections still hold their descriptor until the batch ends:
+	 * at most ACCEPTS_PER_EVENT over, within the reserve */
+	if (s->nconns + (size_t)ndata >= s->max_conns + ACCEPTS_PER_EVENT ||
+	    (s->nconns + (size_t)ndata >= s->max_conns &&
+	     !shed_oldest(s, NULL, "connection limit reached (shed the oldest unauthenticated)")))
+		return "connection limit reached";
+	if (s->nhs >= NSRV_MAX_HANDSHAKES &&
+	    !shed_oldest(s, NULL, "too many connections authenticating (shed the oldest)"))
+		return "too many connections authenticating";
+	pp = addr_slot(s, ip);   /* again: shedding may have freed the entry */
+	e = *pp;
 	if (!e) {
 		e = calloc(1, sizeof(*e));
 		if (!e)

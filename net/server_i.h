@@ -65,7 +65,10 @@ struct sconn {
 
 	/* loop thread only */
 	enum cstate state;
-	bool in_hs;                 /* counted in nsrv.nhs */
+	bool in_hs;                 /* counted in nsrv.nhs, on its hs_* list */
+	bool shed;                  /* turned away for a newer one: closed after the batch */
+	struct sconn *hs_prev, *hs_next;   /* nsrv.hs_*: unauthenticated, oldest first */
+	struct sconn *shed_next;    /* nsrv.shed */
 	bool data_slot;             /* holds one of the max_data slots */
 	bool handoff;               /* data: hand over once WELCOME is written */
 	bool sparse;                /* its HELLO said it takes sparse NT_FILEs */
@@ -129,6 +132,8 @@ struct nsrv {
 	struct sconn *thead;        /* connections with a deadline */
 	uint64_t next_id;
 	size_t nhs;
+	struct sconn *hs_head, *hs_tail;   /* the nhs connections, by age */
+	struct sconn *shed;         /* shed by admission, closed after the event batch */
 	uint64_t next_sweep;
 	bool accept_paused;
 	uint64_t accept_resume;
@@ -158,6 +163,8 @@ void srv_free_obufs(struct obuf *o);
 void srv_addr_unref(struct nsrv *s, struct addrent *e);
 void srv_addr_put(struct nsrv *s, struct sconn *c);
 const char *srv_admit(struct nsrv *s, const struct sockaddr *sa, struct addrent **out);
+void srv_hs_add(struct nsrv *s, struct sconn *c);
+void srv_close_shed(struct nsrv *s);
 void srv_refuse_log(struct nsrv *s, uint64_t now);
 void srv_refuse(struct nsrv *s, int fd, const struct sockaddr *sa, const char *why);
 void srv_close_conn(struct nsrv *s, struct sconn *c);

@@ -128,18 +128,23 @@ int  bk_verify_backup(struct bkt *b, const char *job, const char *backup, uint32
  * modes applied), symlinks last. The manifest must describe a tree whose
  * every parent is a directory entry (no writing through a symlink).
  * -ENOENT (no .meta for it), -EBADMSG naming the bad object (manifest hash,
- * a file's CRC32C or size), or -errno. *mf owned by the caller (mf_free). */
+ * a file's CRC32C or size), or -errno. *mf owned by the caller (mf_free).
+ * max_bytes (0: no bound): -EFBIG, before any download, when the files the
+ * manifest lists claim more (tier_bucket.c: ram_size, or RAMDIR's file
+ * system if larger: files may have holes); each file's object must
+ * be listed at the manifest's size first (-EBADMSG, -ENOENT). */
 int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t node,
-		   uint32_t worker, int dirfd, struct manifest **mf);
+		   uint32_t worker, int dirfd, struct manifest **mf, uint64_t max_bytes);
 
 /* Download the framework: pytorch shard of (node, worker) of a backup, one
  * file stored as the object <hash>.data (GKE's layout), into dirfd as
  * fname (mode 0644); its size, and on gs:// its CRC32C, checked against the
  * listing. -EMEDIUMTYPE when the .meta names a directory shard (a manifest,
  * or GKE's D<hash>.data/): bk_fetch_shard reads those. -ENOENT (no .meta or
- * no data object), -EBADMSG, or -errno. */
+ * no data object), -EBADMSG, -EFBIG (the object is larger than max_bytes,
+ * 0: no bound; before any download), or -errno. */
 int bk_fetch_file(struct bkt *b, const char *job, const char *backup, uint32_t node,
-		  uint32_t worker, int dirfd, const char *fname);
+		  uint32_t worker, int dirfd, const char *fname, uint64_t max_bytes);
 
 /* restore.version: get -> -ENOENT if none, -EBADMSG if it does not name a
  * backup; set replaces (delete + write-once put); clear is 0 when absent. */

@@ -157,7 +157,7 @@ out:
  * read it and discard it, to verify).  -EMEDIUMTYPE when <hex> names a
  * manifest: a directory shard. */
 static int file_get(struct bkt *b, const char *job, const char *backup, const uint8_t hash[32],
-		    int dirfd, const char *fname)
+		    int dirfd, const char *fname, uint64_t max_bytes)
 {
 	char hex[65], prefix[PATH_MAX], name[PATH_MAX];
 	const struct obj *o;
@@ -190,6 +190,13 @@ static int file_get(struct bkt *b, const char *job, const char *backup, const ui
 		rc = -ENAMETOOLONG;
 		goto out;
 	}
+	if (max_bytes && o->size > max_bytes) {
+		bkt_set_error("%s/%s: %" PRIu64 " bytes, more than this node can hold (%" PRIu64 ")",
+			      bkt_url(b), name, o->size, max_bytes);
+		log_err(MOD, "backup %s of job %s: %s", backup, job, bkt_last_error());
+		rc = -EFBIG;
+		goto out;
+	}
 	if (dirfd < 0 && (devnull = open("/dev/null", O_WRONLY | O_CLOEXEC)) < 0) {
 		rc = -errno;
 		goto out;
@@ -216,7 +223,7 @@ out:
 }
 
 int bk_fetch_file(struct bkt *b, const char *job, const char *backup, uint32_t node,
-		  uint32_t worker, int dirfd, const char *fname)
+		  uint32_t worker, int dirfd, const char *fname, uint64_t max_bytes)
 {
 	char meta[PATH_MAX];
 	uint8_t hash[32];
@@ -232,11 +239,66 @@ int bk_fetch_file(struct bkt *b, const char *job, const char *backup, uint32_t n
 		return rc;
 	if (gke_dir)
 		return -EMEDIUMTYPE;
-	return file_get(b, job, backup, hash, dirfd, fname);
+	return file_get(b, job, backup, hash, dirfd, fname, max_bytes);
+}
+
+/* Before a byte of data: the manifest's files fit in max_bytes (0: no
+ * bound; the caller's: ram_size or more, see tier_bucket.c), and each is an object of the size the manifest says. A manifest
+ * claiming a 1 TiB file was read for 413 s before the CRC refused it.
+ * One listing of <hex>.data/ (pages of 1000 on gs://). 0, -EFBIG, -EBADMSG
+ * or -errno, the error set. */
+static int sizes_check(struct bkt *b, const char *job, const char *backup, const char *hex,
+		       const struct manifest *mf, uint64_t max_bytes)
+{
+	char prefix[PATH_MAX];
+	struct objs all = { 0 };
+	uint64_t total = 0;
+	int rc = 0;
+
+	for (size_t i = 0; i < mf->n; i++) {
+		if (mf->e[i].type != MF_FILE)
+			continue;
+		if (mf->e[i].size > UINT64_MAX - total)
+			total = UINT64_MAX;
+		else
+			total += mf->e[i].size;
+	}
+	if (max_bytes && total > max_bytes) {
+		bkt_set_error("%s/%s/%s/%s.manifest: its files hold %" PRIu64 " bytes, more than "
+			      "this node can hold (%" PRIu64 ")", bkt_url(b), job, backup, hex,
+			      total, max_bytes);
+		return -EFBIG;
+	}
+	if ((size_t)snprintf(prefix, sizeof(prefix), "%s/%s/%s.data/", job, backup, hex) >=
+	    sizeof(prefix))
+		return -ENAMETOOLONG;
+	if ((rc = bk_list_into(b, prefix, NULL, &all)) < 0)
+		goto out;
+	for (size_t i = 0; i < mf->n; i++) {
+		const struct mf_entry *e = &mf->e[i];
+		const struct obj *o;
+		if (e->type != MF_FILE)
+			continue;
+		o = bk_objs_find(&all, e->path);
+		if (!o) {
+			bkt_set_error("%s/%s%s: no such object", bkt_url(b), prefix, e->path);
+			rc = -ENOENT;
+			goto out;
+		}
+		if (o->size != e->size) {
+			bkt_set_error("%s/%s%s: %" PRIu64 " bytes, the manifest says %" PRIu64,
+				      bkt_url(b), prefix, e->path, o->size, e->size);
+			rc = -EBADMSG;
+			goto out;
+		}
+	}
+out:
+	bk_objs_free(&all);
+	return rc;
 }
 
 int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t node,
-		   uint32_t worker, int dirfd, struct manifest **mfp)
+		   uint32_t worker, int dirfd, struct manifest **mfp, uint64_t max_bytes)
 {
 	char meta[PATH_MAX], name[PATH_MAX], hex[65];
 	struct manifest *mf = NULL;
@@ -261,6 +323,12 @@ int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t 
 	snprintf(name, sizeof(name), "%s/%s/%s.manifest", job, backup, hex);
 	if ((rc = bk_read_manifest(b, name, hash, &mf)) < 0)
 		goto out;
+	if ((rc = sizes_check(b, job, backup, hex, mf, max_bytes)) < 0) {
+		if (rc == -EBADMSG || rc == -EFBIG)
+			log_err(MOD, "backup %s of job %s, node %u worker %u: %s", backup, job, node,
+				worker, bkt_last_error());
+		goto out;
+	}
 	/* read_manifest's mf_decode applied mf_validate, the rule every peer
 	 * and every seal applies too: each entry's parent is a directory of
 	 * the shard and symlinks point inside it */
@@ -376,7 +444,7 @@ int bk_verify_backup(struct bkt *b, const char *job, const char *backup, uint32_
 			continue;           /* same data as a shard already read */
 		if (s->gke || s->file) {
 			rc = s->gke ? gke_get(b, job, backup, s->hash, -1, NULL) :
-				      file_get(b, job, backup, s->hash, -1, NULL);
+				      file_get(b, job, backup, s->hash, -1, NULL, 0);
 			if (rc == -EBADMSG) {
 				out->complete = false;
 				snprintf(out->why, sizeof(out->why), "%s", bkt_last_error());

@@ -9,7 +9,25 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+
+/* The most a backup's files may claim (their sizes as the manifest or the
+ * listing gives them), checked before a byte is read: a manifest naming a
+ * 1 TiB file was read for 413 s before its CRC refused it. A file with
+ * holes may be larger than ram_size (tiers count blocks; test_backup_restore
+ * 2c: 256 MiB with 8 KiB of data in a 64 MiB tier), so the bound is the
+ * larger of ram_size and the file system holding RAMDIR: a checkpoint
+ * larger than the node's whole tmpfs is no checkpoint of this node. */
+static uint64_t fetch_bound(const struct tier_get *g, int dirfd)
+{
+	uint64_t cap = ram_cap(g->ram);
+	struct statvfs sv;
+
+	if (fstatvfs(dirfd, &sv) == 0 && (uint64_t)sv.f_blocks * sv.f_frsize > cap)
+		cap = (uint64_t)sv.f_blocks * sv.f_frsize;
+	return cap;
+}
 
 /* This node's shard of backup g->backup into dirfd.  framework: pytorch
  * backups hold one file per worker (GKE's layout, which mtcfs writes too):
@@ -30,7 +48,7 @@ static int fetch_backup(struct bkt *b, const struct tier_get *g, int dirfd, stru
 			if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", g->as.job,
 					     (unsigned long long)g->as.step, rank, w) >= sizeof(fn))
 				return -ENAMETOOLONG;
-			rc = bk_fetch_file(b, g->as.job, g->backup, node, w, dirfd, fn);
+			rc = bk_fetch_file(b, g->as.job, g->backup, node, w, dirfd, fn, fetch_bound(g, dirfd));
 			if (rc == -EMEDIUMTYPE && w == 0)
 				break;
 			if (rc < 0)
@@ -39,7 +57,7 @@ static int fetch_backup(struct bkt *b, const struct tier_get *g, int dirfd, stru
 		if (rc == 0)
 			return mf_build_ownerless(dirfd, mf);   /* GKE's layout: no owners */
 	}
-	return bk_fetch_shard(b, g->as.job, g->backup, node, 0, dirfd, mf);
+	return bk_fetch_shard(b, g->as.job, g->backup, node, 0, dirfd, mf, fetch_bound(g, dirfd));
 }
 
 /* Worker w's file of backup g->backup into dirfd, as that worker's own
@@ -57,13 +75,13 @@ static int fetch_backup_w(struct bkt *b, const struct tier_get *g, uint32_t w, i
 	if ((size_t)snprintf(fn, sizeof(fn), "%s-s%llu-n%u-w%u.save", g->as.job,
 			     (unsigned long long)g->as.step, rank, w) >= sizeof(fn))
 		return -ENAMETOOLONG;
-	rc = bk_fetch_file(b, g->as.job, g->backup, node, w, dirfd, fn);
+	rc = bk_fetch_file(b, g->as.job, g->backup, node, w, dirfd, fn, fetch_bound(g, dirfd));
 	if (rc == 0)
 		return mf_build_ownerless(dirfd, mf);   /* GKE's layout: no owners */
 	if (rc != -EMEDIUMTYPE || w != 0)
 		return rc;
 	*whole = true;
-	return bk_fetch_shard(b, g->as.job, g->backup, node, 0, dirfd, mf);
+	return bk_fetch_shard(b, g->as.job, g->backup, node, 0, dirfd, mf, fetch_bound(g, dirfd));
 }
 
 static int bucket_get(void *self, struct tier_get *g, struct ram_stage *st, struct manifest **mf,

@@ -449,6 +449,26 @@ class BackupBase(unittest.TestCase):
         self.assert_backup_layout(job, n3[30], 30, 2)
         self.assert_backups_untouched(job, names)
 
+    def test_2d_restored_newest_step_backed_up_after_a_restart(self):
+        """A step committed job-wide but not backed up when every node
+        (the coordinator too) is killed is restored from RAM by the job
+        restart; it is backed up then, not only after the next commit."""
+        job = "bk2d"
+        c = self.cluster()
+        c.job_start(job)
+        self.save_backed_up(job, (10,))
+        c.save(job, 20, size=SIZE)
+        for d in c.nodes:
+            d.kill9()
+        backups20 = [x for x in self.store.names(job + "/") if "-s20-" in x]
+        for d in c.nodes:
+            d.start()
+        got = self.job_restart(job)
+        self.assertEqual(got, {0: 20, 1: 20}, "restored steps")
+        if backups20:
+            self.skipTest("step 20 was backed up before the kill")
+        self.wait_backup(job, 20)
+
     def test_2c_sparse_file_restored_sparse(self):
         """A 256 MiB file with 8 KiB of data, backed up, every node wiped,
         restored from the bucket: same bytes, and the restored file (and a

@@ -40,6 +40,7 @@ import os
 import re
 import socket
 import struct
+import subprocess
 import sys
 import time
 import unittest
@@ -1051,6 +1052,128 @@ class EcHostilePeer(unittest.TestCase):
                                                 "group": self.group[1], "cw": 0, "slot": 0})
         self.assertFalse(os.path.exists(os.path.join(self.node.ramdir, "frags", "otherjob")))
         self.assertEqual(self.frags(1), ["1"])
+
+
+# --- a connection flood with secret_file= (issue 22 item 5) -------------------
+
+FLOOD_ADDRS = ["127.0.0.1"] + ["127.0.0.%d" % i for i in range(21, 40)]   # 20
+FLOOD_PER_ADDR = 256
+
+
+FLOOD_SCRIPT = r"""
+import selectors, socket, sys, time
+src, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+sel = selectors.DefaultSelector()
+held = 0
+while True:
+    while held < n:
+        s = socket.socket()
+        s.settimeout(2.0)
+        try:
+            s.bind((src, 0))
+            s.connect((host, port))
+        except OSError:
+            s.close()
+            time.sleep(0.01)
+            break
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+        held += 1
+        time.sleep(0.0002)       # about 5,000 a second from each address
+    for key, _ in sel.select(0.02):
+        s = key.fileobj
+        try:
+            d = s.recv(4096)     # the CHALLENGE, never answered
+        except BlockingIOError:
+            continue
+        except OSError:
+            d = b""
+        if not d:                # closed by the server: open another
+            sel.unregister(s)
+            s.close()
+            held -= 1
+"""
+
+
+class Flooder:
+    """FLOOD_PER_ADDR idle connections (never a HELLO) from each of
+    FLOOD_ADDRS to addr, one process per address: 5,120, above the server's
+    4,096 handshakes and its per-address bound; 127.0.0.1 is the peers' own
+    address. Each one the server closes is replaced at once, so the bounds
+    stay hit until stop()."""
+
+    def __init__(self, addr):
+        host, port = addr.rsplit(":", 1)
+        self.procs = [subprocess.Popen([sys.executable, "-c", FLOOD_SCRIPT, a, host, port,
+                                        str(FLOOD_PER_ADDR)],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
+                      for a in FLOOD_ADDRS]
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait()
+
+
+class ConnectionFlood(unittest.TestCase):
+    """20 addresses x 256 idle connections on a node with secret_file= used
+    to trip "too many connections authenticating" (and the per-address
+    bound for the peers' own 127.0.0.1): the push of a step committed
+    during the flood failed 4 times in 7 s and was never tried again. Now
+    the oldest unauthenticated connections are shed for new ones, and a
+    failed push is retried until the step is replicated."""
+
+    def setUp(self):
+        self.c = Cluster(2, ram_size="256M", restore_timeout=10)
+        self.daemons = list(self.c.nodes)
+        self.addCleanup(self.c.close)
+        self.c.start()
+        self.assertEqual(self.c.job_start(JOB), {0: 0, 1: 0})
+        self.c.save(JOB, 10, size=64 * 1024)
+        self.c.wait_replicated(JOB, 10)
+
+    def test_step_committed_during_a_flood_is_replicated(self):
+        node1 = self.c.nodes[1]
+        mark = node1.log_size()
+        f = Flooder(self.c.addrs[1])
+        self.addCleanup(f.stop)
+        # the bounds are hit: the server sheds (it used to refuse)
+        node1.wait_log(r"refused \d+ connection\(s\) in the last second; the last from "
+                       r"127\.0\.0\.\d+:\d+: (too many|connection limit)", 30,
+                       "node 1 turning flood connections away", since=mark)
+        self.c.save(JOB, 11, size=64 * 1024)
+        # during the flood: node 0's push to node 1 gets through
+        self.c.wait_replicated(JOB, 11, timeout=60)
+        fails = len(re.findall(r"replicating job=%s step=11 to rank 1 failed" % JOB,
+                               self.c.nodes[0].log_text()))
+        shed = re.findall(r"refused (\d+) connection\(s\) in the last second",
+                          node1.log_from(mark))
+        sys.stderr.write("\n  step 11 replicated during the flood after %d failed pushes; "
+                         "node 1 turned away %d connections\n"
+                         % (fails, sum(int(x) for x in shed)))
+        f.stop()
+        self.c.save(JOB, 12, size=64 * 1024)
+        self.c.wait_replicated(JOB, 12, timeout=60)
+
+    def test_failed_push_is_retried_until_the_peer_is_back(self):
+        # node 1 away for longer than the old retries (1 + 2 + 4 s)
+        node0, node1 = self.c.nodes
+        node1.stop()
+        mark = node0.log_size()
+        self.c.save(JOB, 11, ranks=[0], size=64 * 1024)
+        node0.wait_log(r"job=%s step=11: 1 of 1 peers do not have it yet; retrying" % JOB,
+                       30, "node 0's push of step 11 failing", since=mark)
+        harness.wait_until(lambda: len(re.findall(r"replicating job=%s step=11 to rank 1 failed"
+                                          % JOB, node0.log_from(mark))) >= 5,
+                   60, "node 0 trying step 11 five times")
+        node1.start()
+        harness.wait_until(lambda: (0, 11) in self.c.holds(1, JOB), 60,
+                   "node 1 holding node 0's step 11")
+        self.assertEqual(self.c.holds(1, JOB)[(0, 11)] in harness.COMMITTED_STATES, True)
+
 
 if __name__ == "__main__":
     harness.main()

@@ -323,7 +323,7 @@ int main(int argc, char **argv)
 			ret = 1;
 			goto out;
 		}
-		rc = bk_fetch_shard(b, argv[0], argv[1], (uint32_t)node, (uint32_t)w, dfd, &mf);
+		rc = bk_fetch_shard(b, argv[0], argv[1], (uint32_t)node, (uint32_t)w, dfd, &mf, 0);
 		if (rc == 0)
 			report("fetch-shard", mf->nfiles, mf->total, t0);
 		mf_free(mf);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -269,11 +270,11 @@ static void test_upload_list_fetch(void **state)
 	snprintf(dir, sizeof(dir), "ulf%d-out", seq);
 	assert_int_equal(mkdirat(tmpfd, dir, 0755), 0);
 	out = openat(tmpfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	assert_int_equal(bk_fetch_shard(e->b, JOB, name, 1, 0, out, &got), 0);
+	assert_int_equal(bk_fetch_shard(e->b, JOB, name, 1, 0, out, &got, 0), 0);
 	assert_memory_equal(got->hash, m1->hash, 32);
 	compare_trees(s1, out, m1);
 	mf_free(got);
-	assert_int_equal(bk_fetch_shard(e->b, JOB, name, 5, 0, out, &got), -ENOENT);
+	assert_int_equal(bk_fetch_shard(e->b, JOB, name, 5, 0, out, &got, 0), -ENOENT);
 	assert_null(got);
 	close(out);
 	close(s0);
@@ -362,7 +363,7 @@ static void test_incomplete(void **state)
 	bk_backup_clear(&one);
 	{
 		struct manifest *got = NULL;
-		assert_int_equal(bk_fetch_shard(e->b, JOB, b3, 0, 0, tmpfd, &got), -EBADMSG);
+		assert_int_equal(bk_fetch_shard(e->b, JOB, b3, 0, 0, tmpfd, &got, 0), -EBADMSG);
 	}
 
 	/* newest first */
@@ -439,7 +440,7 @@ static void test_corrupt_object(void **state)
 	snprintf(dir, sizeof(dir), "cor%d-out", seq);
 	assert_int_equal(mkdirat(tmpfd, dir, 0755), 0);
 	out = openat(tmpfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 0, 0, out, &got), -EBADMSG);
+	assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 0, 0, out, &got, 0), -EBADMSG);
 	assert_null(got);
 	assert_contains(bkt_last_error(), "state/big.bin");
 	assert_int_equal(bk_verify_backup(e->b, JOB, bn, 1, 1, &one), -EBADMSG);
@@ -519,7 +520,7 @@ static void test_gke_written_backup(void **state)
 	snprintf(dir, sizeof(dir), "gke%d-out", seq);
 	assert_int_equal(mkdirat(tmpfd, dir, 0755), 0);
 	out = openat(tmpfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 1, 0, out, &got), 0);
+	assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 1, 0, out, &got, 0), 0);
 	assert_int_equal(got->nfiles, 4);
 	assert_int_equal(got->total, sizes[0] + sizes[1] + sizes[2] + sizes[3]);
 	for (int i = 0; i < 4; i++) {
@@ -549,14 +550,14 @@ static void test_gke_written_backup(void **state)
 	close(out);
 	out = openat(tmpfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (e->gs) {
-		assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 0, 0, out, &got), -EBADMSG);
+		assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 0, 0, out, &got, 0), -EBADMSG);
 		assert_null(got);
 		assert_contains(bkt_last_error(), "d/array");
 		assert_int_equal(bk_verify_backup(e->b, JOB, bn, 2, 1, &one), -EBADMSG);
 		assert_false(one.complete);
 		bk_backup_clear(&one);
 	} else {
-		assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 0, 0, out, &got), 0);
+		assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 0, 0, out, &got, 0), 0);
 		mf_free(got);
 		got = NULL;
 	}
@@ -772,7 +773,7 @@ static void test_idempotent_reupload(void **state)
 	snprintf(dir, sizeof(dir), "idem%d-out", seq);
 	assert_int_equal(mkdirat(tmpfd, dir, 0755), 0);
 	out = openat(tmpfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 1, 0, out, &got), 0);
+	assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 1, 0, out, &got, 0), 0);
 	compare_trees(s, out, m);
 	mf_free(got);
 	close(out);
@@ -830,10 +831,76 @@ static void test_fetch_refuses_unsafe_trees(void **state)
 	assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
 	snprintf(obj, sizeof(obj), "%s/%s/%s-s1-n0-w0.meta", JOB, bn, JOB);
 	assert_int_equal(bkt_put_buf(e->b, obj, hex, 64), 0);
-	assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 0, 0, tmpfd, &got), -EBADMSG);
+	assert_int_equal(bk_fetch_shard(e->b, JOB, bn, 0, 0, tmpfd, &got, 0), -EBADMSG);
 	assert_contains(bkt_last_error(), "symlink a -> /etc: the target is absolute");
 	free(enc);
 	mf_free(dec);
+}
+
+
+/* A hostile bucket: a consistent manifest (hash, .meta) naming a 1 TiB
+ * file, its object a sparse 1 TiB file. Unchanged, bk_fetch_shard read the
+ * whole TiB of zeros (413 s) before the CRC refused it; now the RAM tier's
+ * size refuses it before a byte is read (-EFBIG), and an object whose
+ * listed size is not the manifest's is refused the same way (-EBADMSG). */
+static void put_hostile(struct env *e, const char *bn, uint64_t claim, uint64_t real)
+{
+	struct manifest m = { 0 };
+	struct mf_entry ent = { .path = "w", .type = MF_FILE, .mode = 0644, .size = claim,
+				.crc32c = 0 };
+	uint8_t *enc = NULL;
+	size_t len = 0;
+	unsigned int hl = 0;
+	char hex[65], obj[PATH_MAX], path[PATH_MAX * 3];
+	int fd;
+
+	m.e = &ent;
+	m.n = 1;
+	assert_int_equal(mf_encode(&m, &enc, &len), 0);
+	assert_int_equal(EVP_Digest(enc + 40, len - 40, enc + 8, &hl, EVP_sha256(), NULL), 1);
+	mf_hash_hex(enc + 8, hex);
+	snprintf(obj, sizeof(obj), "%s/%s/%s.manifest", JOB, bn, hex);
+	assert_int_equal(bkt_put_buf(e->b, obj, enc, len), 0);
+	snprintf(obj, sizeof(obj), "%s/%s/%s.data/w", JOB, bn, hex);
+	assert_int_equal(bkt_put_buf(e->b, obj, "x", 1), 0);
+	snprintf(path, sizeof(path), "%s/bucket%d/%s", tmproot, seq, obj);
+	fd = open(path, O_WRONLY);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, (off_t)real), 0);
+	close(fd);
+	snprintf(obj, sizeof(obj), "%s/%s/%s-s1-n0-w0.meta", JOB, bn, JOB);
+	assert_int_equal(bkt_put_buf(e->b, obj, hex, 64), 0);
+	free(enc);
+}
+
+static void test_fetch_checks_sizes_first(void **state)
+{
+	struct env *e = *state;
+	struct manifest *got = NULL;
+	const uint64_t tib = 1ull << 40;
+	char dir[64];
+	struct timespec t0, t1;
+	int out;
+
+	snprintf(dir, sizeof(dir), "big%d-out", seq);
+	assert_int_equal(mkdirat(tmpfd, dir, 0755), 0);
+	out = openat(tmpfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(out >= 0);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	put_hostile(e, "2024-09-09_09-09", tib, tib);
+	assert_int_equal(bk_fetch_shard(e->b, JOB, "2024-09-09_09-09", 0, 0, out, &got, 1ull << 30),
+			 -EFBIG);
+	assert_null(got);
+	assert_contains(bkt_last_error(), "more than this node can hold");
+	/* the manifest says 10 bytes, the object is a TiB: no bound given */
+	put_hostile(e, "2024-09-10_09-09", 10, tib);
+	assert_int_equal(bk_fetch_shard(e->b, JOB, "2024-09-10_09-09", 0, 0, out, &got, 0),
+			 -EBADMSG);
+	assert_contains(bkt_last_error(), "the manifest says 10");
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	/* neither read the TiB (at ~2.6 GB/s that is 400 s) */
+	assert_true(t1.tv_sec - t0.tv_sec < 20);
+	close(out);
 }
 
 int main(void)
@@ -852,6 +919,8 @@ int main(void)
 		BOTH(test_restore_version),
 		BOTH(test_idempotent_reupload),
 		cmocka_unit_test_prestate_setup_teardown(test_fetch_refuses_unsafe_trees, setup,
+							 teardown, &file_env),
+		cmocka_unit_test_prestate_setup_teardown(test_fetch_checks_sizes_first, setup,
 							 teardown, &file_env),
 	};
 	int rc;

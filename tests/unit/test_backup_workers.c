@@ -110,7 +110,7 @@ static void assert_fetched(struct bkt *b, struct tmp *t, uint32_t n, uint32_t w,
 	dfd = openat(t->fd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	assert_true(dfd >= 0);
 	snprintf(fn, sizeof(fn), JOB "-s%u-n%u-w%u.save", STEP, n, w);
-	assert_int_equal(bk_fetch_file(b, JOB, BK, n, w, dfd, fn), 0);
+	assert_int_equal(bk_fetch_file(b, JOB, BK, n, w, dfd, fn, 0), 0);
 	f = openat(dfd, fn, O_RDONLY | O_CLOEXEC);
 	assert_true(f >= 0);
 	assert_int_equal(fstat(f, &st), 0);
@@ -234,10 +234,10 @@ static void test_missing_worker_is_incomplete(void **state)
 	snprintf(dir, sizeof(dir), "get");
 	assert_int_equal(mkdirat(t->fd, dir, 0755), 0);
 	dfd = openat(t->fd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 1, 1, dfd, "x.save"), -ENOENT);
+	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 1, 1, dfd, "x.save", 0), -ENOENT);
 	/* names are file names, nothing else */
-	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 0, 0, dfd, "../x"), -EINVAL);
-	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 0, 0, dfd, "a/x"), -EINVAL);
+	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 0, 0, dfd, "../x", 0), -EINVAL);
+	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 0, 0, dfd, "a/x", 0), -EINVAL);
 	close(dfd);
 	nodes2_close(&x);
 }
@@ -284,8 +284,8 @@ static void test_older_node_layout_still_complete(void **state)
 	bk_backup_clear(&v);
 	assert_int_equal(mkdirat(t->fd, "old", 0755), 0);
 	dfd = openat(t->fd, "old", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 0, 0, dfd, "x.save"), -EMEDIUMTYPE);
-	assert_int_equal(bk_fetch_shard(x.b, JOB, BK, 0, 0, dfd, &got), 0);
+	assert_int_equal(bk_fetch_file(x.b, JOB, BK, 0, 0, dfd, "x.save", 0), -EMEDIUMTYPE);
+	assert_int_equal(bk_fetch_shard(x.b, JOB, BK, 0, 0, dfd, &got, 0), 0);
 	assert_memory_equal(got->hash, x.m[0]->hash, 32);
 	assert_int_equal(got->nfiles, 2);
 	mf_free(got);

@@ -146,6 +146,22 @@ static void test_bytes_register(void **state)
 	assert_bytes(proto_register_encode(&r),
 		     "{\"op\":\"register\",\"addr\":\"127.0.0.1:7000\",\"job\":\"llama\","
 		     "\"nodes\":4,\"dp\":2,\"want_table\":true}");
+	r.has_bi = true;
+	r.bi_min = 0;
+	r.bi_steps = 5;
+	r.want_table = false;
+	assert_bytes(proto_register_encode(&r),
+		     "{\"op\":\"register\",\"addr\":\"127.0.0.1:7000\",\"job\":\"llama\","
+		     "\"nodes\":4,\"dp\":2,\"bi_min\":0,\"bi_steps\":5}");
+	{
+		struct proto_register g;
+		json_t *m = proto_register_encode(&r);
+		assert_int_equal(proto_register_decode(m, &g, NULL, 0), 0);
+		assert_true(g.has_bi);
+		assert_int_equal(g.bi_min, 0);
+		assert_int_equal(g.bi_steps, 5);
+		json_decref(m);
+	}
 	assert_bytes(proto_addrs_reply(true, false, addrs, 3), "{\"ok\":true}");
 	assert_bytes(proto_addrs_reply(true, true, addrs, 3),
 		     "{\"ok\":true,\"addrs\":[\"127.0.0.1:7000\",null,\"[::1]:7002\"]}");
