@@ -192,9 +192,11 @@ class Container(unittest.TestCase):
             os.mkdir(os.path.join(top, d))
         os.chmod(os.path.join(top, "out"), 0o777)
         cfg = os.path.join(top, "config.yaml")
+        port = harness.free_ports(1)[0]
         with open(cfg, "w") as f:
             f.write("apiVersion: checkpointing.gke.io/v1\nkind: CheckpointConfiguration\n"
-                    "metadata: {name: mtc}\nspec:\n  inMemoryVolumeSize: 1Gi\n")
+                    "metadata: {name: mtc}\nspec:\n  inMemoryVolumeSize: 1Gi\n"
+                    "  peerPort: %d\n" % port)
 
         def driver():
             n = self.name("node")
@@ -221,7 +223,9 @@ class Container(unittest.TestCase):
                              "checkpoint", "mount")
             res = call("Node.NodePublishVolume", {
                 "volume_id": "csi-" + pod, "target_path": t,
-                "volume_context": pod_ctx(pod, ns="ml"),
+                # rank 0's pod name does not resolve here (no cluster DNS):
+                # the coordinator attribute names its node, as in test_csi
+                "volume_context": pod_ctx(pod, ns="ml", coordinator="127.0.0.1:%d" % port),
                 "volume_capability": {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}})
             self.assertEqual(res["code"], "OK", res)
             return t
