@@ -462,6 +462,15 @@ int nsrv_start(const char *listen_hostport, int my_rank, const struct net_auth *
 	log_info("net", "listening on %s (port %d) as rank %d; at most %zu connections, %d per "
 		 "address until authenticated", listen_hostport, s->port, my_rank, s->max_conns,
 		 NSRV_MAX_PER_ADDR);
+	if (my_rank == 0) {
+		/* every other node keeps one control connection to rank 0; the
+		 * rest is room for data connections (pushes, fetches) */
+		size_t nodes = s->max_conns > NSRV_DATA_ROOM ? s->max_conns - NSRV_DATA_ROOM + 1 : 1;
+		log_info("net", "as the coordinator this node takes a job of up to %zu nodes%s", nodes,
+			 s->max_conns < NSRV_MAX_CONNS ?
+			 " (bound by RLIMIT_NOFILE: raise LimitNOFILE= or the container's nofile limit for more)" :
+			 " (mtcfs's own bound)");
+	}
 	*out = s;
 	return 0;
 fail:

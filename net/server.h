@@ -30,6 +30,7 @@ struct nsrv;
 #define NSRV_MAX_HANDSHAKES  4096          /* connections not yet authenticated */
 #define NSRV_MAX_PER_ADDR    256           /* per peer IP, until the secret/TLS is proven */
 #define NSRV_MAX_CONNS       32768         /* in total, whatever RLIMIT_NOFILE allows */
+#define NSRV_DATA_ROOM       64            /* of those, kept for data connections at rank 0 */
 
 struct nsrv_ops {
 	/* A JSON frame (NT_REQ, NT_EVENT, and NT_RESP / NT_ERROR answering

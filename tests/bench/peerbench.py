@@ -50,11 +50,11 @@ medians, next to the goal (the row format of tests/bench/run).
      of rank N-1 held nowhere) while rank 0's application writes
      replicator.yaml (nodes: N); time from the last catalog written to the
      last plan entry received (all N-1), then from the last "ready" to the
-     last "go" (the barrier); the daemon's peak RSS (VmHWM). N = 256, 1024,
-     4096 (quick: 256, 1024). Target <= 2 s at 4096.
+     last "go" (the barrier); the daemon's peak RSS (VmHWM). N = 256, 1024, 4096,
+     16384 (quick: 256, 1024). Targets: plan <= 2 s at 4096 and 16384, barrier <= 1 s at 16384.
 
   tests/bench/peerbench.py            quick mode (about 2 minutes on 2 cores)
-  tests/bench/peerbench.py --full     1 GiB shards, N up to 4096, more repetitions
+  tests/bench/peerbench.py --full     1 GiB shards, N up to 16384, more repetitions
   tests/bench/peerbench.py --only redundancy,redundancy-tls,restore,write,coord
   tests/bench/peerbench.py --build-dir DIR | --no-build [--mtcfs X --admin Y]
   tests/bench/peerbench.py --shard-mib 4096 --warmup 0 --reps 1 --only redundancy,restore
@@ -1086,8 +1086,39 @@ def coord_one(bench, n, rounds):
     return res
 
 
+def unit_nofile():
+    """The open-file limit of packaging/systemd/mtcfs-ckpt.service
+    (LimitNOFILE=), given to this process and so to the daemons and the
+    load generator it starts: the coordinator is measured on the limits our
+    own unit sets, not on whatever the shell had. Root may raise its hard
+    limit up to fs.nr_open."""
+    import resource
+    want = 1048576
+    try:
+        with open(os.path.join(REPO, "packaging", "systemd", "mtcfs-ckpt.service")) as f:
+            for ln in f:
+                if ln.startswith("LimitNOFILE="):
+                    want = int(ln.split("=", 1)[1])
+        with open("/proc/sys/fs/nr_open") as f:
+            want = min(want, int(f.read()))
+    except (OSError, ValueError):
+        pass
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+        except (OSError, ValueError) as e:
+            log("cannot raise RLIMIT_NOFILE to the unit's %d: %s (hard %d stays)" % (want, e, hard))
+            return hard
+    elif soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+
 def section_coord(bench, p):
     out = {}
+    nofile = unit_nofile()
+    log("coord: RLIMIT_NOFILE %d (the unit's LimitNOFILE)" % nofile)
     for n in p["coord_nodes"]:
         out[n] = coord_one(bench, n, p["coord_rounds"])
     for n, r in out.items():
@@ -1095,15 +1126,16 @@ def section_coord(bench, p):
         bench.value_row("peer.coord.%d.plan" % n,
                         "coordinator, N=%d: last catalog sent → last plan entry received "
                         "(all %d)" % (n, n - 1), "s", r["plan"], config=cfg, goal_max=2.0,
-                        goal_text="≤ 2 s (target at 4096)",
+                        goal_text="≤ 2 s (target at 4096 and 16384)",
                         note="first catalog → last plan: median %.3f s%s" % (
                             statistics.median(r["plan_total"]),
                             "; lkg_plan %.2f ms" % statistics.median(r["plan_ms"])
                             if r["plan_ms"] else ""))
         bench.value_row("peer.coord.%d.barrier" % n,
                         "coordinator, N=%d: last ready sent → last go received" % n, "s",
-                        r["barrier"], config=cfg, goal_max=2.0,
-                        goal_text="≤ 2 s (target at 4096)",
+                        r["barrier"], config=cfg, goal_max=1.0 if n >= 16384 else 2.0,
+                        goal_text="≤ 1 s (target at 16384)" if n >= 16384
+                        else "≤ 2 s (target at 4096)",
                         note="first ready → last go: median %.3f s"
                              % statistics.median(r["barrier_total"]))
         bench.value_row("peer.coord.%d.rss" % n,
@@ -1197,7 +1229,7 @@ def params(bench):
     quick = bench.quick
     p = {"reps": 5 if quick else 7,
          "nfiles": 4, "fsize": (64 if quick else 256) * MiB,
-         "coord_nodes": [256, 1024] if quick else [256, 1024, 4096],
+         "coord_nodes": [256, 1024] if quick else [256, 1024, 4096, 16384],
          "coord_rounds": 3 if quick else 5, "warmup": 1}
     if bench.args.reps:
         p["reps"] = p["coord_rounds"] = bench.args.reps
@@ -1237,7 +1269,7 @@ def main():
     m.add_argument("--quick", action="store_true",
                    help="quick mode (default): 256 MiB shards, N up to 1024, 5 repetitions")
     m.add_argument("--full", action="store_true",
-                   help="full mode: 1 GiB shards, N up to 4096, 7 repetitions")
+                   help="full mode: 1 GiB shards, N up to 16384, 7 repetitions")
     ap.add_argument("--only", help="comma-separated subset of %s" % ",".join(PARTS))
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build-bench"),
                     help="build dir (configured as Release if new; default: %(default)s)")
