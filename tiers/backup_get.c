@@ -381,7 +381,7 @@ int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t 
 					      bkt_url(b), x[nx].name, x[nx].size, e->size);
 				log_err(MOD, "%s", bkt_last_error());
 				rc = -EBADMSG;
-			} else if (fchmodat(dirfd, e->path, mf_restore_mode(e->mode), 0) < 0) {
+			} else if (fchmodat(dirfd, e->path, mf_restore_mode(e), 0) < 0) {
 				rc = -errno;
 			}
 			nx++;
@@ -393,13 +393,13 @@ int bk_fetch_shard(struct bkt *b, const char *job, const char *backup, uint32_t 
 			/* no data object: the manifest's mode is all of it */
 			unlinkat(dirfd, e->path, 0);
 			if (mkfifoat(dirfd, e->path, 0600) < 0 ||
-			    fchmodat(dirfd, e->path, mf_restore_mode(e->mode), 0) < 0)
+			    fchmodat(dirfd, e->path, mf_restore_mode(e), 0) < 0)
 				rc = -errno;
 		}
 	}
 	/* directory modes last: a read-only directory must not block its files */
 	for (size_t i = mf->n; rc == 0 && i-- > 0;)
-		if (mf->e[i].type == MF_DIR && fchmodat(dirfd, mf->e[i].path, mf_restore_mode(mf->e[i].mode), 0) < 0)
+		if (mf->e[i].type == MF_DIR && fchmodat(dirfd, mf->e[i].path, mf_restore_mode(&mf->e[i]), 0) < 0)
 			rc = -errno;
 	if (rc < 0)
 		goto out;

@@ -175,7 +175,7 @@ int ec_shard_finish(const struct ec_shard *s, char *err, size_t errlen)
 		const struct mf_entry *e = &s->mf->e[i];
 		if (e->type == MF_SYMLINK)
 			continue;
-		if (fchmodat(s->dirfd, e->path, mf_restore_mode(e->mode), 0) < 0)
+		if (fchmodat(s->dirfd, e->path, mf_restore_mode(e), 0) < 0)
 			return -errno;
 	}
 	return mf_verify(s->dirfd, s->mf, err, errlen);

@@ -35,14 +35,15 @@ struct mf_entry {
 	uint32_t crc32c;     /* files only */
 };
 
-/* The mode a restore gives an entry of mode `mode` (a manifest's):
- * permission bits only. A restored shard's modes come from a peer, a
- * bucket or erasure-code fragments (each restore path applies this one
- * rule): none of them may make a set-user-ID, set-group-ID or sticky
- * file or directory on this node, as the daemon's files are root's. */
-static inline uint32_t mf_restore_mode(uint32_t mode)
+/* The mode a restore gives entry e (a manifest's): its permission bits,
+ * and the sticky bit on a directory (it only narrows who may delete in it);
+ * never set-user-ID or set-group-ID. A restored shard's modes come from a
+ * peer, a bucket or erasure-code fragments (each restore path applies this
+ * one rule): none of them may make a set-id file or directory on this node,
+ * as the daemon's files are root's until their owners are applied. */
+static inline uint32_t mf_restore_mode(const struct mf_entry *e)
 {
-	return mode & 0777;
+	return e->mode & (e->type == MF_DIR ? 01777u : 0777u);
 }
 
 struct manifest {

@@ -66,7 +66,7 @@ int xfer_recv_files(struct ram_tier *ram, struct nconn *c, struct ram_stage *st,
 		const struct mf_entry *en = &mf->e[i];
 		if (en->type == MF_DIR) {
 			/* modes come from the network: no setuid/setgid/sticky bits */
-			if (mkdirat(st->fd, en->path, mf_restore_mode(en->mode) | 0700) < 0 && errno != EEXIST) {
+			if (mkdirat(st->fd, en->path, mf_restore_mode(en) | 0700) < 0 && errno != EEXIST) {
 				snprintf(why, whylen, "mkdir %s: %s", en->path, strerror(errno));
 				return -errno;
 			}
@@ -79,7 +79,7 @@ int xfer_recv_files(struct ram_tier *ram, struct nconn *c, struct ram_stage *st,
 			}
 		} else if (en->type == MF_FIFO) {
 			if (mkfifoat(st->fd, en->path, 0600) < 0 ||
-			    fchmodat(st->fd, en->path, mf_restore_mode(en->mode), 0) < 0) {
+			    fchmodat(st->fd, en->path, mf_restore_mode(en), 0) < 0) {
 				snprintf(why, whylen, "mkfifo %s: %s", en->path, strerror(errno));
 				return -errno;
 			}
@@ -124,7 +124,7 @@ int xfer_recv_files(struct ram_tier *ram, struct nconn *c, struct ram_stage *st,
 			return -ENOSPC;
 		}
 		fd = openat(st->fd, en->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-			    mf_restore_mode(en->mode) | 0400);
+			    mf_restore_mode(en) | 0400);
 		if (fd < 0) {
 			rc = -errno;
 			ram_adjust(ram, -(int64_t)resv);

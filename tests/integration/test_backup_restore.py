@@ -772,10 +772,11 @@ class FileBackupTest(BackupBase):
 
     # -- 9 --
 
-    def test_2d_setuid_setgid_sticky_not_restored(self):
+    def test_2d_setuid_setgid_not_restored(self):
         """A backup of 04755/02755 files and a 01777 directory, every node
-        wiped, restored from the bucket: permission bits only (0755, 0755,
-        0777), as a peer or erasure-code restore gives them (issue 22)."""
+        wiped, restored from the bucket: no set-id bit (0755, 0755; the
+        directory keeps its sticky bit, 01777, which only narrows who may
+        delete in it), as a peer or erasure-code restore gives them."""
         job = "bk2d"
         step = 10
         c = self.cluster()
@@ -801,7 +802,7 @@ class FileBackupTest(BackupBase):
             d = os.path.join(mnt, str(step))
             got = {rel: os.stat(os.path.join(d, rel)).st_mode & 0o7777
                    for rel in ("bin/suid", "bin/sgid", "shared")}
-            self.assertEqual(got, {"bin/suid": 0o755, "bin/sgid": 0o755, "shared": 0o777},
+            self.assertEqual(got, {"bin/suid": 0o755, "bin/sgid": 0o755, "shared": 0o1777},
                              "node %d" % r)
             self.assertIn("restored job=%s step=%d from backup" % (job, step),
                           c.nodes[r].log_text())

@@ -31,7 +31,7 @@ killed -9 with their RAMDIR wiped, then a job restart.
 - an unmount while the replication worker waits between retries (manifest
   sends to dead nodes; a push to a dead peer) takes well under 5 s;
 - a shard rebuilt from fragments gets permission bits only: 04755, 02755
-  files and a 01777 directory come back 0755, 0755, 0777;
+  files and a 01777 directory come back 0755, 0755, 01777 (sticky only narrows deletes);
 - RAM held per node for one protected step (du of RAMDIR's shards/ and
   frags/) against (1 + M/K) x S.
 
@@ -364,10 +364,10 @@ class EcCase(unittest.TestCase):
 
     # -- modes of a rebuilt shard (issue 22) -----------------------------------
 
-    def test_rebuild_drops_setuid_setgid_sticky(self):
-        # a shard rebuilt from fragments gets permission bits only, as
-        # restores from a peer or the bucket do: the daemon's files are
-        # root's, and a trainer's 04755 binary must not come back 04755
+    def test_rebuild_drops_setuid_setgid(self):
+        # a shard rebuilt from fragments gets no set-id bit, as restores
+        # from a peer or the bucket do: a trainer's 04755 binary must not
+        # come back 04755 (a directory keeps its sticky bit)
         c = self.make(3, "rs:2+1")
         job = "ecmode"
         self.assertEqual(c.job_start(job), {r: 0 for r in range(3)})
@@ -393,7 +393,7 @@ class EcCase(unittest.TestCase):
         d = os.path.join(c.nodes[1].mnt, "4")
         got = {rel: os.stat(os.path.join(d, rel)).st_mode & 0o7777
                for rel in ("bin/suid", "bin/sgid", "shared")}
-        self.assertEqual(got, {"bin/suid": 0o755, "bin/sgid": 0o755, "shared": 0o777})
+        self.assertEqual(got, {"bin/suid": 0o755, "bin/sgid": 0o755, "shared": 0o1777})
         with open(os.path.join(d, "shared", "f"), "rb") as f:
             self.assertEqual(f.read(), b"in a sticky dir\n")
 
