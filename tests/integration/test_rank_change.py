@@ -218,5 +218,29 @@ class PeerTable(unittest.TestCase):
         c.nodes[0].wait_log(r"replicated job=%s step=2 to rank 1 " % job, 5)
 
 
+class RestartWithoutYaml(unittest.TestCase):
+    """mtcfs restarted under a running job (a DaemonSet update), no new
+    replicator.yaml: the node takes the last one's job and rank again
+    (issue 22, low). Before, it stayed out of its job: its new steps were
+    neither reported nor replicated, and the coordinator postponed backups
+    ("node 1 is not connected") until the next job restart."""
+
+    def test_restarted_node_replicates_its_next_step(self):
+        job = "rs"
+        c = RankCluster(3)
+        self.addCleanup(c.close)
+        c.start()
+        self.assertEqual(c.job_start(job), {0: 0, 1: 0, 2: 0})
+        c.save_as_ranks(job, 1)
+        c.wait_replicated(job, 1, timeout=TIMEOUT)
+        c.nodes[1].restart()
+        c.save_as_ranks(job, 2)
+        c.wait_replicated(job, 2, timeout=30)
+        c.nodes[0].wait_log(r"job %s: step 2 is committed and replicated on all 3 nodes" % job,
+                            TIMEOUT)
+        self.assertRegex(c.nodes[1].log_text(),
+                         r"INFO ctl: resuming job=%s rank=1 from the last replicator.yaml" % job)
+
+
 if __name__ == "__main__":
     harness.main()
