@@ -2050,7 +2050,9 @@ def shape_of(c):
 
 
 
-# .. ranks permuted (issue 22): 4 nodes that learn their rank from each
+# .. ranks permuted (issue 22), under replication and rs:2+2 (one group of
+# the 4 nodes: step 30 protected, the lost shard rebuilt from the code):
+# 4 nodes that learn their rank from each
 # replicator.yaml (coordinator=, no peers= table), as JobSet reschedules
 # hand ranks out; steps 10 and 20 saved; the job restarts with the ranks
 # rotated (or the slices swapped: 0<->1, 2<->3) and saves step 30, which
@@ -2063,9 +2065,10 @@ def shape_of(c):
 # permutation (the ledger, yaml(), verify() stay by rank); Net's cut/slow
 # follow the original index, so these cells cut no link.
 
-PHASES.append("ranks permuted")
+PHASES.extend(["ranks permuted", "ranks permuted (rs)"])
 FAULT_COLUMNS.extend(["rotated+kill9-wipe", "swapped+kill9-wipe"])
 SHAPES["ranks permuted/*"] = dict(n=4, k=1)
+SHAPES["ranks permuted (rs)/*"] = dict(n=4, k=1, redundancy="rs:2+2")
 
 
 def registered(c):
@@ -2094,6 +2097,9 @@ def permute_ranks(c, new_rank):
 
 
 def ranks_permuted_cell(c, fault):
+    """Replication: step 30 on each rank's new peer, and restored after
+    the loss from that peer. rs (c.rs): step 30 protected on every node,
+    the lost node's shard rebuilt from the code."""
     perm = [1, 2, 3, 0] if fault.startswith("rotated") else [1, 0, 3, 2]
     registered(c)
     c.start()
@@ -2106,6 +2112,8 @@ def ranks_permuted_cell(c, fault):
     c.confirm(30, backup=False)
     c.wait_backup(30, node=perm[0])   # the coordinator's machine logs it
     for o in range(c.n):
+        if c.rs:
+            break
         held = {h for h in range(c.n)
                 if c.cl().holds(h, c.job).get((o, 30)) in harness.COMMITTED_STATES}
         if held != {o, o ^ 1}:
@@ -2115,12 +2123,17 @@ def ranks_permuted_cell(c, fault):
     victim = next(r for r in (2, 3) if r != perm[0])
     c.kill(victim, wipe=True)
     c.restart(victim)
+    pos = {r: c.nodes[r].log_size() for r in range(c.n)}
     got = c.job_restart(allow_failed=False, label="restart after node %d was lost" % victim)
     if set(got.values()) != {30}:
         raise CellFail("restored %s after node %d was lost, expected step 30" % (got, victim))
+    if c.rs:
+        rs_logged_rebuilt(c, [victim], 30, pos)
 
 
 fault_cells("ranks permuted", ranks_permuted_cell, {
+    "rotated+kill9-wipe": {}, "swapped+kill9-wipe": {}})
+fault_cells("ranks permuted (rs)", ranks_permuted_cell, {
     "rotated+kill9-wipe": {}, "swapped+kill9-wipe": {}})
 
 # --- the driver ----------------------------------------------------------------------
