@@ -528,19 +528,47 @@ static void on_register(void *arg, const struct proto_in *in)
 	}
 	if ((uint32_t)rank >= c->naddrs) {
 		char **na = realloc(c->addrs, ((size_t)rank + 1) * sizeof(*na));
-		if (!na) {
+		uint64_t *nc;
+		if (na)
+			c->addrs = na;
+		nc = na ? realloc(c->ctl, ((size_t)rank + 1) * sizeof(*nc)) : NULL;
+		if (!nc) {
 			coord_reply_err(c, in->conn, in->req_id, ENOMEM, "out of memory");
 			return;
 		}
-		for (uint32_t i = c->naddrs; i <= (uint32_t)rank; i++)
+		c->ctl = nc;
+		for (uint32_t i = c->naddrs; i <= (uint32_t)rank; i++) {
 			na[i] = NULL;
-		c->addrs = na;
+			nc[i] = 0;
+		}
 		c->naddrs = (uint32_t)rank + 1;
 	}
-	if (c->addrs[rank] && strcmp(c->addrs[rank], m.addr))
-		log_info("coord", "rank %d moved from %s to %s", rank, c->addrs[rank], m.addr);
-	free(c->addrs[rank]);
-	c->addrs[rank] = strdup(m.addr);
+	if (!c->addrs[rank] || strcmp(c->addrs[rank], m.addr)) {
+		char *a = strdup(m.addr);
+		if (!a) {
+			coord_reply_err(c, in->conn, in->req_id, ENOMEM, "out of memory");
+			return;
+		}
+		if (c->addrs[rank])
+			log_info("coord", "rank %d moved from %s to %s", rank, c->addrs[rank], m.addr);
+		free(c->addrs[rank]);
+		c->addrs[rank] = a;
+		c->gen++;
+	}
+	/* One address is one rank's: a node that took another rank (a new
+	 * replicator.yaml, a JobSet reschedule) no longer serves the one it
+	 * had, and a push meant for that rank must not reach it. The rank is
+	 * unknown until its new node registers. */
+	for (uint32_t r = 0; r < c->naddrs; r++) {
+		if (r == (uint32_t)rank || !c->addrs[r] || strcmp(c->addrs[r], m.addr))
+			continue;
+		log_info("coord", "rank %d registered %s, rank %u's address until now: rank %u has no address until its node registers",
+			 rank, m.addr, r, r);
+		free(c->addrs[r]);
+		c->addrs[r] = NULL;
+		c->gen++;
+	}
+	c->ctl[rank] = in->conn;
 	/* remember the connection for events of a job it names */
 	if (m.job && m.nodes > (uint32_t)rank) {
 		struct cjob *j = coord_job_get(c, m.job, m.nodes, m.dp);
@@ -555,13 +583,28 @@ static void on_register(void *arg, const struct proto_in *in)
 	/* the table only on request: at 4096 nodes answering every register
 	 * with it costs O(n^2) */
 	coord_send(c, in->conn, NT_RESP, in->req_id,
-		 proto_addrs_reply(true, m.want_table, c->addrs, c->naddrs));
+		 proto_addrs_reply(true, m.want_table, c->addrs, c->naddrs, c->gen));
+}
+
+/* The table changed since the nodes were last told: every registered node
+ * hears its new generation (peers) and fetches the table before its next
+ * push. Called from the tick, so a burst of registrations (a job's start)
+ * costs one event per node per tick, not one per registration. c->mu held. */
+static void announce_table(struct coord *c)
+{
+	if (c->gen == c->gen_sent)
+		return;
+	c->gen_sent = c->gen;
+	for (uint32_t r = 0; r < c->naddrs; r++)
+		if (c->ctl[r])
+			coord_send(c, c->ctl[r], NT_EVENT, 0, proto_peers_encode(c->gen));
 }
 
 static void on_table(void *arg, const struct proto_in *in)
 {
 	struct coord *c = arg;
-	coord_send(c, in->conn, NT_RESP, in->req_id, proto_addrs_reply(false, true, c->addrs, c->naddrs));
+	coord_send(c, in->conn, NT_RESP, in->req_id,
+		   proto_addrs_reply(false, true, c->addrs, c->naddrs, c->gen));
 }
 
 /* {job} -> what the coordinator knows of a job, for mtcfs-admin. */
@@ -645,6 +688,10 @@ void coord_on_msg(struct coord *c, uint64_t conn, int rank, uint8_t type, uint32
 void coord_on_close(struct coord *c, uint64_t conn, int rank)
 {
 	pthread_mutex_lock(&c->mu);
+	/* its address stays: the node may be back on a new connection */
+	for (uint32_t r = 0; r < c->naddrs; r++)
+		if (c->ctl[r] == conn)
+			c->ctl[r] = 0;
 	for (struct cjob *j = c->jobs; j; j = j->next) {
 		for (uint32_t r = 0; r < j->nodes; r++) {
 			struct cnode *n = &j->n[r];
@@ -678,6 +725,7 @@ static void *tick_main(void *arg)
 		}
 		pthread_cond_timedwait(&c->cv, &c->mu, &ts);
 		uint64_t now = util_now_ns();
+		announce_table(c);
 		for (struct cjob *j = c->jobs; j; j = j->next) {
 			if (j->state == R_COLLECT && now - j->round_start > c->timeout_ns) {
 				uint32_t missing = 0;
@@ -761,6 +809,7 @@ void coord_stop(struct coord *c)
 	for (uint32_t i = 0; i < c->naddrs; i++)
 		free(c->addrs[i]);
 	free(c->addrs);
+	free(c->ctl);
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->cv);
 	free(c);

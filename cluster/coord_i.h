@@ -97,8 +97,13 @@ struct coord {
 	struct nsrv *srv;
 	pthread_mutex_t mu;       /* protects everything below */
 	struct cjob *jobs;
-	char **addrs;             /* rank -> address, from register */
-	uint32_t naddrs;
+	char **addrs;             /* rank -> address, from register; one address
+				   * is one rank's (a rank that registers an
+				   * address clears it from any other) */
+	uint64_t *ctl;            /* rank -> its registered control connection, 0 none */
+	uint32_t naddrs;          /* of addrs and ctl */
+	uint64_t gen;             /* the table's generation: bumps on every change */
+	uint64_t gen_sent;        /* the last one the nodes were told of (peers) */
 	uint64_t timeout_ns;
 	pthread_t tick;
 	bool stop;

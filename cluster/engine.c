@@ -100,6 +100,7 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	int peers[MAX_PEERS], n;
 
 	int old_rank;
+	bool renamed;
 
 	pthread_mutex_lock(&e->mu);
 	if (e->rank >= 0 && c->node_rank != e->rank && e->rank_fixed) {
@@ -141,9 +142,14 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	 * takes mu */
 	eng_ec_set_job(e, c->has_redundancy, &c->redundancy);
 	log_info("engine", "job=%s rank=%d nodes=%d peers=%d", c->job, c->node_rank, c->nodes, n);
-	if (old_rank >= 0 && old_rank != c->node_rank)
+	renamed = old_rank >= 0 && old_rank != c->node_rank;
+	if (renamed) {
+		/* the other nodes' ranks are likely to move too (a job's
+		 * restart): replication looks them up again */
+		eng_table_stale(e);
 		eng_ctl_new_identity(e, old_rank, c->node_rank);
-	if (eng_register(e, false) < 0)
+	}
+	if (eng_register(e, renamed) < 0)
 		log_warn("engine", "cannot register with the coordinator at %s yet", e->coord_addr);
 	return 0;
 }

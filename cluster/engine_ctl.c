@@ -94,10 +94,30 @@ static void on_ev_lkg(void *arg, const struct proto_in *in)
 		e->cb.on_lkg(e->cb.arg, m.job, m.step);
 }
 
+/* The coordinator's table is at a new generation: fetch it before the
+ * next push (not now: the reader thread must not wait on its own
+ * connection's reply). */
+static void on_ev_peers(void *arg, const struct proto_in *in)
+{
+	struct eng *e = arg;
+	uint64_t gen;
+
+	if (proto_peers_decode(in->msg, &gen, NULL, 0) < 0)
+		return;
+	pthread_mutex_lock(&e->mu);
+	if (gen != e->table_gen) {
+		e->table_stale = true;
+		log_dbg("engine", "the coordinator's peer table is at generation %llu (ours %llu)",
+			(unsigned long long)gen, (unsigned long long)e->table_gen);
+	}
+	pthread_mutex_unlock(&e->mu);
+}
+
 static const struct proto_route ctl_routes[] = {
 	{ PROTO_BACKUP, PROTO_T(NT_EVENT), on_ev_backup },
 	{ PROTO_REPORT, PROTO_T(NT_EVENT), on_ev_report },
 	{ PROTO_LKG,    PROTO_T(NT_EVENT), on_ev_lkg },
+	{ PROTO_PEERS,  PROTO_T(NT_EVENT), on_ev_peers },
 };
 
 static void handle_event(struct eng *e, json_t *m)
@@ -341,6 +361,40 @@ int eng_ctl_event(struct eng *e, json_t *ev)
 	return rc;
 }
 
+/* A new table from the coordinator replaces ours (e->mu held): every rank
+ * whose address changed is logged, as replication now goes there. */
+static void table_replace(struct eng *e, json_t *addrs, uint64_t gen)
+{
+	uint32_t n = (uint32_t)json_array_size(addrs), changed = 0;
+	char **nt = calloc((size_t)n + 1, sizeof(char *));
+	size_t i;
+	json_t *a;
+
+	if (!nt)
+		return;   /* the old one stays, still stale */
+	json_array_foreach(addrs, i, a)
+		nt[i] = json_is_string(a) ? strdup(json_string_value(a)) : NULL;
+	for (uint32_t r = 0; r < n || r < e->ntable; r++) {
+		const char *was = r < e->ntable ? e->table[r] : NULL;
+		const char *now = r < n ? nt[r] : NULL;
+		if (!was || (now && !strcmp(was, now)))
+			continue;   /* the first sight of a rank is no change */
+		if (++changed <= 8)
+			log_info("engine", "peer table changed: rank %u now at %s (was %s); replication follows",
+				 r, now ? now : "(none: its node has not registered)", was);
+	}
+	if (changed > 8)
+		log_info("engine", "peer table changed: %u more ranks moved; replication follows",
+			 changed - 8);
+	for (uint32_t x = 0; x < e->ntable; x++)
+		free(e->table[x]);
+	free(e->table);
+	e->table = nt;
+	e->ntable = n;
+	e->table_gen = gen;
+	e->table_stale = false;
+}
+
 int eng_register(struct eng *e, bool want_table)
 {
 	json_t *req = register_msg(e), *resp = NULL;
@@ -352,27 +406,28 @@ int eng_register(struct eng *e, bool want_table)
 	rc = eng_ctl_call(e, req, &resp, CTL_TIMEOUT_MS);
 	addrs = json_object_get(resp, "addrs");
 	json_decref(req);
-	if (rc == 0 && json_is_array(addrs)) {
-		size_t i;
-		json_t *a;
+	if (rc == 0) {
+		uint64_t gen = proto_addrs_gen(resp);
 		pthread_mutex_lock(&e->mu);
-		for (uint32_t x = 0; x < e->ntable; x++)
-			free(e->table[x]);
-		free(e->table);
-		e->ntable = 0;
-		e->table = calloc(json_array_size(addrs) + 1, sizeof(char *));
-		if (e->table) {
-			json_array_foreach(addrs, i, a)
-				e->table[i] = json_is_string(a) ? strdup(json_string_value(a)) : NULL;
-			e->ntable = (uint32_t)json_array_size(addrs);
-		}
+		if (json_is_array(addrs))
+			table_replace(e, addrs, gen);
+		else if (gen != e->table_gen)
+			e->table_stale = true;   /* changed since ours: fetch before the next push */
 		pthread_mutex_unlock(&e->mu);
 	}
 	json_decref(resp);
 	return rc;
 }
 
-/* Address of a rank: the static table, else the coordinator's. */
+void eng_table_stale(struct eng *e)
+{
+	pthread_mutex_lock(&e->mu);
+	e->table_stale = true;
+	pthread_mutex_unlock(&e->mu);
+}
+
+/* Address of a rank: the static table, else the coordinator's, fetched
+ * again when it is stale or does not know the rank. */
 int eng_addr_of(struct eng *e, uint32_t rank, char *out, size_t len)
 {
 	int rc = -ENOENT;
@@ -381,14 +436,42 @@ int eng_addr_of(struct eng *e, uint32_t rank, char *out, size_t len)
 		return 0;
 	}
 	for (int attempt = 0; attempt < 2 && rc < 0; attempt++) {
+		bool stale;
 		pthread_mutex_lock(&e->mu);
-		if (rank < e->ntable && e->table[rank]) {
+		stale = e->table_stale && attempt == 0;
+		if (!stale && rank < e->ntable && e->table[rank]) {
 			snprintf(out, len, "%s", e->table[rank]);
 			rc = 0;
 		}
 		pthread_mutex_unlock(&e->mu);
-		if (rc < 0 && attempt == 0)
-			eng_register(e, true);
+		if (rc < 0 && attempt == 0 && eng_register(e, true) < 0 && stale) {
+			/* the coordinator is out of reach: the table we have is
+			 * the best guess, and the receiver checks its rank */
+			pthread_mutex_lock(&e->mu);
+			if (rank < e->ntable && e->table[rank]) {
+				snprintf(out, len, "%s", e->table[rank]);
+				rc = 0;
+			}
+			pthread_mutex_unlock(&e->mu);
+		}
+	}
+	return rc;
+}
+
+int eng_peer_addr(struct eng *e, uint32_t rank, char *out, size_t len)
+{
+	int rc = eng_addr_of(e, rank, out, len);
+
+	if (rc < 0 || strcmp(out, e->listen))
+		return rc;
+	/* our own address under another rank: a table from before a rank
+	 * change, ours or a peer's */
+	eng_table_stale(e);
+	rc = eng_addr_of(e, rank, out, len);
+	if (rc == 0 && !strcmp(out, e->listen)) {
+		log_warn("engine", "the coordinator's table names this node's address %s for rank %u; not pushing to it",
+			 out, rank);
+		rc = -ESTALE;
 	}
 	return rc;
 }

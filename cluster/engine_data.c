@@ -1,6 +1,7 @@
 /* engine_data.c — the data server (see engine_int.h).
  * Data connection requests (first NT_REQ on a "data" connection):
- *   push  {key:{job,step,owner,worker}, manifest:b64}
+ *   push  {key:{job,step,owner,worker}, manifest:b64, [to]}
+ *         -> ESTALE when "to" is not this node's rank (eng_check_target)
  *         -> {have:true} (already held, or same content held: linked)
  *         -> {send:true}, then one NT_FILE per file of the manifest, then
  *            {ok:true} once every CRC32C matched and the replica is published
@@ -44,6 +45,37 @@ static void send_error(struct nconn *c, uint32_t id, int err, const char *what)
 	json_t *m = net_error_msg(err, what);
 	nconn_send(c, NT_ERROR, id, m);
 	json_decref(m);
+}
+
+/* A push or an erasure-code write names the rank it is for ("to"): 0 when
+ * that is this node's rank or the sender did not say (a node before "to"),
+ * else -ESTALE, answered and logged. The sender's table is older than a
+ * rank change or a move; what it sends would land on the wrong node and be
+ * counted as held by the rank it meant. */
+int eng_check_target(struct eng *e, struct nconn *c, uint32_t id, json_t *req, int peer,
+		     const char *what)
+{
+	uint64_t to;
+	int me, rc = net_json_u64(req, "to", RCFG_NODES_MAX - 1, &to);
+	char text[160];
+
+	if (rc == -ENOENT)
+		return 0;
+	if (rc < 0) {
+		send_error(c, id, EINVAL, "bad to");
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&e->mu);
+	me = e->rank;
+	pthread_mutex_unlock(&e->mu);
+	if (me >= 0 && to == (uint64_t)me)
+		return 0;
+	log_warn("engine", "%s from rank %d refused: it is for rank %llu and this node is rank %d (the sender's peer table is stale)",
+		 what, peer, (unsigned long long)to, me);
+	snprintf(text, sizeof(text), "this node is rank %d, not rank %llu", me,
+		 (unsigned long long)to);
+	send_error(c, id, ESTALE, text);
+	return -ESTALE;
 }
 
 /* ---------- serving data connections ---------- */
@@ -113,6 +145,8 @@ static void serve_push(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 		send_error(c, id, EINVAL, why);
 		goto out;
 	}
+	if (eng_check_target(e, c, id, req, peer, "a push") < 0)
+		goto out;
 	pthread_mutex_lock(&e->mu);
 	bool mine = e->rank >= 0 && k.rank == (uint32_t)e->rank;
 	pthread_mutex_unlock(&e->mu);

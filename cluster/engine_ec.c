@@ -318,7 +318,7 @@ static int send_meta(struct eng *e, uint32_t to, const char *job, uint64_t step,
 	struct nconn *c = NULL;
 	char *b64 = xfer_b64_encode(rec->mf, rec->mflen);
 	struct proto_ec pm = { .job = job, .step = step, .owner = (uint32_t)owner,
-			       .manifest = b64 ? b64 : "" };
+			       .manifest = b64 ? b64 : "", .has_to = true, .to = to };
 	json_t *req = proto_ec_encode(PROTO_EC_META, &pm), *resp = NULL;
 	int rc;
 
@@ -326,6 +326,8 @@ static int send_meta(struct eng *e, uint32_t to, const char *job, uint64_t step,
 	rc = ecx_connect(e, to, &c);
 	if (rc == 0)
 		rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
+	if (rc < 0)
+		eng_table_stale(e);   /* the retry looks the rank up again */
 	json_decref(req);
 	json_decref(resp);
 	nconn_close(c);
@@ -337,7 +339,7 @@ static int send_data(struct eng *e, uint32_t to, const char *job, uint64_t step,
 {
 	struct nconn *c = NULL;
 	struct proto_ec pm = { .job = job, .step = step, .group = (uint32_t)gi, .cw = (uint32_t)cw,
-			       .slot = (uint32_t)slot };
+			       .slot = (uint32_t)slot, .has_to = true, .to = to };
 	json_t *req = proto_ec_encode(PROTO_EC_DATA, &pm);
 	int rc;
 
@@ -349,6 +351,8 @@ static int send_data(struct eng *e, uint32_t to, const char *job, uint64_t step,
 		rc = nconn_send_file(c, "fragment", fd, size, 0);
 	if (rc == 0)
 		rc = call_ok(c);
+	if (rc < 0)
+		eng_table_stale(e);   /* the retry looks the rank up again */
 	json_decref(req);
 	nconn_close(c);
 	return rc;
@@ -1149,6 +1153,9 @@ void eng_ec_serve(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t 
 {
 	if (!eng_ec_get(e, NULL))
 		send_error(c, id, ENOSYS, "this node does not run redundancy rs:K+M");
+	else if ((op == PROTO_EC_META || op == PROTO_EC_DATA) &&
+		 eng_check_target(e, c, id, req, peer, proto_op_name(op)) < 0)
+		return;   /* a write for another rank: answered */
 	else if (op == PROTO_EC_META)
 		serve_meta(e, c, peer, id, req);
 	else if (op == PROTO_EC_DATA)

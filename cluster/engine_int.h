@@ -91,6 +91,10 @@ struct eng {
 	bool retry_stop;
 	bool retry_running;           /* retry_thr is running */
 	pthread_t retry_thr;
+	uint64_t table_gen;           /* its generation (0: an older coordinator's) */
+	bool table_stale;             /* fetch it again before the next push: the
+				       * coordinator's is newer, this node's rank
+				       * changed, or a push was refused */
 
 	/* control connection to the coordinator */
 	pthread_mutex_t ctl_mu;       /* protects ctl state; taken before mu */
@@ -136,12 +140,23 @@ bool eng_quitting(struct eng *e);
 
 /* engine_data.c */
 extern const struct nsrv_ops eng_srv_ops;
+/* req's "to" against this node's rank: 0, or the request is answered
+ * (ESTALE: another rank's; EINVAL: malformed) and -errno returned. what
+ * names the request in the log ("a push"). */
+int eng_check_target(struct eng *e, struct nconn *c, uint32_t id, json_t *req, int peer,
+		     const char *what);
 
 /* engine_ctl.c */
 int eng_ctl_call(struct eng *e, json_t *req, json_t **resp, int timeout_ms);
 int eng_ctl_event(struct eng *e, json_t *ev);
 int eng_register(struct eng *e, bool want_table);
 int eng_addr_of(struct eng *e, uint32_t rank, char *out, size_t len);
+/* The address to push to rank at: eng_addr_of(), fetching the table again
+ * when it names this node's own address (a table older than a rank
+ * change); -ESTALE when it still does. */
+int eng_peer_addr(struct eng *e, uint32_t rank, char *out, size_t len);
+/* The table is to be fetched again before the next lookup. */
+void eng_table_stale(struct eng *e);
 void eng_ctl_new_identity(struct eng *e, int old_rank, int new_rank);
 
 /* engine_repl.c: the job restored `step` from the cluster (DESIGN §5):

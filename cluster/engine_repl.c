@@ -183,16 +183,17 @@ static void retry_supersede(struct eng *e, const struct shard_key *k)
 	}
 }
 
-/* Replicate shard k (its catalog record rec, manifest mf) to rank peer
- * through the peer tier: 0 sent, 1 the peer had the content, or -errno. */
-static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
-		   const struct shard_rec *rec, const struct manifest *mf)
+/* One push of shard k to rank peer through the peer tier: 0 sent, 1 the
+ * peer had the content, or -errno (-ESTALE: the node at the address our
+ * table gives is not rank peer, or it is this node's own). The push names
+ * peer, so a replica never lands on a node that is not that rank. */
+static int push_once(struct eng *e, uint32_t peer, const struct shard_key *k,
+		     const struct shard_rec *rec, const struct manifest *mf, char *addr, size_t alen)
 {
 	struct tier t = { 0 };
-	char addr[256];
 	int rank, rc;
 
-	rc = eng_addr_of(e, peer, addr, sizeof(addr));
+	rc = eng_peer_addr(e, peer, addr, alen);
 	if (rc < 0)
 		return rc;
 	pthread_mutex_lock(&e->mu);
@@ -203,6 +204,29 @@ static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
 		return rc;
 	rc = tier_put(&t, e->ram, k, rec->mf, rec->mflen, mf);
 	tier_close(&t);
+	return rc;
+}
+
+/* Replicate shard k (its catalog record rec, manifest mf) to rank peer:
+ * push_once, and once more at once with the table fetched again when the
+ * node there is another rank. Any other failure marks the table stale too
+ * (the peer may be back on a new address), for the retry. */
+static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
+		   const struct shard_rec *rec, const struct manifest *mf)
+{
+	char addr[256] = "";
+	int rc = push_once(e, peer, k, rec, mf, addr, sizeof(addr));
+
+	if (rc >= 0)
+		return rc;
+	eng_table_stale(e);
+	if (rc == -ESTALE) {
+		log_info("engine", "the node at %s is not rank %u: fetching the peer table again",
+			 addr[0] ? addr : "(none)", peer);
+		rc = push_once(e, peer, k, rec, mf, addr, sizeof(addr));
+		if (rc < 0)
+			eng_table_stale(e);
+	}
 	return rc;
 }
 

@@ -425,11 +425,40 @@ static void load_identity(struct fs *fs)
 	}
 }
 
+/* mtcfs restarted under a running job (a DaemonSet update, a crash) and
+ * no new replicator.yaml is there: the engine takes the last one's job and
+ * rank again, so the commits the app goes on making are reported,
+ * replicated and backed up as before, instead of the node staying out of
+ * its job until the next job restart. No restore: the app did not ask for
+ * one. On the control thread: registering may wait for the coordinator. */
+static void resume_identity(struct fs *fs)
+{
+	struct rcfg c = { 0 };
+	char err[512];
+	struct stat st;
+	void *v = NULL;
+	size_t len;
+
+	if (!fs->eng || fstatat(ram_ns_fd(fs->ram), YAML, &st, AT_SYMLINK_NOFOLLOW) == 0 ||
+	    idx_get_meta(ram_idx(fs->ram), "config", &v, &len) < 0)
+		return;
+	if (rcfg_parse(v, len, NULL, &c, err, sizeof(err)) == 0) {
+		log_info("ctl", "resuming job=%s rank=%d from the last replicator.yaml (none new yet)",
+			 c.job, c.node_rank);
+		if (eng_set_job(fs->eng, &c, err, sizeof(err)) < 0)
+			log_warn("ctl", "cannot resume job %s: %s; waiting for a new replicator.yaml",
+				 c.job, err);
+		rcfg_free(&c);
+	}
+	free(v);
+}
+
 static void *ctl_main(void *arg)
 {
 	struct fs *fs = arg;
 
 	pthread_setname_np(pthread_self(), "mtcfs-ctl");
+	resume_identity(fs);
 	for (;;) {
 		pthread_mutex_lock(&fs->ctl_mu);
 		while (!fs->ctl_pending && !fs->ctl_stop)

@@ -38,6 +38,7 @@ static const char *const op_names[PROTO_OP_COUNT] = {
 	[PROTO_EC_DATA] = "ec_data",
 	[PROTO_EC_GET] = "ec_get",
 	[PROTO_EC_METAS] = "ec_metas",
+	[PROTO_PEERS] = "peers",
 };
 
 const char *proto_op_name(enum proto_op op)
@@ -255,7 +256,8 @@ int proto_register_decode(json_t *o, struct proto_register *m, char *why, size_t
 	return 0;
 }
 
-json_t *proto_addrs_reply(bool ok, bool with_addrs, char *const *addrs, uint32_t naddrs)
+json_t *proto_addrs_reply(bool ok, bool with_addrs, char *const *addrs, uint32_t naddrs,
+			  uint64_t gen)
 {
 	json_t *r = json_object(), *a;
 
@@ -269,7 +271,39 @@ json_t *proto_addrs_reply(bool ok, bool with_addrs, char *const *addrs, uint32_t
 			json_array_append_new(a, addrs[i] ? json_string(addrs[i]) : json_null());
 		json_object_set_new(r, "addrs", a);
 	}
+	if (gen)
+		set_int(r, "gen", gen);
 	return r;
+}
+
+uint64_t proto_addrs_gen(json_t *reply)
+{
+	uint64_t gen = 0;
+
+	if (net_json_u64(reply, "gen", PROTO_STEP_MAX, &gen) < 0)
+		gen = 0;
+	return gen;
+}
+
+json_t *proto_peers_encode(uint64_t gen)
+{
+	json_t *o = op_obj(PROTO_PEERS);
+
+	if (o)
+		set_int(o, "gen", gen);
+	return o;
+}
+
+int proto_peers_decode(json_t *o, uint64_t *gen, char *why, size_t whylen)
+{
+	struct why w = { why, whylen };
+
+	*gen = 0;
+	if (get_u64(o, "gen", PROTO_STEP_MAX, false, gen, &w) < 0)
+		return -EINVAL;
+	if (*gen == 0)
+		return bad(&w, "gen is 0");
+	return 0;
 }
 
 /* ---- catalog ---- */
@@ -457,7 +491,7 @@ static json_t *int_or_null(bool has, uint64_t v)
 
 json_t *proto_status_reply_encode(const struct proto_status_reply *m)
 {
-	json_t *r = proto_addrs_reply(false, true, m->addrs, m->naddrs), *nodes;
+	json_t *r = proto_addrs_reply(false, true, m->addrs, m->naddrs, 0), *nodes;
 
 	if (!r)
 		return NULL;
@@ -847,6 +881,8 @@ json_t *proto_ec_encode(enum proto_op op, const struct proto_ec *m)
 		set_int(o, "owner", m->owner);
 		set_str(o, "manifest", m->manifest);
 	}
+	if (m->has_to)
+		set_int(o, "to", m->to);
 	return o;
 }
 
@@ -871,6 +907,9 @@ int proto_ec_decode(enum proto_op op, json_t *o, struct proto_ec *m, char *why, 
 	if (op == PROTO_EC_META &&
 	    (get_u32(o, "owner", PROTO_MAX_NODES - 1, false, &m->owner, &w) < 0 ||
 	     get_str(o, "manifest", NET_MAX_PAYLOAD, &m->manifest, &w) < 0))
+		return -EINVAL;
+	m->has_to = json_object_get(o, "to") != NULL;
+	if (m->has_to && get_u32(o, "to", PROTO_MAX_NODES - 1, false, &m->to, &w) < 0)
 		return -EINVAL;
 	return 0;
 }

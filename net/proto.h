@@ -59,6 +59,9 @@ enum proto_op {
 	PROTO_EC_DATA,        /* + one NT_FILE: a data fragment to a parity holder -> ok */
 	PROTO_EC_GET,         /* a codeword member -> ok + one NT_FILE */
 	PROTO_EC_METAS,       /* the group's manifests -> {metas} */
+	/* coordinator -> node, NT_EVENT (after the others: op numbers are
+	 * this build's, the names are the wire's) */
+	PROTO_PEERS,          /* the rank -> address table changed */
 	PROTO_OP_COUNT
 };
 
@@ -120,9 +123,21 @@ struct proto_register {
 };
 json_t *proto_register_encode(const struct proto_register *m);
 int proto_register_decode(json_t *o, struct proto_register *m, char *why, size_t whylen);
-/* register's reply {ok: true, [addrs]} and table's {addrs}: addrs is
- * rank -> address, NULL where unknown (JSON null). */
-json_t *proto_addrs_reply(bool ok, bool with_addrs, char *const *addrs, uint32_t naddrs);
+/* register's reply {ok: true, [addrs], [gen]} and table's {addrs, [gen]}:
+ * addrs is rank -> address, NULL where unknown (JSON null); gen the
+ * table's generation (sent when > 0: a coordinator before generations
+ * sent none, and a node reads its absence as 0). */
+json_t *proto_addrs_reply(bool ok, bool with_addrs, char *const *addrs, uint32_t naddrs,
+			  uint64_t gen);
+/* The generation in a register or table reply: 0 when absent (an older
+ * coordinator) or malformed. */
+uint64_t proto_addrs_gen(json_t *reply);
+
+/* peers {op, gen} (event): the coordinator's rank -> address table is at
+ * generation gen (it bumps on every change); a node whose copy is older
+ * fetches it again before its next push. gen >= 1. */
+json_t *proto_peers_encode(uint64_t gen);
+int proto_peers_decode(json_t *o, uint64_t *gen, char *why, size_t whylen);
 
 /* The job a message is about: {job, nodes, dp}. job non-empty, nodes in
  * 1..PROTO_MAX_NODES, dp 0 (absent) or a divisor of nodes. */
@@ -315,7 +330,9 @@ json_t *proto_list_encode(const char *job);
 
 /* ---- erasure coding (data connection) ----
  * ec_metas {op, job, step}; ec_data / ec_get {op, job, step, group, cw,
- * slot}; ec_meta {op, job, step, owner, manifest}. job follows the job-name
+ * slot}; ec_meta {op, job, step, owner, manifest}; each then [to]: the rank
+ * the sender means to reach (its receiver refuses the request, ESTALE, when
+ * it is another rank; absent from a sender before it, then not checked). job follows the job-name
  * rule (common/jobname.h), step <= PROTO_STEP_MAX, group < PROTO_MAX_NODES,
  * cw and slot < PROTO_EC_MAX_N (tiers/ec.h's EC_MAX_N), owner a rank,
  * manifest the base64 text tiers/xfer decodes (<= NET_MAX_PAYLOAD bytes). */
@@ -326,6 +343,8 @@ struct proto_ec {
 	uint32_t group, cw, slot;    /* ec_data, ec_get */
 	uint32_t owner;              /* ec_meta */
 	const char *manifest;        /* ec_meta */
+	bool has_to;                 /* "to" sent / received */
+	uint32_t to;                 /* < PROTO_MAX_NODES */
 };
 /* op is PROTO_EC_META, _DATA, _GET or _METAS; the fields it carries are
  * encoded, in that order. NULL for another op or out of memory. */

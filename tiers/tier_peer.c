@@ -93,6 +93,10 @@ static int peer_put(void *self, struct ram_tier *ram, const struct shard_key *k,
 	json_object_set_new(req, "op", json_string(proto_op_name(PROTO_PUSH)));
 	json_object_set_new(req, "key", xfer_key_json(k));
 	json_object_set_new(req, "manifest", json_string(b64 ? b64 : ""));
+	/* the rank this replica is for: the receiver refuses it (ESTALE)
+	 * when it is another, so a stale address table cannot put it on the
+	 * wrong node */
+	json_object_set_new(req, "to", json_integer((json_int_t)p->holder));
 	free(b64);
 	rc = nconn_call(c, req, &resp, XFER_TIMEOUT_MS);
 	json_decref(req);

@@ -2124,6 +2124,94 @@ SHAPES["after restart/*"] = dict(backups=False)
 SHAPES["after restart (rs)/*"] = dict(n=3, redundancy="rs:2+1", backups=False)
 
 
+
+
+# .. ranks permuted (issue 22), under replication and rs:2+2 (one group of
+# the 4 nodes: step 30 protected, the lost shard rebuilt from the code):
+# 4 nodes that learn their rank from each
+# replicator.yaml (coordinator=, no peers= table), as JobSet reschedules
+# hand ranks out; steps 10 and 20 saved; the job restarts with the ranks
+# rotated (or the slices swapped: 0<->1, 2<->3) and saves step 30, which
+# must be replicated to each rank's peer *now* (k=1: r^1); then one node is
+# killed -9 and wiped and the job restarts: step 30 everywhere. With a rank
+# -> address table kept from the first replication, step 30's replicas
+# went to the machines that held the peer ranks before (or to the pushers
+# themselves) and the lost node's shard of 30 existed nowhere else.
+# The driver re-indexes its nodes so that index = rank after the
+# permutation (the ledger, yaml(), verify() stay by rank); Net's cut/slow
+# follow the original index, so these cells cut no link.
+
+PHASES.extend(["ranks permuted", "ranks permuted (rs)"])
+FAULT_COLUMNS.extend(["rotated+kill9-wipe", "swapped+kill9-wipe"])
+SHAPES["ranks permuted/*"] = dict(n=4, k=1)
+SHAPES["ranks permuted (rs)/*"] = dict(n=4, k=1, redundancy="rs:2+2")
+
+
+def registered(c):
+    """Before the start: every node knows only the coordinator's address
+    (node 0's), so its rank is the yaml's."""
+    table = "peers=" + ",".join(c.addrs)
+    for d in c.nodes:
+        if table not in d.opts:
+            raise CellFail("cannot make node %s a registered node: %s" % (d.name, d.opts))
+        d.opts = d.opts.replace(table, "coordinator=" + c.addrs[0])
+
+
+def permute_ranks(c, new_rank):
+    """The node at index i takes rank new_rank[i] at the next job restart:
+    the driver's nodes are re-indexed to match, with what it knows of
+    them (holders seen, running, kills, wipes)."""
+    old = list(c.nodes)
+    for i, r in enumerate(new_rank):
+        c.nodes[r] = old[i]
+    c.running = {new_rank[i] for i in c.running}
+    c.gen = {new_rank[i]: g for i, g in c.gen.items()}
+    c.wiped_nodes = {new_rank[i] for i in c.wiped_nodes}
+    for k, v in c.ledger.sure.items():
+        c.ledger.sure[k] = {new_rank[h] for h in v}
+    c.ledger.note("ranks permuted: node at index i is now rank %s[i]" % (new_rank,))
+
+
+def ranks_permuted_cell(c, fault):
+    """Replication: step 30 on each rank's new peer, and restored after
+    the loss from that peer. rs (c.rs): step 30 protected on every node,
+    the lost node's shard rebuilt from the code."""
+    perm = [1, 2, 3, 0] if fault.startswith("rotated") else [1, 0, 3, 2]
+    registered(c)
+    c.start()
+    c.fresh()
+    permute_ranks(c, perm)
+    got = c.job_restart(allow_failed=False, label="restart with ranks %s" % perm)
+    if set(got.values()) != {20}:
+        raise CellFail("the permuted restart restored %s, expected step 20" % got)
+    c.save(30, confirm=False)
+    c.confirm(30, backup=False)
+    c.wait_backup(30, node=perm[0])   # the coordinator's machine logs it
+    for o in range(c.n):
+        if c.rs:
+            break
+        held = {h for h in range(c.n)
+                if c.cl().holds(h, c.job).get((o, 30)) in harness.COMMITTED_STATES}
+        if held != {o, o ^ 1}:
+            raise CellFail("rank %d's step 30 is held on ranks %s, expected %s (its peer "
+                           "under the new ranks)" % (o, sorted(held), sorted({o, o ^ 1})))
+    # not the coordinator's machine (node 0 before the permutation)
+    victim = next(r for r in (2, 3) if r != perm[0])
+    c.kill(victim, wipe=True)
+    c.restart(victim)
+    pos = {r: c.nodes[r].log_size() for r in range(c.n)}
+    got = c.job_restart(allow_failed=False, label="restart after node %d was lost" % victim)
+    if set(got.values()) != {30}:
+        raise CellFail("restored %s after node %d was lost, expected step 30" % (got, victim))
+    if c.rs:
+        rs_logged_rebuilt(c, [victim], 30, pos)
+
+
+fault_cells("ranks permuted", ranks_permuted_cell, {
+    "rotated+kill9-wipe": {}, "swapped+kill9-wipe": {}})
+fault_cells("ranks permuted (rs)", ranks_permuted_cell, {
+    "rotated+kill9-wipe": {}, "swapped+kill9-wipe": {}})
+
 # --- the driver ----------------------------------------------------------------------
 
 class Driver:

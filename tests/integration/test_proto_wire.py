@@ -11,7 +11,10 @@ node speaking the control protocol to rank 0 of a real 2-node cluster.
   the field;
 - a request without a string "op": EINVAL "missing op"; an unknown op:
   ENOSYS "unknown op"; the connection keeps serving after each;
-- the status reply for a known and an unknown job.
+- the status reply for a known and an unknown job;
+- one address is one rank's: a rank registering an address clears it from
+  the rank that had it, the table's generation bumps, and a registered
+  node hears the new generation (peers event) (issue 22).
 
 Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \
      /usr/bin/python3 tests/integration/test_proto_wire.py [-k NAME]
@@ -96,6 +99,35 @@ class CoordinatorWire(unittest.TestCase):
         # event with a request's op is dropped: both leave it serving
         w.send(ps.frame(ps.NT_EVENT, {"op": "register", "addr": "x:1"}))
         self.assertIn("addrs", self.call(w, {"op": "table"}))
+
+    def test_one_address_one_rank_and_the_generation_announced(self):
+        w5 = self.control(rank=5)
+        r = self.call(w5, {"op": "register", "addr": "127.0.0.1:9", "want_table": True})
+        self.assertEqual(r["addrs"][5], "127.0.0.1:9")
+        g1 = r["gen"]
+        self.assertGreaterEqual(g1, 1)
+        # the node of rank 5 comes back as rank 6 (a new replicator.yaml)
+        w6 = self.control(rank=6)
+        r = self.call(w6, {"op": "register", "addr": "127.0.0.1:9", "want_table": True})
+        self.assertEqual(r["addrs"][5:7], [None, "127.0.0.1:9"], r)
+        self.assertGreater(r["gen"], g1)
+        t = self.call(w6, {"op": "table"})
+        self.assertEqual((t["addrs"][5:7], t["gen"]), ([None, "127.0.0.1:9"], r["gen"]))
+        # the same address again changes nothing
+        self.assertEqual(self.call(w6, {"op": "register", "addr": "127.0.0.1:9"}),
+                         {"ok": True, "gen": r["gen"]})
+
+        def announced(w, gen):
+            # once per tick: an earlier generation may come first
+            while True:
+                ftype, rid, o = w.recv_json()
+                if ftype == ps.NT_EVENT and o.get("op") == "peers":
+                    self.assertEqual(set(o), {"op", "gen"})
+                    self.assertLessEqual(o["gen"], gen)
+                    if o["gen"] == gen:
+                        return
+        for w in (w5, w6):
+            announced(w, r["gen"])
 
     def test_status_of_a_known_job(self):
         self.assertEqual(self.c.job_start(JOB), {0: 0, 1: 0})

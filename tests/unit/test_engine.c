@@ -547,6 +547,49 @@ static void test_peer_tier_put(void **state)
 	holder_stop(&to);
 }
 
+/* A push names the rank it is for: a node that is another rank refuses it
+ * with ESTALE and stores nothing (a sender's table older than a rank
+ * change or a move); the rank it is, accepts it. */
+static void test_push_for_another_rank_refused(void **state)
+{
+	struct holder owner, to;
+	struct manifest *mf = NULL;
+	struct shard_rec rec = { 0 };
+	struct shard_key k;
+	struct tier t;
+
+	holder_start(*state, "owner", 1, false, &owner);
+	holder_start(*state, "to", 2, true, &to);
+	key_of(&k, 31, 1);
+	seal(&owner, &k, SHF_OWN, &mf);
+	assert_int_equal(idx_get_shard(ram_idx(owner.ram), &k, &rec), 0);
+
+	assert_int_equal(tier_peer_open(to.addr, 3, 1, NULL, &t), 0);
+	assert_int_equal(tier_put(&t, owner.ram, &k, rec.mf, rec.mflen, mf), -ESTALE);
+	tier_close(&t);
+	assert_int_equal(idx_get_shard(ram_idx(to.ram), &k, &(struct shard_rec){ 0 }), -ENOENT);
+
+	/* a node without a rank yet (restarted, no replicator.yaml) is no rank */
+	pthread_mutex_lock(&to.e->mu);
+	to.e->rank = -1;
+	pthread_mutex_unlock(&to.e->mu);
+	assert_int_equal(tier_peer_open(to.addr, 2, 1, NULL, &t), 0);
+	assert_int_equal(tier_put(&t, owner.ram, &k, rec.mf, rec.mflen, mf), -ESTALE);
+	tier_close(&t);
+	pthread_mutex_lock(&to.e->mu);
+	to.e->rank = 2;
+	pthread_mutex_unlock(&to.e->mu);
+
+	assert_int_equal(tier_peer_open(to.addr, 2, 1, NULL, &t), 0);
+	assert_int_equal(tier_put(&t, owner.ram, &k, rec.mf, rec.mflen, mf), 0);
+	tier_close(&t);
+	assert_int_equal(idx_get_shard(ram_idx(to.ram), &k, &(struct shard_rec){ 0 }), 0);
+	idx_rec_clear(&rec);
+	mf_free(mf);
+	holder_stop(&owner);
+	holder_stop(&to);
+}
+
 /* ---- the data server's push handler over a socketpair ---- */
 
 struct serve {
@@ -751,6 +794,8 @@ int main(void)
 						tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_ram_tier, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_peer_tier_put, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_push_for_another_rank_refused, tmp_setup,
+						tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_bucket_tier_restores_backup, tmp_setup,
 						tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_serve_push_over_socketpair, tmp_setup,

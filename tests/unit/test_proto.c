@@ -162,10 +162,39 @@ static void test_bytes_register(void **state)
 		assert_int_equal(g.bi_steps, 5);
 		json_decref(m);
 	}
-	assert_bytes(proto_addrs_reply(true, false, addrs, 3), "{\"ok\":true}");
-	assert_bytes(proto_addrs_reply(true, true, addrs, 3),
+	assert_bytes(proto_addrs_reply(true, false, addrs, 3, 0), "{\"ok\":true}");
+	assert_bytes(proto_addrs_reply(true, true, addrs, 3, 0),
 		     "{\"ok\":true,\"addrs\":[\"127.0.0.1:7000\",null,\"[::1]:7002\"]}");
-	assert_bytes(proto_addrs_reply(false, true, addrs, 0), "{\"addrs\":[]}");
+	assert_bytes(proto_addrs_reply(false, true, addrs, 0, 0), "{\"addrs\":[]}");
+	/* the table's generation, after what a coordinator before it sent */
+	assert_bytes(proto_addrs_reply(true, false, addrs, 3, 5), "{\"ok\":true,\"gen\":5}");
+	assert_bytes(proto_addrs_reply(false, true, addrs, 1, 12),
+		     "{\"addrs\":[\"127.0.0.1:7000\"],\"gen\":12}");
+}
+
+/* peers {op, gen}: the coordinator's table changed; a reply's gen. */
+static void test_bytes_peers(void **state)
+{
+	json_t *o;
+	uint64_t gen = 1;
+
+	(void)state;
+	assert_bytes(proto_peers_encode(7), "{\"op\":\"peers\",\"gen\":7}");
+	o = proto_peers_encode(9);
+	assert_int_equal(proto_peers_decode(o, &gen, NULL, 0), 0);
+	assert_int_equal(gen, 9);
+	json_decref(o);
+	o = proto_addrs_reply(true, false, NULL, 0, 3);
+	assert_int_equal(proto_addrs_gen(o), 3);
+	json_decref(o);
+	o = proto_addrs_reply(true, false, NULL, 0, 0);
+	assert_int_equal(proto_addrs_gen(o), 0);   /* an older coordinator: none */
+	json_decref(o);
+	o = parse("{\"ok\":true,\"gen\":\"3\"}");
+	assert_int_equal(proto_addrs_gen(o), 0);
+	json_decref(o);
+	assert_string_equal(proto_op_name(PROTO_PEERS), "peers");
+	assert_int_equal(proto_op_parse("peers"), PROTO_PEERS);
 }
 
 static void test_bytes_catalog(void **state)
@@ -236,6 +265,21 @@ static void test_bytes_ec(void **state)
 	assert_null(proto_ec_encode(PROTO_PUSH, &m));
 	o = proto_ec_encode(PROTO_EC_META, &m);
 	assert_int_equal(proto_ec_decode(PROTO_EC_META, o, &d, NULL, 0), 0);
+	assert_false(d.has_to);   /* a sender before "to": not checked */
+	json_decref(o);
+	/* the rank the sender means to reach, last */
+	m.has_to = true;
+	m.to = 4;
+	assert_bytes(proto_ec_encode(PROTO_EC_META, &m),
+		     "{\"op\":\"ec_meta\",\"job\":\"j\",\"step\":7,\"owner\":3,\"manifest\":\"QUJD\","
+		     "\"to\":4}");
+	assert_bytes(proto_ec_encode(PROTO_EC_DATA, &m),
+		     "{\"op\":\"ec_data\",\"job\":\"j\",\"step\":7,\"group\":1,\"cw\":2,\"slot\":5,"
+		     "\"to\":4}");
+	o = proto_ec_encode(PROTO_EC_META, &m);
+	assert_int_equal(proto_ec_decode(PROTO_EC_META, o, &d, NULL, 0), 0);
+	assert_true(d.has_to);
+	assert_int_equal(d.to, 4);
 	assert_string_equal(d.job, "j");
 	assert_int_equal(d.step, 7);
 	assert_int_equal(d.owner, 3);
@@ -730,6 +774,11 @@ static const struct reject rejects[] = {
 	  "missing manifest" },
 	{ "ec_meta: owner not a rank", PROTO_EC_META,
 	  "{\"job\":\"j\",\"step\":1,\"owner\":-1,\"manifest\":\"\"}", "owner is not" },
+	{ "ec_data: to not a rank", PROTO_EC_DATA,
+	  "{\"job\":\"j\",\"step\":1,\"group\":0,\"cw\":0,\"slot\":0,\"to\":-1}",
+	  "to is not an integer" },
+	{ "peers: no gen", PROTO_PEERS, "{}", "missing gen" },
+	{ "peers: gen 0", PROTO_PEERS, "{\"gen\":0}", "gen is 0" },
 	{ "ec_metas: step a string", PROTO_EC_METAS, "{\"job\":\"j\",\"step\":\"1\"}",
 	  "step is not" },
 };
@@ -767,6 +816,10 @@ static int decode_any(enum proto_op op, json_t *m, char *why, size_t n)
 	case PROTO_BACKUP: return proto_backup_decode(m, &u.b, why, n);
 	case PROTO_REPORT: return proto_report_decode(m, &u.p, why, n);
 	case PROTO_PLAN: return proto_plan_decode(m, &u.n, sh, 2, why, n);
+	case PROTO_PEERS: {
+		uint64_t gen;
+		return proto_peers_decode(m, &gen, why, n);
+	}
 	case PROTO_EC_META:
 	case PROTO_EC_DATA:
 	case PROTO_EC_GET:
@@ -820,6 +873,7 @@ int main(void)
 		cmocka_unit_test(test_msg_op),
 		cmocka_unit_test(test_dispatch),
 		cmocka_unit_test(test_bytes_register),
+		cmocka_unit_test(test_bytes_peers),
 		cmocka_unit_test(test_bytes_catalog),
 		cmocka_unit_test(test_bytes_restore),
 		cmocka_unit_test(test_bytes_status_reply),
