@@ -54,6 +54,14 @@ struct job {
 	unsigned rank;
 	unsigned peer_port;         /* its listen port; 0 while not running */
 	unsigned metrics_port;      /* its /metrics port; 0: none */
+	/* the volume attributes its mtcfs was started with, as they became
+	 * mount options (valid while has_attrs): a publish with others is
+	 * applied (restart) or refused, never dropped */
+	bool has_attrs;
+	char a_coordinator[CSI_NAME_MAX + 64];
+	char a_subdomain[64];
+	char a_ram_size[32];
+	unsigned a_peer_port;
 	char **targets;             /* published targets (also in <state>/<key>/published) */
 	size_t n_targets;
 	uint64_t idle_mono;         /* now_ms() when its last target went (n_targets 0) */
@@ -635,6 +643,61 @@ static void *pump_run(void *arg)
 	return NULL;
 }
 
+/* The pod's coordinator endpoint and peer port as its job mount would
+ * get them (the attribute, else the derived name; the configuration's
+ * port unless peerPort). */
+static void job_attrs_of(const struct csi_node *n, const struct csi_pod *p, char *coord,
+			 size_t cap, unsigned *port)
+{
+	*port = p->peer_port ? p->peer_port : n->o.cfg->peer_port;
+	if (csi_pod_coordinator(p, *port, coord, cap) < 0)
+		snprintf(coord, cap, "?");
+}
+
+/* The subdomain as far as it shapes the mount: only in a derived
+ * coordinator name. */
+static const char *attr_subdomain(const struct csi_pod *p)
+{
+	return p->coordinator[0] ? "" : p->subdomain;
+}
+
+static void diff_add(char *out, size_t cap, size_t *len, const char *name, const char *old,
+		     const char *new_)
+{
+	int w;
+
+	if (!strcmp(old, new_) || *len >= cap)
+		return;
+	w = snprintf(out + *len, cap - *len, "%s%s %s -> %s", *len ? "; " : "", name,
+		     *old ? old : "(none)", *new_ ? new_ : "(none)");
+	*len = w < 0 ? cap : *len + (size_t)w;
+}
+
+/* The attributes in which pod p differs from what j's mtcfs runs with,
+ * "name old -> new" joined by "; " into out (empty: none). An attribute
+ * not given is "(none)"; subdomain and coordinator are both named when
+ * one changes the other. */
+static void job_attrs_diff(const struct csi_node *n, const struct job *j, const struct csi_pod *p,
+			   char *out, size_t cap)
+{
+	char coord[CSI_NAME_MAX + 64], a[32], b[32];
+	unsigned port;
+	size_t len = 0;
+
+	out[0] = 0;
+	if (!j->has_attrs)
+		return;
+	job_attrs_of(n, p, coord, sizeof(coord), &port);
+	snprintf(a, sizeof(a), "%u", j->a_peer_port);
+	snprintf(b, sizeof(b), "%u", port);
+	diff_add(out, cap, &len, "peerPort", a, b);
+	diff_add(out, cap, &len, "ramSize", j->a_ram_size, p->ram_size);
+	diff_add(out, cap, &len, "subdomain", j->a_subdomain, attr_subdomain(p));
+	diff_add(out, cap, &len, "coordinator", j->a_coordinator, coord);
+	if (len >= cap && cap > 4)
+		memcpy(out + cap - 4, "...", 4);
+}
+
 /* Start the job's mtcfs and wait until its mount answers. Called with mu
  * held. */
 static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
@@ -742,6 +805,10 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	j->pid = pid;
 	j->rank = p->rank;
 	j->peer_port = port;
+	job_attrs_of(n, p, j->a_coordinator, sizeof(j->a_coordinator), &j->a_peer_port);
+	snprintf(j->a_subdomain, sizeof(j->a_subdomain), "%s", attr_subdomain(p));
+	snprintf(j->a_ram_size, sizeof(j->a_ram_size), "%s", p->ram_size);
+	j->has_attrs = true;
 	end = now_ms() + JOB_READY_MS;
 	for (;;) {
 		if (job_mounted(j))
@@ -1001,7 +1068,10 @@ static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **
 		j->rank = p->rank;
 	}
 	if ((j->adopted || !job_exited(j)) && job_mounted(j)) {
-		if (j->rank == p->rank)
+		char diff[1024];
+
+		job_attrs_diff(n, j, p, diff, sizeof(diff));
+		if (j->rank == p->rank && !diff[0])
 			return 0;
 		if (j->adopted)
 			return fail(err, cap, -EBUSY, "job %s: the adopted mount at %s is not ours to "
@@ -1009,13 +1079,25 @@ static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **
 		/* the pod's index names the mount until its yaml (rank_hint=, and
 		 * jax-init-info.txt): a pod of another index on this node (the
 		 * restarted JobSet placed ranks differently) gets the same RAMDIR
-		 * under a restarted daemon, once nobody uses it */
-		if (j->n_targets)
+		 * under a restarted daemon, once nobody uses it; so do changed
+		 * attributes. While pods of the job use the old mount, changing
+		 * it under them would move their checkpoints. */
+		if (j->n_targets && j->rank != p->rank)
 			return fail(err, cap, -EBUSY,
 				    "job %s runs as rank %u on this node and is published at %s; "
 				    "pod %s wants rank %u", j->key, j->rank, j->targets[0], p->pod, p->rank);
-		log_info(MOD, "job %s: rank %u -> %u: restarting its mtcfs on the same RAMDIR",
-			 j->key, j->rank, p->rank);
+		if (j->n_targets)
+			return fail(err, cap, -EBUSY,
+				    "job %s: volume attributes differ from the running job mount's "
+				    "(%s) while pod(s) of the job still use it (%s): refused; they apply "
+				    "when no pod of the job is published (a JobSet restart)",
+				    j->key, diff, j->targets[0]);
+		if (j->rank != p->rank)
+			log_info(MOD, "job %s: rank %u -> %u: restarting its mtcfs on the same RAMDIR",
+				 j->key, j->rank, p->rank);
+		if (diff[0])
+			log_info(MOD, "job %s: volume attributes changed (%s) and no pod uses its "
+				 "mount: restarting its mtcfs with them on the same RAMDIR", j->key, diff);
 		job_stop(j);
 	} else if (j->pid > 0) {
 		job_stop(j);    /* running but not answering */
