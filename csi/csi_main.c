@@ -7,11 +7,13 @@
  * message, status, close). */
 #include "csi/csi_cfg.h"
 #include "csi/csi_node.h"
+#include "csi/csi_kube.h"
 #include "csi/csi_watch.h"
 #include "csi/csi.pb-c.h"
 #include "common/log.h"
 #include "common/util.h"
 
+#include <curl/curl.h>
 #include <errno.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -82,6 +84,7 @@ static grpc_status_code node_code(int rc)
 	case EEXIST: return GRPC_STATUS_ALREADY_EXISTS;
 	case EBUSY:  return GRPC_STATUS_FAILED_PRECONDITION;
 	case ENOENT: return GRPC_STATUS_NOT_FOUND;
+	case EAGAIN: return GRPC_STATUS_UNAVAILABLE;   /* kubelet retries */
 	case ENOMEM: case ENOSPC: return GRPC_STATUS_RESOURCE_EXHAUSTED;
 	case EPERM: case EACCES: return GRPC_STATUS_PERMISSION_DENIED;
 	default:     return GRPC_STATUS_INTERNAL;
@@ -466,6 +469,7 @@ static void usage(FILE *f)
 		"  --kube-api URL       API server (default https://$KUBERNETES_SERVICE_HOST:$..._PORT)\n"
 		"  --kube-token FILE    bearer token (default the service account's)\n"
 		"  --kube-ca FILE       CA of the API server (default the service account's ca.crt)\n"
+		"  --no-kube-lookups    never ask the API for a Job's parallelism or rank 0's node\n"
 		"  --log-format FMT     text (default) or json (also for the job mounts)\n"
 		"  -d                   debug log (also for the job mounts)\n"
 		"  --version\n");
@@ -519,6 +523,8 @@ int main(int argc, char **argv)
 	grpc_server_credentials *creds = NULL;
 	struct csi_watch_opts wo = { .interval_s = 10, .grace = 2 };
 	struct csi_watch *watch = NULL;
+	struct csi_kube kube;
+	bool no_kube = false;
 	const char *interval = NULL, *grace = NULL, *idle = NULL, *free_above = NULL;
 	char kubelet_dir[PATH_MAX];
 	mode_t um;
@@ -556,6 +562,8 @@ int main(int argc, char **argv)
 			release = true;
 		} else if (!strcmp(a, "--status")) {
 			show_status = true;
+		} else if (!strcmp(a, "--no-kube-lookups")) {
+			no_kube = true;
 		} else if (!strcmp(a, "--no-tmpfs")) {
 			o.no_tmpfs = true;
 		} else if (!strcmp(a, "-d")) {
@@ -651,6 +659,22 @@ int main(int argc, char **argv)
 		log_info(MOD, "config: no cloudStorageBucketName: the job mounts have no backup tier");
 	o.cfg = &cfg;
 	g_node_id = o.node_id;
+	if (!no_kube) {
+		rc = csi_kube_init(&kube, wo.api_url, wo.token_file, wo.ca_file, err, sizeof(err));
+		if (rc == 0 && curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK) {
+			o.kube = &kube;
+			log_info(MOD, "Kubernetes API %s: podsPerJob and rank 0's node are looked up "
+				 "when the volume attributes do not give them", kube.base);
+		} else if (rc == -EINVAL) {
+			log_err(MOD, "%s", err);
+			csi_cfg_free(&cfg);
+			return 2;
+		} else {
+			log_info(MOD, "no Kubernetes API (not in a pod): podsPerJob and the coordinator "
+				 "only from the volume attributes and the pod's name");
+		}
+		rc = 1;
+	}
 
 	/* signals go to sigwait below, never to the gRPC or job threads */
 	sigemptyset(&sigs);

@@ -523,6 +523,15 @@ static int opt_add(char *opts, size_t cap, const char *fmt, ...)
 	return w < 0 || (size_t)w >= cap - len ? -ENAMETOOLONG : 0;
 }
 
+/* A rank for log lines: "?" when the yaml will tell. */
+static const char *rank_str(unsigned rank, char buf[16])
+{
+	if (rank == CSI_RANK_NONE)
+		return "?";
+	snprintf(buf, 16, "%u", rank);
+	return buf;
+}
+
 static int host_port(char *out, size_t cap, const char *host, unsigned port)
 {
 	int w = strchr(host, ':') ? snprintf(out, cap, "[%s]:%u", host, port)
@@ -563,7 +572,7 @@ static int job_options(struct csi_node *n, struct job *self, const struct csi_po
 	if (!rc)
 		/* a hint: the yaml's node-rank wins (as GKE takes it), the
 		 * pod's index only names the node until then */
-		rc = opt_add(opts, cap, "rank_hint=%u", p->rank);
+		rc = p->rank == CSI_RANK_NONE ? 0 : opt_add(opts, cap, "rank_hint=%u", p->rank);
 	if (!rc && p->ram_size[0])
 		rc = opt_add(opts, cap, "ram_size=%s", p->ram_size);
 	if (!rc && c->bucket)
@@ -703,7 +712,7 @@ static void job_attrs_diff(const struct csi_node *n, const struct job *j, const 
 static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 		     char *err, size_t cap)
 {
-	char opts[OPTS_MAX];
+	char opts[OPTS_MAX], rs[16];
 	char *argv[8];
 	int argc = 0, logfd = -1, rc, out[2];
 	struct pump *pu;
@@ -761,8 +770,8 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	argv[argc++] = j->ramdir;
 	argv[argc++] = j->mnt;
 	argv[argc] = NULL;
-	log_info(MOD, "job %s: starting mtcfs rank=%u: %s -f -o %s %s %s", j->key, p->rank,
-		 n->o.mtcfs_bin, opts, j->ramdir, j->mnt);
+	log_info(MOD, "job %s: starting mtcfs rank=%s: %s -f -o %s %s %s", j->key,
+		 rank_str(p->rank, rs), n->o.mtcfs_bin, opts, j->ramdir, j->mnt);
 	pid = fork();
 	if (pid < 0) {
 		rc = -errno;
@@ -828,8 +837,8 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	 * mtcfs, so set on every start. */
 	if (chmod(j->mnt, 0777) < 0)
 		log_warn(MOD, "job %s: chmod 0777 %s: %s", j->key, j->mnt, strerror(errno));
-	log_info(MOD, "job %s: mounted at %s (RAMDIR %s, rank %u)", j->key, j->mnt, j->ramdir,
-		 p->rank);
+	log_info(MOD, "job %s: mounted at %s (RAMDIR %s, rank %s)", j->key, j->mnt, j->ramdir,
+		 rank_str(p->rank, rs));
 	return 0;
 }
 
@@ -1183,8 +1192,72 @@ out:
 
 static void free_ram(struct csi_node *n);
 
+static bool ip_ok(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f') || (*s >= 'A' && *s <= 'F') ||
+		      *s == '.' || *s == ':'))
+			return false;
+	return true;
+}
+
+/* What the pod's name and attributes leave open, from the API (JobSet
+ * pods only, no RPC lock held: each is one GET):
+ * - podsPerJob: the Job <jobset>-<rjob>-<jobIndex>'s spec.parallelism;
+ * - the coordinator: rank 0's pod's node (status.hostIP), where its
+ *   node's mtcfs listens whatever network the pods use (on the pod
+ *   network the headless Service's name is the pod's address).
+ * Without an API (outside a cluster) or when a read fails: the defaults
+ * (no podsPerJob: csi_pod's; the coordinator: the headless Service's
+ * name), with a WARN for a failure. -EAGAIN (kubelet retries) while rank
+ * 0's pod is not scheduled; -EINVAL when the parallelism contradicts the
+ * pod index. */
+static int pod_from_api(struct csi_node *n, struct csi_pod *p, char *err, size_t cap)
+{
+	const struct csi_kube *k = n->o.kube;
+	unsigned port = p->peer_port ? p->peer_port : n->o.cfg->peer_port, ppj;
+	char name[200], host[64], pod0[CSI_NAME_MAX + 1] = "";
+	int rc;
+
+	if (!k || !p->jobset[0])
+		return 0;
+	/* job index 0: rank = podIndex whatever the parallelism */
+	if (!p->pods_per_job_given && !p->rank_given && p->job_index > 0) {
+		snprintf(name, sizeof(name), "%s-%s-%u", p->jobset, p->rjob, p->job_index);
+		rc = csi_kube_job_parallelism(k, p->namespace_, name, &ppj, err, cap);
+		if (rc == 0) {
+			rc = csi_pod_set_pods_per_job(p, ppj, err, cap);
+			if (rc < 0)
+				return rc;
+		} else {
+			log_warn(MOD, "pod %s/%s: podsPerJob from the API: %s (rank %s)", p->namespace_,
+				 p->pod, err, p->rank == CSI_RANK_NONE ? "left to replicator.yaml" :
+				 "from the pod's index");
+		}
+	}
+	if (p->coordinator[0])
+		return 0;
+	rc = csi_kube_rank0_host(k, p->namespace_, p->jobset, p->rjob, host, sizeof(host), pod0,
+				 sizeof(pod0), err, cap);
+	if (rc == -EAGAIN)
+		return rc;
+	if (rc == 0 && ip_ok(host) && host_port(p->coordinator, sizeof(p->coordinator), host, port) == 0) {
+		log_info(MOD, "pod %s/%s: rank 0 is pod %s on node %s: coordinator %s", p->namespace_,
+			 p->pod, pod0, host, p->coordinator);
+		return 0;
+	}
+	p->coordinator[0] = 0;
+	log_warn(MOD, "pod %s/%s: rank 0's node from the API: %s: the headless Service's name is "
+		 "used", p->namespace_, p->pod, rc == 0 ? "not an IP address" : err);
+	err[0] = 0;
+	return 0;
+}
+
 int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err, size_t errcap)
 {
+	char rs[16];
 	struct csi_pod p;
 	struct job *j = NULL;
 	const char *rel;
@@ -1197,6 +1270,11 @@ int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err
 	rc = csi_pod_parse(&p, rq->ctx, rq->n_ctx, err, errcap);
 	if (rc < 0)
 		return rc;
+	rc = pod_from_api(n, &p, err, errcap);
+	if (rc < 0) {
+		log_warn(MOD, "publish of volume %s at %s: %s", rq->volume_id, rq->target, err);
+		return rc;
+	}
 	pthread_mutex_lock(&n->mu);
 	rc = 0;
 	if (n->cfg_gone)
@@ -1226,8 +1304,9 @@ int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err
 		rc = target_add(n, j, rq->target);
 	pthread_mutex_unlock(&n->mu);
 	if (rc == 0)
-		log_info(MOD, "published volume %s of job %s (pod %s, rank %u) at %s%s", rq->volume_id,
-			 j->key, p.pod[0] ? p.pod : "-", p.rank, rq->target, rq->readonly ? " (ro)" : "");
+		log_info(MOD, "published volume %s of job %s (pod %s, rank %s) at %s%s", rq->volume_id,
+			 j->key, p.pod[0] ? p.pod : "-", rank_str(p.rank, rs), rq->target,
+			 rq->readonly ? " (ro)" : "");
 	else if (rc == -EINVAL || rc == -EEXIST || rc == -EBUSY)
 		/* the request's fault: kubelet shows it on the pod */
 		log_warn(MOD, "publish of volume %s at %s refused: %s", rq->volume_id, rq->target, err);

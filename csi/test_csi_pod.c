@@ -67,6 +67,37 @@ static void dashes_in_names(void **state)
 	assert_non_null(strstr(err, "jobName and rank"));
 }
 
+/* Without podsPerJob (GKE's JobSet has none): job index 0 is rank =
+ * podIndex, podIndex 0 of a later Job assumes one pod per Job, a later
+ * podIndex has no rank until the yaml; the Job's parallelism learnt from
+ * the API fixes it, and contradicts a pod index not below it. */
+static void pods_per_job_absent_or_learnt(void **state)
+{
+	struct csi_kv a[] = { POD("js-w-0-3-abcde") };
+	struct csi_kv b[] = { POD("js-w-2-1-abcde") };
+	struct csi_kv c[] = { POD("js-w-2-0-abcde") };
+	struct csi_kv d[] = { POD("js-w-2-1-abcde"), KV("rank", "17") };
+	struct csi_pod p;
+
+	(void)state;
+	assert_int_equal(csi_pod_parse(&p, a, N(a), err, sizeof(err)), 0);
+	assert_int_equal(p.rank, 3);
+	assert_int_equal(csi_pod_parse(&p, b, N(b), err, sizeof(err)), 0);
+	assert_int_equal(p.rank, CSI_RANK_NONE);
+	assert_int_equal(csi_pod_set_pods_per_job(&p, 4, err, sizeof(err)), 0);
+	assert_int_equal(p.rank, 9);
+	assert_int_equal(csi_pod_parse(&p, c, N(c), err, sizeof(err)), 0);
+	assert_int_equal(p.rank, 2);
+	assert_int_equal(csi_pod_set_pods_per_job(&p, 2, err, sizeof(err)), 0);
+	assert_int_equal(p.rank, 4);
+	assert_int_equal(csi_pod_parse(&p, b, N(b), err, sizeof(err)), 0);
+	assert_int_equal(csi_pod_set_pods_per_job(&p, 1, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "pod index 1 >= podsPerJob 1"));
+	assert_int_equal(csi_pod_parse(&p, d, N(d), err, sizeof(err)), 0);
+	assert_int_equal(csi_pod_set_pods_per_job(&p, 4, err, sizeof(err)), 0);
+	assert_int_equal(p.rank, 17);
+}
+
 static void attributes_override(void **state)
 {
 	struct csi_kv kv[] = { POD("whatever"), KV("jobName", "Job_1.x"), KV("rank", "9"),
@@ -221,6 +252,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(pod_name_gives_rank_and_coordinator),
 		cmocka_unit_test(dashes_in_names),
+		cmocka_unit_test(pods_per_job_absent_or_learnt),
 		cmocka_unit_test(attributes_override),
 		cmocka_unit_test(bad_attributes),
 		cmocka_unit_test(cfg_resource_and_spec_forms),
