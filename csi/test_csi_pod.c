@@ -247,6 +247,38 @@ static void cfg_errors(void **state)
 	}
 }
 
+/* Several documents: one configuration each, its name, nodeSelector and
+ * tolerations kept in order (mtcfs-csi render); a bad one names its
+ * document. */
+static void cfg_several_documents(void **state)
+{
+	static const char two[] =
+		"apiVersion: checkpointing.mtcfs.dev/v1\nkind: CheckpointConfiguration\n"
+		"metadata: {name: a}\nspec:\n  inMemoryVolumeSize: 1Gi\n"
+		"  nodeSelector: {pool: x, zone: z1}\n"
+		"  tolerations: [{key: k, operator: Exists}, {effect: NoSchedule}]\n"
+		"---\n---\nspec: {inMemoryVolumeSize: 2Gi}\n";
+	static const char bad[] = "spec: {}\n---\nspec: {nodeSelector: [x]}\n";
+	struct csi_cfg *c;
+	size_t n;
+
+	(void)state;
+	assert_int_equal(csi_cfg_parse_all(two, strlen(two), &c, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, 2);
+	assert_string_equal(c[0].name, "a");
+	assert_int_equal(c[0].node_selector.n, 2);
+	assert_string_equal(c[0].node_selector.keys[1], "zone");
+	assert_string_equal(c[0].node_selector.vals[1], "z1");
+	assert_int_equal(c[0].n_tolerations, 2);
+	assert_string_equal(c[0].tolerations[0].keys[1], "operator");
+	assert_string_equal(c[0].tolerations[1].vals[0], "NoSchedule");
+	assert_null(c[1].name);
+	assert_int_equal(c[1].ram_bytes, 2ull << 30);
+	csi_cfg_free_all(c, n);
+	assert_int_equal(csi_cfg_parse_all(bad, strlen(bad), &c, &n, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "document 2: nodeSelector: expected a map"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -258,6 +290,7 @@ int main(void)
 		cmocka_unit_test(cfg_resource_and_spec_forms),
 		cmocka_unit_test(cfg_gke_fields),
 		cmocka_unit_test(cfg_errors),
+		cmocka_unit_test(cfg_several_documents),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
