@@ -1061,6 +1061,25 @@ class CsiTest(unittest.TestCase):
         self.assertRegex(d.job_log(key), r"restore job=%s step=3 source=local" % job)
         self.assertEqual(d.unpublish(t)["code"], "OK")
 
+    def test_no_pods_per_job_and_no_api_leaves_the_rank_to_the_yaml(self):
+        # GKE's JobSet has no podsPerJob; outside a cluster (no API to read
+        # the Job's parallelism) pod 1-1 cannot know its rank: no longer an
+        # error, its mtcfs starts without rank_hint= and the yaml says
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        t = d.target("nr")
+        r = d.publish(t, pod_ctx("nr-w-1-1-aaaaa", coordinator="127.0.0.1:%d" % port))
+        self.assertEqual(r["code"], "OK", r)
+        self.assertRegex(d.log(), r"starting mtcfs rank=\?: \S+ -f -o listen=127.0.0.1:%d,"
+                         r"coordinator=127.0.0.1:%d \S+ \S+\n" % (port, port))
+        self.assertRegex(d.log(), r"published volume csi-vol of job default.nr \(pod "
+                         r"nr-w-1-1-aaaaa, rank \?\)")
+        write_yaml(t, "nr", 0, 1)
+        self.assertEqual(wait_markers(t)[0], 0)
+        with open(os.path.join(t, "jax-init-info.txt")) as f:
+            self.assertEqual(f.read().split("\n")[0], "0")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+
     # --- issue 24.5: RAM of jobs that no longer run is given back --------------
 
     def test_ram_of_stopped_jobs_is_freed_under_pressure(self):
