@@ -707,6 +707,65 @@ static void job_attrs_diff(const struct csi_node *n, const struct job *j, const 
 		memcpy(out + cap - 4, "...", 4);
 }
 
+/* <state_dir>/<key>/attrs: the attributes the job's mtcfs runs with, so
+ * that a driver that finds the mount serving (adopts it) still compares
+ * them. Lines name=value; tmp + rename. A failure is a WARN. */
+static void attrs_save(const struct csi_node *n, const struct job *j)
+{
+	char path[PATH_MAX + 16], tmp[PATH_MAX + 32];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s/attrs", n->o.state_dir, j->key);
+	snprintf(tmp, sizeof(tmp), "%s/%s/.attrs.tmp", n->o.state_dir, j->key);
+	f = fopen(tmp, "we");
+	if (!f) {
+		log_warn(MOD, "job %s: %s: %s", j->key, tmp, strerror(errno));
+		return;
+	}
+	fprintf(f, "peerPort=%u\nramSize=%s\nsubdomain=%s\ncoordinator=%s\n", j->a_peer_port,
+		j->a_ram_size, j->a_subdomain, j->a_coordinator);
+	if (fclose(f) != 0 || rename(tmp, path) < 0) {
+		log_warn(MOD, "job %s: writing %s: %s", j->key, path, strerror(errno));
+		unlink(tmp);
+	}
+}
+
+static void attrs_load(const struct csi_node *n, struct job *j)
+{
+	char path[PATH_MAX + 16], line[CSI_NAME_MAX + 80];
+	int seen = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s/attrs", n->o.state_dir, j->key);
+	f = fopen(path, "re");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char *v = strchr(line, '=');
+		uint64_t u;
+
+		if (!v)
+			continue;
+		*v++ = 0;
+		v[strcspn(v, "\n")] = 0;
+		if (!strcmp(line, "peerPort") && util_parse_u64(v, 65535, &u) == 0) {
+			j->a_peer_port = (unsigned)u;
+			seen |= 1;
+		} else if (!strcmp(line, "ramSize")) {
+			snprintf(j->a_ram_size, sizeof(j->a_ram_size), "%s", v);
+			seen |= 2;
+		} else if (!strcmp(line, "subdomain")) {
+			snprintf(j->a_subdomain, sizeof(j->a_subdomain), "%s", v);
+			seen |= 4;
+		} else if (!strcmp(line, "coordinator")) {
+			snprintf(j->a_coordinator, sizeof(j->a_coordinator), "%s", v);
+			seen |= 8;
+		}
+	}
+	fclose(f);
+	j->has_attrs = seen == 15;
+}
+
 /* Start the job's mtcfs and wait until its mount answers. Called with mu
  * held. */
 static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
@@ -818,6 +877,7 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	snprintf(j->a_subdomain, sizeof(j->a_subdomain), "%s", attr_subdomain(p));
 	snprintf(j->a_ram_size, sizeof(j->a_ram_size), "%s", p->ram_size);
 	j->has_attrs = true;
+	attrs_save(n, j);
 	end = now_ms() + JOB_READY_MS;
 	for (;;) {
 		if (job_mounted(j))
@@ -1075,6 +1135,7 @@ static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **
 			 j->mnt, p->rank);
 		j->adopted = true;
 		j->rank = p->rank;
+		attrs_load(n, j);
 	}
 	if ((j->adopted || !job_exited(j)) && job_mounted(j)) {
 		char diff[1024];
@@ -1082,9 +1143,13 @@ static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **
 		job_attrs_diff(n, j, p, diff, sizeof(diff));
 		if (j->rank == p->rank && !diff[0])
 			return 0;
-		if (j->adopted)
+		if (j->adopted && j->rank != p->rank)
 			return fail(err, cap, -EBUSY, "job %s: the adopted mount at %s is not ours to "
 				    "restart for rank %u", j->key, j->mnt, p->rank);
+		if (j->adopted)
+			return fail(err, cap, -EBUSY, "job %s: volume attributes differ from the adopted "
+				    "mount's at %s (%s), which is not ours to restart: refused", j->key,
+				    j->mnt, diff);
 		/* the pod's index names the mount until its yaml (rank_hint=, and
 		 * jax-init-info.txt): a pod of another index on this node (the
 		 * restarted JobSet placed ranks differently) gets the same RAMDIR

@@ -693,9 +693,18 @@ class CsiTest(unittest.TestCase):
         m = harness.Daemon(ramdir=ram, mnt=mnt, opts="ram_size=64M", name="adopted")
         self.addCleanup(m.close)
         m.start()
+        # what the earlier driver started it with (issue 26: compared too)
+        with open(os.path.join(d.state, key, "attrs"), "w") as f:
+            f.write("peerPort=%d\nramSize=\nsubdomain=\ncoordinator=127.0.0.1:%d\n" % (port, port))
         t = d.target("ad")
         r = d.publish(t, pod_ctx("adopt-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port))
         self.assertEqual(r["code"], "OK", r)
+        d.expected.append(r"refused: job default.adopt: volume attributes differ")
+        r = d.publish(d.target("ad2"), pod_ctx("adopt-w-0-0-bbbbb", ramSize="64Mi",
+                                               coordinator="127.0.0.1:%d" % port))
+        self.assertEqual(r["code"], "FAILED_PRECONDITION", r)
+        self.assertIn("volume attributes differ from the adopted mount's at %s (ramSize (none) "
+                      "-> 64Mi), which is not ours to restart" % mnt, r["details"])
         self.assertEqual(d.starts(), 0, d.log())
         self.assertRegex(d.log(), r"job default.adopt: adopting the mount already at")
         self.assertEqual(os.stat(t).st_dev, os.stat(mnt).st_dev)
