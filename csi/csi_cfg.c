@@ -22,10 +22,26 @@ void csi_cfg_init(struct csi_cfg *c)
 	c->peer_port = 8765;
 }
 
+static void map_free(struct csi_cfg_map *m)
+{
+	for (size_t i = 0; i < m->n; i++) {
+		free(m->keys[i]);
+		free(m->vals[i]);
+	}
+	free(m->keys);
+	free(m->vals);
+	memset(m, 0, sizeof(*m));
+}
+
 void csi_cfg_free(struct csi_cfg *c)
 {
 	if (!c)
 		return;
+	free(c->name);
+	map_free(&c->node_selector);
+	for (size_t i = 0; i < c->n_tolerations; i++)
+		map_free(&c->tolerations[i]);
+	free(c->tolerations);
 	free(c->bucket);
 	free(c->ram_size);
 	free(c->secret_file);
@@ -143,6 +159,91 @@ static int set_list(yaml_document_t *d, yaml_node_t *v, char ***dst, size_t *n,
 	return 0;
 }
 
+static int map_add(struct csi_cfg_map *m, const char *k, const char *v)
+{
+	char **keys = realloc(m->keys, (m->n + 1) * sizeof(*keys)), **vals;
+
+	if (!keys)
+		return -ENOMEM;
+	m->keys = keys;
+	vals = realloc(m->vals, (m->n + 1) * sizeof(*vals));
+	if (!vals)
+		return -ENOMEM;
+	m->vals = vals;
+	keys[m->n] = strdup(k);
+	vals[m->n] = strdup(v);
+	if (!keys[m->n] || !vals[m->n]) {
+		free(keys[m->n]);
+		free(vals[m->n]);
+		return -ENOMEM;
+	}
+	m->n++;
+	return 0;
+}
+
+/* Printable, so that a rendered manifest cannot get a line of its own
+ * from a value. */
+static bool printable_(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			return false;
+	return true;
+}
+
+/* A map of strings (nodeSelector, one toleration) into m; allowed: the
+ * keys permitted (NULL: any). */
+static int set_map(yaml_document_t *d, yaml_node_t *v, struct csi_cfg_map *m,
+		   const char *const *allowed, const char *key, char *err, size_t cap)
+{
+	yaml_node_pair_t *p;
+
+	if (v->type != YAML_MAPPING_NODE)
+		return csi_fail(err, cap, "%s: expected a map", key);
+	for (p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+		const char *k = scalar(yaml_document_get_node(d, p->key));
+		const char *val = scalar(yaml_document_get_node(d, p->value));
+		bool ok = !allowed;
+		int rc;
+
+		if (!k || !val || !*k || !printable_(k) || !printable_(val))
+			return csi_fail(err, cap, "%s: expected a map of printable strings", key);
+		for (size_t i = 0; allowed && allowed[i]; i++)
+			ok = ok || !strcmp(allowed[i], k);
+		if (!ok)
+			return csi_fail(err, cap, "%s: unknown field %s", key, k);
+		rc = map_add(m, k, val);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static int set_tolerations(struct csi_cfg *c, yaml_document_t *d, yaml_node_t *v, char *err,
+			   size_t cap)
+{
+	static const char *const fields[] = { "key", "operator", "value", "effect",
+					      "tolerationSeconds", NULL };
+	yaml_node_item_t *it;
+
+	if (v->type != YAML_SEQUENCE_NODE)
+		return csi_fail(err, cap, "tolerations: expected a list");
+	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+		struct csi_cfg_map *t = realloc(c->tolerations,
+						(c->n_tolerations + 1) * sizeof(*t));
+		if (!t)
+			return -ENOMEM;
+		c->tolerations = t;
+		memset(&t[c->n_tolerations], 0, sizeof(*t));
+		c->n_tolerations++;
+		int rc = set_map(d, yaml_document_get_node(d, *it), &t[c->n_tolerations - 1], fields,
+				 "tolerations", err, cap);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
 static int apply(struct csi_cfg *c, yaml_document_t *d, const char *k, yaml_node_t *v,
 		 char *err, size_t cap)
 {
@@ -157,13 +258,11 @@ static int apply(struct csi_cfg *c, yaml_document_t *d, const char *k, yaml_node
 				    c->ram_size);
 		return 0;
 	}
-	/* scheduling of the DaemonSet: the driver only checks their shape */
+	/* scheduling of the DaemonSet: kept for mtcfs-csi render */
 	if (!strcmp(k, "nodeSelector"))
-		return v->type == YAML_MAPPING_NODE ? 0 :
-			csi_fail(err, cap, "nodeSelector: expected a map");
+		return set_map(d, v, &c->node_selector, NULL, k, err, cap);
 	if (!strcmp(k, "tolerations"))
-		return v->type == YAML_SEQUENCE_NODE ? 0 :
-			csi_fail(err, cap, "tolerations: expected a list");
+		return set_tolerations(c, d, v, err, cap);
 	if (!strcmp(k, "gcsFuseMountOptions"))
 		return set_list(d, v, NULL, &c->n_gcsfuse_opts, k, err, cap);
 	/* GKE's other spec fields (checkpointing.gke.io/v1), so that its
@@ -222,33 +321,31 @@ static yaml_node_t *map_get(yaml_document_t *d, yaml_node_t *m, const char *key)
 	return NULL;
 }
 
-int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, size_t errcap)
+/* One loaded document into c. */
+static int parse_doc(struct csi_cfg *c, yaml_document_t *doc, char *err, size_t errcap)
 {
-	yaml_parser_t parser;
-	yaml_document_t doc;
-	yaml_node_t *root, *spec;
+	yaml_node_t *root, *spec, *meta, *name;
 	yaml_node_pair_t *p;
-	int rc = 0, have_doc = 0;
+	int rc = 0;
 
-	err[0] = 0;
-	if (!yaml_parser_initialize(&parser))
-		return -ENOMEM;
-	yaml_parser_set_input_string(&parser, (const unsigned char *)buf, len);
-	if (!yaml_parser_load(&parser, &doc)) {
-		rc = csi_fail(err, errcap, "not YAML: %s at line %zu",
-			  parser.problem ? parser.problem : "syntax error",
-			  parser.problem_mark.line + 1);
-		goto out;
-	}
-	have_doc = 1;
-	root = yaml_document_get_root_node(&doc);
+	root = yaml_document_get_root_node(doc);
 	if (!root)              /* an empty file: all defaults */
 		goto out;
 	if (root->type != YAML_MAPPING_NODE) {
 		rc = csi_fail(err, errcap, "expected a mapping (a CheckpointConfiguration or its spec)");
 		goto out;
 	}
-	spec = map_get(&doc, root, "spec");
+	spec = map_get(doc, root, "spec");
+	meta = map_get(doc, root, "metadata");
+	name = meta && meta->type == YAML_MAPPING_NODE ? map_get(doc, meta, "name") : NULL;
+	if (spec && scalar(name)) {
+		free(c->name);
+		c->name = strdup(scalar(name));
+		if (!c->name) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
 	if (spec) {
 		if (spec->type != YAML_MAPPING_NODE) {
 			rc = csi_fail(err, errcap, "spec: expected a mapping");
@@ -258,8 +355,8 @@ int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, siz
 		spec = root;
 	}
 	for (p = spec->data.mapping.pairs.start; p < spec->data.mapping.pairs.top; p++) {
-		const char *k = scalar(yaml_document_get_node(&doc, p->key));
-		yaml_node_t *v = yaml_document_get_node(&doc, p->value);
+		const char *k = scalar(yaml_document_get_node(doc, p->key));
+		yaml_node_t *v = yaml_document_get_node(doc, p->value);
 
 		if (!k || !v) {
 			rc = csi_fail(err, errcap, "a key must be a string");
@@ -269,13 +366,13 @@ int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, siz
 		if (spec == root && (!strcmp(k, "apiVersion") || !strcmp(k, "kind") ||
 				     !strcmp(k, "metadata")))
 			continue;
-		rc = apply(c, &doc, k, v, err, errcap);
+		rc = apply(c, doc, k, v, err, errcap);
 		if (rc < 0)
 			goto out;
 	}
 	if (spec != root) {
 		for (p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
-			const char *k = scalar(yaml_document_get_node(&doc, p->key));
+			const char *k = scalar(yaml_document_get_node(doc, p->key));
 			if (!k || (strcmp(k, "apiVersion") && strcmp(k, "kind") &&
 				   strcmp(k, "metadata") && strcmp(k, "spec") && strcmp(k, "status"))) {
 				rc = csi_fail(err, errcap, "unknown top-level key %s", k ? k : "?");
@@ -284,10 +381,98 @@ int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, siz
 		}
 	}
 out:
-	if (have_doc)
-		yaml_document_delete(&doc);
+	return rc;
+}
+
+int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, size_t errcap)
+{
+	yaml_parser_t parser;
+	yaml_document_t doc;
+	int rc;
+
+	err[0] = 0;
+	if (!yaml_parser_initialize(&parser))
+		return -ENOMEM;
+	yaml_parser_set_input_string(&parser, (const unsigned char *)buf, len);
+	if (!yaml_parser_load(&parser, &doc)) {
+		rc = csi_fail(err, errcap, "not YAML: %s at line %zu",
+			  parser.problem ? parser.problem : "syntax error",
+			  parser.problem_mark.line + 1);
+		yaml_parser_delete(&parser);
+		return rc;
+	}
+	rc = parse_doc(c, &doc, err, errcap);
+	yaml_document_delete(&doc);
 	yaml_parser_delete(&parser);
 	return rc;
+}
+
+void csi_cfg_free_all(struct csi_cfg *c, size_t n)
+{
+	for (size_t i = 0; c && i < n; i++)
+		csi_cfg_free(&c[i]);
+	free(c);
+}
+
+int csi_cfg_parse_all(const char *buf, size_t len, struct csi_cfg **out, size_t *n,
+		      char *err, size_t errcap)
+{
+	yaml_parser_t parser;
+	yaml_document_t doc;
+	struct csi_cfg *all = NULL;
+	yaml_node_t *root;
+	size_t cnt = 0;
+	int rc = 0;
+
+	err[0] = 0;
+	*out = NULL;
+	*n = 0;
+	if (!yaml_parser_initialize(&parser))
+		return -ENOMEM;
+	yaml_parser_set_input_string(&parser, (const unsigned char *)buf, len);
+	for (size_t idx = 1;; idx++) {
+		struct csi_cfg *grown;
+		char why[400];
+
+		if (!yaml_parser_load(&parser, &doc)) {
+			rc = csi_fail(err, errcap, "not YAML: %s at line %zu",
+				      parser.problem ? parser.problem : "syntax error",
+				      parser.problem_mark.line + 1);
+			break;
+		}
+		root = yaml_document_get_root_node(&doc);
+		if (!root || (root->type == YAML_SCALAR_NODE && !root->data.scalar.length)) {
+			/* the end, or an empty document ("---" twice) */
+			yaml_document_delete(&doc);
+			if (!root && parser.stream_end_produced)
+				break;
+			continue;
+		}
+		grown = realloc(all, (cnt + 1) * sizeof(*all));
+		if (!grown) {
+			yaml_document_delete(&doc);
+			rc = -ENOMEM;
+			break;
+		}
+		all = grown;
+		csi_cfg_init(&all[cnt]);
+		cnt++;
+		rc = parse_doc(&all[cnt - 1], &doc, why, sizeof(why));
+		yaml_document_delete(&doc);
+		if (rc < 0) {
+			if (rc == -EINVAL)
+				csi_fail(err, errcap, "document %zu: %s", idx, why);
+			break;
+		}
+	}
+	yaml_parser_delete(&parser);
+	if (rc < 0) {
+		csi_cfg_free_all(all, cnt);
+		return rc;
+	}
+	*out = all;
+	*n = cnt;
+	return 0;
 }
 
 int csi_cfg_load(struct csi_cfg *c, const char *path, char *err, size_t errcap)

@@ -9,7 +9,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A YAML map of strings, in the order written. */
+struct csi_cfg_map {
+	char **keys;
+	char **vals;
+	size_t n;
+};
+
 struct csi_cfg {
+	char *name;             /* metadata.name of the whole object, or NULL (spec only) */
+	struct csi_cfg_map node_selector;   /* nodeSelector (mtcfs-csi render) */
+	struct csi_cfg_map *tolerations;    /* tolerations: key/operator/value/effect/tolerationSeconds */
+	size_t n_tolerations;
 	char *bucket;           /* bucket= URL (gs://NAME or as given with ://), or NULL */
 	char *ram_size;         /* inMemoryVolumeSize as written ("200Gi"), or NULL */
 	uint64_t ram_bytes;     /* the same in bytes; 0 when not given */
@@ -41,5 +52,13 @@ int csi_cfg_load(struct csi_cfg *c, const char *path, char *err, size_t errcap);
 int csi_cfg_parse(struct csi_cfg *c, const char *buf, size_t len, char *err, size_t errcap);
 
 void csi_cfg_free(struct csi_cfg *c);
+
+/* Every document of a YAML stream (documents separated by "---"), each
+ * one configuration: *out (n of them) to free with csi_cfg_free_all.
+ * An empty document is skipped. 0, or -EINVAL with the document's index
+ * in err. */
+int csi_cfg_parse_all(const char *buf, size_t len, struct csi_cfg **out, size_t *n,
+		      char *err, size_t errcap);
+void csi_cfg_free_all(struct csi_cfg *c, size_t n);
 
 #endif

@@ -7,12 +7,16 @@
  * message, status, close). */
 #include "csi/csi_cfg.h"
 #include "csi/csi_node.h"
+#include "csi/csi_kube.h"
+#include "csi/csi_render.h"
 #include "csi/csi_watch.h"
 #include "csi/csi.pb-c.h"
 #include "common/log.h"
 #include "common/util.h"
 
+#include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -82,6 +86,7 @@ static grpc_status_code node_code(int rc)
 	case EEXIST: return GRPC_STATUS_ALREADY_EXISTS;
 	case EBUSY:  return GRPC_STATUS_FAILED_PRECONDITION;
 	case ENOENT: return GRPC_STATUS_NOT_FOUND;
+	case EAGAIN: return GRPC_STATUS_UNAVAILABLE;   /* kubelet retries */
 	case ENOMEM: case ENOSPC: return GRPC_STATUS_RESOURCE_EXHAUSTED;
 	case EPERM: case EACCES: return GRPC_STATUS_PERMISSION_DENIED;
 	default:     return GRPC_STATUS_INTERNAL;
@@ -442,6 +447,8 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: mtcfs-csi --endpoint unix:///csi/csi.sock --node-id NODE [options]\n"
+		"       mtcfs-csi render [--config FILE|-]...   the node DaemonSet of each\n"
+		"                       CheckpointConfiguration (stdin without --config)\n"
 		"  --config FILE        CheckpointConfiguration (or its spec) as YAML/JSON\n"
 		"  --ram-root DIR       the node's RAM tier (tmpfs mounted here; default /var/lib/mtcfs/ram)\n"
 		"  --state-dir DIR      per-job mounts and logs (default /var/lib/mtcfs/jobs)\n"
@@ -466,6 +473,7 @@ static void usage(FILE *f)
 		"  --kube-api URL       API server (default https://$KUBERNETES_SERVICE_HOST:$..._PORT)\n"
 		"  --kube-token FILE    bearer token (default the service account's)\n"
 		"  --kube-ca FILE       CA of the API server (default the service account's ca.crt)\n"
+		"  --no-kube-lookups    never ask the API for a Job's parallelism or rank 0's node\n"
 		"  --log-format FMT     text (default) or json (also for the job mounts)\n"
 		"  -d                   debug log (also for the job mounts)\n"
 		"  --version\n");
@@ -500,6 +508,103 @@ static int read_watch_file(const char *path, const char **out)
 	return 0;
 }
 
+/* Read all of fd 0 (render's "-"). */
+static int read_stdin(char **buf, size_t *len)
+{
+	size_t cap = 0;
+
+	*buf = NULL;
+	*len = 0;
+	for (;;) {
+		ssize_t r;
+
+		if (*len + 4096 > cap) {
+			size_t ncap = cap ? cap * 2 : 65536;
+			char *p;
+
+			if (ncap > (16u << 20))
+				return -EFBIG;
+			p = realloc(*buf, ncap);
+			if (!p)
+				return -ENOMEM;
+			*buf = p;
+			cap = ncap;
+		}
+		r = read(0, *buf + *len, cap - *len);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (!r)
+			return 0;
+		*len += (size_t)r;
+	}
+}
+
+/* mtcfs-csi render [--config FILE|-]...: every configuration of every
+ * file (several documents each), one DaemonSet each, to stdout. */
+static int render_main(int argc, char **argv)
+{
+	struct csi_cfg *all = NULL;
+	size_t n_all = 0;
+	char err[ERR_MAX];
+	int rc = 0, files = 0;
+
+	for (int i = 1; i <= argc && !rc; i++) {
+		const char *path = NULL;
+		struct csi_cfg *some, *grown;
+		char *buf = NULL;
+		size_t len = 0, n = 0;
+
+		if (i == argc && files)
+			break;
+		if (i < argc) {
+			if (strcmp(argv[i], "--config") || i + 1 >= argc) {
+				fprintf(stderr, "usage: mtcfs-csi render [--config FILE|-]...\n");
+				rc = 2;
+				break;
+			}
+			path = argv[++i];
+		}
+		files++;
+		if (!path || !strcmp(path, "-")) {
+			path = "-";
+			rc = read_stdin(&buf, &len);
+		} else {
+			rc = util_read_file_at(AT_FDCWD, path, 16u << 20, &buf, &len);
+		}
+		if (rc < 0) {
+			fprintf(stderr, "mtcfs-csi render: %s: %s\n", path, strerror(-rc));
+			free(buf);
+			rc = 1;
+			break;
+		}
+		rc = csi_cfg_parse_all(buf, len, &some, &n, err, sizeof(err));
+		free(buf);
+		if (rc < 0) {
+			fprintf(stderr, "mtcfs-csi render: %s: %s\n", path, err);
+			rc = 1;
+			break;
+		}
+		grown = realloc(all, (n_all + n + 1) * sizeof(*all));
+		if (!grown) {
+			csi_cfg_free_all(some, n);
+			rc = 1;
+			break;
+		}
+		all = grown;
+		memcpy(all + n_all, some, n * sizeof(*some));
+		n_all += n;
+		free(some);     /* its members now belong to all */
+	}
+	if (!rc && csi_render(all, n_all, stdout, err, sizeof(err)) < 0) {
+		fprintf(stderr, "mtcfs-csi render: %s\n", err);
+		rc = 1;
+	}
+	csi_cfg_free_all(all, n_all);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	const char *endpoint = NULL, *cfg_path = NULL;
@@ -519,12 +624,16 @@ int main(int argc, char **argv)
 	grpc_server_credentials *creds = NULL;
 	struct csi_watch_opts wo = { .interval_s = 10, .grace = 2 };
 	struct csi_watch *watch = NULL;
+	struct csi_kube kube;
+	bool no_kube = false;
 	const char *interval = NULL, *grace = NULL, *idle = NULL, *free_above = NULL;
 	char kubelet_dir[PATH_MAX];
 	mode_t um;
 	struct stat sst;
 	uint64_t u;
 
+	if (argc > 1 && !strcmp(argv[1], "render"))
+		return render_main(argc - 1, argv + 1);
 	csi_cfg_init(&cfg);
 	o.node_address = getenv("NODE_IP") && *getenv("NODE_IP") ? getenv("NODE_IP") : "127.0.0.1";
 	for (int i = 1; i < argc; i++) {
@@ -556,6 +665,8 @@ int main(int argc, char **argv)
 			release = true;
 		} else if (!strcmp(a, "--status")) {
 			show_status = true;
+		} else if (!strcmp(a, "--no-kube-lookups")) {
+			no_kube = true;
 		} else if (!strcmp(a, "--no-tmpfs")) {
 			o.no_tmpfs = true;
 		} else if (!strcmp(a, "-d")) {
@@ -651,6 +762,22 @@ int main(int argc, char **argv)
 		log_info(MOD, "config: no cloudStorageBucketName: the job mounts have no backup tier");
 	o.cfg = &cfg;
 	g_node_id = o.node_id;
+	if (!no_kube) {
+		rc = csi_kube_init(&kube, wo.api_url, wo.token_file, wo.ca_file, err, sizeof(err));
+		if (rc == 0 && curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK) {
+			o.kube = &kube;
+			log_info(MOD, "Kubernetes API %s: podsPerJob and rank 0's node are looked up "
+				 "when the volume attributes do not give them", kube.base);
+		} else if (rc == -EINVAL) {
+			log_err(MOD, "%s", err);
+			csi_cfg_free(&cfg);
+			return 2;
+		} else {
+			log_info(MOD, "no Kubernetes API (not in a pod): podsPerJob and the coordinator "
+				 "only from the volume attributes and the pod's name");
+		}
+		rc = 1;
+	}
 
 	/* signals go to sigwait below, never to the gRPC or job threads */
 	sigemptyset(&sigs);

@@ -54,6 +54,14 @@ struct job {
 	unsigned rank;
 	unsigned peer_port;         /* its listen port; 0 while not running */
 	unsigned metrics_port;      /* its /metrics port; 0: none */
+	/* the volume attributes its mtcfs was started with, as they became
+	 * mount options (valid while has_attrs): a publish with others is
+	 * applied (restart) or refused, never dropped */
+	bool has_attrs;
+	char a_coordinator[CSI_NAME_MAX + 64];
+	char a_subdomain[64];
+	char a_ram_size[32];
+	unsigned a_peer_port;
 	char **targets;             /* published targets (also in <state>/<key>/published) */
 	size_t n_targets;
 	uint64_t idle_mono;         /* now_ms() when its last target went (n_targets 0) */
@@ -515,6 +523,15 @@ static int opt_add(char *opts, size_t cap, const char *fmt, ...)
 	return w < 0 || (size_t)w >= cap - len ? -ENAMETOOLONG : 0;
 }
 
+/* A rank for log lines: "?" when the yaml will tell. */
+static const char *rank_str(unsigned rank, char buf[16])
+{
+	if (rank == CSI_RANK_NONE)
+		return "?";
+	snprintf(buf, 16, "%u", rank);
+	return buf;
+}
+
 static int host_port(char *out, size_t cap, const char *host, unsigned port)
 {
 	int w = strchr(host, ':') ? snprintf(out, cap, "[%s]:%u", host, port)
@@ -555,7 +572,7 @@ static int job_options(struct csi_node *n, struct job *self, const struct csi_po
 	if (!rc)
 		/* a hint: the yaml's node-rank wins (as GKE takes it), the
 		 * pod's index only names the node until then */
-		rc = opt_add(opts, cap, "rank_hint=%u", p->rank);
+		rc = p->rank == CSI_RANK_NONE ? 0 : opt_add(opts, cap, "rank_hint=%u", p->rank);
 	if (!rc && p->ram_size[0])
 		rc = opt_add(opts, cap, "ram_size=%s", p->ram_size);
 	if (!rc && c->bucket)
@@ -635,12 +652,126 @@ static void *pump_run(void *arg)
 	return NULL;
 }
 
+/* The pod's coordinator endpoint and peer port as its job mount would
+ * get them (the attribute, else the derived name; the configuration's
+ * port unless peerPort). */
+static void job_attrs_of(const struct csi_node *n, const struct csi_pod *p, char *coord,
+			 size_t cap, unsigned *port)
+{
+	*port = p->peer_port ? p->peer_port : n->o.cfg->peer_port;
+	if (csi_pod_coordinator(p, *port, coord, cap) < 0)
+		snprintf(coord, cap, "?");
+}
+
+/* The subdomain as far as it shapes the mount: only in a derived
+ * coordinator name. */
+static const char *attr_subdomain(const struct csi_pod *p)
+{
+	return p->coordinator[0] ? "" : p->subdomain;
+}
+
+static void diff_add(char *out, size_t cap, size_t *len, const char *name, const char *old,
+		     const char *new_)
+{
+	int w;
+
+	if (!strcmp(old, new_) || *len >= cap)
+		return;
+	w = snprintf(out + *len, cap - *len, "%s%s %s -> %s", *len ? "; " : "", name,
+		     *old ? old : "(none)", *new_ ? new_ : "(none)");
+	*len = w < 0 ? cap : *len + (size_t)w;
+}
+
+/* The attributes in which pod p differs from what j's mtcfs runs with,
+ * "name old -> new" joined by "; " into out (empty: none). An attribute
+ * not given is "(none)"; subdomain and coordinator are both named when
+ * one changes the other. */
+static void job_attrs_diff(const struct csi_node *n, const struct job *j, const struct csi_pod *p,
+			   char *out, size_t cap)
+{
+	char coord[CSI_NAME_MAX + 64], a[32], b[32];
+	unsigned port;
+	size_t len = 0;
+
+	out[0] = 0;
+	if (!j->has_attrs)
+		return;
+	job_attrs_of(n, p, coord, sizeof(coord), &port);
+	snprintf(a, sizeof(a), "%u", j->a_peer_port);
+	snprintf(b, sizeof(b), "%u", port);
+	diff_add(out, cap, &len, "peerPort", a, b);
+	diff_add(out, cap, &len, "ramSize", j->a_ram_size, p->ram_size);
+	diff_add(out, cap, &len, "subdomain", j->a_subdomain, attr_subdomain(p));
+	diff_add(out, cap, &len, "coordinator", j->a_coordinator, coord);
+	if (len >= cap && cap > 4)
+		memcpy(out + cap - 4, "...", 4);
+}
+
+/* <state_dir>/<key>/attrs: the attributes the job's mtcfs runs with, so
+ * that a driver that finds the mount serving (adopts it) still compares
+ * them. Lines name=value; tmp + rename. A failure is a WARN. */
+static void attrs_save(const struct csi_node *n, const struct job *j)
+{
+	char path[PATH_MAX + 16], tmp[PATH_MAX + 32];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s/attrs", n->o.state_dir, j->key);
+	snprintf(tmp, sizeof(tmp), "%s/%s/.attrs.tmp", n->o.state_dir, j->key);
+	f = fopen(tmp, "we");
+	if (!f) {
+		log_warn(MOD, "job %s: %s: %s", j->key, tmp, strerror(errno));
+		return;
+	}
+	fprintf(f, "peerPort=%u\nramSize=%s\nsubdomain=%s\ncoordinator=%s\n", j->a_peer_port,
+		j->a_ram_size, j->a_subdomain, j->a_coordinator);
+	if (fclose(f) != 0 || rename(tmp, path) < 0) {
+		log_warn(MOD, "job %s: writing %s: %s", j->key, path, strerror(errno));
+		unlink(tmp);
+	}
+}
+
+static void attrs_load(const struct csi_node *n, struct job *j)
+{
+	char path[PATH_MAX + 16], line[CSI_NAME_MAX + 80];
+	int seen = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s/attrs", n->o.state_dir, j->key);
+	f = fopen(path, "re");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char *v = strchr(line, '=');
+		uint64_t u;
+
+		if (!v)
+			continue;
+		*v++ = 0;
+		v[strcspn(v, "\n")] = 0;
+		if (!strcmp(line, "peerPort") && util_parse_u64(v, 65535, &u) == 0) {
+			j->a_peer_port = (unsigned)u;
+			seen |= 1;
+		} else if (!strcmp(line, "ramSize")) {
+			snprintf(j->a_ram_size, sizeof(j->a_ram_size), "%s", v);
+			seen |= 2;
+		} else if (!strcmp(line, "subdomain")) {
+			snprintf(j->a_subdomain, sizeof(j->a_subdomain), "%s", v);
+			seen |= 4;
+		} else if (!strcmp(line, "coordinator")) {
+			snprintf(j->a_coordinator, sizeof(j->a_coordinator), "%s", v);
+			seen |= 8;
+		}
+	}
+	fclose(f);
+	j->has_attrs = seen == 15;
+}
+
 /* Start the job's mtcfs and wait until its mount answers. Called with mu
  * held. */
 static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 		     char *err, size_t cap)
 {
-	char opts[OPTS_MAX];
+	char opts[OPTS_MAX], rs[16];
 	char *argv[8];
 	int argc = 0, logfd = -1, rc, out[2];
 	struct pump *pu;
@@ -698,8 +829,8 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	argv[argc++] = j->ramdir;
 	argv[argc++] = j->mnt;
 	argv[argc] = NULL;
-	log_info(MOD, "job %s: starting mtcfs rank=%u: %s -f -o %s %s %s", j->key, p->rank,
-		 n->o.mtcfs_bin, opts, j->ramdir, j->mnt);
+	log_info(MOD, "job %s: starting mtcfs rank=%s: %s -f -o %s %s %s", j->key,
+		 rank_str(p->rank, rs), n->o.mtcfs_bin, opts, j->ramdir, j->mnt);
 	pid = fork();
 	if (pid < 0) {
 		rc = -errno;
@@ -742,6 +873,11 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	j->pid = pid;
 	j->rank = p->rank;
 	j->peer_port = port;
+	job_attrs_of(n, p, j->a_coordinator, sizeof(j->a_coordinator), &j->a_peer_port);
+	snprintf(j->a_subdomain, sizeof(j->a_subdomain), "%s", attr_subdomain(p));
+	snprintf(j->a_ram_size, sizeof(j->a_ram_size), "%s", p->ram_size);
+	j->has_attrs = true;
+	attrs_save(n, j);
 	end = now_ms() + JOB_READY_MS;
 	for (;;) {
 		if (job_mounted(j))
@@ -761,8 +897,8 @@ static int job_start(struct csi_node *n, struct job *j, const struct csi_pod *p,
 	 * mtcfs, so set on every start. */
 	if (chmod(j->mnt, 0777) < 0)
 		log_warn(MOD, "job %s: chmod 0777 %s: %s", j->key, j->mnt, strerror(errno));
-	log_info(MOD, "job %s: mounted at %s (RAMDIR %s, rank %u)", j->key, j->mnt, j->ramdir,
-		 p->rank);
+	log_info(MOD, "job %s: mounted at %s (RAMDIR %s, rank %s)", j->key, j->mnt, j->ramdir,
+		 rank_str(p->rank, rs));
 	return 0;
 }
 
@@ -999,23 +1135,43 @@ static int job_ensure(struct csi_node *n, const struct csi_pod *p, struct job **
 			 j->mnt, p->rank);
 		j->adopted = true;
 		j->rank = p->rank;
+		attrs_load(n, j);
 	}
 	if ((j->adopted || !job_exited(j)) && job_mounted(j)) {
-		if (j->rank == p->rank)
+		char diff[1024];
+
+		job_attrs_diff(n, j, p, diff, sizeof(diff));
+		if (j->rank == p->rank && !diff[0])
 			return 0;
-		if (j->adopted)
+		if (j->adopted && j->rank != p->rank)
 			return fail(err, cap, -EBUSY, "job %s: the adopted mount at %s is not ours to "
 				    "restart for rank %u", j->key, j->mnt, p->rank);
+		if (j->adopted)
+			return fail(err, cap, -EBUSY, "job %s: volume attributes differ from the adopted "
+				    "mount's at %s (%s), which is not ours to restart: refused", j->key,
+				    j->mnt, diff);
 		/* the pod's index names the mount until its yaml (rank_hint=, and
 		 * jax-init-info.txt): a pod of another index on this node (the
 		 * restarted JobSet placed ranks differently) gets the same RAMDIR
-		 * under a restarted daemon, once nobody uses it */
-		if (j->n_targets)
+		 * under a restarted daemon, once nobody uses it; so do changed
+		 * attributes. While pods of the job use the old mount, changing
+		 * it under them would move their checkpoints. */
+		if (j->n_targets && j->rank != p->rank)
 			return fail(err, cap, -EBUSY,
 				    "job %s runs as rank %u on this node and is published at %s; "
 				    "pod %s wants rank %u", j->key, j->rank, j->targets[0], p->pod, p->rank);
-		log_info(MOD, "job %s: rank %u -> %u: restarting its mtcfs on the same RAMDIR",
-			 j->key, j->rank, p->rank);
+		if (j->n_targets)
+			return fail(err, cap, -EBUSY,
+				    "job %s: volume attributes differ from the running job mount's "
+				    "(%s) while pod(s) of the job still use it (%s): refused; they apply "
+				    "when no pod of the job is published (a JobSet restart)",
+				    j->key, diff, j->targets[0]);
+		if (j->rank != p->rank)
+			log_info(MOD, "job %s: rank %u -> %u: restarting its mtcfs on the same RAMDIR",
+				 j->key, j->rank, p->rank);
+		if (diff[0])
+			log_info(MOD, "job %s: volume attributes changed (%s) and no pod uses its "
+				 "mount: restarting its mtcfs with them on the same RAMDIR", j->key, diff);
 		job_stop(j);
 	} else if (j->pid > 0) {
 		job_stop(j);    /* running but not answering */
@@ -1101,8 +1257,72 @@ out:
 
 static void free_ram(struct csi_node *n);
 
+static bool ip_ok(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f') || (*s >= 'A' && *s <= 'F') ||
+		      *s == '.' || *s == ':'))
+			return false;
+	return true;
+}
+
+/* What the pod's name and attributes leave open, from the API (JobSet
+ * pods only, no RPC lock held: each is one GET):
+ * - podsPerJob: the Job <jobset>-<rjob>-<jobIndex>'s spec.parallelism;
+ * - the coordinator: rank 0's pod's node (status.hostIP), where its
+ *   node's mtcfs listens whatever network the pods use (on the pod
+ *   network the headless Service's name is the pod's address).
+ * Without an API (outside a cluster) or when a read fails: the defaults
+ * (no podsPerJob: csi_pod's; the coordinator: the headless Service's
+ * name), with a WARN for a failure. -EAGAIN (kubelet retries) while rank
+ * 0's pod is not scheduled; -EINVAL when the parallelism contradicts the
+ * pod index. */
+static int pod_from_api(struct csi_node *n, struct csi_pod *p, char *err, size_t cap)
+{
+	const struct csi_kube *k = n->o.kube;
+	unsigned port = p->peer_port ? p->peer_port : n->o.cfg->peer_port, ppj;
+	char name[200], host[64], pod0[CSI_NAME_MAX + 1] = "";
+	int rc;
+
+	if (!k || !p->jobset[0])
+		return 0;
+	/* job index 0: rank = podIndex whatever the parallelism */
+	if (!p->pods_per_job_given && !p->rank_given && p->job_index > 0) {
+		snprintf(name, sizeof(name), "%s-%s-%u", p->jobset, p->rjob, p->job_index);
+		rc = csi_kube_job_parallelism(k, p->namespace_, name, &ppj, err, cap);
+		if (rc == 0) {
+			rc = csi_pod_set_pods_per_job(p, ppj, err, cap);
+			if (rc < 0)
+				return rc;
+		} else {
+			log_warn(MOD, "pod %s/%s: podsPerJob from the API: %s (rank %s)", p->namespace_,
+				 p->pod, err, p->rank == CSI_RANK_NONE ? "left to replicator.yaml" :
+				 "from the pod's index");
+		}
+	}
+	if (p->coordinator[0])
+		return 0;
+	rc = csi_kube_rank0_host(k, p->namespace_, p->jobset, p->rjob, host, sizeof(host), pod0,
+				 sizeof(pod0), err, cap);
+	if (rc == -EAGAIN)
+		return rc;
+	if (rc == 0 && ip_ok(host) && host_port(p->coordinator, sizeof(p->coordinator), host, port) == 0) {
+		log_info(MOD, "pod %s/%s: rank 0 is pod %s on node %s: coordinator %s", p->namespace_,
+			 p->pod, pod0, host, p->coordinator);
+		return 0;
+	}
+	p->coordinator[0] = 0;
+	log_warn(MOD, "pod %s/%s: rank 0's node from the API: %s: the headless Service's name is "
+		 "used", p->namespace_, p->pod, rc == 0 ? "not an IP address" : err);
+	err[0] = 0;
+	return 0;
+}
+
 int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err, size_t errcap)
 {
+	char rs[16];
 	struct csi_pod p;
 	struct job *j = NULL;
 	const char *rel;
@@ -1115,6 +1335,11 @@ int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err
 	rc = csi_pod_parse(&p, rq->ctx, rq->n_ctx, err, errcap);
 	if (rc < 0)
 		return rc;
+	rc = pod_from_api(n, &p, err, errcap);
+	if (rc < 0) {
+		log_warn(MOD, "publish of volume %s at %s: %s", rq->volume_id, rq->target, err);
+		return rc;
+	}
 	pthread_mutex_lock(&n->mu);
 	rc = 0;
 	if (n->cfg_gone)
@@ -1144,8 +1369,9 @@ int csi_node_publish(struct csi_node *n, const struct csi_publish *rq, char *err
 		rc = target_add(n, j, rq->target);
 	pthread_mutex_unlock(&n->mu);
 	if (rc == 0)
-		log_info(MOD, "published volume %s of job %s (pod %s, rank %u) at %s%s", rq->volume_id,
-			 j->key, p.pod[0] ? p.pod : "-", p.rank, rq->target, rq->readonly ? " (ro)" : "");
+		log_info(MOD, "published volume %s of job %s (pod %s, rank %s) at %s%s", rq->volume_id,
+			 j->key, p.pod[0] ? p.pod : "-", rank_str(p.rank, rs), rq->target,
+			 rq->readonly ? " (ro)" : "");
 	else if (rc == -EINVAL || rc == -EEXIST || rc == -EBUSY)
 		/* the request's fault: kubelet shows it on the pod */
 		log_warn(MOD, "publish of volume %s at %s refused: %s", rq->volume_id, rq->target, err);

@@ -11,6 +11,7 @@
 #define MTCFS_CSI_NODE_H
 
 #include "csi/csi_cfg.h"
+#include "csi/csi_kube.h"
 #include "csi/csi_pod.h"
 
 #include <stdbool.h>
@@ -31,6 +32,7 @@ struct csi_node_opts {
 	const char *kubelet_dir;    /* kubelet's root: targets must be under its pods/ */
 	unsigned idle_s;            /* a job mount no pod uses stops after this (its RAM stays) */
 	unsigned free_pct;          /* RAM of stopped jobs is freed above this % use (0: never) */
+	const struct csi_kube *kube; /* the API, for podsPerJob and rank 0's node; NULL: none */
 };
 
 struct csi_node;

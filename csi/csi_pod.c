@@ -158,6 +158,38 @@ static int parse_uint(const char *k, const char *v, uint64_t max, unsigned *out,
 	return 0;
 }
 
+/* rank = jobIndex x podsPerJob + podIndex. Without podsPerJob (and no
+ * parallelism learnt) only job index 0 is sure (rank = podIndex) and one
+ * pod per Job is assumed when podIndex is 0; a podIndex >= 1 of a later
+ * Job has no rank until the application's replicator.yaml says
+ * (CSI_RANK_NONE: no rank_hint). */
+static int pod_rank(struct csi_pod *p, char *err, size_t errcap)
+{
+	uint64_t r;
+
+	if (!p->pods_per_job_given && p->pod_index >= p->pods_per_job) {
+		p->rank = p->job_index == 0 ? p->pod_index : CSI_RANK_NONE;
+		return 0;
+	}
+	if (p->pod_index >= p->pods_per_job)
+		return csi_fail(err, errcap, "pod index %u >= podsPerJob %u", p->pod_index,
+				p->pods_per_job);
+	r = (uint64_t)p->job_index * p->pods_per_job + p->pod_index;
+	if (r > (1u << 20))
+		return csi_fail(err, errcap, "rank %llu out of range", (unsigned long long)r);
+	p->rank = (unsigned)r;
+	return 0;
+}
+
+int csi_pod_set_pods_per_job(struct csi_pod *p, unsigned ppj, char *err, size_t errcap)
+{
+	if (p->pods_per_job_given || !ppj)
+		return 0;
+	p->pods_per_job = ppj;
+	p->pods_per_job_given = true;  /* from here on a fact, like the attribute */
+	return p->rank_given ? 0 : pod_rank(p, err, errcap);
+}
+
 int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *err, size_t errcap)
 {
 	const char *a_job = NULL, *a_jobset = NULL, *a_rjob = NULL, *a_ns = NULL;
@@ -199,6 +231,7 @@ int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *er
 				return rc;
 			if (!p->pods_per_job)
 				return csi_fail(err, errcap, "volume attribute podsPerJob=0: must be >= 1");
+			p->pods_per_job_given = true;
 		} else if (!strcmp(k, "rank")) {
 			rc = parse_uint(k, v, 1u << 20, &rank, err, errcap);
 			if (rc < 0)
@@ -258,14 +291,9 @@ int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *er
 	}
 	if (have_rank) {
 		p->rank = rank;
-	} else {
-		uint64_t r = (uint64_t)p->job_index * p->pods_per_job + p->pod_index;
-		if (p->pod_index >= p->pods_per_job)
-			return csi_fail(err, errcap, "pod index %u >= podsPerJob %u", p->pod_index,
-				    p->pods_per_job);
-		if (r > (1u << 20))
-			return csi_fail(err, errcap, "rank %llu out of range", (unsigned long long)r);
-		p->rank = (unsigned)r;
+		p->rank_given = true;
+	} else if ((rc = pod_rank(p, err, errcap)) < 0) {
+		return rc;
 	}
 	if (!p->subdomain[0] && p->jobset[0])
 		copy(p->subdomain, sizeof(p->subdomain), p->jobset, strlen(p->jobset));

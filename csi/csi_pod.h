@@ -7,9 +7,11 @@
 #ifndef MTCFS_CSI_POD_H
 #define MTCFS_CSI_POD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define CSI_NAME_MAX 253        /* a DNS subdomain: the longest pod name */
+#define CSI_RANK_NONE 0xffffffffu /* rank not known from the pod (the yaml gives it) */
 
 struct csi_kv {
 	const char *key;
@@ -23,7 +25,9 @@ struct csi_pod {
 	char jobset[64];
 	char rjob[64];
 	unsigned job_index, pod_index, pods_per_job;
-	unsigned rank;
+	unsigned rank;              /* CSI_RANK_NONE: no podsPerJob to compute it with */
+	bool pods_per_job_given;    /* podsPerJob attribute (else 1, or the Job's parallelism) */
+	bool rank_given;            /* rank attribute */
 	unsigned peer_port;         /* 0: the configuration's */
 	char coordinator[CSI_NAME_MAX + 64];   /* "" : derive when the port is known */
 	char subdomain[64];
@@ -35,6 +39,11 @@ struct csi_pod {
  * name that is not a JobSet pod's when no rank/jobName attribute stands in,
  * a name that cannot be a directory name, a bad number. */
 int csi_pod_parse(struct csi_pod *p, const struct csi_kv *kv, size_t n, char *err, size_t errcap);
+
+/* The Job's parallelism learnt (the API) when no podsPerJob attribute is
+ * given: the rank is recomputed with it unless a rank attribute is.
+ * 0 or -EINVAL (the pod index is not below it; reason in err). */
+int csi_pod_set_pods_per_job(struct csi_pod *p, unsigned ppj, char *err, size_t errcap);
 
 /* The coordinator endpoint: the attribute if given, else the rank-0 pod's
  * name under the job's headless Service:

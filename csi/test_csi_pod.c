@@ -67,6 +67,37 @@ static void dashes_in_names(void **state)
 	assert_non_null(strstr(err, "jobName and rank"));
 }
 
+/* Without podsPerJob (GKE's JobSet has none): job index 0 is rank =
+ * podIndex, podIndex 0 of a later Job assumes one pod per Job, a later
+ * podIndex has no rank until the yaml; the Job's parallelism learnt from
+ * the API fixes it, and contradicts a pod index not below it. */
+static void pods_per_job_absent_or_learnt(void **state)
+{
+	struct csi_kv a[] = { POD("js-w-0-3-abcde") };
+	struct csi_kv b[] = { POD("js-w-2-1-abcde") };
+	struct csi_kv c[] = { POD("js-w-2-0-abcde") };
+	struct csi_kv d[] = { POD("js-w-2-1-abcde"), KV("rank", "17") };
+	struct csi_pod p;
+
+	(void)state;
+	assert_int_equal(csi_pod_parse(&p, a, N(a), err, sizeof(err)), 0);
+	assert_int_equal(p.rank, 3);
+	assert_int_equal(csi_pod_parse(&p, b, N(b), err, sizeof(err)), 0);
+	assert_int_equal(p.rank, CSI_RANK_NONE);
+	assert_int_equal(csi_pod_set_pods_per_job(&p, 4, err, sizeof(err)), 0);
+	assert_int_equal(p.rank, 9);
+	assert_int_equal(csi_pod_parse(&p, c, N(c), err, sizeof(err)), 0);
+	assert_int_equal(p.rank, 2);
+	assert_int_equal(csi_pod_set_pods_per_job(&p, 2, err, sizeof(err)), 0);
+	assert_int_equal(p.rank, 4);
+	assert_int_equal(csi_pod_parse(&p, b, N(b), err, sizeof(err)), 0);
+	assert_int_equal(csi_pod_set_pods_per_job(&p, 1, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "pod index 1 >= podsPerJob 1"));
+	assert_int_equal(csi_pod_parse(&p, d, N(d), err, sizeof(err)), 0);
+	assert_int_equal(csi_pod_set_pods_per_job(&p, 4, err, sizeof(err)), 0);
+	assert_int_equal(p.rank, 17);
+}
+
 static void attributes_override(void **state)
 {
 	struct csi_kv kv[] = { POD("whatever"), KV("jobName", "Job_1.x"), KV("rank", "9"),
@@ -216,16 +247,50 @@ static void cfg_errors(void **state)
 	}
 }
 
+/* Several documents: one configuration each, its name, nodeSelector and
+ * tolerations kept in order (mtcfs-csi render); a bad one names its
+ * document. */
+static void cfg_several_documents(void **state)
+{
+	static const char two[] =
+		"apiVersion: checkpointing.mtcfs.dev/v1\nkind: CheckpointConfiguration\n"
+		"metadata: {name: a}\nspec:\n  inMemoryVolumeSize: 1Gi\n"
+		"  nodeSelector: {pool: x, zone: z1}\n"
+		"  tolerations: [{key: k, operator: Exists}, {effect: NoSchedule}]\n"
+		"---\n---\nspec: {inMemoryVolumeSize: 2Gi}\n";
+	static const char bad[] = "spec: {}\n---\nspec: {nodeSelector: [x]}\n";
+	struct csi_cfg *c;
+	size_t n;
+
+	(void)state;
+	assert_int_equal(csi_cfg_parse_all(two, strlen(two), &c, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, 2);
+	assert_string_equal(c[0].name, "a");
+	assert_int_equal(c[0].node_selector.n, 2);
+	assert_string_equal(c[0].node_selector.keys[1], "zone");
+	assert_string_equal(c[0].node_selector.vals[1], "z1");
+	assert_int_equal(c[0].n_tolerations, 2);
+	assert_string_equal(c[0].tolerations[0].keys[1], "operator");
+	assert_string_equal(c[0].tolerations[1].vals[0], "NoSchedule");
+	assert_null(c[1].name);
+	assert_int_equal(c[1].ram_bytes, 2ull << 30);
+	csi_cfg_free_all(c, n);
+	assert_int_equal(csi_cfg_parse_all(bad, strlen(bad), &c, &n, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "document 2: nodeSelector: expected a map"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(pod_name_gives_rank_and_coordinator),
 		cmocka_unit_test(dashes_in_names),
+		cmocka_unit_test(pods_per_job_absent_or_learnt),
 		cmocka_unit_test(attributes_override),
 		cmocka_unit_test(bad_attributes),
 		cmocka_unit_test(cfg_resource_and_spec_forms),
 		cmocka_unit_test(cfg_gke_fields),
 		cmocka_unit_test(cfg_errors),
+		cmocka_unit_test(cfg_several_documents),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

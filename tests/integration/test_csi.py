@@ -37,6 +37,11 @@ socket the way kubelet drives it, with real mtcfs job mounts behind it.
   no forged log line.
 - The yaml's node-rank wins over the pod's index (issue 24.4): rank_hint=,
   a WARN in the job's log, markers instead of replicator.failed.
+- Changed volume attributes (issue 26): a publish whose peerPort, ramSize
+  or coordinator differ from the running job mount's is FAILED_PRECONDITION
+  while another pod of the job is published (a WARN naming each, old and
+  new value; the mount untouched), and between pod generations restarts the
+  job's mtcfs with them on the same RAMDIR (the step restores source=local).
 
 The gRPC client runs under the venv python (grpcio + grpcio-tools from
 tests/requirements.txt; csi/csi.proto is compiled at test time): skipped
@@ -742,9 +747,18 @@ class CsiTest(unittest.TestCase):
         m = harness.Daemon(ramdir=ram, mnt=mnt, opts="ram_size=64M", name="adopted")
         self.addCleanup(m.close)
         m.start()
+        # what the earlier driver started it with (issue 26: compared too)
+        with open(os.path.join(d.state, key, "attrs"), "w") as f:
+            f.write("peerPort=%d\nramSize=\nsubdomain=\ncoordinator=127.0.0.1:%d\n" % (port, port))
         t = d.target("ad")
         r = d.publish(t, pod_ctx("adopt-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % port))
         self.assertEqual(r["code"], "OK", r)
+        d.expected.append(r"refused: job default.adopt: volume attributes differ")
+        r = d.publish(d.target("ad2"), pod_ctx("adopt-w-0-0-bbbbb", ramSize="64Mi",
+                                               coordinator="127.0.0.1:%d" % port))
+        self.assertEqual(r["code"], "FAILED_PRECONDITION", r)
+        self.assertIn("volume attributes differ from the adopted mount's at %s (ramSize (none) "
+                      "-> 64Mi), which is not ours to restart" % mnt, r["details"])
         self.assertEqual(d.starts(), 0, d.log())
         self.assertRegex(d.log(), r"job default.adopt: adopting the mount already at")
         self.assertEqual(os.stat(t).st_dev, os.stat(mnt).st_dev)
@@ -1039,6 +1053,94 @@ class CsiTest(unittest.TestCase):
         save_step(t, "yr", 2, 0)
         wait_until(lambda: committed(os.path.join(d.ram, "default.yr"), "yr", 2, 0), TIMEOUT,
                    "step 2 committed as rank 0")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+
+    # --- issue 26: changed volume attributes are applied or refused ----------
+
+    def test_changed_attributes_refused_while_the_job_is_published(self):
+        # pod 0-0 runs; pod 0-1 of the same job comes with another peerPort
+        # and ramSize: refused, naming each attribute with its old and new
+        # value, and the running mount is untouched
+        p1, p2 = free_ports(2)
+        d = self.driver(config="peerPort: %d\n" % p1)
+        d.expected.append(r"refused: job default.ca: volume attributes differ")
+        t0, t1 = d.target("ca0"), d.target("ca1")
+        ok = d.publish(t0, pod_ctx("ca-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % p1))
+        self.assertEqual(ok["code"], "OK", ok)
+        harness.write_file(os.path.join(t0, "x"), b"gen1")
+        r = d.publish(t1, pod_ctx("ca-w-0-0-bbbbb", coordinator="127.0.0.1:%d" % p2,
+                                  peerPort=str(p2), ramSize="64Mi"))
+        self.assertEqual(r["code"], "FAILED_PRECONDITION", r)
+        want = ("peerPort %d -> %d; ramSize (none) -> 64Mi; coordinator 127.0.0.1:%d -> "
+                "127.0.0.1:%d" % (p1, p2, p1, p2))
+        self.assertIn(want, r["details"])
+        self.assertRegex(d.log(), r"WARN csi: publish of volume csi-vol at %s refused: job "
+                         r"default.ca: volume attributes differ from the running job mount's "
+                         r"\(%s\) while pod\(s\) of the job still use it"
+                         % (re.escape(t1), re.escape(want)))
+        self.assertEqual(d.starts(), 1)
+        self.assertFalse(os.path.ismount(t1))
+        with open(os.path.join(t0, "x"), "rb") as f:
+            self.assertEqual(f.read(), b"gen1")
+        # the same attributes as the running mount's: fine
+        same = d.publish(t1, pod_ctx("ca-w-0-0-bbbbb", coordinator="127.0.0.1:%d" % p1))
+        self.assertEqual(same["code"], "OK", same)
+        self.assertEqual(d.starts(), 1)
+        for t in (t0, t1):
+            self.assertEqual(d.unpublish(t)["code"], "OK")
+
+    def test_changed_attributes_apply_at_a_jobset_restart(self):
+        # between two pod generations (no pod published) a new coordinator,
+        # peerPort and ramSize restart the job's mtcfs with them, on the
+        # same RAMDIR: the step of the first generation restores from RAM
+        p1, p2 = free_ports(2)
+        d = self.driver(config="peerPort: %d\n" % p1)
+        job, key = "cb", "default.cb"
+        t = d.target("cb0")
+        ok = d.publish(t, pod_ctx("cb-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % p1))
+        self.assertEqual(ok["code"], "OK", ok)
+        write_yaml(t, job, 0, 1)
+        self.assertEqual(wait_markers(t)[0], 0)
+        save_step(t, job, 3, 0)
+        wait_until(lambda: committed(os.path.join(d.ram, key), job, 3, 0), TIMEOUT,
+                   "step 3 committed")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+        t = d.target("cb1")
+        ok = d.publish(t, pod_ctx("cb-w-0-0-bbbbb", coordinator="127.0.0.1:%d" % p2,
+                                  peerPort=str(p2), ramSize="64Mi"))
+        self.assertEqual(ok["code"], "OK", ok)
+        self.assertEqual(d.starts(), 2, d.log())
+        self.assertRegex(d.log(), r"job default.cb: volume attributes changed \(peerPort %d -> "
+                         r"%d; ramSize \(none\) -> 64Mi; coordinator 127.0.0.1:%d -> "
+                         r"127.0.0.1:%d\) and no pod uses its mount: restarting" % (p1, p2, p1, p2))
+        self.assertRegex(d.log().split("volume attributes changed")[1],
+                         r"starting mtcfs rank=0: \S+ -f -o listen=127.0.0.1:%d,"
+                         r"coordinator=127.0.0.1:%d,rank_hint=0,ram_size=64Mi[ ,]" % (p2, p2))
+        write_yaml(t, job, 0, 1)
+        step, ms = wait_markers(t)
+        self.assertEqual(step, 3)
+        os.replace(os.path.join(t, ms[0]), os.path.join(t, "3"))
+        check_step(self, t, job, 3, 0)
+        self.assertRegex(d.job_log(key), r"restore job=%s step=3 source=local" % job)
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+
+    def test_no_pods_per_job_and_no_api_leaves_the_rank_to_the_yaml(self):
+        # GKE's JobSet has no podsPerJob; outside a cluster (no API to read
+        # the Job's parallelism) pod 1-1 cannot know its rank: no longer an
+        # error, its mtcfs starts without rank_hint= and the yaml says
+        port = free_ports(1)[0]
+        d = self.driver(config="peerPort: %d\n" % port)
+        t = d.target("nr")
+        r = d.publish(t, pod_ctx("nr-w-1-1-aaaaa", coordinator="127.0.0.1:%d" % port))
+        self.assertEqual(r["code"], "OK", r)
+        self.assertRegex(d.log(), r"starting mtcfs rank=\?: \S+ -f -o listen=127.0.0.1:%d,"
+                         r"coordinator=127.0.0.1:%d \S+ \S+\n" % (port, port))
+        self.assertRegex(d.log(), r"published volume csi-vol of job default.nr \(pod "
+                         r"nr-w-1-1-aaaaa, rank \?\)")
+        write_yaml(t, "nr", 0, 1)
+        self.assertEqual(wait_markers(t)[0], 0)
+        with open(os.path.join(t, "jax-init-info.txt")) as f:
+            self.assertEqual(f.read().split("\n")[0], "0")
         self.assertEqual(d.unpublish(t)["code"], "OK")
 
     # --- issue 24.5: RAM of jobs that no longer run is given back --------------

@@ -19,6 +19,10 @@ driver polls it every second, two not-found polls in a row mean deleted.
   detached lazily and the job mount and the tmpfs still leave the mount table.
 - The ConfigMap form (named through @FILE): deleted -> the idle RAM tier
   goes at once.
+- GKE's example JobSet with only the driver name (issue 26): four nodes,
+  two Jobs of parallelism 2, no volume attributes: the parallelism and rank
+  0's node (status.hostIP) come from the API; UNAVAILABLE while rank 0 is
+  unscheduled; the job forms and restores from RAM after a restart.
 
 Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin MTCFS_BUILD=build \\
      MTCFS_TEST_PY=/path/to/venv/bin/python /usr/bin/python3 tests/integration/test_csi_watch.py
@@ -34,6 +38,7 @@ import sys
 import tempfile
 import threading
 import unittest
+import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -332,6 +337,106 @@ class CsiWatchTest(unittest.TestCase):
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("expected configmap/NAMESPACE/NAME", r.stdout.decode())
+
+
+def rank0_pods_path(ns, jobset, rjob):
+    """The pod list mtcfs-csi asks for rank 0 (JobSet's labels)."""
+    sel = ("jobset.sigs.k8s.io/jobset-name=%s,jobset.sigs.k8s.io/replicatedjob-name=%s,"
+           "jobset.sigs.k8s.io/job-index=0,batch.kubernetes.io/job-completion-index=0"
+           % (jobset, rjob))
+    return "/api/v1/namespaces/%s/pods?labelSelector=%s" % (ns, urllib.parse.quote(sel, safe=""))
+
+
+class GkeJobSetTest(unittest.TestCase):
+    """GKE's example JobSet with only the driver name changed (issue 26):
+    two Jobs of parallelism 2 on the pod network, no volume attributes at
+    all. Four simulated nodes (drivers on 127.0.0.1-4, one peer port, the
+    API stand-in above): podsPerJob is the Job's parallelism, read from the
+    API (pod slice-1-1 is rank 3), and the coordinator is rank 0's node
+    (its pod's status.hostIP), not the pod's DNS name; while rank 0's pod
+    is not scheduled the publish is UNAVAILABLE (kubelet retries). The job
+    forms across the four nodes and a step saved on each restores after a
+    JobSet restart, from RAM."""
+
+    def setUp(self):
+        test_csi.CsiTest.setUp(self)
+        self.api = FakeApi(self, self.tmp)
+        self.token = os.path.join(self.tmp, "token")
+        with open(self.token, "w") as f:
+            f.write(TOKEN + "\n")
+
+    def test_no_attributes_pod_network(self):
+        port = free_ports(1)[0]
+        ns, js, rj, job = "ml", "gke", "slice", "gke"
+        kube = ["--kube-api", self.api.url, "--kube-token", self.token, "--kube-ca", self.api.ca]
+        nodes = [Driver(self, self.k, "node-%d" % i, "peerPort: %d\nrestoreTimeout: 30\n" % port,
+                        node_address="127.0.0.%d" % (i + 1), extra=kube).start()
+                 for i in range(4)]
+        for i in (0, 1):
+            self.api.set("/apis/batch/v1/namespaces/%s/jobs/%s-%s-%d" % (ns, js, rj, i),
+                         {"kind": "Job", "spec": {"parallelism": 2, "completions": 2}})
+        pods0 = rank0_pods_path(ns, js, rj)
+
+        def generation(suffix):
+            pod0 = "%s-%s-0-0-%s" % (js, rj, suffix)
+            # rank 0's pod exists, not scheduled yet: no coordinator to give
+            self.api.set(pods0, {"kind": "PodList", "items": [
+                {"metadata": {"name": pod0}, "status": {"phase": "Pending"}}]})
+            last = nodes[3]
+            t3 = last.target("p3" + suffix)
+            r = last.publish(t3, pod_ctx("%s-%s-1-1-%s" % (js, rj, suffix), ns=ns))
+            self.assertEqual(r["code"], "UNAVAILABLE", r)
+            self.assertIn("rank 0's pod %s/%s is not scheduled yet" % (ns, pod0), r["details"])
+            self.api.set(pods0, {"kind": "PodList", "items": [
+                {"metadata": {"name": "%s-%s-0-0-old" % (js, rj),
+                              "deletionTimestamp": "2026-01-01T00:00:00Z"},
+                 "status": {"hostIP": "127.0.0.9"}},
+                {"metadata": {"name": pod0}, "status": {"hostIP": "127.0.0.1"}}]})
+            ts = {}
+            for rank, (ji, pi) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+                d = nodes[rank]
+                ts[rank] = d.target("p%d%s" % (rank, suffix))
+                r = d.publish(ts[rank], pod_ctx("%s-%s-%d-%d-%s" % (js, rj, ji, pi, suffix), ns=ns))
+                self.assertEqual(r["code"], "OK", r)
+            out, errs = {}, []
+
+            def start(r):
+                try:
+                    write_yaml(ts[r], job, r, 4)
+                    out[r] = wait_markers(ts[r])
+                except Exception as e:
+                    errs.append(e)
+            th = [threading.Thread(target=start, args=(r,)) for r in ts]
+            for t in th:
+                t.start()
+            for t in th:
+                t.join()
+            if errs:
+                raise errs[0]
+            return ts, out
+
+        ts, out = generation("aaaaa")
+        self.assertEqual({r: o[0] for r, o in out.items()}, {0: 0, 1: 0, 2: 0, 3: 0})
+        for rank, d in enumerate(nodes):
+            self.assertRegex(d.log(), r"starting mtcfs rank=%d: \S+ -f -o listen=127.0.0.%d:%d,"
+                             r"coordinator=127.0.0.1:%d,rank_hint=%d[ ,]"
+                             % (rank, rank + 1, port, port, rank))
+            self.assertNotRegex(d.job_log("ml.gke"), r"node-rank \d differs from rank_hint")
+        self.assertRegex(nodes[3].log(), r"pod ml/gke-slice-1-1-aaaaa: rank 0 is pod "
+                         r"gke-slice-0-0-aaaaa on node 127.0.0.1: coordinator 127.0.0.1:%d" % port)
+        for r in ts:
+            save_step(ts[r], job, 5, r)
+        for r, d in enumerate(nodes):
+            wait_until(lambda: committed(os.path.join(d.ram, "ml.gke"), job, 5, r), TIMEOUT,
+                       "step 5 committed by rank %d" % r)
+        for r, d in enumerate(nodes):
+            self.assertEqual(d.unpublish(ts[r])["code"], "OK")
+        ts, out = generation("bbbbb")
+        self.assertEqual({r: o[0] for r, o in out.items()}, {0: 5, 1: 5, 2: 5, 3: 5})
+        for r, d in enumerate(nodes):
+            self.assertRegex(d.job_log("ml.gke"), r"restore job=gke step=5 source=local")
+            self.assertEqual(d.starts(), 1, d.log())
+            self.assertEqual(d.unpublish(ts[r])["code"], "OK")
 
 
 if __name__ == "__main__":

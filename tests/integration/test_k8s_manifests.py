@@ -739,9 +739,13 @@ class Wiring(unittest.TestCase):
                 self.assertTrue(set(attrs) <= CSI_ATTRS, set(attrs) - CSI_ATTRS)
                 for val in attrs.values():
                     self.assertIsInstance(val, str)       # a map of strings
-                # ranks jobIndex x podsPerJob + podIndex must not collide
-                if job["parallelism"] > 1 or rj.get("replicas", 1) > 1:
-                    self.assertEqual(int(attrs.get("podsPerJob", "1")), job["parallelism"])
+                # GKE's example has none: the driver reads the Job's
+                # parallelism and rank 0's node from the API (RBAC below)
+                self.assertEqual(attrs, {})
+        role = {(g, r): rule["verbs"] for rule in self.node["ClusterRole"][0]["rules"]
+                for g in rule["apiGroups"] for r in rule["resources"]}
+        self.assertIn("get", role[("batch", "jobs")])
+        self.assertIn("list", role[("", "pods")])
 
     def test_configuration_sources(self):
         crd = self.node["CustomResourceDefinition"][0]
@@ -807,6 +811,9 @@ class Wiring(unittest.TestCase):
         # select the daemon's pods and its "metrics" port
         labels = self.ds["spec"]["template"]["metadata"]["labels"]
         svc = self.node["Service"][0]
+        # every configuration's DaemonSet (mtcfs-csi render): all but the
+        # configuration label
+        labels = {k: v for k, v in labels.items() if k != "checkpointing.mtcfs.dev/configuration"}
         self.assertEqual(svc["spec"]["selector"], labels)
         sp = svc["spec"]["ports"][0]
         self.assertEqual((sp["name"], sp["port"], sp["targetPort"]),
@@ -1007,6 +1014,157 @@ def built_csi():
     build = os.environ.get("MTCFS_BUILD", "")
     p = os.path.join(build, "csi", "mtcfs-csi") if build else ""
     return p if p and os.access(p, os.X_OK) else None
+
+
+class Render(unittest.TestCase):
+    """mtcfs-csi render (issue 26): the node DaemonSet generated from the
+    CheckpointConfiguration, never hand-copied. The shipped
+    node/daemonset.yaml is byte for byte the render of
+    config/checkpointconfiguration.yaml; several configurations on disjoint
+    nodes give one DaemonSet each (distinct names and selectors, their own
+    nodeSelector, tolerations, memory = inMemoryVolumeSize + 6Gi and the
+    object the pod reads), valid against Kubernetes' schemas; overlapping
+    ones and one without inMemoryVolumeSize are refused."""
+
+    TWO = """apiVersion: checkpointing.mtcfs.dev/v1
+kind: CheckpointConfiguration
+metadata:
+  name: tpu-v5p
+spec:
+  cloudStorageBucketName: b1
+  nodeSelector:
+    node.kubernetes.io/instance-type: ct5p-hightpu-4t
+  tolerations:
+  - key: google.com/tpu
+    operator: Exists
+    effect: NoSchedule
+  inMemoryVolumeSize: 100Gi
+---
+apiVersion: checkpointing.mtcfs.dev/v1
+kind: CheckpointConfiguration
+metadata:
+  name: a3
+spec:
+  cloudStorageBucketName: b2
+  nodeSelector:
+    node.kubernetes.io/instance-type: a3-highgpu-8g
+    cloud.google.com/gke-nodepool: "true"
+  tolerations:
+  - key: nvidia.com/gpu
+    operator: Equal
+    value: present
+    effect: NoExecute
+    tolerationSeconds: 30
+  inMemoryVolumeSize: 1536Mi
+"""
+
+    def setUp(self):
+        need_tools(self)
+        self.csi = built_csi()
+        if not self.csi:
+            self.skipTest("no mtcfs-csi in MTCFS_BUILD=%r" % os.environ.get("MTCFS_BUILD", ""))
+
+    def run_render(self, *args, stdin=None):
+        return subprocess.run([self.csi, "render"] + list(args), input=stdin,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              timeout=60)
+
+    def test_shipped_daemonset_is_the_render_of_the_shipped_configuration(self):
+        cr = os.path.join(K8S, "config", "checkpointconfiguration.yaml")
+        r = self.run_render("--config", cr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(K8S, "node", "daemonset.yaml")) as f:
+            self.assertEqual(r.stdout, f.read(),
+                             "re-render: mtcfs-csi render --config %s > node/daemonset.yaml" % cr)
+        # stdin, and the object as kubectl prints it (JSON), say the same
+        with open(cr) as f:
+            obj = yaml.safe_load(f)
+        r2 = self.run_render("--config", "-", stdin=json.dumps(obj))
+        self.assertEqual((r2.returncode, r2.stdout), (0, r.stdout), r2.stderr)
+
+    def test_several_disjoint_configurations(self):
+        r = self.run_render(stdin=self.TWO)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        docs = list(yaml.safe_load_all(r.stdout))
+        self.assertEqual([d["metadata"]["name"] for d in docs],
+                         ["mtcfs-node-tpu-v5p", "mtcfs-node-a3"])
+        crds = by_kind(render(os.path.join(K8S, "node")))["CustomResourceDefinition"]
+        for version in K8S_VERSIONS:
+            v = Validator(crds, version)
+            for d in docs:
+                self.assertEqual(v.errors(d), [], version)
+        want = {
+            "tpu-v5p": ({"node.kubernetes.io/instance-type": "ct5p-hightpu-4t"},
+                        [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
+                        106 * 2**30),
+            "a3": ({"node.kubernetes.io/instance-type": "a3-highgpu-8g",
+                    "cloud.google.com/gke-nodepool": "true"},
+                   [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present",
+                     "effect": "NoExecute", "tolerationSeconds": 30}],
+                   1536 * 2**20 + 6 * 2**30),
+        }
+        selectors = []
+        for d, (name, (sel, tol, mem)) in zip(docs, want.items()):
+            pod = d["spec"]["template"]["spec"]
+            self.assertEqual(pod["nodeSelector"], sel)
+            self.assertEqual(pod["tolerations"], tol)
+            res = container(pod, "mtcfs-csi")["resources"]
+            self.assertEqual(quantity(res["requests"]["memory"]), mem)
+            self.assertEqual(quantity(res["limits"]["memory"]), mem)
+            env = {e["name"]: e["value"] for e in container(pod, "config", init=True)["env"]}
+            self.assertEqual(env["MTCFS_CONFIG_NAME"], name)
+            match = d["spec"]["selector"]["matchLabels"]
+            self.assertEqual(match["checkpointing.mtcfs.dev/configuration"], name)
+            for k, val in match.items():
+                self.assertEqual(d["spec"]["template"]["metadata"]["labels"][k], val)
+            selectors.append(match)
+        self.assertNotEqual(selectors[0], selectors[1])
+        # the same from two files
+        tmp = tempfile.mkdtemp(prefix="mtcfs-render-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        paths = []
+        for i, text in enumerate(self.TWO.split("---\n")):
+            paths.append(os.path.join(tmp, "c%d.yaml" % i))
+            with open(paths[-1], "w") as f:
+                f.write(text)
+        r2 = self.run_render("--config", paths[0], "--config", paths[1])
+        self.assertEqual((r2.returncode, r2.stdout), (0, r.stdout), r2.stderr)
+
+    def test_overlapping_or_incomplete_configurations_are_refused(self):
+        overlap = self.TWO + """---
+apiVersion: checkpointing.mtcfs.dev/v1
+kind: CheckpointConfiguration
+metadata:
+  name: more-tpus
+spec:
+  nodeSelector:
+    node.kubernetes.io/instance-type: ct5p-hightpu-4t
+    cloud.google.com/gke-nodepool: pool-2
+  inMemoryVolumeSize: 10Gi
+"""
+        r = self.run_render(stdin=overlap)
+        self.assertEqual((r.returncode, r.stdout), (1, ""))
+        self.assertIn("CheckpointConfigurations tpu-v5p and more-tpus overlap: their "
+                      "nodeSelectors can select the same node", r.stderr)
+        # a pool label tells them apart: fine
+        fixed = overlap.replace("    node.kubernetes.io/instance-type: ct5p-hightpu-4t\n  tolerations",
+                                "    node.kubernetes.io/instance-type: ct5p-hightpu-4t\n"
+                                "    cloud.google.com/gke-nodepool: pool-1\n  tolerations", 1)
+        r = self.run_render(stdin=fixed)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(list(yaml.safe_load_all(r.stdout))), 3)
+        for text, msg in (
+                (self.TWO.replace("name: a3", "name: tpu-v5p"),
+                 "two CheckpointConfigurations named tpu-v5p"),
+                (self.TWO.replace("  inMemoryVolumeSize: 1536Mi\n", ""),
+                 "CheckpointConfiguration a3: no inMemoryVolumeSize"),
+                ("metadata: {name: Bad_Name}\nspec: {inMemoryVolumeSize: 1Gi}\n",
+                 "CheckpointConfiguration Bad_Name: the name must be a DNS label"),
+                ("spec: {inMemoryVolumeSize: 1Gi, tolerations: [{key: a, colour: red}]}\n",
+                 "document 1: tolerations: unknown field colour")):
+            r = self.run_render(stdin=text)
+            self.assertEqual((r.returncode, r.stdout), (1, ""), text)
+            self.assertIn(msg, r.stderr)
 
 
 class DriverReadsConfiguration(unittest.TestCase):
