@@ -15,10 +15,6 @@
 #define TOKEN_MAX 16384
 #define KUBE_TIMEOUT_S 10L
 
-struct body {
-	char *p;
-	size_t len;
-};
 
 /* DNS-1123 characters only: nothing that could change the URL. */
 static bool k8s_name(const char *s)
@@ -58,14 +54,14 @@ int csi_kube_init(struct csi_kube *k, const char *api_url, const char *token_fil
 	return 0;
 }
 
-static size_t body_write(char *data, size_t sz, size_t nm, void *arg)
+size_t csi_body_write(char *data, size_t sz, size_t nm, void *arg)
 {
-	struct body *b = arg;
+	struct csi_body *b = arg;
 	size_t n = sz * nm;
 	char *p;
 
-	if (b->len + n > BODY_MAX)
-		return 0;
+	if (b->len + n > b->max)
+		return 0;               /* fails the transfer */
 	p = realloc(b->p, b->len + n + 1);
 	if (!p)
 		return 0;
@@ -76,7 +72,7 @@ static size_t body_write(char *data, size_t sz, size_t nm, void *arg)
 	return n;
 }
 
-static int read_token(const char *path, char *out, size_t cap)
+int csi_read_token(const char *path, char *out, size_t cap)
 {
 	FILE *f = fopen(path, "re");
 	size_t n;
@@ -98,7 +94,7 @@ static long get_json(const struct csi_kube *k, const char *path, json_t **out, c
 {
 	char *token = malloc(TOKEN_MAX), *auth = malloc(TOKEN_MAX + 32), url[1024];
 	struct curl_slist *hdr = NULL;
-	struct body b = { NULL, 0 };
+	struct csi_body b = { NULL, 0, BODY_MAX };
 	long code = -1;
 	CURLcode cc;
 	CURL *c = NULL;
@@ -113,7 +109,7 @@ static long get_json(const struct csi_kube *k, const char *path, json_t **out, c
 		snprintf(err, cap, "URL too long");
 		goto out;
 	}
-	rc = read_token(k->token_file, token, TOKEN_MAX);
+	rc = csi_read_token(k->token_file, token, TOKEN_MAX);
 	if (rc < 0) {
 		snprintf(err, cap, "token %s: %s", k->token_file, strerror(-rc));
 		goto out;
@@ -133,7 +129,7 @@ static long get_json(const struct csi_kube *k, const char *path, json_t **out, c
 	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(c, CURLOPT_TIMEOUT, KUBE_TIMEOUT_S);
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, KUBE_TIMEOUT_S);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, body_write);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, csi_body_write);
 	curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
 	cc = hdr ? curl_easy_perform(c) : CURLE_OUT_OF_MEMORY;
 	if (cc == CURLE_OK) {

@@ -36,4 +36,18 @@ int csi_kube_rank0_host(const struct csi_kube *k, const char *ns, const char *jo
 			const char *rjob, char *host, size_t hcap, char *pod, size_t pcap,
 			char *err, size_t errcap);
 
+/* A response body for libcurl's CURLOPT_WRITEFUNCTION (csi_body_write,
+ * WRITEDATA the struct): grown with realloc, NUL-terminated, at most max
+ * bytes (past that the transfer fails); the caller frees p. */
+struct csi_body {
+	char *p;
+	size_t len;
+	size_t max;
+};
+size_t csi_body_write(char *data, size_t sz, size_t nm, void *arg);
+
+/* A bearer token file's first cap-1 bytes, trailing white space dropped:
+ * 0, -errno when unreadable, -ENODATA when empty. */
+int csi_read_token(const char *path, char *out, size_t cap);
+
 #endif

@@ -4,6 +4,7 @@
  * rotated by kubelet. */
 #include "csi/csi_watch.h"
 #include "csi/csi_cfg.h"
+#include "csi/csi_kube.h"
 #include "common/log.h"
 
 #include <curl/curl.h>
@@ -92,48 +93,10 @@ static int build_url(struct csi_watch *w, char *err, size_t cap)
 	return 0;
 }
 
-struct buf {
-	char *p;
-	size_t len;
-};
-
-static size_t body_write(char *data, size_t sz, size_t nm, void *arg)
-{
-	struct buf *b = arg;
-	size_t n = sz * nm;
-	char *p;
-
-	if (b->len + n > BODY_MAX)
-		return 0;               /* too big for a config object: fails the transfer */
-	p = realloc(b->p, b->len + n + 1);
-	if (!p)
-		return 0;
-	memcpy(p + b->len, data, n);
-	b->p = p;
-	b->len += n;
-	b->p[b->len] = 0;
-	return n;
-}
-
-/* The bearer token, trailing newline dropped; -errno when unreadable. */
-static int read_token(const char *path, char *out, size_t cap)
-{
-	FILE *f = fopen(path, "re");
-	size_t n;
-
-	if (!f)
-		return -errno;
-	n = fread(out, 1, cap - 1, f);
-	fclose(f);
-	while (n && (out[n - 1] == '\n' || out[n - 1] == '\r' || out[n - 1] == ' '))
-		n--;
-	out[n] = 0;
-	return n ? 0 : -ENODATA;
-}
 
 /* One GET: the HTTP status (with the body in b), or -1 when there was no
  * answer (curl's reason in err). */
-static long get(struct csi_watch *w, struct buf *b, char *err, size_t cap)
+static long get(struct csi_watch *w, struct csi_body *b, char *err, size_t cap)
 {
 	static char token[TOKEN_MAX];   /* the watch thread's only */
 	char auth[TOKEN_MAX + 32];
@@ -143,7 +106,7 @@ static long get(struct csi_watch *w, struct buf *b, char *err, size_t cap)
 	CURL *c;
 	int rc;
 
-	rc = read_token(w->o.token_file, token, sizeof(token));
+	rc = csi_read_token(w->o.token_file, token, sizeof(token));
 	if (rc < 0) {
 		snprintf(err, cap, "token %s: %s", w->o.token_file, strerror(-rc));
 		return -1;
@@ -165,7 +128,7 @@ static long get(struct csi_watch *w, struct buf *b, char *err, size_t cap)
 	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(c, CURLOPT_TIMEOUT, tmo);
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, tmo);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, body_write);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, csi_body_write);
 	curl_easy_setopt(c, CURLOPT_WRITEDATA, b);
 	cc = hdr ? curl_easy_perform(c) : CURLE_OUT_OF_MEMORY;
 	if (cc == CURLE_OK)
@@ -180,7 +143,7 @@ static long get(struct csi_watch *w, struct buf *b, char *err, size_t cap)
 
 /* The inMemoryVolumeSize of a 200 answer's object; -EINVAL when its spec
  * does not parse (reason in err). */
-static int object_size(struct csi_watch *w, const struct buf *b, uint64_t *bytes,
+static int object_size(struct csi_watch *w, const struct csi_body *b, uint64_t *bytes,
 		       char *err, size_t cap)
 {
 	struct csi_cfg cfg;
@@ -215,7 +178,7 @@ static int object_size(struct csi_watch *w, const struct buf *b, uint64_t *bytes
 static void poll_once(struct csi_watch *w)
 {
 	char err[ERR_MAX] = "";
-	struct buf b = { NULL, 0 };
+	struct csi_body b = { NULL, 0, BODY_MAX };   /* too big for a config object: fails */
 	uint64_t bytes = 0;
 	long code = get(w, &b, err, sizeof(err));
 
