@@ -92,6 +92,7 @@ struct bview {
 	char rv[BK_NAME_MAX];
 	long rv_idx;                /* restore.version's backup in v[], or -1 */
 	long pick;                  /* the backup a restore from the bucket would use, or -1 */
+	bool verified;              /* --verify read the pick's data and found it good */
 	char pick_note[640];        /* the pick, or why there is none, in words */
 };
 
@@ -197,14 +198,42 @@ static int load_view(const struct opts *o, struct bview *w)
 		if (!strcmp(w->v[i].name, w->rv))
 			w->rv_idx = (long)i;
 	w->pick = prune_restore_pick(w->items, w->n, w->rv_rc == 0 ? w->rv : NULL, w->rv_rc == -EBADMSG);
+	/* --verify: read the pick's data as a restore would; a corrupt one
+	 * makes the daemon ask for another backup (restore.version's: none) */
+	while (o->verify && w->pick >= 0) {
+		struct bk_backup chk;
+		struct bk_backup *v = &w->v[w->pick];
+
+		memset(&chk, 0, sizeof(chk));
+		rc = bk_verify_backup(w->b, o->job, v->name, w->nodes, 0, &chk);
+		if (rc == 0) {
+			w->verified = true;
+			bk_backup_clear(&chk);
+			break;
+		}
+		if (rc != -EBADMSG && rc != -ENOENT) {
+			bk_backup_clear(&chk);
+			return bucket_fail(w, "reading a backup's data", rc);
+		}
+		v->complete = false;
+		w->items[w->pick].complete = false;
+		snprintf(v->why, sizeof(v->why), "corrupt: %.480s",
+			 chk.why[0] ? chk.why : bkt_last_error()[0] ? bkt_last_error() : strerror(-rc));
+		bk_backup_clear(&chk);
+		w->pick = prune_restore_pick(w->items, w->n, w->rv_rc == 0 ? w->rv : NULL,
+					     w->rv_rc == -EBADMSG);
+	}
 	if (w->pick >= 0 && w->rv_rc == 0)
-		snprintf(w->pick_note, sizeof(w->pick_note), "restore.version names %s (complete, step %llu): "
+		snprintf(w->pick_note, sizeof(w->pick_note), "restore.version names %s (complete, step %llu%s): "
 			 "a restore from the bucket would use it", w->rv,
-			 (unsigned long long)w->v[w->pick].step);
+			 (unsigned long long)w->v[w->pick].step, w->verified ? ", data verified" : "");
 	else if (w->pick >= 0)
 		snprintf(w->pick_note, sizeof(w->pick_note), "a restore from the bucket would use %s "
-			 "(step %llu), the newest complete backup", w->v[w->pick].name,
-			 (unsigned long long)w->v[w->pick].step);
+			 "(step %llu), the newest complete backup%s", w->v[w->pick].name,
+			 (unsigned long long)w->v[w->pick].step,
+			 w->verified ? " (data verified)" :
+			 !o->verify && !strncmp(bkt_url(w->b), "file://", 7) ?
+			 "; file:// lists no checksums, so its data was not read (--verify reads it)" : "");
 	else if (w->rv_rc == -EBADMSG)
 		snprintf(w->pick_note, sizeof(w->pick_note),
 			 "restore.version does not name a backup: nothing would be restored");

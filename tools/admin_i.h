@@ -23,6 +23,7 @@ struct opts {
 	const char *job, *bucket, *gcs_endpoint, *key_file;
 	const char *ramdir;             /* --ramdir: bucket and job from its configuration */
 	bool watch, force, del, prefer_recent;
+	bool verify;                    /* backups --verify: read the pick's data */
 	bool nodes_set;
 	uint32_t nodes;
 	bool keep_set[PRUNE_NKINDS];

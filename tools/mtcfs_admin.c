@@ -62,6 +62,7 @@ void admin_human_bytes(uint64_t v, char *out, size_t len)
 enum {
 	O_JSON = 1u << 0, O_JOB = 1u << 1, O_WATCH = 1u << 2, O_BUCKET = 1u << 3,
 	O_NODES = 1u << 4, O_FORCE = 1u << 5, O_DELETE = 1u << 6, O_KEEP = 1u << 7,
+	O_VERIFY = 1u << 8,
 };
 
 #define BUCKET_OPTS \
@@ -111,15 +112,21 @@ static const struct command commands[] = {
 	  "(MiB/s, ETA) on stderr when it is a terminal.\n"
 	  "A shard marked bad by mtcfs, or whose seal never finished, fails the check too.\n"
 	  "exit: 0 all good, 1 a shard is bad or not sealed, 2 usage, 3 cannot read the node\n" },
-	{ "backups", O_JSON | O_JOB | O_BUCKET | O_NODES, 0, 0,
-	  "backups {--bucket URL --job NAME | --ramdir RAMDIR} [--nodes N] [--json]",
+	{ "backups", O_JSON | O_JOB | O_BUCKET | O_NODES | O_VERIFY, 0, 0,
+	  "backups {--bucket URL --job NAME | --ramdir RAMDIR} [--nodes N] [--verify] [--json]",
 	  "The job's backups in the bucket, newest first: step, data bytes, how many nodes' shards\n"
 	  "are complete, and for an incomplete backup why, per node (a missing .meta, manifest or\n"
 	  "data file, a size or CRC32C mismatch, mixed steps). Says which backup a restore from the\n"
 	  "bucket would use: the one restore.version names if it is complete (if it is incomplete\n"
 	  "or missing, nothing is restored: no fallback), else the newest complete backup. (The\n"
 	  "daemon restores from the bucket when restore.version is set or when no step is complete\n"
-	  "in the cluster's RAM.)\n\n" BUCKET_OPTS NODES_OPT
+	  "in the cluster's RAM.)\n"
+	  "Without --verify only listings are read: sizes, and CRC32C where the bucket lists them\n"
+	  "(gs://; file:// lists none), so a backup whose bytes were changed in place looks complete.\n"
+	  "--verify reads every data file of the backup a restore would use and checks its CRC32C;\n"
+	  "one that fails is shown as corrupt and, as the daemon does, the next complete one is\n"
+	  "tried (restore.version's: nothing is restored).\n\n" BUCKET_OPTS NODES_OPT
+	  "  --verify              read the data of the backup a restore would use\n"
 	  "exit: 0 the bucket was read (whatever it holds; JSON \"restore\" is null when nothing\n"
 	  "      would be restored), 2 usage, 3 cannot read the bucket\n" },
 	{ "restore-version", O_JSON | O_JOB | O_BUCKET | O_NODES | O_FORCE, 1, 2,
@@ -346,6 +353,9 @@ int main(int argc, char **argv)
 		} else if (!strcmp(a, "--force")) {
 			o.force = true;
 			bit = O_FORCE;
+		} else if (!strcmp(a, "--verify")) {
+			o.verify = true;
+			bit = O_VERIFY;
 		} else if (!strcmp(a, "--delete")) {
 			o.del = true;
 			bit = O_DELETE;
@@ -439,7 +449,7 @@ int main(int argc, char **argv)
 	if (used & ~c->opts) {
 		static const struct { unsigned bit; const char *words; } names[] = {
 			{ O_BUCKET, "--bucket/--gcs-endpoint/--key-file/--ramdir" }, { O_NODES, "--nodes" },
-			{ O_FORCE, "--force" }, { O_DELETE, "--delete" },
+			{ O_FORCE, "--force" }, { O_DELETE, "--delete" }, { O_VERIFY, "--verify" },
 			{ O_KEEP, "--keep-*/--prefer-recent/--incomplete-older-than" }, { O_WATCH, "--watch" }, { O_JOB, "--job" },
 		};
 		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)

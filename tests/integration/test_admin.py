@@ -152,8 +152,8 @@ class AdminBucketTests:
             self.assertIn("    node 1 worker 0: no .meta", lines[i + 1:i + 3])
             i = lines.index(rows[NO_DATA])
             self.assertEqual(lines[i + 1], "    node 1 worker 0: missing data file state/arr.bin")
-            self.assertEqual(lines[-2], "a restore from the bucket would use 2027-01-03_12-00 "
-                             "(step 60), the newest complete backup")
+            self.assertTrue(lines[-2].startswith("a restore from the bucket would use 2027-01-03_12-00 "
+                                                 "(step 60), the newest complete backup"), lines[-2])
         # without --nodes, a backup complete for its own (1) node is said so
         out, _ = self.admin("backups", *self.b(url))
         self.assertIn("no .meta for node 1: its .meta names show 1 node, other backups 2", out)
@@ -671,6 +671,42 @@ class FileAdminTest(AdminBucketTests, unittest.TestCase):
         return [["--bucket", "file://" + os.path.join(self.tmp, "missing")],
                 ["--bucket", "file://" + f],
                 ["--bucket", "file://" + os.path.join(f, "below")]]
+
+    def test_verify_finds_data_changed_in_place(self):
+        """file:// lists sizes only: a byte changed in a data file of the
+        newest complete backup leaves it complete by its listing, and the
+        prediction says its data was not read. --verify reads it, shows it
+        corrupt, and names the backup the daemon would fall back to (it
+        asks for another backup when a fetch fails its CRC32C)."""
+        url = self.url("verify")
+        self.build_job(url)
+        root = url[len("file://"):]
+        bad = [os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(root, JOB, "2027-01-03_12-00"))
+               for f in fs if f == "arr.bin"]
+        self.assertEqual(len(bad), 2, bad)
+        with open(bad[0], "r+b") as f:
+            b = f.read(1)
+            f.seek(0)
+            f.write(bytes([b[0] ^ 0xff]))
+        out, _ = self.admin("backups", "--nodes", "2", *self.b(url))
+        self.assertIn("would use 2027-01-03_12-00 (step 60), the newest complete backup; file:// "
+                      "lists no checksums, so its data was not read (--verify reads it)", out)
+        out, _ = self.admin("backups", "--nodes", "2", "--verify", *self.b(url))
+        rows = {ln.split()[0]: ln for ln in out.split("\n") if re.match(r"^20\d\d-", ln)}
+        self.assertRegex(rows["2027-01-03_12-00"], r" incomplete$")
+        self.assertIn("corrupt: ", out)
+        self.assertIn("would use 2027-01-01_00-10-2 (step 41), the newest complete backup "
+                      "(data verified)", out)
+        js = self.ajson("backups", "--nodes", "2", "--verify", *self.b(url))
+        self.assertEqual(js["restore"], {"name": "2027-01-01_00-10-2", "step": 41})
+        by = {x["name"]: x for x in js["backups"]}
+        self.assertFalse(by["2027-01-03_12-00"]["complete"])
+        self.assertTrue(by["2027-01-03_12-00"]["why"].startswith("corrupt: "), by["2027-01-03_12-00"])
+        # restore.version naming it: no fallback, nothing restored
+        self.admin("restore-version", "set", "2027-01-03_12-00", "--nodes", "2", *self.b(url))
+        js = self.ajson("backups", "--nodes", "2", "--verify", *self.b(url))
+        self.assertIsNone(js["restore"])
+        self.assertIn("incomplete", js["restore_note"])
 
     def test_deleted_directories_are_gone(self):
         url = self.url("dirs")
