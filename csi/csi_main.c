@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -443,6 +444,33 @@ static void grpc_log(gpr_log_func_args *a)
 
 /* ---- main --------------------------------------------------------------- */
 
+/* The job mounts inherit this process's open-file limit, and rank 0's
+ * mtcfs needs one descriptor per node of its job (and FUSE up to an eighth
+ * of the limit): Kubernetes has no nofile setting for a container, so the
+ * driver sets it (a privileged node pod may raise its hard limit): want
+ * (soft and hard), else at least the soft limit raised to the hard one. */
+static void raise_nofile(rlim_t want)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return;
+	if (want) {
+		struct rlimit up = { want, want };
+		if (setrlimit(RLIMIT_NOFILE, &up) == 0) {
+			log_info("csi", "open-file limit %llu (--nofile)", (unsigned long long)want);
+			return;
+		}
+		log_warn("csi", "cannot raise the open-file limit to %llu (%s): %llu stays; "
+			 "a job's coordinator then takes fewer nodes (its log says how many)",
+			 (unsigned long long)want, strerror(errno), (unsigned long long)rl.rlim_max);
+	}
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		(void)setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -460,6 +488,8 @@ static void usage(FILE *f)
 		"                       kept for the job's next pods (default 600)\n"
 		"  --free-above PCT     RAM tier more than PCT%% full while a job runs: free the\n"
 		"                       RAMDIRs of stopped jobs, oldest first (default 50; 0: never)\n"
+		"  --nofile N           open-file limit for the job mounts (rank 0's coordinator\n"
+		"                       needs one per node); default: the soft limit raised to the hard\n"
 		"  --no-tmpfs           use --ram-root as it is, mount nothing there\n"
 		"  --status             what each job holds in the RAM tier (published, idle,\n"
 		"                       stopped; bytes; pods) and exit; beside a running driver too\n"
@@ -626,7 +656,7 @@ int main(int argc, char **argv)
 	struct csi_watch *watch = NULL;
 	struct csi_kube kube;
 	bool no_kube = false;
-	const char *interval = NULL, *grace = NULL, *idle = NULL, *free_above = NULL;
+	const char *interval = NULL, *grace = NULL, *idle = NULL, *free_above = NULL, *nofile = NULL;
 	char kubelet_dir[PATH_MAX];
 	mode_t um;
 	struct stat sst;
@@ -649,6 +679,7 @@ int main(int argc, char **argv)
 		ARG("--kubelet-dir", o.kubelet_dir);
 		ARG("--idle-timeout", idle);
 		ARG("--free-above", free_above);
+		ARG("--nofile", nofile);
 		ARG("--watch-config", wo.what);
 		ARG("--watch-interval", interval);
 		ARG("--watch-grace", grace);
@@ -710,6 +741,9 @@ int main(int argc, char **argv)
 			goto bad;
 		o.free_pct = (unsigned)u;
 	}
+	if (nofile && (util_parse_u64(nofile, 1u << 30, &u) < 0 || u < 1024))
+		goto bad;
+	raise_nofile(nofile ? (rlim_t)u : 0);
 	if (interval) {
 		if (util_parse_u64(interval, 86400, &u) < 0 || !u)
 			goto bad;

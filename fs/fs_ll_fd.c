@@ -14,6 +14,7 @@
  * system type under RAMDIR/ns). Without the capability (no root) nothing is
  * evicted, as before: logged once at start. */
 #include "fs/fs_i.h"
+#include "net/server.h"
 #include "fs/fs_ll_i.h"
 #include "common/log.h"
 
@@ -25,9 +26,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The budget: a quarter of RLIMIT_NOFILE (soft, raised to the hard one) (the rest is for the
- * application's open files, which hold one descriptor each, the network,
- * LMDB and the seal's walks), within [64, 16384]. */
+/* The budget: 1/NSRV_FS_FD_SHARE of RLIMIT_NOFILE (soft, raised to the hard
+ * one), within [64, 16384]; the rest is for the application's open files,
+ * which hold one descriptor each, the network (rank 0: one connection per
+ * node of the job), LMDB and the seal's walks (net/server.h). */
 void fs_fd_init(struct fs *fs)
 {
 	struct rlimit rl;
@@ -46,7 +48,7 @@ void fs_fd_init(struct fs *fs)
 			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
 				rl.rlim_cur = cur;
 		}
-		cap = rl.rlim_cur == RLIM_INFINITY ? 16384 : (size_t)(rl.rlim_cur / 4);
+		cap = rl.rlim_cur == RLIM_INFINITY ? 16384 : (size_t)(rl.rlim_cur / NSRV_FS_FD_SHARE);
 	}
 	if (cap < 64)
 		cap = 64;

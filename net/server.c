@@ -281,10 +281,10 @@ static void *loop_main(void *arg)
 
 /* ---- public ---- */
 
-/* Raise RLIMIT_NOFILE's soft limit to the hard one and return the
- * result. Connections may use half of it, less FD_RESERVE_MIN: the rest
- * stays for FUSE (a quarter of the limit for inodes the kernel
- * remembers, open files), LMDB and the tiers. */
+/* Raise RLIMIT_NOFILE's soft limit to the hard one and return what
+ * connections may use of it: the limit less the FUSE front's inode share
+ * and NSRV_FD_RESERVE (server.h), or half of it less FD_RESERVE_MIN when
+ * that is more (small limits). */
 static size_t fd_budget(void)
 {
 	struct rlimit rl;
@@ -306,7 +306,12 @@ static size_t fd_budget(void)
 	lim = rl.rlim_cur == RLIM_INFINITY ? (1u << 20) : (uint64_t)rl.rlim_cur;
 	if (lim > (1u << 20))
 		lim = 1u << 20;
-	lim = lim / 2 > FD_RESERVE_MIN + 16 ? lim / 2 - FD_RESERVE_MIN : 16;
+	{
+		uint64_t half = lim / 2 > FD_RESERVE_MIN + 16 ? lim / 2 - FD_RESERVE_MIN : 16;
+		uint64_t rest = lim - lim / NSRV_FS_FD_SHARE;
+		rest = rest > NSRV_FD_RESERVE ? rest - NSRV_FD_RESERVE : 0;
+		lim = rest > half ? rest : half;
+	}
 	return lim > NSRV_MAX_CONNS ? NSRV_MAX_CONNS : (size_t)lim;
 }
 

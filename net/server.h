@@ -31,6 +31,14 @@ struct nsrv;
 #define NSRV_MAX_PER_ADDR    256           /* per peer IP, until the secret/TLS is proven */
 #define NSRV_MAX_CONNS       32768         /* in total, whatever RLIMIT_NOFILE allows */
 #define NSRV_DATA_ROOM       64            /* of those, kept for data connections at rank 0 */
+/* The daemon's open-file limit is shared: the FUSE front keeps at most
+ * 1/NSRV_FS_FD_SHARE of it open for inodes (fs/fs_ll_fd.c, an LRU reopened
+ * by handle), NSRV_FD_RESERVE stays for the application's open files, LMDB,
+ * pipes and the tiers, and connections may use the rest (at least half the
+ * limit less 64, what small limits keep): at a limit of 20,000, 16,476
+ * connections, a coordinator for 16,413 nodes. */
+#define NSRV_FS_FD_SHARE     8
+#define NSRV_FD_RESERVE      1024
 
 struct nsrv_ops {
 	/* A JSON frame (NT_REQ, NT_EVENT, and NT_RESP / NT_ERROR answering

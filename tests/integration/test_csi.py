@@ -770,6 +770,27 @@ class CsiTest(unittest.TestCase):
         self.assertEqual(d.unpublish(t)["code"], "OK")
         m.stop()
 
+    def test_nofile_reaches_the_job_mounts(self):
+        # Kubernetes sets no open-file limit for a container: --nofile is
+        # the driver's (the DaemonSet passes 1048576), and the job mounts
+        # inherit it; rank 0's coordinator logs how many nodes that gives
+        pa, = free_ports(1)
+        # below the hard limit: a container here cannot raise that
+        # (no CAP_SYS_RESOURCE), a privileged node pod can
+        d = self.driver(config="peerPort: %d\n" % pa, extra=["--nofile", "8192"])
+        with open("/proc/%d/limits" % d.proc.pid) as f:
+            self.assertRegex(f.read(), r"Max open files\s+8192\s+8192")
+        t = d.target("nf")
+        r = d.publish(t, pod_ctx("nf-w-0-0-aaaaa", coordinator="127.0.0.1:%d" % pa))
+        self.assertEqual(r["code"], "OK", r)
+        key = "default.nf"
+        log = wait_until(lambda: (lambda t: t if "takes a job of up to" in t else None)(
+            d.job_log(key)), TIMEOUT, "the job mount's coordinator capacity line")
+        # the limit less FUSE's eighth and the reserve, less the data room
+        self.assertRegex(log, r"as the coordinator this node takes a job of up to 6081 nodes "
+                              r"\(bound by RLIMIT_NOFILE")
+        self.assertEqual(d.unpublish(t)["code"], "OK")
+
     def test_two_jobs_on_one_node(self):
         # peer ports must agree across a job's nodes: a clash is refused
         # with the fix named; metrics ports are per node: the next free one

@@ -63,7 +63,8 @@ DRIVER = "mtcfs.csi.checkpoint.dev"
 # (csi/csi_main.c): flags with a value take it as the next argument
 CSI_VALUE_FLAGS = {"--endpoint", "--node-id", "--config", "--ram-root", "--state-dir",
                    "--node-address", "--mtcfs", "--log-format", "--watch-config",
-                   "--watch-interval", "--kubelet-dir", "--idle-timeout", "--free-above"}
+                   "--watch-interval", "--kubelet-dir", "--idle-timeout", "--free-above",
+                   "--nofile"}
 CSI_BOOL_FLAGS = {"--no-tmpfs", "-d"}
 CSI_ATTRS = {"jobName", "jobSetName", "replicatedJobName", "podsPerJob",
              "rank", "coordinator", "subdomain", "peerPort", "ramSize"}
