@@ -688,16 +688,19 @@ void coord_on_msg(struct coord *c, uint64_t conn, int rank, uint8_t type, uint32
 void coord_on_close(struct coord *c, uint64_t conn, int rank)
 {
 	pthread_mutex_lock(&c->mu);
-	/* its address stays: the node may be back on a new connection */
-	for (uint32_t r = 0; r < c->naddrs; r++)
-		if (c->ctl[r] == conn)
-			c->ctl[r] = 0;
-	for (struct cjob *j = c->jobs; j; j = j->next) {
-		for (uint32_t r = 0; r < j->nodes; r++) {
+	/* A connection speaks for the one rank it said hello as (-1: a tool's):
+	 * only that rank's slots can hold it, so a close is O(jobs), not a
+	 * scan of every node (16k closes at a job's end). Its address stays:
+	 * the node may be back on a new connection. */
+	if (rank >= 0 && (uint32_t)rank < c->naddrs && c->ctl[rank] == conn)
+		c->ctl[rank] = 0;
+	for (struct cjob *j = c->jobs; rank >= 0 && j; j = j->next) {
+		for (uint32_t r = (uint32_t)rank; r < j->nodes && r == (uint32_t)rank; r++) {
 			struct cnode *n = &j->n[r];
 			if (n->conn != conn)
 				continue;
 			n->conn = 0;
+			j->closes_since++;
 			n->cat.waiting = false;
 			n->rdy.waiting = false;
 			if (j->bk_running && !j->bk_done[r])

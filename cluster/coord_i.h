@@ -35,6 +35,8 @@ struct cnode {
 	uint64_t conn;            /* 0 = not connected */
 	bool reported;            /* catalog received in this round */
 	bool ready;               /* at the barrier of the current plan */
+	uint32_t nheld;           /* of the job's holds, this node's (a catalog
+				   * replaces them: skip the scan when none) */
 	struct pending cat, rdy;
 	struct wlog lg;           /* worker 0 */
 	struct wlog *lgx;         /* workers 1..nlgx, grown as they report */
@@ -56,6 +58,11 @@ struct cjob {
 	uint64_t round_start, plan_time;
 	struct lkg_hold *holds;
 	size_t nholds, capholds;
+	/* the barrier without a scan of every node per message: nready counts
+	 * n[].ready; a release needs every reported, connected node ready, of
+	 * which the last scan found exp_scan, since when closes_since closed */
+	uint32_t nready, exp_scan, closes_since;
+	uint32_t nreported;           /* n[].reported (a round plans when all have) */
 	struct lkg_hold *bad;
 	size_t nbad, capbad;
 	struct lkg_plan plan;

@@ -155,6 +155,7 @@ static void bucket_plan_run(void *arg)
 			j->plan_time = util_now_ns();
 			for (uint32_t r = 0; r < j->nodes; r++)
 				j->n[r].ready = false;
+			j->nready = 0;
 		}
 		if (j->bucket_plan)
 			log_info("coord", "plan job=%s plan=%u: restore backup %s (step %llu)%s", j->name,
@@ -235,8 +236,10 @@ static void compute_plan(struct coord *c, struct cjob *j)
 		j->plan_time = util_now_ns();
 		for (uint32_t r = 0; r < j->nodes; r++)
 			j->n[r].ready = false;
+		j->nready = 0;
 	}
 	j->state = R_PLANNED;
+	j->exp_scan = 0;             /* the next release check scans */
 	j->plan_round = j->round;
 	log_info("coord", "plan job=%s plan=%u found=%d step=%llu nodes=%u missing=%u holds=%zu bad=%zu plan_ms=%.2f",
 		 j->name, j->plan_id, j->plan.found, (unsigned long long)j->plan.step, j->nodes,
@@ -339,6 +342,13 @@ static void release_barrier(struct coord *c, struct cjob *j)
 void coord_maybe_release(struct coord *c, struct cjob *j, bool timed_out)
 {
 	uint32_t ready = 0, expected = 0;
+
+	/* fewer ready than the connected, reported nodes can be (the last
+	 * scan's count less the closes since): no release, and no scan of
+	 * 16k nodes for each ready message */
+	if (!timed_out && j->exp_scan > j->closes_since &&
+	    j->nready < j->exp_scan - j->closes_since)
+		return;
 	for (uint32_t r = 0; r < j->nodes; r++) {
 		if (j->n[r].reported && j->n[r].conn) {
 			expected++;
@@ -346,6 +356,8 @@ void coord_maybe_release(struct coord *c, struct cjob *j, bool timed_out)
 				ready++;
 		}
 	}
+	j->exp_scan = expected;
+	j->closes_since = 0;
 	if (ready == expected || (timed_out && ready > 0))
 		release_barrier(c, j);
 }
@@ -408,6 +420,11 @@ void coord_on_catalog(void *arg, const struct proto_in *in)
 				n->reported = false;
 			n->ready = false;
 		}
+		j->nready = 0;
+		j->exp_scan = 0;
+		j->nreported = 0;
+		for (uint32_t r = 0; r < j->nodes; r++)
+			j->nreported += j->n[r].reported;
 		j->nbad = 0;
 		j->nexcluded = 0;
 		j->notes[0] = '\0';
@@ -423,14 +440,19 @@ void coord_on_catalog(void *arg, const struct proto_in *in)
 			if (j->n[j->holds[x].holder].reported)
 				j->holds[k++] = j->holds[x];
 		j->nholds = k;
+		for (uint32_t r = 0; r < j->nodes; r++)
+			if (!j->n[r].reported)
+				j->n[r].nheld = 0;
 	}
-	/* replace this node's holdings */
-	{
+	/* replace this node's holdings (a scan of every hold only when it has
+	 * some: each node's first catalog of a round would make it O(n^2)) */
+	if (j->n[rank].nheld) {
 		size_t k = 0;
 		for (size_t x = 0; x < j->nholds; x++)
 			if (j->holds[x].holder != (uint32_t)rank)
 				j->holds[k++] = j->holds[x];
 		j->nholds = k;
+		j->n[rank].nheld = 0;
 	}
 	for (size_t i = 0; i < m.nholds; i++) {
 		const struct proto_hold *h = &m.holds[i];
@@ -451,10 +473,13 @@ void coord_on_catalog(void *arg, const struct proto_in *in)
 			j->capholds = nc;
 		}
 		j->holds[j->nholds++] = lh;
+		j->n[rank].nheld++;
 	}
 	proto_catalog_free(&m);
 	coord_ec_catalog(j, rank, in->msg);
 	j->n[rank].conn = conn;
+	if (!j->n[rank].reported)
+		j->nreported++;
 	j->n[rank].reported = true;
 	if (j->state == R_PLANNING) {
 		j->n[rank].cat = (struct pending){ conn, req_id, true };
@@ -466,13 +491,9 @@ void coord_on_catalog(void *arg, const struct proto_in *in)
 		return;
 	}
 	j->n[rank].cat = (struct pending){ conn, req_id, true };
-	{
-		uint32_t got = 0;
-		for (uint32_t r = 0; r < j->nodes; r++)
-			got += j->n[r].reported;
-		if (got == j->nodes && j->state == R_COLLECT)
-			coord_start_plan(c, j);
-	}
+	/* a count, not a scan of every node per catalog (O(n^2) at 16k) */
+	if (j->nreported == j->nodes && j->state == R_COLLECT)
+		coord_start_plan(c, j);
 }
 
 void coord_on_fetch_failed(void *arg, const struct proto_in *in)
@@ -574,6 +595,8 @@ void coord_on_ready(void *arg, const struct proto_in *in)
 		coord_send(c, in->conn, NT_RESP, in->req_id, plan_entry(c, j, (uint32_t)rank));
 		return;
 	}
+	if (!j->n[rank].ready)
+		j->nready++;
 	j->n[rank].ready = true;
 	j->n[rank].rdy = (struct pending){ in->conn, in->req_id, true };
 	coord_maybe_release(c, j, false);
