@@ -16,6 +16,12 @@ is that protocol around the real torch.distributed.checkpoint).
 - GKE's `framework: pytorch` mode with two workers per node: one
   torch.save file per worker and step, restored through each worker's own
   marker after node 1 is wiped.
+- Another job size (RealTorchResize, 4 nodes restarted as 2 and back):
+  DCP shrink 4 -> 2, grow 2 -> 4 under assume-data-parallelism: 2 (a new
+  rank gets its column mate's shard), restore.version naming a backup of
+  the other size each way; pytorch mode grown 2 -> 4 with two workers per
+  node, each new worker restoring its column mate's file under its own
+  name.
 
 The clients run under the venv python (tests/clients/launch.py: skipped
 without it, failed in CI; run in the release build only).
@@ -63,14 +69,16 @@ class RealTorch(unittest.TestCase):
         for d in self.c.nodes:
             d.check_alive()
 
-    def run_job(self, name, steps, script="torch_nemo.py", job=JOB, workers=1, extra=()):
-        """Every rank (workers per node, node-major): start-up handshake,
-        restore if any, save steps. Returns ({rank: report}, dump dir)."""
+    def run_job(self, name, steps, script="torch_nemo.py", job=JOB, workers=1, extra=(),
+                n=N):
+        """Every rank of nodes 0..n-1 (workers per node, node-major):
+        start-up handshake, restore if any, save steps. Returns ({rank:
+        report}, dump dir)."""
         port = free_ports(1)[0]
         dump = os.path.join(self.tmp, name)
         os.mkdir(dump)
         argvs, envs = [], []
-        world = N * workers
+        world = n * workers
         for r in range(world):
             node = r // workers
             argvs.append(["--dir", self.c.nodes[node].mnt, "--job", job,
@@ -80,7 +88,7 @@ class RealTorch(unittest.TestCase):
             envs.append({"RANK": str(r), "WORLD_SIZE": str(world),
                          "LOCAL_RANK": str(r % workers),
                          "LOCAL_WORLD_SIZE": str(workers),
-                         "NODE_RANK": str(node), "NNODES": str(N),
+                         "NODE_RANK": str(node), "NNODES": str(n),
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                          "OMP_NUM_THREADS": "1"})
         ranks = launch.Ranks(self, self.py, script, argvs, envs, name)
@@ -254,10 +262,10 @@ class RealTorchBucket(unittest.TestCase):
 
 
 class RealTorchResize(unittest.TestCase):
-    """A job restarted with another number of ranks (issue 24), through the
-    NeMo reference's DCP protocol (torch_nemo.py) on one cluster of 4 nodes
-    with a file:// bucket and a backup every step (backup-interval-minutes:
-    0):
+    """A job restarted with another number of ranks (issue 24), on one
+    cluster of 4 nodes with a file:// bucket. Through the NeMo reference's
+    DCP protocol (torch_nemo.py), a backup every step
+    (backup-interval-minutes: 0):
     - shrink: saved by 4 ranks, restarted with 2 on nodes 0 and 1 (mtcfs
       restarted there with a peers= table of 2, Cluster.resize; nodes 2
       and 3 down): each restores its own shard of the 4-node step from RAM;
@@ -342,6 +350,38 @@ class RealTorchResize(unittest.TestCase):
     def wait_restore_version_used(self):
         rv = os.path.join(self.bucket, JOB, "restore.version")
         harness.wait_until(lambda: not os.path.exists(rv), 30, "restore.version deleted")
+
+    def test_gke_pytorch_mode_grow(self):
+        """framework: pytorch, 2 workers per node (torch.save per worker):
+        saved by 2 nodes, restarted on 4 under assume-data-parallelism: 2:
+        each worker of nodes 2 and 3 finds its own marker, a symlink to the
+        same worker's file of node 0 or 1 under its own name, and
+        torch.load()s exactly those tensors."""
+        c, job, W = self.c, "gke-torch-grow", 2
+        c.resize(2)
+        reports, _ = RealTorch.run_job(self, "first", [1], "torch_gke.py", job, W, n=2)
+        for rep in reports.values():
+            self.assertEqual(rep["restored_step"], 0)
+        c.wait_replicated(job, 1, timeout=30)
+        c.resize(4)
+        reports, dump = RealTorch.run_job(
+            self, "grow", [2], "torch_gke.py", job, W, n=4,
+            extra=["--data-parallelism", "2", "--dp-columns", "2"])
+        self.assertEqual(len(reports), 4 * W)
+        for r, rep in reports.items():
+            n, w = r // W, r % W
+            src = (n % 2) * W + w
+            self.assertEqual(rep["marker"], "%s-s1-n%d-w%d.restore" % (job, n, w))
+            self.assertTrue(rep["marker_is_symlink"], "rank %d" % r)
+            self.assertTrue(rep["marker_target"].endswith("%s-s1-n%d-w%d.save" % (job, n, w)),
+                            "rank %d: %s" % (r, rep["marker_target"]))
+            self.assertEqual(rep["source_rank"], src)
+            for tn in ckpt_data.TORCH_TENSORS:
+                with open(os.path.join(dump, "rank%d.%s" % (r, tn)), "rb") as f:
+                    self.assertTrue(f.read() == ckpt_data.torch_tensor(tn, 1, src),
+                                    "rank %d: restored %s is not rank %d's of step 1"
+                                    % (r, tn, src))
+            self.assertTrue(rep["equal"], "rank %d" % r)
 
     def test_shrink_grow_and_restore_version_of_other_size(self):
         c = self.c
