@@ -21,6 +21,11 @@ ReplicatorCheckpointManager, as MaxText does (tests/clients/orbax_mtc.py).
   while RAM holds newer steps: every process restores exactly that
   backup's step; the first commit after it deletes restore.version. One
   naming a missing backup: nothing restored, and it is deleted too.
+- Another job size (RealOrbaxResize): 4 processes restarted as 2, 2 as 4
+  under D = 2, restore.version naming a backup of the other size: each
+  process is handed its column's saver's files, and Orbax 0.12.8 itself
+  refuses to restore them (no elastic scale up/down in multi-controller
+  MTC).
 - Orbax's own mtc_checkpoint_converter, when the installed Orbax has it
   (no release does yet: skipped), turns a file:// backup into a standard
   checkpoint whose arrays equal those saved.
