@@ -23,6 +23,7 @@ restored leaf's local shard in --dump-dir, for the test to compare with
 its own copy.
 """
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -117,6 +118,17 @@ def local_bytes(arr):
     return b"".join(parts)
 
 
+def file_digests(top):
+    """{path relative to top: SHA-256} of every file under top."""
+    out = {}
+    for dp, _, fns in os.walk(top):
+        for fn in fns:
+            p = os.path.join(dp, fn)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, top)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -131,6 +143,9 @@ def main():
                     help="every leaf replicated on every process")
     ap.add_argument("--backup-interval-steps", type=int)
     ap.add_argument("--keep", type=int, help="preservation policy LatestN")
+    ap.add_argument("--resized", action="store_true",
+                    help="a restore Orbax refuses (another job size) is "
+                    "reported, not raised")
     a = ap.parse_args()
     global REPLICATED
     REPLICATED = a.replicated
@@ -162,14 +177,27 @@ def main():
     report["latest_step"] = latest
     report["all_steps"] = list(mngr.all_steps())
     ok = True
+    restored = None
     if latest is not None:
+        report["step_files"] = file_digests(os.path.join(a.dir, str(latest)))
         abstract = abstract_tree(mesh)
         restore_args = jax.tree.map(
             lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding,
                                            global_shape=x.shape, dtype=x.dtype),
             abstract)
-        restored = mngr.restore(latest, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args)))
+        try:
+            restored = mngr.restore(latest, args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args)))
+        except ValueError as e:
+            # --resized: the job's process count differs from the saver's,
+            # which Orbax's multi-controller restore refuses; report it and
+            # go on saving (as a job started afresh would)
+            if not a.resized:
+                raise
+            report["restore_error"] = str(e)
+            log("restore of step %d refused: %s" % (latest, e))
+            restored = None
+    if restored is not None:
         flat = flatten(restored["state"])
         report["restored_leaves"] = sorted(flat)
         for name, arr in flat.items():

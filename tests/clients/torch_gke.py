@@ -38,6 +38,11 @@ def main():
     ap.add_argument("--dump-dir")
     ap.add_argument("--backup-interval-steps", type=int, default=0,
                     help="back up every N steps instead of every 30 minutes")
+    ap.add_argument("--data-parallelism", type=int, default=0,
+                    help="assume-data-parallelism in the yaml")
+    ap.add_argument("--dp-columns", type=int, default=0,
+                    help="nodes per replica: a node added by a grow restart "
+                    "restores the files of node %% this (same worker)")
     a = ap.parse_args()
 
     node, nodes = int(os.environ["NODE_RANK"]), int(os.environ["NNODES"])
@@ -54,6 +59,8 @@ def main():
             f.write("job-name: %s\nframework: pytorch\nnode-rank: %d\nnodes: %d\n"
                     "peers-per-node: 1\nworkers-per-node: %d\n%s\n"
                     % (a.job, node, nodes, W, interval))
+            if a.data_parallelism:
+                f.write("assume-data-parallelism: %d\n" % a.data_parallelism)
         os.rename(y + ".tmp", y)
         wait(lambda: not os.path.exists(y), 60, "replicator.yaml consumed")
     dist.barrier()
@@ -73,6 +80,11 @@ def main():
     report = {"rank": rank, "node": node, "worker": w, "marker": marker,
               "restored_step": step}
     ok = True
+    # the rank whose tensors this worker restores: its own, or under
+    # --dp-columns the same worker's of its column's node (identical
+    # replicas)
+    src = (node % a.dp_columns) * W + w if a.dp_columns else rank
+    report["source_rank"] = src
     if step:
         path = os.path.join(d, marker)
         report["marker_is_symlink"] = os.path.islink(path)
@@ -84,7 +96,7 @@ def main():
             if a.dump_dir:
                 with open(os.path.join(a.dump_dir, "rank%d.%s" % (rank, name)), "wb") as f:
                     f.write(got)
-            if got != ckpt_data.torch_tensor(name, step, rank):
+            if got != ckpt_data.torch_tensor(name, step, src):
                 log("MISMATCH %s at step %d" % (name, step))
                 ok = False
     report["equal"] = ok

@@ -75,7 +75,7 @@ def handle_replicator_fail_situation(d):
         raise ValueError("Replicator failed with error " + msg)
 
 
-def init_high_scale_ckpt(d, job, interval_minutes):
+def init_high_scale_ckpt(d, job, interval_minutes, dp=0):
     config = {
         "job-name": job,
         "framework": "pytorch.distributed",
@@ -84,6 +84,8 @@ def init_high_scale_ckpt(d, job, interval_minutes):
         "peers-per-node": 1,
         "backup-interval-minutes": interval_minutes,
     }
+    if dp:
+        config["assume-data-parallelism"] = dp
     f = d / "replicator.yaml"
     wait(lambda: not f.exists(), 120, "old replicator.yaml to disappear")
     with open(f, "w") as fh:
@@ -170,11 +172,16 @@ def save(d, step, rank, state):
     log("saved step %d" % step)
 
 
-def restore(d, step, rank, dump_dir):
+def restore(d, step, rank, dump_dir, columns=0):
+    """columns (--dp-columns): the job is data parallel with that many
+    ranks per replica; a rank added by a grow restart was given its column
+    mate's shard (rank % columns), whose DCP directory is named by that
+    rank, and the state it loads is that rank's (identical replicas)."""
+    src = rank % columns if columns else rank
     ckpt = d / ("step=%d" % step)
     state = {name: torch.empty(shape, dtype=TORCH_DTYPE[dtype])
              for name, (shape, dtype) in ckpt_data.TORCH_TENSORS.items()}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt / str(rank))),
+    dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt / str(src))),
              no_dist=True)
     common = torch.load(ckpt / "common.pt", weights_only=True)
     files = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
@@ -184,7 +191,7 @@ def restore(d, step, rank, dump_dir):
         if dump_dir:
             with open(os.path.join(dump_dir, "rank%d.%s" % (rank, name)), "wb") as fh:
                 fh.write(got)
-        if got != ckpt_data.torch_tensor(name, step, rank):
+        if got != ckpt_data.torch_tensor(name, step, src):
             log("MISMATCH %s at step %d" % (name, step))
             ok = False
     return {"common": common, "files": files, "equal": ok}
@@ -198,6 +205,10 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--dump-dir")
     ap.add_argument("--interval-minutes", type=int, default=30)
+    ap.add_argument("--data-parallelism", type=int, default=0,
+                    help="assume-data-parallelism in the yaml")
+    ap.add_argument("--dp-columns", type=int, default=0,
+                    help="restore the DCP directory of rank %% this")
     a = ap.parse_args()
 
     d = Path(a.dir)
@@ -206,12 +217,12 @@ def main():
     report = {"rank": rank}
     # the reference: only the node's file handler (local rank 0) talks to
     # the replicator, then everybody meets at a barrier
-    init_high_scale_ckpt(d, a.job, a.interval_minutes)
+    init_high_scale_ckpt(d, a.job, a.interval_minutes, a.data_parallelism)
     dist.barrier()
     step, pre_step, marker = block_and_process_restore_dir(d)
     report.update(restored_step=step, prerestore_step=pre_step, marker=marker)
     if step:
-        report["restore"] = restore(d, step, rank, a.dump_dir)
+        report["restore"] = restore(d, step, rank, a.dump_dir, a.dp_columns)
     dist.barrier()
     for s in [int(x) for x in a.steps.split(",") if x]:
         save(d, s, rank, make_state(s, rank))

@@ -129,6 +129,22 @@ class Cluster:
         for d in self.nodes:
             d.start()
 
+    def resize(self, n):
+        """The job rescheduled on nodes 0..n-1 (n at most the nodes built):
+        every daemon stops; the first n come back on their RAMDIRs with a
+        peers= table of only those n (what the node driver gives an n-node
+        job: a yaml's nodes must equal its entries); the others stay down,
+        their RAMDIRs kept for a later resize."""
+        for d in self.nodes:
+            d.stop()
+        full = "peers=" + ",".join(self.addrs)
+        for d in self.nodes[:n]:
+            if not hasattr(d, "full_opts"):
+                d.full_opts = d.opts
+            d.opts = d.full_opts.replace(full, "peers=" + ",".join(self.addrs[:n]))
+            d.start()
+        self.n = n
+
     # -- the job, as Orbax plays it on every node --
     def yaml(self, job, rank, extra=""):
         return ("job-name: %s\nframework: orbax\nnode-rank: %d\nnodes: %d\n"

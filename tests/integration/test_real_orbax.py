@@ -21,6 +21,11 @@ ReplicatorCheckpointManager, as MaxText does (tests/clients/orbax_mtc.py).
   while RAM holds newer steps: every process restores exactly that
   backup's step; the first commit after it deletes restore.version. One
   naming a missing backup: nothing restored, and it is deleted too.
+- Another job size (RealOrbaxResize): 4 processes restarted as 2, 2 as 4
+  under D = 2, restore.version naming a backup of the other size: each
+  process is handed its column's saver's files, and Orbax 0.12.8 itself
+  refuses to restore them (no elastic scale up/down in multi-controller
+  MTC).
 - Orbax's own mtc_checkpoint_converter, when the installed Orbax has it
   (no release does yet: skipped), turns a file:// backup into a standard
   checkpoint whose arrays equal those saved.
@@ -32,6 +37,7 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin MTCFS_BUILD=build \\
      MTCFS_TEST_PY=/var/cache/mtcfs-test-venv/bin/python \\
      /usr/bin/python3 tests/integration/test_real_orbax.py
 """
+import hashlib
 import json
 import os
 import re
@@ -50,7 +56,7 @@ from cluster import Cluster, free_ports  # noqa: E402
 import ckpt_data  # noqa: E402
 import launch  # noqa: E402
 # the project's Cloud Storage test server (tests/gcs_server/gcs_server.py)
-from test_backup_restore import GcsServer, NAME_RE, qname  # noqa: E402
+from test_backup_restore import GcsServer, NAME_RE, qname, quiesce  # noqa: E402
 
 N = 2
 JOB = "orbax-mtc"
@@ -397,6 +403,161 @@ class RealOrbax(unittest.TestCase):
         self.assertEqual(report["leaves"][str(step)],
                          {n: "equal" for n in ckpt_data.ORBAX_TREE})
         self.assertTrue(report["equal"])
+
+
+class RealOrbaxResize(unittest.TestCase):
+    """A job restarted with another number of processes (issue 24), on one
+    cluster of 4 nodes with a file:// bucket (a backup every step).
+
+    Orbax 0.12.8's multi-controller ReplicatorCheckpointManager cannot
+    restore such a step, whatever the replicator does: restore() compares
+    the saved process metadata with the running job
+    (_can_use_mesh_consistency: same number of processes and devices) and
+    raises "Saved and current process metadata are not compatible with
+    mesh-consistency restore. Multi-controller MTC does not support elastic
+    scale up/down." (only the colocated, Pathways path skips that). So
+    this test checks mtcfs's part up to that point, and that Orbax stops
+    there (the client reports the error, --resized, and saves on as a job
+    started afresh would):
+    - shrink: saved by 4 processes (D = 1), restarted with 2 on nodes 0
+      and 1 (mtcfs restarted there with a peers= table of 2,
+      Cluster.resize; nodes 2 and 3 down): Orbax's start-up renames the
+      marker, latest_step() is the 4-node step, and DIR/<step> on node r
+      holds exactly the files node r wrote for it;
+    - restore.version naming the 4-node backup while RAM holds a newer
+      2-node step: the same with the backup's step, from the bucket;
+    - grow: saved by 2, restarted with 4 and assume-data-parallelism: 2
+      (columns {0, 2}, {1, 3}; nodes 2 and 3 back with only the 4-node
+      step 1 in RAM): nodes 2 and 3 get nodes 0's and 1's files of the
+      newest step. mtcfs copies them because each column of the 2-node
+      job's step has one owner; had both column mates shards of it,
+      Orbax's per-process files (OCDBT, process metadata) would differ and
+      mtcfs would not pick one (issue 27)."""
+
+    def setUp(self):
+        self.py = launch.check_runnable(self)
+        self.tmp = tempfile.mkdtemp(prefix="mtcfs-orbax-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.bucket = os.path.join(self.tmp, "bucket")
+        os.mkdir(self.bucket)
+        self.c = Cluster(4, ram_size="512M", restore_timeout=20,
+                         extra="jax_port=%d,bucket=file://%s" % (free_ports(1)[0],
+                                                                 self.bucket))
+        for d in self.c.nodes:
+            d.extra_args.append("-d")
+            d.env["MTCFS_TEST_MINUTE_SECS"] = "1"
+        self.addCleanup(self.c.close)
+        self.c.start()
+
+    def check_alive(self):
+        for d in self.c.nodes:
+            d.check_alive()
+
+    def run_job(self, name, n, steps, dp=1):
+        """Processes 0..n-1 on nodes 0..n-1, two slices, D = dp, a backup
+        every step. {process: report}."""
+        argvs, envs = [], []
+        for r in range(n):
+            argvs.append(["--dir", self.c.nodes[r].mnt, "--job", JOB,
+                          "--steps", ",".join(map(str, steps)),
+                          "--out", os.path.join(self.tmp, "%s.%d.json" % (name, r)),
+                          "--resized", "--num-slices", "2",
+                          "--data-parallelism", str(dp), "--backup-interval-steps", "1"])
+            # as RealOrbax.run_job: Slurm's count, decoy id and coordinator
+            envs.append({"JAX_PLATFORMS": "cpu", "OMP_NUM_THREADS": "1",
+                         "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
+                         "SLURM_JOB_ID": "4242", "SLURM_NTASKS": str(n),
+                         "SLURM_PROCID": str((r + 1) % n), "SLURM_LOCALID": "0",
+                         "SLURM_STEP_NODELIST": "mtcfs-test-no-such-host"})
+        launch.Ranks(self, self.py, "orbax_mtc.py", argvs, envs, name).wait(
+            CLIENT_TIMEOUT, check=self.check_alive)
+        reports = {}
+        for r in range(n):
+            with open(os.path.join(self.tmp, "%s.%d.json" % (name, r))) as f:
+                reports[r] = json.load(f)
+            self.assertEqual(reports[r]["process"], r)
+        return reports
+
+    def tree(self, r, step):
+        """{relative path: SHA-256} of DIR/<step> on node r."""
+        top = os.path.join(self.c.nodes[r].mnt, str(step))
+        out = {}
+        for dp, _, fns in os.walk(top):
+            for fn in fns:
+                with open(os.path.join(dp, fn), "rb") as f:
+                    out[os.path.relpath(os.path.join(dp, fn), top)] = \
+                        hashlib.sha256(f.read()).hexdigest()
+        self.assertTrue(out, "node %d: DIR/%d is empty" % (r, step))
+        return out
+
+    def assert_resized_restore(self, reports, step, saved):
+        """Every process was given step: node r's DIR/<step>, as the client
+        found it before restoring, equals saved[r] (what the saver's node
+        of its column wrote: SHA-256 of every file), and Orbax refused to
+        restore it into a job of another size."""
+        for r, rep in reports.items():
+            self.assertEqual(rep["latest_step"], step, "process %d" % r)
+            got = rep["step_files"]
+            self.assertEqual(sorted(got), sorted(saved[r]), "node %d's files" % r)
+            for rel, digest in saved[r].items():
+                self.assertEqual(got[rel], digest, "node %d: %s of step %d differs "
+                                 "from what its column's saver wrote" % (r, rel, step))
+            self.assertIn("Multi-controller MTC does not support elastic scale up/down",
+                          rep.get("restore_error", ""), "process %d" % r)
+
+    def set_restore_version(self, name):
+        with open(os.path.join(self.bucket, JOB, "restore.version"), "w") as f:
+            f.write(name)
+
+    def wait_restore_version_used(self):
+        rv = os.path.join(self.bucket, JOB, "restore.version")
+        wait_until(lambda: not os.path.exists(rv), 30, "restore.version deleted")
+
+    def test_shrink_grow_and_restore_version_of_other_size(self):
+        c = self.c
+        reports = self.run_job("four", 4, [1])
+        for r in range(4):
+            self.assertIsNone(reports[r]["latest_step"])
+        big = c.wait_backup(JOB, 1)
+        s1 = {r: self.tree(r, 1) for r in range(4)}
+
+        # shrink: 4 -> 2, from RAM
+        c.resize(2)
+        reports = self.run_job("shrink", 2, [2])
+        self.assert_resized_restore(reports, 1, s1)
+        small = c.wait_backup(JOB, 2)
+        s2 = {r: self.tree(r, 2) for r in range(2)}
+
+        # restore.version naming the 4-node backup; RAM holds step 2
+        self.set_restore_version(big)
+        reports = self.run_job("rv-shrink", 2, [3])
+        self.assert_resized_restore(reports, 1, s1)
+        for r in range(2):
+            self.assertIn("restored job=%s step=1 from backup %s" % (JOB, big),
+                          c.nodes[r].log_text(), "node %d" % r)
+        self.wait_restore_version_used()
+        c.wait_backup(JOB, 3)
+        s3 = {r: self.tree(r, 3) for r in range(2)}
+
+        # grow: 2 -> 4 under D = 2, from RAM
+        c.resize(4)
+        reports = self.run_job("grow", 4, [4], dp=2)
+        self.assert_resized_restore(reports, 3, {r: s3[r % 2] for r in range(4)})
+        for r in (2, 3):
+            self.assertRegex(c.nodes[r].log_text(),
+                             r"restored job=%s step=3 from rank \d+" % JOB,
+                             "node %d fetched its column mate's shard" % r)
+        c.wait_backup(JOB, 4)
+
+        # restore.version naming the 2-node backup of step 2, under D = 2
+        self.set_restore_version(small)
+        reports = self.run_job("rv-grow", 4, [], dp=2)
+        self.assert_resized_restore(reports, 2, {r: s2[r % 2] for r in range(4)})
+        for r in range(4):
+            self.assertIn("restored job=%s step=2 from backup %s" % (JOB, small),
+                          c.nodes[r].log_text(), "node %d" % r)
+        quiesce(c)
+
 
 if __name__ == "__main__":
     harness.main()

@@ -16,6 +16,12 @@ is that protocol around the real torch.distributed.checkpoint).
 - GKE's `framework: pytorch` mode with two workers per node: one
   torch.save file per worker and step, restored through each worker's own
   marker after node 1 is wiped.
+- Another job size (RealTorchResize, 4 nodes restarted as 2 and back):
+  DCP shrink 4 -> 2, grow 2 -> 4 under assume-data-parallelism: 2 (a new
+  rank gets its column mate's shard), restore.version naming a backup of
+  the other size each way; pytorch mode grown 2 -> 4 with two workers per
+  node, each new worker restoring its column mate's file under its own
+  name.
 
 The clients run under the venv python (tests/clients/launch.py: skipped
 without it, failed in CI; run in the release build only).
@@ -63,14 +69,16 @@ class RealTorch(unittest.TestCase):
         for d in self.c.nodes:
             d.check_alive()
 
-    def run_job(self, name, steps, script="torch_nemo.py", job=JOB, workers=1, extra=()):
-        """Every rank (workers per node, node-major): start-up handshake,
-        restore if any, save steps. Returns ({rank: report}, dump dir)."""
+    def run_job(self, name, steps, script="torch_nemo.py", job=JOB, workers=1, extra=(),
+                n=N):
+        """Every rank of nodes 0..n-1 (workers per node, node-major):
+        start-up handshake, restore if any, save steps. Returns ({rank:
+        report}, dump dir)."""
         port = free_ports(1)[0]
         dump = os.path.join(self.tmp, name)
         os.mkdir(dump)
         argvs, envs = [], []
-        world = N * workers
+        world = n * workers
         for r in range(world):
             node = r // workers
             argvs.append(["--dir", self.c.nodes[node].mnt, "--job", job,
@@ -80,7 +88,7 @@ class RealTorch(unittest.TestCase):
             envs.append({"RANK": str(r), "WORLD_SIZE": str(world),
                          "LOCAL_RANK": str(r % workers),
                          "LOCAL_WORLD_SIZE": str(workers),
-                         "NODE_RANK": str(node), "NNODES": str(N),
+                         "NODE_RANK": str(node), "NNODES": str(n),
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                          "OMP_NUM_THREADS": "1"})
         ranks = launch.Ranks(self, self.py, script, argvs, envs, name)
@@ -250,6 +258,165 @@ class RealTorchBucket(unittest.TestCase):
                     self.assertTrue(f.read() == ckpt_data.torch_tensor(tn, 2, r),
                                     "rank %d: restored %s of step 2" % (r, tn))
             self.assertTrue(rep["equal"])
+
+
+
+class RealTorchResize(unittest.TestCase):
+    """A job restarted with another number of ranks (issue 24), on one
+    cluster of 4 nodes with a file:// bucket. Through the NeMo reference's
+    DCP protocol (torch_nemo.py), a backup every step
+    (backup-interval-minutes: 0):
+    - shrink: saved by 4 ranks, restarted with 2 on nodes 0 and 1 (mtcfs
+      restarted there with a peers= table of 2, Cluster.resize; nodes 2
+      and 3 down): each restores its own shard of the 4-node step from RAM;
+    - restore.version naming the 4-node backup while RAM holds a newer
+      2-node step: both ranks restore the backup's step;
+    - grow: saved by 2, restarted with 4 and assume-data-parallelism: 2
+      (columns {0, 2}, {1, 3}; nodes 2 and 3 back with only the 4-node
+      step 1 in RAM): ranks 2 and 3 get their column mate's shard of the
+      newest step, byte for byte; the same through restore.version naming the
+      2-node backup.
+    A new rank's step=S holds its column mate's files, DCP directory
+    step=S/<mate>/ included (mtcfs copies the shard; it does not know
+    DCP's layout): the client loads that directory (--dp-columns 2, as a
+    data-parallel replica may: its state equals its mate's). The
+    reference's restore, as torch_nemo.py plays it without --dp-columns,
+    reads step=S/<rank>/ and would find nothing there."""
+
+    check_alive = RealTorch.check_alive
+
+    def setUp(self):
+        self.py = launch.check_runnable(self)
+        self.tmp = tempfile.mkdtemp(prefix="mtcfs-torch-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.bucket = os.path.join(self.tmp, "bucket")
+        os.mkdir(self.bucket)
+        self.c = Cluster(4, ram_size="512M", restore_timeout=20,
+                         extra="bucket=file://" + self.bucket)
+        for d in self.c.nodes:
+            d.extra_args.append("-d")
+            d.env["MTCFS_TEST_MINUTE_SECS"] = "1"
+        self.addCleanup(self.c.close)
+        self.c.start()
+
+    def run_job(self, name, n, steps, dp=0):
+        """Ranks 0..n-1 on nodes 0..n-1. ({rank: report}, dump dir)."""
+        port = free_ports(1)[0]
+        dump = os.path.join(self.tmp, name)
+        os.mkdir(dump)
+        argvs, envs = [], []
+        for r in range(n):
+            argvs.append(["--dir", self.c.nodes[r].mnt, "--job", JOB,
+                          "--steps", ",".join(map(str, steps)),
+                          "--out", os.path.join(self.tmp, "%s.%d.json" % (name, r)),
+                          "--dump-dir", dump, "--interval-minutes", "0"]
+                         + (["--data-parallelism", str(dp), "--dp-columns", str(n // dp)]
+                            if dp else []))
+            envs.append({"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": "0",
+                         "LOCAL_WORLD_SIZE": "1", "NODE_RANK": str(r), "NNODES": str(n),
+                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                         "OMP_NUM_THREADS": "1"})
+        launch.Ranks(self, self.py, "torch_nemo.py", argvs, envs, name).wait(
+            CLIENT_TIMEOUT, check=self.check_alive)
+        reports = {}
+        for r in range(n):
+            with open(os.path.join(self.tmp, "%s.%d.json" % (name, r))) as f:
+                reports[r] = json.load(f)
+        return reports, dump
+
+    def assert_restored(self, reports, dump, step, saved_by, columns=None):
+        """Every rank restored step, saved by a job of saved_by ranks; rank
+        r's data is that of rank r % columns (its own without columns)."""
+        for r, rep in reports.items():
+            src = r % columns if columns else r
+            self.assertEqual(rep["restored_step"], step, "rank %d" % r)
+            self.assertEqual(rep["marker"], "%s-s%d-n%d-w0.restore" % (JOB, step, r))
+            res = rep["restore"]
+            self.assertEqual(res["common"], {"world_size": saved_by, "step": step,
+                                             "rank": src}, "rank %d: common.pt" % r)
+            self.assertIn("%d/.metadata" % src, res["files"], "rank %d" % r)
+            for name in ckpt_data.TORCH_TENSORS:
+                with open(os.path.join(dump, "rank%d.%s" % (r, name)), "rb") as f:
+                    got = f.read()
+                self.assertTrue(got == ckpt_data.torch_tensor(name, step, src),
+                                "rank %d: restored %s is not rank %d's of step %d"
+                                % (r, name, src, step))
+            self.assertTrue(res["equal"], "rank %d: its own check" % r)
+
+    def set_restore_version(self, name):
+        with open(os.path.join(self.bucket, JOB, "restore.version"), "w") as f:
+            f.write(name)
+
+    def wait_restore_version_used(self):
+        rv = os.path.join(self.bucket, JOB, "restore.version")
+        harness.wait_until(lambda: not os.path.exists(rv), 30, "restore.version deleted")
+
+    def test_gke_pytorch_mode_grow(self):
+        """framework: pytorch, 2 workers per node (torch.save per worker):
+        saved by 2 nodes, restarted on 4 under assume-data-parallelism: 2:
+        each worker of nodes 2 and 3 finds its own marker, a symlink to the
+        same worker's file of node 0 or 1 under its own name, and
+        torch.load()s exactly those tensors."""
+        c, job, W = self.c, "gke-torch-grow", 2
+        c.resize(2)
+        reports, _ = RealTorch.run_job(self, "first", [1], "torch_gke.py", job, W, n=2)
+        for rep in reports.values():
+            self.assertEqual(rep["restored_step"], 0)
+        c.wait_replicated(job, 1, timeout=30)
+        c.resize(4)
+        reports, dump = RealTorch.run_job(
+            self, "grow", [2], "torch_gke.py", job, W, n=4,
+            extra=["--data-parallelism", "2", "--dp-columns", "2"])
+        self.assertEqual(len(reports), 4 * W)
+        for r, rep in reports.items():
+            n, w = r // W, r % W
+            src = (n % 2) * W + w
+            self.assertEqual(rep["marker"], "%s-s1-n%d-w%d.restore" % (job, n, w))
+            self.assertTrue(rep["marker_is_symlink"], "rank %d" % r)
+            self.assertTrue(rep["marker_target"].endswith("%s-s1-n%d-w%d.save" % (job, n, w)),
+                            "rank %d: %s" % (r, rep["marker_target"]))
+            self.assertEqual(rep["source_rank"], src)
+            for tn in ckpt_data.TORCH_TENSORS:
+                with open(os.path.join(dump, "rank%d.%s" % (r, tn)), "rb") as f:
+                    self.assertTrue(f.read() == ckpt_data.torch_tensor(tn, 1, src),
+                                    "rank %d: restored %s is not rank %d's of step 1"
+                                    % (r, tn, src))
+            self.assertTrue(rep["equal"], "rank %d" % r)
+
+    def test_shrink_grow_and_restore_version_of_other_size(self):
+        c = self.c
+        reports, _ = self.run_job("four", 4, [1])
+        for r in range(4):
+            self.assertEqual(reports[r]["restored_step"], 0)
+        big = c.wait_backup(JOB, 1)
+
+        c.resize(2)
+        reports, dump = self.run_job("shrink", 2, [2])
+        self.assert_restored(reports, dump, 1, 4)
+        small = c.wait_backup(JOB, 2)
+
+        self.set_restore_version(big)
+        reports, dump = self.run_job("rv-shrink", 2, [3])
+        self.assert_restored(reports, dump, 1, 4)
+        for r in range(2):
+            self.assertIn("restored job=%s step=1 from backup %s" % (JOB, big),
+                          c.nodes[r].log_text(), "node %d" % r)
+        self.wait_restore_version_used()
+        c.wait_backup(JOB, 3)
+
+        # nodes 2 and 3 hold only their shards of step 1
+        c.resize(4)
+        reports, dump = self.run_job("grow", 4, [4], dp=2)
+        self.assert_restored(reports, dump, 3, 2, columns=2)
+        c.wait_backup(JOB, 4)
+
+        self.set_restore_version(small)
+        reports, dump = self.run_job("rv-grow", 4, [5], dp=2)
+        self.assert_restored(reports, dump, 2, 2, columns=2)
+        for r in range(4):
+            self.assertIn("restored job=%s step=2 from backup %s" % (JOB, small),
+                          c.nodes[r].log_text(), "node %d" % r)
+        self.wait_restore_version_used()
 
 
 if __name__ == "__main__":
