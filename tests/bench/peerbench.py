@@ -1118,7 +1118,7 @@ def unit_nofile():
 def section_coord(bench, p):
     out = {}
     nofile = unit_nofile()
-    log("coord: RLIMIT_NOFILE %d (the unit's LimitNOFILE)" % nofile)
+    log("coord: RLIMIT_NOFILE %d" % nofile)
     for n in p["coord_nodes"]:
         out[n] = coord_one(bench, n, p["coord_rounds"])
     for n, r in out.items():
