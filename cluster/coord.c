@@ -135,7 +135,7 @@ struct cjob *coord_job_of(struct coord *c, const char *name, int rank)
 
 struct bk_job {
 	struct coord *c;
-	char job[129];
+	char job[JOB_NAME_MAX + 1];
 	uint64_t step;
 	char failed[64];              /* copy of the job's bk_failed */
 	uint64_t failed_step;

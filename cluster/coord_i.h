@@ -45,7 +45,7 @@ struct cnode {
 
 struct cjob {
 	struct cjob *next;
-	char name[129];
+	char name[JOB_NAME_MAX + 1];
 	uint32_t nodes, dp;
 	uint32_t workers;             /* shards per node (>= 1), as the nodes say */
 	struct cnode *n;

@@ -65,7 +65,7 @@ static void send_plan_to_waiters(struct coord *c, struct cjob *j);
  * backup when nothing is complete in the cluster): on the worker thread. */
 struct bk_plan_job {
 	struct coord *c;
-	char job[129];
+	char job[JOB_NAME_MAX + 1];
 	uint64_t round;
 	uint32_t nodes, dp;
 	char (*exclude)[64];

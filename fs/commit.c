@@ -578,7 +578,7 @@ static uint64_t gc_plan(struct fs *fs, uint64_t want)
 	struct life_in in = { .want = want, .pinned = pinned_cb, .pin_arg = fs->eng };
 	size_t n = 0, nd = 0;
 	uint64_t freed = 0;
-	char job[129];
+	char job[JOB_NAME_MAX + 1];
 
 	pthread_mutex_lock(&fs->mu);
 	snprintf(job, sizeof(job), "%s", fs->job);
@@ -984,7 +984,7 @@ void commit_top_file_done(struct fs *fs)
 	struct save_ent *v = NULL;
 	size_t n = 0, cap = 0;
 	uint32_t rank, workers;
-	char job[129];
+	char job[JOB_NAME_MAX + 1];
 	const struct dirent *de;
 	struct walk_dir d;
 

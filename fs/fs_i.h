@@ -6,6 +6,8 @@
 #define MTCFS_FS_FS_I_H
 
 #define FUSE_USE_VERSION 314
+#include "common/jobname.h"
+
 #include <fuse_lowlevel.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -63,7 +65,7 @@ struct fnode {
 
 /* A committed step of this node as the namespace shows it. */
 struct fs_step {
-	char job[129];     /* the job it was committed under */
+	char job[JOB_NAME_MAX + 1];     /* the job it was committed under */
 	char name[65];     /* the step as the app spelled it ("05"), UTIL_STEP_NAME_MAX */
 	uint32_t rank;
 	uint32_t worker;   /* framework pytorch: the worker whose .save file this is */
@@ -138,7 +140,7 @@ struct fs {
 	size_t frozen_n, frozen_cap;
 
 	/* job identity for shards written now (protected by mu) */
-	char job[129];
+	char job[JOB_NAME_MAX + 1];
 	uint32_t rank;
 	uint64_t restored_step;     /* step restored by the last restore, 0 = none */
 	bool have_restored;

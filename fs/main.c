@@ -283,7 +283,7 @@ static void gauges(void *arg, struct metrics_gauges *g)
 	struct fs *fs = arg;
 	struct shard_rec *recs = NULL;
 	size_t n = 0;
-	char job[129];
+	char job[JOB_NAME_MAX + 1];
 	uint32_t rank;
 
 	g->ram_used = ram_used(fs->ram);

@@ -11,6 +11,8 @@
 #ifndef MTCFS_NET_PROTO_H
 #define MTCFS_NET_PROTO_H
 
+#include "common/jobname.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,7 +20,7 @@
 #include <jansson.h>
 
 #define PROTO_OP_MAX     32u        /* "op" longer than this is malformed */
-#define PROTO_JOB_MAX    128u       /* RCFG_JOB_MAX */
+#define PROTO_JOB_MAX    JOB_NAME_MAX   /* common/jobname.h: the one limit */
 #define PROTO_MAX_NODES  65536u
 #define PROTO_MAX_HOLDS  4096u      /* per catalog: 64 (steps, owners) x workers */
 #define PROTO_MAX_WORKERS 64u       /* RCFG_WORKERS_MAX: shards per node */

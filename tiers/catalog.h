@@ -10,11 +10,13 @@
 #ifndef MTCFS_TIERS_CATALOG_H
 #define MTCFS_TIERS_CATALOG_H
 
+#include "common/jobname.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define IDX_JOB_MAX 128
+#define IDX_JOB_MAX JOB_NAME_MAX   /* common/jobname.h: the one limit */
 
 struct idx;
 
