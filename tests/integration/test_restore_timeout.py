@@ -26,6 +26,12 @@ ORBAX_WAIT = 300          # s: Orbax's wait for .restore entries after the yaml
 
 
 class DefaultTimeout(unittest.TestCase):
+    def setUp(self):
+        # two minutes of waiting for the default on purpose: once per CI
+        # run, in the release build (the wait is the code's, not memory's)
+        build = os.environ.get("MTCFS_BUILD", "")
+        if "asan" in build or "tsan" in build:
+            self.skipTest("the 120 s default is timed in the release build")
 
     def test_missing_node_planned_well_before_orbax_gives_up(self):
         job = "rt"
