@@ -78,6 +78,9 @@ class Dockerd:
     """A dockerd of the test's own: started, waited for, stopped."""
 
     def __init__(self):
+        # a dockerd killed before it could clean up (a ctest timeout)
+        # leaves its own mounts behind: take them away first
+        self.unmount_leftovers()
         os.makedirs(DOCKER_ROOT, exist_ok=True)
         self.log = open(os.path.join(DOCKER_ROOT, "dockerd.log"), "ab")
         self.p = subprocess.Popen(
@@ -94,6 +97,18 @@ class Dockerd:
             raise AssertionError("dockerd exited %d (see %s/dockerd.log)"
                                  % (self.p.returncode, DOCKER_ROOT))
 
+    @staticmethod
+    def unmount_leftovers():
+        mounts = []
+        with open("/proc/mounts") as f:
+            for line in f:
+                mp = harness._unescape_mount_field(line.split()[1])
+                if any(mp == d or mp.startswith(d + "/") for d in (DOCKER_ROOT, DOCKER_RUN)):
+                    mounts.append(mp)
+        for mp in reversed(mounts):
+            subprocess.run(["umount", "-l", mp], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
     def close(self):
         harness._LIVE.discard(self)
         if self.p.poll() is None:
@@ -104,6 +119,7 @@ class Dockerd:
                 self.p.kill()
                 self.p.wait(30)
         self.log.close()
+        self.unmount_leftovers()
 
 
 class Container(unittest.TestCase):
