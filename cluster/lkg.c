@@ -153,28 +153,48 @@ static bool cover(const struct lkg_input *in, struct lkg_hold **run, size_t n,
 	return true;
 }
 
-int lkg_plan(const struct lkg_input *in, struct lkg_plan *out)
+/* The plan's arrays for in (nodes x workers sources, a load per node) and
+ * in's holds sorted by cmp_hold in *idx: 0, -EINVAL (no nodes, too many),
+ * -ENOMEM. On failure the caller frees what is set (plan_end). */
+static int plan_begin(const struct lkg_input *in, struct lkg_plan *out, uint32_t W,
+		      uint32_t **load, struct lkg_hold ***idx)
 {
-	struct lkg_hold **idx = NULL;
-	uint32_t *load = NULL, W = nworkers(in);
-	int rc = 0;
-
 	memset(out, 0, sizeof(*out));
+	*load = NULL;
+	*idx = NULL;
 	if (in->nodes == 0 || (size_t)in->nodes * W > SIZE_MAX / sizeof(*out->src))
 		return -EINVAL;
 	out->nodes = in->nodes;
 	out->workers = W;
 	out->src = calloc((size_t)in->nodes * W, sizeof(*out->src));
-	load = calloc(in->nodes, sizeof(*load));
-	idx = malloc((in->nh ? in->nh : 1) * sizeof(*idx));
-	if (!out->src || !load || !idx) {
-		rc = -ENOMEM;
-		goto out;
-	}
+	*load = calloc(in->nodes, sizeof(**load));
+	*idx = malloc((in->nh ? in->nh : 1) * sizeof(**idx));
+	if (!out->src || !*load || !*idx)
+		return -ENOMEM;
 	for (size_t i = 0; i < in->nh; i++)
-		idx[i] = (struct lkg_hold *)&in->h[i];
-	qsort(idx, in->nh, sizeof(*idx), cmp_hold);
-	for (size_t b = 0; b < in->nh;) {
+		(*idx)[i] = (struct lkg_hold *)&in->h[i];
+	qsort(*idx, in->nh, sizeof(**idx), cmp_hold);
+	return 0;
+}
+
+static int plan_end(int rc, struct lkg_plan *out, uint32_t *load, struct lkg_hold **idx)
+{
+	if (rc == 0 && !out->found)
+		memset(out->src, 0, (size_t)out->nodes * out->workers * sizeof(*out->src));
+	free(idx);
+	free(load);
+	if (rc < 0)
+		lkg_plan_free(out);
+	return rc;
+}
+
+int lkg_plan(const struct lkg_input *in, struct lkg_plan *out)
+{
+	struct lkg_hold **idx;
+	uint32_t *load;
+	int rc = plan_begin(in, out, nworkers(in), &load, &idx);
+
+	for (size_t b = 0; rc == 0 && b < in->nh;) {
 		size_t e = b;
 		while (e < in->nh && idx[e]->step == idx[b]->step)
 			e++;
@@ -185,54 +205,30 @@ int lkg_plan(const struct lkg_input *in, struct lkg_plan *out)
 		}
 		b = e;
 	}
-	if (!out->found)
-		memset(out->src, 0, (size_t)in->nodes * W * sizeof(*out->src));
-out:
-	free(idx);
-	free(load);
-	if (rc < 0)
-		lkg_plan_free(out);
-	return rc;
+	return plan_end(rc, out, load, idx);
 }
 
 int lkg_plan_backup(const struct lkg_input *in, struct lkg_plan *out, struct lkg_gap *gap)
 {
-	struct lkg_hold **idx = NULL;
-	uint32_t *load = NULL, W = nworkers(in);
-	int rc = 0;
+	struct lkg_hold **idx;
+	uint32_t *load;
+	int rc;
 
-	memset(out, 0, sizeof(*out));
 	memset(gap, 0, sizeof(*gap));
-	if (in->nodes == 0 || (size_t)in->nodes * W > SIZE_MAX / sizeof(*out->src))
-		return -EINVAL;
 	for (size_t i = 1; i < in->nh; i++)
-		if (in->h[i].step != in->h[0].step)
+		if (in->h[i].step != in->h[0].step) {
+			memset(out, 0, sizeof(*out));
 			return -EINVAL;     /* one backup holds one step */
-	out->nodes = in->nodes;
-	out->workers = W;
-	out->src = calloc((size_t)in->nodes * W, sizeof(*out->src));
-	load = calloc(in->nodes, sizeof(*load));
-	idx = malloc((in->nh ? in->nh : 1) * sizeof(*idx));
-	if (!out->src || !load || !idx) {
-		rc = -ENOMEM;
-		goto out;
+		}
+	rc = plan_begin(in, out, nworkers(in), &load, &idx);
+	if (rc == 0) {
+		/* a backup's node holds its own shard: holder == owner, so a
+		 * rank with its shard in the backup is its own source, and a
+		 * borrowed one names the column mate to fetch */
+		out->found = cover(in, idx, in->nh, out->src, load, gap);
+		out->step = in->nh ? in->h[0].step : 0;
 	}
-	for (size_t i = 0; i < in->nh; i++)
-		idx[i] = (struct lkg_hold *)&in->h[i];
-	qsort(idx, in->nh, sizeof(*idx), cmp_hold);
-	/* a backup's node holds its own shard: holder == owner, so a rank
-	 * with its shard in the backup is its own source, and a borrowed one
-	 * names the column mate to fetch */
-	out->found = cover(in, idx, in->nh, out->src, load, gap);
-	out->step = in->nh ? in->h[0].step : 0;
-	if (!out->found)
-		memset(out->src, 0, (size_t)in->nodes * W * sizeof(*out->src));
-out:
-	free(idx);
-	free(load);
-	if (rc < 0)
-		lkg_plan_free(out);
-	return rc;
+	return plan_end(rc, out, load, idx);
 }
 
 void lkg_plan_free(struct lkg_plan *p)
