@@ -40,5 +40,11 @@ int util_read_file_at(int dirfd, const char *name, size_t max, char **buf, size_
 void *util_grow(void *v, size_t n, size_t *cap, size_t elem, size_t first);
 /* Monotonic time in nanoseconds. */
 uint64_t util_now_ns(void);
+/* RLIMIT_NOFILE's soft limit raised to the hard one (which only a
+ * CAP_SYS_RESOURCE process may raise), and the result: the soft limit in
+ * force, UINT64_MAX for RLIM_INFINITY, 0 when it cannot be read. *raise_rc
+ * (may be NULL): 0, or -errno of a failed raise. Any thread; the limit is
+ * the process's. */
+uint64_t util_nofile_raise(int *raise_rc);
 
 #endif

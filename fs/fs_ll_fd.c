@@ -17,6 +17,7 @@
 #include "net/server.h"
 #include "fs/fs_ll_i.h"
 #include "common/log.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,24 +33,18 @@
  * node of the job), LMDB and the seal's walks (net/server.h). */
 void fs_fd_init(struct fs *fs)
 {
-	struct rlimit rl;
+	uint64_t lim;
 	char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
 	struct file_handle *fh = (struct file_handle *)(void *)buf;
 	int mid, fd;
 	size_t cap = 1024;
 
 	pthread_mutex_init(&fs->fdmu, NULL);
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
-		/* the soft limit up to the hard one (the peer server does the
-		 * same later): 1024 by default, far below what a node allows */
-		if (rl.rlim_cur < rl.rlim_max) {
-			rlim_t cur = rl.rlim_cur;
-			rl.rlim_cur = rl.rlim_max;
-			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
-				rl.rlim_cur = cur;
-		}
-		cap = rl.rlim_cur == RLIM_INFINITY ? 16384 : (size_t)(rl.rlim_cur / NSRV_FS_FD_SHARE);
-	}
+	/* the soft limit up to the hard one (the peer server does the same
+	 * later): 1024 by default, far below what a node allows */
+	lim = util_nofile_raise(NULL);
+	if (lim)
+		cap = lim == UINT64_MAX ? 16384 : (size_t)(lim / NSRV_FS_FD_SHARE);
 	if (cap < 64)
 		cap = 64;
 	if (cap > 16384)

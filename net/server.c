@@ -287,23 +287,13 @@ static void *loop_main(void *arg)
  * that is more (small limits). */
 static size_t fd_budget(void)
 {
-	struct rlimit rl;
-	uint64_t lim;
+	int rrc;
+	uint64_t lim = util_nofile_raise(&rrc);
 
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+	if (rrc < 0)
+		log_warn("net", "cannot raise the open-file limit: %s", strerror(-rrc));
+	if (lim == 0)
 		return 16;
-	if (rl.rlim_cur < rl.rlim_max) {
-		rlim_t cur = rl.rlim_cur;
-		rl.rlim_cur = rl.rlim_max;
-		if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
-			log_warn("net", "cannot raise the open-file limit: %s", strerror(errno));
-			rl.rlim_cur = cur;
-		} else {
-			log_dbg("net", "open-file limit raised to %llu",
-				(unsigned long long)rl.rlim_cur);
-		}
-	}
-	lim = rl.rlim_cur == RLIM_INFINITY ? (1u << 20) : (uint64_t)rl.rlim_cur;
 	if (lim > (1u << 20))
 		lim = 1u << 20;
 	{
