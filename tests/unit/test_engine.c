@@ -583,7 +583,11 @@ static void test_push_for_another_rank_refused(void **state)
 	assert_int_equal(tier_peer_open(to.addr, 2, 1, NULL, &t), 0);
 	assert_int_equal(tier_put(&t, owner.ram, &k, rec.mf, rec.mflen, mf), 0);
 	tier_close(&t);
-	assert_int_equal(idx_get_shard(ram_idx(to.ram), &k, &(struct shard_rec){ 0 }), 0);
+	{
+		struct shard_rec got = { 0 };
+		assert_int_equal(idx_get_shard(ram_idx(to.ram), &k, &got), 0);
+		idx_rec_clear(&got);
+	}
 	idx_rec_clear(&rec);
 	mf_free(mf);
 	holder_stop(&owner);
