@@ -342,11 +342,13 @@ class Deb(unittest.TestCase):
         self.assertIn("fuse3", deps)          # mount.fuse3, fusermount3
         files = run(["dpkg-deb", "-c", deb], check=True).stdout.decode()
         carried = set(re.findall(r"\./usr/lib/[^/\s]+/mtcfs/([^/\s]+)\n", files))
-        if deb_version().endswith("+deb12"):
+        if deb_version().endswith("+deb12") and fortified_build():
             # bookworm's archive has no libfuse 3.17: the package carries it
+            # (the release build's package; a sanitizer build's binaries
+            # depend on the sanitizer runtimes and are not what ships)
             self.assertEqual(carried, {"libfuse3.so.4"})
             self.assertNotIn("libfuse3-4", deps)
-        else:
+        elif not deb_version().endswith("+deb12"):
             self.assertEqual(carried, set())
         # every shared library the built binaries load comes from a
         # package the .deb depends on, or is carried by it
