@@ -59,20 +59,30 @@ static void *retry_main(void *arg)
 				pp = &j->next;
 			}
 		}
-		pthread_mutex_unlock(&e->mu);
-		while (due) {
-			struct repl_job *j = due;
-			due = j->next;
-			j->next = NULL;
-			if (workq_submit(e->replq, repl_run, j) < 0)
-				free(j);
+		if (due) {
+			pthread_mutex_unlock(&e->mu);
+			while (due) {
+				struct repl_job *j = due;
+				due = j->next;
+				j->next = NULL;
+				if (workq_submit(e->replq, repl_run, j) < 0)
+					free(j);
+			}
+			pthread_mutex_lock(&e->mu);
+			/* Scan again before waiting: a job submitted just now may
+			 * have failed and come back (retry_later) while the lock
+			 * was not held, and its broadcast found no waiter. Waiting
+			 * on the `next` of the scan above slept past it (up to
+			 * 60 s: a test saw retries stop after the second try). */
+			continue;
 		}
-		pthread_mutex_lock(&e->mu);
-		if (e->retry_stop)
-			break;
-		{
+		/* `next` and the wait come from one hold of e->mu: nothing can
+		 * join the list between them without its broadcast reaching us */
+		if (!e->retry) {
+			pthread_cond_wait(&e->retry_cv, &e->mu);
+		} else {
 			struct timespec ts;
-			uint64_t wait = next > now ? next - now : 0;
+			uint64_t wait = next - now;
 			clock_gettime(CLOCK_MONOTONIC, &ts);
 			ts.tv_sec += (time_t)(wait / 1000000000ull);
 			ts.tv_nsec += (long)(wait % 1000000000ull);
@@ -80,11 +90,7 @@ static void *retry_main(void *arg)
 				ts.tv_sec++;
 				ts.tv_nsec -= 1000000000L;
 			}
-			if (!e->retry) {
-				pthread_cond_wait(&e->retry_cv, &e->mu);
-			} else {
-				pthread_cond_timedwait(&e->retry_cv, &e->mu, &ts);
-			}
+			pthread_cond_timedwait(&e->retry_cv, &e->mu, &ts);
 		}
 	}
 	pthread_mutex_unlock(&e->mu);
