@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,8 +34,23 @@ def project_version():
         return re.search(r"project\(mtcfs VERSION (\S+)", f.read()).group(1)
 
 
+def _open_metrics(url, timeout=30):
+    """The endpoint starts after the mount shows in /proc/mounts (the
+    harness's readiness) and before FUSE INIT (READY=1 for systemd): a
+    refused connection is retried until the deadline, nothing else."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return urllib.request.urlopen(url, timeout=5)
+        except urllib.error.URLError as e:
+            if (not isinstance(e.reason, ConnectionRefusedError)
+                    or time.monotonic() >= deadline):
+                raise
+        time.sleep(0.05)
+
+
 def scrape(port, host="127.0.0.1"):
-    with urllib.request.urlopen("http://%s:%d/metrics" % (host, port), timeout=5) as r:
+    with _open_metrics("http://%s:%d/metrics" % (host, port)) as r:
         ctype = r.headers.get("Content-Type", "")
         assert ctype == CONTENT_TYPE, ctype
         text = r.read().decode()
