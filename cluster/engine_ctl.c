@@ -1,6 +1,6 @@
 /* engine_ctl.c — the control connection to the coordinator (see engine_int.h). */
 #include "cluster/engine_int.h"
-#include "cluster/engine_ec.h"
+#include "cluster/redund.h"
 #include "tiers/backup.h"
 #include "common/log.h"
 
@@ -89,7 +89,7 @@ static void on_ev_lkg(void *arg, const struct proto_in *in)
 		log_dbg("engine", "job %s: step %llu committed and replicated on every node",
 			m.job, (unsigned long long)m.safe);
 	if (m.has_safe)
-		eng_ec_gc(e, m.job, m.safe);   /* parity of older steps goes */
+		redund_gc(e, m.job, m.safe);   /* e.g. parity of older steps */
 	if (e->cb.on_lkg)
 		e->cb.on_lkg(e->cb.arg, m.job, m.step);
 }

@@ -8,6 +8,7 @@
  *   fetch {job, step, owner, worker} -> {manifest:b64}, then one NT_FILE per file */
 #include "cluster/engine_int.h"
 #include "cluster/engine_ec.h"
+#include "cluster/redund.h"
 #include "common/jobname.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -244,7 +245,7 @@ static void serve_list(struct eng *e, struct nconn *c, uint32_t id, json_t *req)
 	json_object_set_new(resp, "rank", json_integer(e->rank));
 	pthread_mutex_unlock(&e->mu);
 	json_object_set_new(resp, "shards", arr);
-	json_t *ec = job ? eng_ec_catalog(e, job) : NULL;   /* for mtcfs-admin steps */
+	json_t *ec = job ? redund_status(e, job) : NULL;   /* for mtcfs-admin steps */
 	if (ec)
 		json_object_set_new(resp, "ec", ec);
 	nconn_send(c, NT_RESP, id, resp);

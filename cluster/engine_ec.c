@@ -16,6 +16,7 @@
  * Layout: RAMDIR/frags/JOB/STEP/{m<R>.mf, g<G>-c<CW>-s<SLOT>.frag, sent,
  * protected, *.tmp}. */
 #include "cluster/engine_ec.h"
+#include "cluster/redund.h"
 #include "common/crc32c.h"
 #include "common/jobname.h"
 #include "common/log.h"
@@ -503,7 +504,10 @@ out:
 	ecx_ctx_free(&x);
 }
 
-void eng_ec_committed(struct eng *e, const struct shard_key *k, uint32_t nodes, uint32_t dp)
+/* The scheme's protect: this node's manifest of k to its group, and its
+ * data fragments once the group's geometry is known (maybe_send). */
+static void rs_protect(struct eng *e, const struct shard_key *k, const uint8_t hash[32],
+		       uint32_t nodes, uint32_t dp)
 {
 	struct eng_ec_ctx x;
 	int dirfd = -1, rc;
@@ -1181,32 +1185,25 @@ static int job_dir(struct eng *e, const char *job)
 	return fd < 0 ? -errno : fd;
 }
 
-/* "ec": {redundancy, parity: [[step, [[owner, hash], ...]], ...]}: the
- * steps this node stores all its parity of, and the hashes of its group's
- * shards at each (the coordinator names a lost shard by them). Under
- * replication only {redundancy}: the coordinator sees a mismatch either way. */
-json_t *eng_ec_catalog(struct eng *e, const char *job)
+/* The scheme's status: "parity": [[step, [[owner, hash], ...]], ...], the
+ * steps this node stores all its parity of and the hashes of its group's
+ * shards at each (the coordinator names a lost shard by them); nothing
+ * under replication. */
+static void rs_status(struct eng *e, const char *job, json_t *o)
 {
-	struct ec_redundancy red;
-	char buf[32];
-	json_t *o, *arr;
+	json_t *arr;
 	DIR *d;
 	int fd;
 
-	if (!e->ec)
-		return NULL;
-	o = json_object();
-	eng_ec_get(e, &red);
-	json_object_set_new(o, "redundancy", json_string(ec_redundancy_str(&red, buf, sizeof(buf))));
-	if (red.kind != EC_RS)
-		return o;
+	if (!eng_ec_get(e, NULL))
+		return;
 	arr = json_array();
 	json_object_set_new(o, "parity", arr);
 	fd = job_dir(e, job);
 	if (fd < 0 || !(d = fdopendir(fd))) {
 		if (fd >= 0)
 			close(fd);
-		return o;
+		return;
 	}
 	for (struct dirent *de; (de = readdir(d)) && json_array_size(arr) < 64;) {
 		uint64_t step;
@@ -1237,7 +1234,6 @@ json_t *eng_ec_catalog(struct eng *e, const char *job)
 		close(sd);
 	}
 	closedir(d);
-	return o;
 }
 
 /* Drop job's fragment directories of the steps below `step` (older) or
@@ -1286,23 +1282,39 @@ static void drop_steps(struct eng *e, const char *job, uint64_t step, bool older
 	pthread_mutex_unlock(&e->ec->mu);
 }
 
-void eng_ec_gc(struct eng *e, const char *job, uint64_t safe)
+static void rs_gc(struct eng *e, const char *job, uint64_t safe)
 {
 	drop_steps(e, job, safe, true);
 }
 
-void eng_ec_drop_newer(struct eng *e, const char *job, uint64_t step)
+static void rs_drop_newer(struct eng *e, const char *job, uint64_t step)
 {
 	drop_steps(e, job, step, false);
 }
 
-bool eng_ec_wanted(struct eng *e, const struct shard_key *k)
+/* A shard of this node with no record here is rebuilt from the code (the
+ * plan put it here because ecplan_restorable said so). */
+static int rs_source(struct eng *e, const struct shard_key *k, uint32_t nodes, uint32_t dp,
+		     struct tier *t)
 {
 	struct shard_rec rec = { 0 };
 	bool have;
-	if (!eng_ec_get(e, NULL))
-		return false;
+	int rc;
+
 	have = idx_get_shard(ram_idx(e->ram), k, &rec) == 0;
 	idx_rec_clear(&rec);
-	return !have;
+	if (have)
+		return 0;
+	rc = eng_ec_tier(e, nodes, dp, t);
+	return rc < 0 ? rc : 1;
 }
+
+const struct redund_scheme redund_rs = {
+	.name = "rs",
+	.protect = rs_protect,
+	.reprotect = eng_ec_restored,
+	.source = rs_source,
+	.status = rs_status,
+	.gc = rs_gc,
+	.drop_newer = rs_drop_newer,
+};

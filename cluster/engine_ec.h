@@ -1,9 +1,10 @@
-/* engine_ec.h: the erasure-coded peer tier of `redundancy=rs:K+M` (issue
- * 17) inside the engine. Shared by engine_ec.c (settings, RAMDIR/frags
- * layout, protecting a step, the data requests, garbage collection) and
- * engine_ec_rst.c (restoring a lost shard from fragments); the engine's
- * other files call only the hooks below. Under rs the step's replication
- * is replaced by the code (first cut): no replica is pushed.
+/* engine_ec.h: the erasure-coded scheme `redundancy=rs:K+M` (redund_rs of
+ * cluster/redund.h) inside the engine. Shared by engine_ec.c (settings,
+ * RAMDIR/frags layout, protecting a step, the data requests, garbage
+ * collection) and engine_ec_rst.c (restoring a lost shard from fragments);
+ * the engine's other files reach the scheme through redund.h, and call
+ * only the setting and data-request hooks below. Under rs the step's
+ * replication is replaced by the code: no replica is pushed.
  *
  * Protect, after a seal, on the replication worker:
  *   1. the owner stores its manifest as frags/JOB/STEP/m<R>.mf and sends it
@@ -39,34 +40,23 @@ void eng_ec_stop(struct eng *e);
 void eng_ec_set_job(struct eng *e, bool has, const struct ec_redundancy *r);
 /* The redundancy in force; true when it is rs. */
 bool eng_ec_get(struct eng *e, struct ec_redundancy *r);
-/* replq worker, after "committed" was sent: protect k (under rs). */
-void eng_ec_committed(struct eng *e, const struct shard_key *k, uint32_t nodes, uint32_t dp);
 /* A data request PROTO_EC_META, _DATA, _GET or _METAS (data server
  * thread, through engine_data.c's route table). */
 void eng_ec_serve(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *req,
 		  enum proto_op op);
-/* The catalog message's "ec" member for job (a new reference), or NULL
- * under replication. */
-json_t *eng_ec_catalog(struct eng *e, const char *job);
-/* The coordinator's safe step of job: parity of older steps goes. */
-void eng_ec_gc(struct eng *e, const char *job, uint64_t safe);
-/* The restore needs k on this node and does not hold it: the code is a
- * source (true under rs and with no local record of k). */
-bool eng_ec_wanted(struct eng *e, const struct shard_key *k);
-/* The job restored step from the cluster: under rs, this node's manifest
- * of it is stored and sent again, the parity of it that is missing here
- * (encoding cut short by a lost node, or a wiped node) is rebuilt in the
- * background, and once all of it is here the coordinator is told
- * "replicated" (at once on a node that stores no parity). */
-void eng_ec_restored(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp);
-/* The job restored step: the fragments of its later steps belong to the
- * timeline it left (their step numbers are written again) and go. */
-void eng_ec_drop_newer(struct eng *e, const char *job, uint64_t step);
-/* The erasure-coded tier as a restore source for this node's shards of
- * a job of `nodes`/`dp`. tier_close frees. 0 or -ENOMEM. */
-int eng_ec_tier(struct eng *e, uint32_t nodes, uint32_t dp, struct tier *t);
 
 /* ---- between engine_ec.c and engine_ec_rst.c ---- */
+/* The scheme's reprotect (redund_rs): the job restored step from the
+ * cluster; this node's manifest of it is stored and sent again, the parity
+ * of it that is missing here (encoding cut short by a lost node, or a wiped
+ * node) is rebuilt in the background, and once all of it is here the
+ * coordinator is told "replicated" (at once on a node that stores no
+ * parity). */
+void eng_ec_restored(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp);
+/* The erasure-coded tier as a restore source for this node's shards of
+ * a job of `nodes`/`dp` (redund_rs's source). tier_close frees. 0 or
+ * -ENOMEM. */
+int eng_ec_tier(struct eng *e, uint32_t nodes, uint32_t dp, struct tier *t);
 struct eng_ec_ctx {
 	struct eng *e;
 	struct ec_redundancy red;

@@ -5,8 +5,11 @@
  *                     (the wire of a shard's files is tiers/xfer.h's)
  *   engine_ctl.c      the control connection to the coordinator: calls,
  *                     events, its reader thread, registration, addresses
- *   engine_repl.c     replication of a committed shard to the peers (the
- *                     peer tier's put, tiers/tier.h)
+ *   engine_repl.c     a committed shard: "committed" to the coordinator,
+ *                     then the scheme in force protects it (redund.h); the
+ *                     replication scheme (the peer tier's put, tiers/tier.h)
+ *   redund.c          which redundancy scheme is in force; engine_ec*.c is
+ *                     the rs:K+M scheme (engine_ec.h)
  *   engine_backup.c   backup uploads, and the coordinator's bucket callbacks
  *   engine_restore.c  the restore of DESIGN §5 (shards brought in through
  *                     tiers/tier.h's tier_obtain)

@@ -1,6 +1,6 @@
 /* engine_repl.c — replication of committed shards (see engine_int.h). */
 #include "cluster/engine_int.h"
-#include "cluster/engine_ec.h"
+#include "cluster/redund.h"
 #include "tiers/lifecycle.h"
 #include "tiers/tier.h"
 #include "common/log.h"
@@ -236,6 +236,20 @@ static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
 	return rc;
 }
 
+/* The step event of shard k for the coordinator (job, nodes, dp of now;
+ * worker and workers count when workers > 1). */
+static void step_ev(struct eng *e, const struct shard_key *k, const uint8_t hash[32],
+		    struct proto_step_ev *se)
+{
+	pthread_mutex_lock(&e->mu);
+	*se = (struct proto_step_ev){ .job = { k->job, e->nodes, e->dp }, .step = k->step,
+				      .worker = k->worker, .workers = e->workers ? e->workers : 1 };
+	pthread_mutex_unlock(&e->mu);
+	memcpy(se->hash, hash, 32);
+}
+
+/* The replication scheme's work on one shard: push it to every peer; all
+ * there: "replicated" to the coordinator; else onto the retry list. */
 static void repl_run(void *arg)
 {
 	struct repl_job *j = arg;
@@ -243,41 +257,15 @@ static void repl_run(void *arg)
 	struct shard_rec rec = { 0 };
 	struct manifest *mf = NULL;
 	int peers[MAX_PEERS], npeers, failed = 0;
-	uint32_t nodes, dp, workers;
 	struct proto_step_ev se;
 	json_t *ev;
 
 	pthread_mutex_lock(&e->mu);
 	npeers = e->npeers;
 	memcpy(peers, e->peers, sizeof(peers));
-	nodes = e->nodes;
-	dp = e->dp;
-	workers = e->workers ? e->workers : 1;
 	pthread_mutex_unlock(&e->mu);
+	step_ev(e, &j->key, j->hash, &se);
 
-	/* tell the coordinator first: it decides the job-wide LKG. With one
-	 * shard per worker the step is the job's once every (node, worker)
-	 * committed it (worker, workers are sent when workers > 1). */
-	se = (struct proto_step_ev){ .job = { j->key.job, nodes, dp }, .step = j->key.step,
-				     .worker = j->key.worker, .workers = workers };
-	memcpy(se.hash, j->hash, 32);
-	if (j->attempt == 0 && !j->restored) {
-		pthread_mutex_lock(&e->mu);
-		se.bi_min = e->bi_min;
-		se.bi_steps = e->bi_steps;
-		pthread_mutex_unlock(&e->mu);
-		ev = proto_committed_encode(&se);
-		if (eng_ctl_event(e, ev) < 0)
-			log_warn("engine", "cannot report step %llu to the coordinator at %s",
-				 (unsigned long long)j->key.step, e->coord_addr);
-		json_decref(ev);
-	}
-	if (!j->restored && workers == 1 && eng_ec_get(e, NULL)) {
-		/* rs:K+M: the code protects the step instead of replicas (one
-		 * shard per step: per-worker shards are still replicated) */
-		eng_ec_committed(e, &j->key, nodes, dp);
-		goto out;
-	}
 	if (idx_get_shard(ram_idx(e->ram), &j->key, &rec) < 0 || !rec.mf ||
 	    mf_decode(rec.mf, rec.mflen, &mf) < 0)
 		goto out;   /* dropped meanwhile: nothing to replicate */
@@ -335,29 +323,23 @@ out:
 	free(j);
 }
 
-void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[32])
+/* The scheme's protect: we are on the replication worker already. */
+static void repl_protect(struct eng *e, const struct shard_key *k, const uint8_t hash[32],
+			 uint32_t nodes, uint32_t dp)
 {
-	struct repl_job *j;
-	if (!e)
-		return;
-	j = calloc(1, sizeof(*j));
+	struct repl_job *j = calloc(1, sizeof(*j));
+
 	if (!j)
 		return;
-	j->e = e;
-	j->key = *k;
+	*j = (struct repl_job){ .e = e, .key = *k };
 	memcpy(j->hash, hash, 32);
-	retry_supersede(e, k);
-	if (workq_submit(e->replq, repl_run, j) < 0)
-		free(j);
+	repl_run(j);
 }
 
-void eng_drain(struct eng *e)
-{
-	if (e)
-		workq_drain(e->replq);
-}
-
-void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp)
+/* The scheme's reprotect: each worker's shard of the restored step pushed
+ * again, as a restored job (no "committed" event: the coordinator knows). */
+static void repl_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
+			   uint32_t dp)
 {
 	uint32_t workers;
 	int rank;
@@ -366,10 +348,6 @@ void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes
 	workers = e->workers ? e->workers : 1;
 	rank = e->rank;
 	pthread_mutex_unlock(&e->mu);
-	if (workers == 1 && eng_ec_get(e, NULL)) {
-		eng_ec_restored(e, job, step, nodes, dp);   /* the code's parity of it */
-		return;
-	}
 	for (uint32_t w = 0; rank >= 0 && w < workers; w++) {
 		struct shard_key k = { .step = step, .rank = (uint32_t)rank, .worker = w };
 		struct shard_rec rec = { 0 };
@@ -391,4 +369,74 @@ void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes
 		mf_free(mf);
 		idx_rec_clear(&rec);
 	}
+}
+
+/* Replicas are catalog records of their owners' shards: the commit GC
+ * (retention) drops them with the steps, so the scheme has no gc of its
+ * own; the planner finds them in the catalogs, so no source either. */
+const struct redund_scheme redund_replication = {
+	.name = "replication",
+	.protect = repl_protect,
+	.reprotect = repl_reprotect,
+};
+
+struct committed_job {
+	struct eng *e;
+	struct shard_key key;
+	uint8_t hash[32];
+};
+
+/* On the replication worker: "committed" to the coordinator first (it
+ * decides the job-wide LKG; with one shard per worker the step is the
+ * job's once every (node, worker) committed it), then the scheme in force
+ * protects the shard. */
+static void committed_run(void *arg)
+{
+	struct committed_job *c = arg;
+	struct eng *e = c->e;
+	struct proto_step_ev se;
+	uint32_t nodes, dp;
+	json_t *ev;
+
+	step_ev(e, &c->key, c->hash, &se);
+	pthread_mutex_lock(&e->mu);
+	se.bi_min = e->bi_min;
+	se.bi_steps = e->bi_steps;
+	nodes = e->nodes;
+	dp = e->dp;
+	pthread_mutex_unlock(&e->mu);
+	ev = proto_committed_encode(&se);
+	if (eng_ctl_event(e, ev) < 0)
+		log_warn("engine", "cannot report step %llu to the coordinator at %s",
+			 (unsigned long long)c->key.step, e->coord_addr);
+	json_decref(ev);
+	redund_protect(e, &c->key, c->hash, nodes, dp);
+	free(c);
+}
+
+void eng_committed(struct eng *e, const struct shard_key *k, const uint8_t hash[32])
+{
+	struct committed_job *c;
+	if (!e)
+		return;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return;
+	c->e = e;
+	c->key = *k;
+	memcpy(c->hash, hash, 32);
+	retry_supersede(e, k);
+	if (workq_submit(e->replq, committed_run, c) < 0)
+		free(c);
+}
+
+void eng_drain(struct eng *e)
+{
+	if (e)
+		workq_drain(e->replq);
+}
+
+void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp)
+{
+	redund_reprotect(e, job, step, nodes, dp);
 }

@@ -1,6 +1,6 @@
 /* engine_restore.c — the restore of DESIGN §5 (see engine_int.h). */
 #include "cluster/engine_int.h"
-#include "cluster/engine_ec.h"
+#include "cluster/redund.h"
 #include "tiers/backup.h"
 #include "tiers/tier.h"
 #include "common/log.h"
@@ -146,7 +146,7 @@ static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
 		idx_recs_free(recs, n);
 	out = proto_catalog_encode(&m);
 	free(m.holds);
-	json_t *ec = out ? eng_ec_catalog(e, c->job) : NULL;
+	json_t *ec = out ? redund_status(e, c->job) : NULL;
 	if (ec)
 		json_object_set_new(out, "ec", ec);
 	return out;
@@ -240,9 +240,10 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 		g.save_files = c->framework == RCFG_FW_PYTORCH;
 		g.workers_per_node = (uint32_t)c->workers_per_node;
 	} else if (p->holder == (uint32_t)c->node_rank && p->owner == g.as.rank &&
-		   eng_ec_wanted(e, &g.want)) {
-		/* planned here with no copy here: rebuilt from the code */
-		rc = eng_ec_tier(e, (uint32_t)c->nodes, (uint32_t)c->assume_dp, &t);
+		   (rc = redund_source(e, &g.want, (uint32_t)c->nodes, (uint32_t)c->assume_dp,
+				       &t)) != 0) {
+		/* planned here with no copy here: the scheme rebuilds it (rs:
+		 * from the code) */
 		if (rc < 0)
 			return rc;
 	} else if (p->holder == (uint32_t)c->node_rank) {
@@ -449,8 +450,9 @@ restart:
 				e->safe = p.step;
 				snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", c->job);
 				pthread_mutex_unlock(&e->mu);
-				/* fragments of later steps belong to the timeline left */
-				eng_ec_drop_newer(e, c->job, p.step);
+				/* what the schemes keep of later steps (fragments)
+				 * belongs to the timeline left */
+				redund_drop_newer(e, c->job, p.step);
 				if (!p.bucket)
 					eng_reprotect(e, c->job, p.step, (uint32_t)c->nodes,
 						      (uint32_t)c->assume_dp);

@@ -1,0 +1,52 @@
+/* redund.c — which redundancy scheme is in force, and the ops every
+ * scheme runs (see redund.h). */
+#include "cluster/redund.h"
+#include "cluster/engine_ec.h"
+#include "cluster/engine_int.h"
+
+#include <pthread.h>
+
+static const struct redund_scheme *const schemes[] = { &redund_replication, &redund_rs };
+#define NSCHEMES (sizeof(schemes) / sizeof(schemes[0]))
+
+const struct redund_scheme *redund_for(struct eng *e)
+{
+	uint32_t workers;
+
+	pthread_mutex_lock(&e->mu);
+	workers = e->workers ? e->workers : 1;
+	pthread_mutex_unlock(&e->mu);
+	return workers == 1 && eng_ec_get(e, NULL) ? &redund_rs : &redund_replication;
+}
+
+json_t *redund_status(struct eng *e, const char *job)
+{
+	struct ec_redundancy red;
+	char buf[32];
+	json_t *o = json_object();
+
+	if (!o)
+		return NULL;
+	/* the setting, also under replication: the coordinator names a node
+	 * whose setting differs from the others' */
+	eng_ec_get(e, &red);
+	json_object_set_new(o, "redundancy", json_string(ec_redundancy_str(&red, buf, sizeof(buf))));
+	for (size_t i = 0; i < NSCHEMES; i++)
+		if (schemes[i]->status)
+			schemes[i]->status(e, job, o);
+	return o;
+}
+
+void redund_gc(struct eng *e, const char *job, uint64_t safe)
+{
+	for (size_t i = 0; i < NSCHEMES; i++)
+		if (schemes[i]->gc)
+			schemes[i]->gc(e, job, safe);
+}
+
+void redund_drop_newer(struct eng *e, const char *job, uint64_t step)
+{
+	for (size_t i = 0; i < NSCHEMES; i++)
+		if (schemes[i]->drop_newer)
+			schemes[i]->drop_newer(e, job, step);
+}
