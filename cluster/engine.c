@@ -2,6 +2,7 @@
 #include "cluster/engine_int.h"
 #include "cluster/engine_ec.h"
 #include "cluster/placement.h"
+#include "cluster/redund.h"
 #include "net/tls.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -255,6 +256,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 			goto fail;
 		}
 	}
+	redund_scan(e);   /* before the data server takes a request */
 	rc = workq_start("mtcfs-repl", &e->replq);
 	if (rc == 0)
 		rc = workq_start("mtcfs-backup", &e->bkq);

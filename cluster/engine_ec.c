@@ -34,7 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EC_META_MAX (64u << 20)    /* a manifest file read back from frags/ */
+#define EC_META_MAX EC_STORED_META_MAX   /* a manifest file read back from frags/ */
 
 /* One parity slot being folded on this node. */
 struct enc_slot {
@@ -1309,6 +1309,106 @@ static int rs_source(struct eng *e, const struct shard_key *k, uint32_t nodes, u
 	return rc < 0 ? rc : 1;
 }
 
+/* ---------- start-up scan ---------- */
+
+struct scan_ctx {
+	struct eng *e;
+	uint64_t frags, frag_bytes, tmp, tmp_bytes, bad, bad_bytes;
+	uint64_t steps;
+	char last_job[RCFG_JOB_MAX + 1];
+	uint64_t last_step;
+};
+
+/* Header and trailer of a fragment (its payload is checked by every
+ * restore that uses it, and by mtcfs-admin verify), or a manifest that
+ * decodes: 0, else -EBADMSG/-errno with the reason in why. */
+static int scan_check(int stepfd, const struct ec_stored *s, char *why, size_t whylen)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	int fd, rc;
+
+	if (s->kind == ECS_FRAG) {
+		fd = openat(stepfd, s->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0) {
+			rc = -errno;
+			snprintf(why, whylen, "cannot open: %s", strerror(errno));
+			return rc;
+		}
+		rc = ec_frag_info(fd, NULL, NULL, why, whylen);
+		close(fd);
+		return rc;
+	}
+	if (s->kind == ECS_META) {
+		struct manifest *mf = NULL;
+		rc = util_read_file_at(stepfd, s->name, EC_META_MAX, &buf, &len);
+		if (rc == 0)
+			rc = mf_decode_err((const uint8_t *)buf, len, &mf, why, whylen);
+		else
+			snprintf(why, whylen, "cannot read: %s", strerror(-rc));
+		mf_free(mf);
+		free(buf);
+		return rc;
+	}
+	return 0;
+}
+
+static int scan_one(void *arg, int stepfd, const struct ec_stored *s)
+{
+	struct scan_ctx *c = arg;
+	char why[256] = "";
+
+	if (strcmp(c->last_job, s->job) || c->last_step != s->step) {
+		snprintf(c->last_job, sizeof(c->last_job), "%s", s->job);
+		c->last_step = s->step;
+		c->steps++;
+	}
+	if (s->kind == ECS_TMP) {
+		/* half written when the daemon stopped: nothing refers to it */
+		if (unlinkat(stepfd, s->name, 0) == 0) {
+			c->tmp++;
+			c->tmp_bytes += s->bytes;
+		}
+		return 0;
+	}
+	if (s->kind != ECS_FRAG && s->kind != ECS_META)
+		return 0;
+	if (scan_check(stepfd, s, why, sizeof(why)) == 0) {
+		if (s->kind == ECS_FRAG) {
+			c->frags++;
+			c->frag_bytes += s->bytes;
+		}
+		return 0;
+	}
+	/* never served or used: the step is not protected here any more (the
+	 * coordinator stops counting this node's parity of it; a restore of
+	 * the step rebuilds what is missing, as after a cut-short encoding) */
+	log_warn("engine", "ec: job=%s step=%" PRIu64 ": %s is corrupt (%s): removed, the step's parity on this node is incomplete",
+		 s->job, s->step, s->name, why);
+	if (unlinkat(stepfd, s->name, 0) == 0) {
+		c->bad++;
+		c->bad_bytes += s->bytes;
+	}
+	unlinkat(stepfd, "protected", 0);
+	return 0;
+}
+
+/* The scheme's scan: whatever the redundancy in force (fragments of an
+ * earlier rs run still count in ram_size and still go by the rules). */
+static void rs_scan(struct eng *e)
+{
+	struct scan_ctx c = { .e = e };
+	int rc = ec_stored_walk(ram_root_fd(e->ram), NULL, false, scan_one, &c);
+
+	if (rc < 0)
+		log_warn("engine", "ec: start-up scan of %s/frags: %s", ram_path(e->ram), strerror(-rc));
+	if (c.tmp_bytes + c.bad_bytes)
+		ram_adjust(e->ram, -(int64_t)(c.tmp_bytes + c.bad_bytes));
+	if (c.steps)
+		log_info("engine", "ec: start-up scan: %" PRIu64 " parity fragments in %" PRIu64 " job steps (%" PRIu64 " bytes); removed %" PRIu64 " half-written files (%" PRIu64 " bytes) and %" PRIu64 " corrupt ones",
+			 c.frags, c.steps, c.frag_bytes, c.tmp, c.tmp_bytes, c.bad);
+}
+
 const struct redund_scheme redund_rs = {
 	.name = "rs",
 	.protect = rs_protect,
@@ -1317,4 +1417,5 @@ const struct redund_scheme redund_rs = {
 	.status = rs_status,
 	.gc = rs_gc,
 	.drop_newer = rs_drop_newer,
+	.scan = rs_scan,
 };

@@ -50,3 +50,10 @@ void redund_drop_newer(struct eng *e, const char *job, uint64_t step)
 		if (schemes[i]->drop_newer)
 			schemes[i]->drop_newer(e, job, step);
 }
+
+void redund_scan(struct eng *e)
+{
+	for (size_t i = 0; i < NSCHEMES; i++)
+		if (schemes[i]->scan)
+			schemes[i]->scan(e);
+}

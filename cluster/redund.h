@@ -13,13 +13,17 @@
  *              steps goes
  *   drop_newer the job restored a step: what it keeps of later steps is of
  *              the timeline left and goes
+ *   scan       the daemon starts: what the scheme holds on this node is
+ *              checked (a crash may have left it half written)
  * Schemes today: replication (engine_repl.c: whole replicas pushed to the
  * peers) and rs (engine_ec.c + engine_ec_rst.c: rs:K+M parity across a
- * group). One is in force for a shard (redund_for); gc and drop_newer run
- * every scheme's, so what a job made under an earlier setting still goes.
- * Threads: protect on the replication worker; reprotect, source and
- * drop_newer on the restore thread; status on the restore thread and the
- * data server; gc on the control reader. Optional ops are NULL. */
+ * group). One is in force for a shard (redund_for); gc, drop_newer and
+ * scan run every scheme's, so what a job made under an earlier setting is
+ * still checked and still goes. Threads: protect on the replication
+ * worker; reprotect, source and drop_newer on the restore thread; status
+ * on the restore thread and the data server; gc on the control reader;
+ * scan in eng_start, before the data server takes requests. Optional ops
+ * are NULL. */
 #ifndef MTCFS_CLUSTER_REDUND_H
 #define MTCFS_CLUSTER_REDUND_H
 
@@ -45,6 +49,7 @@ struct redund_scheme {
 	void (*status)(struct eng *e, const char *job, json_t *o);
 	void (*gc)(struct eng *e, const char *job, uint64_t safe);
 	void (*drop_newer)(struct eng *e, const char *job, uint64_t step);
+	void (*scan)(struct eng *e);
 };
 
 extern const struct redund_scheme redund_replication;   /* engine_repl.c */
@@ -79,8 +84,9 @@ static inline int redund_source(struct eng *e, const struct shard_key *k, uint32
 	return s->source ? s->source(e, k, nodes, dp, t) : 0;
 }
 
-/* Every scheme's gc / drop_newer. */
+/* Every scheme's gc / drop_newer / scan. */
 void redund_gc(struct eng *e, const char *job, uint64_t safe);
 void redund_drop_newer(struct eng *e, const char *job, uint64_t step);
+void redund_scan(struct eng *e);
 
 #endif

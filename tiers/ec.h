@@ -30,6 +30,7 @@
 #ifndef MTCFS_TIERS_EC_H
 #define MTCFS_TIERS_EC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -192,5 +193,31 @@ int ec_shard_prepare(const struct ec_shard *s);
  * checks every file against the manifest (mf_verify). 0, -EBADMSG (err
  * names the first file that differs) or -errno. */
 int ec_shard_finish(const struct ec_shard *s, char *err, size_t errlen);
+
+/* ---- what a RAMDIR stores of the code ----
+ * Layout (cluster/engine_ec.c writes it): RAMDIR/frags/JOB/STEP/ holding
+ * parity fragments g<G>-c<CW>-s<SLOT>.frag, the group's manifests m<R>.mf,
+ * the markers "sent" and "protected", and temporary files (*.tmp,
+ * .*.mtcfs-tmp) while something is written. ec_stored_walk calls fn for
+ * every entry of every step directory of job (NULL: every job), in
+ * directory order; with verify, a fragment's header, trailer and payload
+ * CRC32C are checked (ec_frag_verify) and a manifest is decoded (verdict,
+ * why). fn gets the step directory (borrowed: fn may unlink in it) and
+ * returns 0 to go on, else the walk stops and returns that. 0 (also when
+ * there is no frags/), or -errno of the top directory. Reads only. */
+#define EC_STORED_META_MAX (64u << 20)   /* a manifest file read back */
+enum ec_stored_kind { ECS_FRAG, ECS_META, ECS_MARK, ECS_TMP, ECS_OTHER };
+struct ec_stored {
+	const char *job;        /* borrowed for the call */
+	uint64_t step;
+	const char *name;       /* the entry's name in the step directory */
+	enum ec_stored_kind kind;
+	int owner;              /* ECS_META: the owner rank of m<R>.mf, else -1 */
+	uint64_t bytes;         /* what it takes in RAM (st_blocks) */
+	int verdict;            /* with verify: 0, -EBADMSG or -errno */
+	char why[256];          /* verdict < 0: the reason */
+};
+typedef int (*ec_stored_fn)(void *arg, int stepfd, const struct ec_stored *s);
+int ec_stored_walk(int rootfd, const char *job, bool verify, ec_stored_fn fn, void *arg);
 
 #endif /* MTCFS_TIERS_EC_H */

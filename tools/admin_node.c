@@ -5,6 +5,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "tiers/catalog.h"
+#include "tiers/ec.h"
 #include "tiers/manifest.h"
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
@@ -554,6 +555,42 @@ static bool daemon_alive(const char *ramdir)
 	return alive;
 }
 
+/* verify's erasure-code part: every parity fragment (header, payload and
+ * trailer CRC32C) and group manifest stored under RAMDIR/frags. */
+struct frag_verify {
+	json_t *arr;
+	size_t n, bad;
+	uint64_t bytes;
+};
+
+static int verify_stored(void *arg, int stepfd, const struct ec_stored *s)
+{
+	struct frag_verify *v = arg;
+	const char *what = s->kind == ECS_FRAG ? "parity" : "manifest";
+	const char *verdict = s->verdict < 0 ? "bad" : "ok";
+
+	(void)stepfd;
+	if (s->kind != ECS_FRAG && s->kind != ECS_META)
+		return 0;   /* markers, and files being written now */
+	v->n++;
+	v->bytes += s->bytes;
+	if (s->verdict < 0)
+		v->bad++;
+	if (admin_json) {
+		json_t *o = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I}", "job", s->job, "step",
+				      (json_int_t)s->step, "file", s->name, "kind", what, "result",
+				      verdict, "bytes", (json_int_t)s->bytes);
+		if (s->verdict < 0)
+			json_object_set_new(o, "error", json_string(s->why));
+		json_array_append_new(v->arr, o);
+	} else {
+		printf("%-4s %-16s step %-8llu %s %s%s%s\n", verdict, s->job,
+		       (unsigned long long)s->step, what, s->name, s->verdict < 0 ? ": " : "",
+		       s->verdict < 0 ? s->why : "");
+	}
+	return 0;
+}
+
 int admin_cmd_verify(const char *ramdir, const char *job)
 {
 	struct shard_rec *recs = NULL;
@@ -561,6 +598,7 @@ int admin_cmd_verify(const char *ramdir, const char *job)
 	size_t n = 0, bad = 0, sealing = 0;
 	uint64_t total = 0, done = 0, t0 = util_now_ns();
 	json_t *arr = json_array();
+	struct frag_verify fv = { .arr = json_array() };
 	int rc;
 
 	if (admin_open_catalog(ramdir, &x) < 0)
@@ -632,21 +670,37 @@ int admin_cmd_verify(const char *ramdir, const char *job)
 			       (r->flags & SHF_OWN) ? "own" : "replica", err[0] ? ": " : "", err);
 		}
 	}
+	{
+		int root = open(ramdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (root < 0 || (rc = ec_stored_walk(root, job, true, verify_stored, &fv)) < 0) {
+			fprintf(stderr, "mtcfs-admin: reading %s/frags: %s\n", ramdir,
+				strerror(root < 0 ? errno : -rc));
+			fv.bad++;
+		}
+		if (root >= 0)
+			close(root);
+	}
 	if (admin_json) {
-		json_t *root = json_pack("{s:o,s:I,s:I,s:I}", "shards", arr, "bad", (json_int_t)bad,
-					 "sealing", (json_int_t)sealing, "bytes", (json_int_t)total);
+		json_t *root = json_pack("{s:o,s:I,s:I,s:I,s:o,s:I}", "shards", arr, "bad",
+					 (json_int_t)(bad + fv.bad), "sealing", (json_int_t)sealing,
+					 "bytes", (json_int_t)total, "fragments", fv.arr,
+					 "fragments_bad", (json_int_t)fv.bad);
 		json_dumpf(root, stdout, JSON_INDENT(1));
 		putchar('\n');
 		json_decref(root);
 	} else {
 		json_decref(arr);
+		json_decref(fv.arr);
 		printf("%zu shard%s, %zu bad, %zu not sealed, %.1f MiB checked in %.2f s\n", n,
 		       n == 1 ? "" : "s", bad, sealing, (double)total / 1048576.0,
 		       (double)(util_now_ns() - t0) / 1e9);
+		if (fv.n)
+			printf("%zu erasure-code file%s (parity fragments and manifests), %zu bad, %.1f MiB\n",
+			       fv.n, fv.n == 1 ? "" : "s", fv.bad, (double)fv.bytes / 1048576.0);
 	}
 	idx_recs_free(recs, n);
 	/* a shard stuck sealing is as unusable as a bad one: a check fails */
-	return bad || sealing ? 1 : 0;
+	return bad || sealing || fv.bad ? 1 : 0;
 }
 
 /* ---- status ---- */

@@ -33,7 +33,10 @@ killed -9 with their RAMDIR wiped, then a job restart.
 - a shard rebuilt from fragments gets permission bits only: 04755, 02755
   files and a 01777 directory come back 0755, 0755, 01777 (sticky only narrows deletes);
 - RAM held per node for one protected step (du of RAMDIR's shards/ and
-  frags/) against (1 + M/K) x S.
+  frags/) against (1 + M/K) x S;
+- fragments checked like shards: mtcfs-admin verify names a parity
+  fragment with a flipped payload byte; the start-up scan removes a
+  half-written file and a fragment with a broken header.
 
 Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
      /usr/bin/python3 tests/integration/test_ec_cluster.py [-k NAME]
@@ -218,6 +221,61 @@ class EcCase(unittest.TestCase):
         m = re.search(r"from erasure code rs:4\+2: \d+ fragments fetched, (\d+) passed over",
                       c.nodes[4].log_text())
         self.assertTrue(m and int(m.group(1)) >= 1, "a corrupt fragment was passed over")
+
+    def test_fragments_verified_and_scanned_at_start(self):
+        """Fragments are checked like shards: mtcfs-admin verify reads every
+        parity fragment and group manifest under frags/ (a flipped payload
+        byte is named, exit 1); a daemon that starts finds a half-written
+        file (a crash while a fragment was received) and a fragment whose
+        header is broken: both are removed, RAM given back, and the step is
+        no longer reported protected on that node."""
+        c = self.make(3, "rs:2+1")
+        job = "ecscan"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(3)})
+        self.save_protected(job, 4)
+        node = c.nodes[1]
+        out = subprocess_admin(["verify", node.ramdir, "--json"])
+        self.assertEqual(out[0], 0, out[1])
+        js = json.loads(out[1])
+        kinds = sorted(f["kind"] for f in js["fragments"])
+        self.assertEqual(kinds.count("parity"), 1, js["fragments"])
+        self.assertEqual(kinds.count("manifest"), 3, js["fragments"])   # the group's
+        self.assertTrue(all(f["result"] == "ok" for f in js["fragments"]), js)
+        d = os.path.join(node.ramdir, "frags", job, "4")
+        frag = [n for n in os.listdir(d) if n.endswith(".frag")][0]
+        with open(os.path.join(d, frag), "r+b") as f:
+            f.seek(-40, os.SEEK_END)   # inside the payload, before the trailer
+            b = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([b[0] ^ 0x01]))
+        rc, text = subprocess_admin(["verify", node.ramdir])
+        self.assertEqual(rc, 1, text)
+        self.assertRegex(text, r"bad\s+%s\s+step 4\s+parity %s: " % (job, re.escape(frag)))
+        self.assertIn("1 bad", text)
+        rc, text = subprocess_admin(["verify", node.ramdir, "--json"])
+        self.assertEqual(json.loads(text)["fragments_bad"], 1)
+        # the daemon stops; a crash leaves a half-written file, and a header
+        # is broken: the next start removes both
+        node.stop()
+        with open(os.path.join(d, "g0-c0-s2.frag.tmp"), "wb") as f:
+            f.write(os.urandom(64 * KiB))
+        with open(os.path.join(d, frag), "r+b") as f:
+            f.write(b"XX")   # the magic
+        self.assertIn("protected", os.listdir(d))
+        mark = node.log_size()
+        node.expect_log(r"ec: job=%s step=4: %s is corrupt" % (job, re.escape(frag)))
+        node.start()
+        m = node.wait_log(r"ec: start-up scan: (\d+) parity fragments in (\d+) job steps "
+                          r"\(\d+ bytes\); removed (\d+) half-written files \((\d+) bytes\) "
+                          r"and (\d+) corrupt ones", 30, "the start-up scan", since=mark)
+        self.assertEqual((m.group(1), m.group(3), m.group(5)), ("0", "1", "1"), m.group(0))
+        self.assertGreaterEqual(int(m.group(4)), 64 * KiB)
+        left = os.listdir(d)
+        self.assertNotIn("g0-c0-s2.frag.tmp", left)
+        self.assertNotIn(frag, left)
+        self.assertNotIn("protected", left)
+        rc, text = subprocess_admin(["verify", node.ramdir])
+        self.assertEqual(rc, 0, text)
 
     # -- a node lost during encoding --------------------------------------------
 
@@ -647,6 +705,14 @@ class EcCase(unittest.TestCase):
                     print("%s node %d: %.3f x S (goal %.3f)" % (red, r, ratio, 1 + m / k))
                     self.assertLess(abs(ratio - (1 + m / k)), 0.1 * (1 + m / k))
                 c.close()
+
+
+def subprocess_admin(args):
+    """(exit code, stdout) of mtcfs-admin ARGS."""
+    import subprocess
+    r = subprocess.run([harness.MTCFS_ADMIN] + args, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    return r.returncode, r.stdout.decode()
 
 
 def du_trees(paths):
