@@ -2,10 +2,11 @@
  * engine_ec.h): this node lost its shard of a step; the coordinator
  * planned it here because enough members of each of its pieces'
  * codewords survive. get() fetches the group's manifests (ec_metas), then
- * for each piece every surviving member of its codeword (ec_get: parity
- * files from their holders, data fragments cut by the survivors from
- * their own shards) and decodes the piece into the stage (ec_decode: a
- * fragment that fails its CRC32C is passed over and another used);
+ * for each piece K members of its codeword (ec_get: parity files from
+ * their holders, data fragments cut by the survivors from their own
+ * shards; more only when one is corrupt or cannot be fetched) and decodes
+ * the piece into the stage (ec_decode: a fragment that fails its CRC32C is
+ * passed over and another used);
  * ec_shard_finish checks every rebuilt file against the manifest. */
 #include "cluster/engine_ec.h"
 #include "common/log.h"
@@ -104,16 +105,47 @@ static int fetch_member(struct eng_ec_ctx *x, int dirfd, const char *job, uint64
 	return rc;
 }
 
-/* Member `slot` of codeword cw rebuilt into sink from every other member
- * that can be fetched (more than K when there are, so that a corrupt one
- * costs no second round). T (may be NULL) counts what was fetched and
- * passed over. */
+/* Fetch candidate members cand[*next..] into fds[] until `want` more are
+ * there or the candidates run out (a member that cannot be fetched is
+ * logged and the next one asked). Returns how many were added. */
+static unsigned fetch_more(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step,
+			   unsigned cw, const unsigned *cand, const int *crank, unsigned ncand,
+			   unsigned *next, unsigned want, int *fds, char (*names)[64],
+			   uint64_t *reserved, unsigned *n)
+{
+	unsigned added = 0;
+
+	while (added < want && *next < ncand) {
+		unsigned i = (*next)++;
+		int fd = fetch_member(x, dirfd, job, step, cw, cand[i], crank[i], names[*n],
+				      &reserved[*n]);
+		if (fd < 0) {
+			log_info("engine", "ec restore: job=%s step=%" PRIu64 " cw %u slot %u from rank %d: %s",
+				 job, step, cw, cand[i], crank[i], strerror(-fd));
+			continue;
+		}
+		fds[(*n)++] = fd;
+		added++;
+	}
+	return added;
+}
+
+/* Member `slot` of codeword cw rebuilt into sink. Any K members give it
+ * back: K are fetched (the minimum; others are asked only when one cannot
+ * be fetched), and only when the decode finds one of them corrupt (or a
+ * stale header) are the rest fetched and the decode run again over all of
+ * them, the first ones first: into a shard, ec_decode then meets the
+ * corrupt member again in the same place and rewrites every block of the
+ * member (so no wrong byte of the failed try stays behind in a block that
+ * should be a hole); into a fragment file the sink starts over empty.
+ * T (may be NULL) counts what was fetched and passed over. */
 static int rebuild_member(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, const char *job,
 			  uint64_t step, unsigned cw, unsigned slot, const struct ec_sink *sink,
 			  char *why, size_t whylen)
 {
 	const struct ecplan_group *g = &x->plan->g[x->gi];
-	int fds[EC_MAX_N];
+	int fds[EC_MAX_N], crank[EC_MAX_N];
+	unsigned cand[EC_MAX_N], ncand = 0, next = 0;
 	char names[EC_MAX_N][64];
 	uint64_t reserved[EC_MAX_N];
 	unsigned n = 0;
@@ -123,17 +155,22 @@ static int rebuild_member(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, co
 		int r = g->unit[ecplan_slot_pos(g, cw, s)];
 		if (s == slot || r == x->rank)
 			continue;
-		int fd = fetch_member(x, dirfd, job, step, cw, s, r, names[n], &reserved[n]);
-		if (fd < 0) {
-			log_info("engine", "ec restore: job=%s step=%" PRIu64 " cw %u slot %u from rank %d: %s",
-				 job, step, cw, s, r, strerror(-fd));
-			continue;
+		cand[ncand] = s;
+		crank[ncand++] = r;
+	}
+	fetch_more(x, dirfd, job, step, cw, cand, crank, ncand, &next, g->k, fds, names, reserved,
+		   &n);
+	rc = n ? ec_decode(fds, n, slot, sink, why, whylen) : -ENODATA;
+	if ((rc == -ENODATA || rc == -EBADMSG) && n && next < ncand &&
+	    fetch_more(x, dirfd, job, step, cw, cand, crank, ncand, &next, ncand, fds, names,
+		       reserved, &n) > 0) {
+		if (sink->shard || (ftruncate(sink->fd, 0) == 0 && lseek(sink->fd, 0, SEEK_SET) == 0)) {
+			why[0] = '\0';
+			rc = ec_decode(fds, n, slot, sink, why, whylen);
 		}
-		fds[n++] = fd;
 	}
 	if (T)
 		T->fetched += n;
-	rc = n ? ec_decode(fds, n, slot, sink, why, whylen) : -ENODATA;
 	if (rc == -ENODATA && !n)
 		snprintf(why, whylen, "no member of codeword %u could be fetched", cw);
 	for (unsigned i = 0; i < n; i++) {

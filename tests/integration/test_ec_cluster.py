@@ -71,6 +71,8 @@ EXPECTED = (r"ec: .*(failed|refused)|ec restore: |cannot rebuild|"
 class EcCase(unittest.TestCase):
 
     def make(self, n, red, extra=""):
+        m = re.match(r"rs:(\d+)\+", red)
+        self.k = int(m.group(1)) if m else None   # None: the yaml sets it
         opts = "redundancy=" + red + ("," + extra if extra else "")
         c = Cluster(n, ram_size="256M", restore_timeout=20, extra=opts)
         for d in c.nodes:
@@ -118,8 +120,12 @@ class EcCase(unittest.TestCase):
             c.restore_and_verify(job, r, step, size=size)
         for r in lost:
             log = c.nodes[r].log_text()[logpos[r]:]
-            self.assertRegex(log, r"restored job=%s step=%d from erasure code "
-                             % (job, step), "node %d's log" % r)
+            m = re.search(r"restored job=%s step=%d from erasure code rs:\d+\+\d+: "
+                          r"(\d+) fragments fetched, (\d+) passed over" % (job, step), log)
+            self.assertTrue(m, "node %d's log: %s" % (r, log[-2000:]))
+            # the minimum: K members for each of the shard's K pieces, and
+            # one more for each corrupt one passed over (was K + M - 1 each)
+            self.assertEqual(int(m.group(1)) - int(m.group(2)), self.k * self.k, m.group(0))
         return got
 
     # -- every loss of up to M nodes -------------------------------------------
