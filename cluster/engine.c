@@ -320,6 +320,73 @@ fail:
 	return rc;
 }
 
+/* How this node's newest step of a job is protected, for the stop report:
+ * its own shards' catalog states (replication marks them replicated, a
+ * backup backed up) and the coordinator's last word on the job (the safe
+ * step: committed and protected job-wide, which is all rs:K+M says). */
+static const char *protection(struct eng *e, const char *job, uint64_t step, uint32_t worst,
+			      bool *ok)
+{
+	bool safe;
+
+	pthread_mutex_lock(&e->mu);
+	safe = e->has_safe && !strcmp(e->lkg_job, job) && e->safe >= step;
+	pthread_mutex_unlock(&e->mu);
+	*ok = true;
+	if (worst >= SH_BACKED_UP)
+		return "backed up to the bucket";
+	if (worst >= SH_REPLICATED)
+		return "replicated to its peers";
+	if (safe)
+		return "protected job-wide";
+	*ok = false;
+	return "NOT protected: this node holds its only copy";
+}
+
+/* The stop (a node drain, a preemption): after the last pushes, one line
+ * per job this node wrote for: its newest step and what protects it. */
+static void stop_report(struct eng *e)
+{
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
+
+	if (!e->ram || idx_list_shards(ram_idx(e->ram), NULL, &recs, &n) < 0)
+		return;
+	/* ascending by (job, step, rank, worker): the last own step of a job
+	 * is at the end of its run */
+	for (size_t i = 0; i < n;) {
+		const char *job = recs[i].key.job, *by;
+		uint64_t newest = 0;
+		uint32_t worst = SH_BACKED_UP;
+		bool any = false, ok;
+		size_t j;
+
+		for (j = i; j < n && !strcmp(recs[j].key.job, job); j++) {
+			const struct shard_rec *r = &recs[j];
+			if (!(r->flags & SHF_OWN) || r->state < SH_COMMITTED || r->state == SH_BAD)
+				continue;
+			if (!any || r->key.step > newest) {
+				newest = r->key.step;
+				worst = r->state;
+				any = true;
+			} else if (r->key.step == newest && r->state < worst) {
+				worst = r->state;
+			}
+		}
+		if (any) {
+			by = protection(e, job, newest, worst, &ok);
+			if (ok)
+				log_info("engine", "stopping: job=%s step=%llu (this node's newest) is %s",
+					 job, (unsigned long long)newest, by);
+			else
+				log_warn("engine", "stopping: job=%s step=%llu (this node's newest) is %s",
+					 job, (unsigned long long)newest, by);
+		}
+		i = j;
+	}
+	idx_recs_free(recs, n);
+}
+
 void eng_stop(struct eng *e)
 {
 	if (!e)
@@ -336,6 +403,8 @@ void eng_stop(struct eng *e)
 	e->ctl_reader_running = false;
 	eng_repl_stop(e);
 	workq_stop(e->replq);
+	if (e->replq)
+		stop_report(e);   /* after the last pushes: what they protected */
 	workq_stop(e->bkq);
 	coord_quiesce(e->coord);
 	nsrv_stop(e->srv);

@@ -125,14 +125,28 @@ void eng_repl_stop(struct eng *e)
 	pthread_mutex_unlock(&e->mu);
 	pthread_join(e->retry_thr, NULL);
 	e->retry_running = false;
+	/* A stop is often a node drain or a preemption (SIGTERM, ~30 s): each
+	 * waiting push gets one last try now, the newest step first, on the
+	 * replication queue that eng_stop drains next, so a peer that is back
+	 * gets the step rather than never. A try that fails again is not
+	 * retried (retry_stop) and the stop report names the step. */
 	pthread_mutex_lock(&e->mu);
-	while ((j = e->retry)) {
-		e->retry = j->next;
-		log_info("engine", "stopping: job=%s step=%llu is not replicated to every peer yet",
-			 j->key.job, (unsigned long long)j->key.step);
-		free(j);
-	}
+	j = e->retry;
+	e->retry = NULL;
 	pthread_mutex_unlock(&e->mu);
+	while (j) {
+		struct repl_job **pp = &j, **best = &j;
+		for (; *pp; pp = &(*pp)->next)
+			if ((*pp)->key.step > (*best)->key.step)
+				best = pp;
+		struct repl_job *b = *best;
+		*best = b->next;
+		b->next = NULL;
+		log_info("engine", "stopping: job=%s step=%llu is not replicated to every peer yet: one last push",
+			 b->key.job, (unsigned long long)b->key.step);
+		if (workq_submit(e->replq, repl_run, b) < 0)
+			free(b);
+	}
 	pthread_cond_destroy(&e->retry_cv);
 }
 

@@ -21,6 +21,10 @@ between "N committed everywhere" and "N replicated everywhere".
   20; once 20 is replicated both ways, step 10 disappears from both nodes
   (own shards and replicas), and no node dropped it before every push of
   step 20 was done (log timestamps).
+- test_stop_gives_waiting_pushes_a_last_try: a daemon stopped while the
+  push of its newest step waits for a retry pushes it once more before it
+  exits (its peer is back by then), and logs what protects each job's
+  newest step (replicated, or NOT protected with the peer away).
 - test_node_lost_right_after_restart / test_restored_step_replicated_again
   (issue 22): 3 nodes; node 0 commits step 20 while nodes 1 and 2 are
   stopped (SIGSTOP: its push cannot even authenticate) and is killed -9;
@@ -288,6 +292,62 @@ class GcSafety(unittest.TestCase):
                     "was done (pushes done at %s): %s"
                     % (r, OLD, NEW, pushed, d))
 
+
+    # -- 2b: a stop (node drain, preemption) protects first ------------------
+
+    def test_stop_gives_waiting_pushes_a_last_try(self):
+        """A daemon stopped (SIGTERM: a node drain or a preemption) while a
+        push of its newest step waits to be retried gives it one last try
+        before it exits, and says what protects each job's newest step:
+        node 1 is away while node 0 commits step 20 (its pushes fail; the
+        next retry is 8 s off), node 1 comes back, node 0 gets SIGTERM at
+        once: node 1 holds node 0's step 20 (before, the waiting push was
+        dropped at the stop), and node 0's log says step 20 is replicated.
+        Stopped again with its peer away, a node says its newest step is
+        NOT protected."""
+        job = "gcstop"
+        c = self.track(Cluster(2))
+        c.start()
+        self.assertEqual(c.job_start(job), {0: 0, 1: 0}, "fresh job start")
+        c.save(job, OLD)
+        c.wait_replicated(job, OLD)
+        node0, node1 = c.nodes
+        for d in c.nodes:
+            d.expect_log(r"cannot report step|replicating job=.* failed|"
+                         r"could not be replicated")
+        node1.stop()
+        mark = node0.log_size()
+        c.save(job, NEW, ranks=[0])
+        # attempts at 0, 1, 3 and 7 s: the next one is 8 s after the fourth
+        wait_until(lambda: len(re.findall(r"replicating job=%s step=%d to rank 1 failed"
+                                          % (job, NEW), node0.log_from(mark))) >= 4,
+                   30, "node 0's fourth push of step %d failing" % NEW)
+        node1.start()
+        self.assertNotIn((0, NEW), self.held(1, job), "inconclusive: pushed before the stop")
+        t0 = time.monotonic()
+        os.kill(node0.proc.pid, signal.SIGTERM)   # what the kubelet sends on a drain
+        wait_until(lambda: node0.proc.poll() is not None, 20, "node 0 exiting on SIGTERM")
+        self.assertLess(time.monotonic() - t0, 10, "the stop waited")
+        node0.stop()      # reaps it, checks its log and exit code
+        log = node0.log_from(mark)
+        self.assertRegex(log, r"stopping: job=%s step=%d is not replicated to every peer yet: "
+                         r"one last push" % (job, NEW))
+        self.assertRegex(log, r"INFO engine: replicated job=%s step=%d to rank 1 " % (job, NEW))
+        self.assertRegex(log, r"INFO engine: stopping: job=%s step=%d \(this node's newest\) "
+                         r"is replicated to its peers" % (job, NEW))
+        self.assertIn((0, NEW), self.held(1, job), "node 1 holds node 0's step %d" % NEW)
+        # node 1 away again: node 1's own newest step (it holds only 10 of
+        # its own) was replicated; a step 30 of node 1's alone is not
+        node0.start()
+        node0.stop()
+        mark1 = node1.log_size()
+        c.save(job, 30, ranks=[1])
+        wait_until(lambda: re.search(r"replicating job=%s step=30 to rank 0 failed" % job,
+                                     node1.log_from(mark1)), 30, "node 1's push of step 30 failing")
+        node1.stop()
+        self.assertRegex(node1.log_from(mark1),
+                         r"WARN engine: stopping: job=%s step=30 \(this node's newest\) is NOT "
+                         r"protected: this node holds its only copy" % job)
 
     # -- 3: a node lost right after a job restart (issue 22) -----------------
 
