@@ -13,7 +13,7 @@ Orbax does and waits for its .restore markers.
 
 tools/demo.py drives it; the integration tests (tests/integration/harness.py
 and cluster.py) build on it and re-export its names. tools/ never imports
-from tests/.
+from tests/ (tools/check-layers fails if it does).
 
 Environment: MTCFS_BIN, MTCFS_ADMIN, MTCFS_BUILD (defaults: <repo>/build);
 MTCFS_KEEP_TMP=1 keeps the temp directories; MTCFS_TEST_VERBOSE=1 prints

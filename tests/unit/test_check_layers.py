@@ -54,7 +54,8 @@ class CheckLayers(unittest.TestCase):
     def test_clean_tree_passes(self):
         rc, out = self.run_tool()
         self.assertEqual(rc, 0, out)
-        self.assertEqual(out, ["check-layers: 10 files, no include against " + ORDER])
+        self.assertEqual(out, ["check-layers: 10 files, no include against " + ORDER +
+                               ", no import of tests/ in tools/"])
 
     def test_include_of_a_layer_above_fails(self):
         self.put("net/client.c", '#include "net/frame.h"\n\n  #  include "tiers/manifest.h"\n')
@@ -115,6 +116,40 @@ class CheckLayers(unittest.TestCase):
         rc, out = self.run_tool()
         self.assertEqual(rc, 0, out)
 
+    # tools/'s Python files import nothing of tests/
+
+    def test_tools_importing_a_tests_module_fails(self):
+        # the demo on main: tests/integration on sys.path, then its modules
+        self.put("tests/integration/harness.py", "")
+        self.put("tests/integration/cluster.py", "import harness\n")
+        self.put("tools/demo.py", "import os\nimport sys\n\n\ndef main():\n"
+                 "    sys.path.insert(0, 'tests/integration')\n"
+                 "    import harness as h\n    from cluster import Cluster\n")
+        self.assert_fails_with(
+            'tools/demo.py:7: imports "harness", which is tests/integration/harness.py: '
+            'tools/ does not import from tests/',
+            'tools/demo.py:8: imports "cluster", which is tests/integration/cluster.py: '
+            'tools/ does not import from tests/')
+
+    def test_tools_script_importing_the_tests_package_fails(self):
+        # a script without .py whose #! names python is read too
+        self.put("tools/run-it", "#!/usr/bin/env python3\nfrom tests.gke import scenarios\n")
+        self.put("tools/bash-it", "#!/bin/bash\nimport harness\n")       # not Python
+        self.assert_fails_with(
+            'tools/run-it:2: imports "tests.gke", which is tests/: tools/ does not import '
+            'from tests/')
+
+    def test_tools_importing_tools_and_stdlib_passes(self):
+        # tools/ has its own cluster module; json is the standard library's
+        self.put("tests/integration/cluster.py", "")
+        self.put("tests/unit/json.py", "")
+        self.put("tools/cluster.py", "import json\n")
+        self.put("tools/demo.py", "import cluster\nimport json\nfrom . import x\n")
+        rc, out = self.run_tool()
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out, ["check-layers: 12 files, no include against " + ORDER +
+                               ", no import of tests/ in tools/"])
+
     # --build: the programs' link lines (BUILD/layer-links.tsv, as
     # CMakeLists.txt's mtcfs_write_link_graph writes it)
 
@@ -154,8 +189,9 @@ class CheckLayers(unittest.TestCase):
             ("bench", ".", ["tests/bench/b.c"], ["Threads::Threads"])])
         rc, out = self.run_build()
         self.assertEqual(rc, 0, out)
-        self.assertEqual(out, ["check-layers: 13 files, no include against %s; 4 programs, "
-                               "none links a layer above what it includes" % ORDER])
+        self.assertEqual(out, ["check-layers: 13 files, no include against %s, no import of "
+                               "tests/ in tools/; 4 programs, none links a layer above what it "
+                               "includes" % ORDER])
 
     def test_program_linking_above_its_includes_fails(self):
         # mtcfs-csi on main: csi/ includes common/ only and linked mtcfs_core
