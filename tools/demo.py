@@ -23,12 +23,10 @@ import tempfile
 
 MiB = 1 << 20
 JOB = "demo-job"
-HERE = os.path.dirname(os.path.abspath(__file__))
-INTEG = os.path.join(os.path.dirname(HERE), "tests", "integration")
 
-# the tests' harness (imported in main(), once MTCFS_BIN points at --build)
-harness = None
-cluster = None
+# tools/mtcfs_local.py: mtcfs nodes and clusters (imported in main(), once
+# MTCFS_BIN points at --build)
+local = None
 
 
 def say(msg):
@@ -36,8 +34,8 @@ def say(msg):
 
 
 def make_node_class():
-    class DemoNode(harness.Daemon):
-        """A harness daemon (-d) whose RAMDIR is on the demo's tmpfs and
+    class DemoNode(local.Daemon):
+        """A mtcfs_local daemon (-d) whose RAMDIR is on the demo's tmpfs and
         whose mount and log are in the demo's directory."""
 
         def __init__(self, rank, work, tmpfs, **kw):
@@ -94,7 +92,7 @@ def save(node, step):
 
 
 def catalog(node):
-    return harness.admin_ls(node.ramdir)["shards"]
+    return local.admin_ls(node.ramdir)["shards"]
 
 
 def verify(node, step):
@@ -105,20 +103,18 @@ def verify(node, step):
 
 
 def main():
-    global harness, cluster
+    global local
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--nodes", type=int, default=3)
     a = ap.parse_args()
     os.environ["MTCFS_BIN"] = os.path.abspath(os.path.join(a.build, "mtcfs"))
     os.environ["MTCFS_ADMIN"] = os.path.abspath(os.path.join(a.build, "mtcfs-admin"))
-    sys.path.insert(0, INTEG)
-    import harness as h
-    import cluster as cm
-    harness, cluster = h, cm
+    import mtcfs_local
+    local = mtcfs_local
     # Ctrl-C and SIGTERM end in the finally below: nodes stopped, tmpfs gone
     signal.signal(signal.SIGTERM, lambda *x: sys.exit(1))
-    wait_until = harness.wait_until
+    wait_until = local.wait_until
     work = tempfile.mkdtemp(prefix="mtcfs-demo-")
     tmpfs = os.path.join(work, "ram")
     os.mkdir(tmpfs)
@@ -128,10 +124,10 @@ def main():
     c = None
     ok = False
     try:
-        # the tests' cluster: ports, peers= table, shared secret, the nodes
-        c = cluster.Cluster(a.nodes, ram_size="1G", restore_timeout=30,
-                            extra="bucket=file://" + bucket,
-                            make_node=lambda r, **kw: DemoNode(r, work, tmpfs, **kw))
+        # a cluster: ports, peers= table, shared secret, the nodes
+        c = local.Cluster(a.nodes, ram_size="1G", restore_timeout=30,
+                          extra="bucket=file://" + bucket,
+                          make_node=lambda r, **kw: DemoNode(r, work, tmpfs, **kw))
         c.interval = "backup-interval-steps: 1"
         nodes = c.nodes
         say("%d nodes on loopback %s, RAM tiers on tmpfs %s" % (a.nodes, ", ".join(c.addrs), tmpfs))
