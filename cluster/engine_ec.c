@@ -1319,44 +1319,9 @@ struct scan_ctx {
 	uint64_t last_step;
 };
 
-/* Header and trailer of a fragment (its payload is checked by every
- * restore that uses it, and by mtcfs-admin verify), or a manifest that
- * decodes: 0, else -EBADMSG/-errno with the reason in why. */
-static int scan_check(int stepfd, const struct ec_stored *s, char *why, size_t whylen)
-{
-	char *buf = NULL;
-	size_t len = 0;
-	int fd, rc;
-
-	if (s->kind == ECS_FRAG) {
-		fd = openat(stepfd, s->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0) {
-			rc = -errno;
-			snprintf(why, whylen, "cannot open: %s", strerror(errno));
-			return rc;
-		}
-		rc = ec_frag_info(fd, NULL, NULL, why, whylen);
-		close(fd);
-		return rc;
-	}
-	if (s->kind == ECS_META) {
-		struct manifest *mf = NULL;
-		rc = util_read_file_at(stepfd, s->name, EC_META_MAX, &buf, &len);
-		if (rc == 0)
-			rc = mf_decode_err((const uint8_t *)buf, len, &mf, why, whylen);
-		else
-			snprintf(why, whylen, "cannot read: %s", strerror(-rc));
-		mf_free(mf);
-		free(buf);
-		return rc;
-	}
-	return 0;
-}
-
 static int scan_one(void *arg, int stepfd, const struct ec_stored *s)
 {
 	struct scan_ctx *c = arg;
-	char why[256] = "";
 
 	if (strcmp(c->last_job, s->job) || c->last_step != s->step) {
 		snprintf(c->last_job, sizeof(c->last_job), "%s", s->job);
@@ -1373,7 +1338,7 @@ static int scan_one(void *arg, int stepfd, const struct ec_stored *s)
 	}
 	if (s->kind != ECS_FRAG && s->kind != ECS_META)
 		return 0;
-	if (scan_check(stepfd, s, why, sizeof(why)) == 0) {
+	if (s->verdict == 0) {
 		if (s->kind == ECS_FRAG) {
 			c->frags++;
 			c->frag_bytes += s->bytes;
@@ -1384,7 +1349,7 @@ static int scan_one(void *arg, int stepfd, const struct ec_stored *s)
 	 * coordinator stops counting this node's parity of it; a restore of
 	 * the step rebuilds what is missing, as after a cut-short encoding) */
 	log_warn("engine", "ec: job=%s step=%" PRIu64 ": %s is corrupt (%s): removed, the step's parity on this node is incomplete",
-		 s->job, s->step, s->name, why);
+		 s->job, s->step, s->name, s->why);
 	if (unlinkat(stepfd, s->name, 0) == 0) {
 		c->bad++;
 		c->bad_bytes += s->bytes;
@@ -1398,7 +1363,9 @@ static int scan_one(void *arg, int stepfd, const struct ec_stored *s)
 static void rs_scan(struct eng *e)
 {
 	struct scan_ctx c = { .e = e };
-	int rc = ec_stored_walk(ram_root_fd(e->ram), NULL, false, scan_one, &c);
+	/* headers and trailers: a payload is checked by every restore that
+	 * uses it, and by mtcfs-admin verify */
+	int rc = ec_stored_walk(ram_root_fd(e->ram), NULL, EC_CHECK_HEAD, scan_one, &c);
 
 	if (rc < 0)
 		log_warn("engine", "ec: start-up scan of %s/frags: %s", ram_path(e->ram), strerror(-rc));

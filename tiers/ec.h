@@ -200,13 +200,15 @@ int ec_shard_finish(const struct ec_shard *s, char *err, size_t errlen);
  * the markers "sent" and "protected", and temporary files (*.tmp,
  * .*.mtcfs-tmp) while something is written. ec_stored_walk calls fn for
  * every entry of every step directory of job (NULL: every job), in
- * directory order; with verify, a fragment's header, trailer and payload
- * CRC32C are checked (ec_frag_verify) and a manifest is decoded (verdict,
- * why). fn gets the step directory (borrowed: fn may unlink in it) and
+ * directory order, checked as `check` says (verdict, why): EC_CHECK_NONE;
+ * EC_CHECK_HEAD, a fragment's header and trailer (ec_frag_info) and a
+ * manifest decoded; EC_CHECK_ALL, the fragment's payload CRC32C too
+ * (ec_frag_verify). fn gets the step directory (borrowed: fn may unlink in it) and
  * returns 0 to go on, else the walk stops and returns that. 0 (also when
  * there is no frags/), or -errno of the top directory. Reads only. */
 #define EC_STORED_META_MAX (64u << 20)   /* a manifest file read back */
 enum ec_stored_kind { ECS_FRAG, ECS_META, ECS_MARK, ECS_TMP, ECS_OTHER };
+enum ec_check { EC_CHECK_NONE, EC_CHECK_HEAD, EC_CHECK_ALL };
 struct ec_stored {
 	const char *job;        /* borrowed for the call */
 	uint64_t step;
@@ -214,10 +216,11 @@ struct ec_stored {
 	enum ec_stored_kind kind;
 	int owner;              /* ECS_META: the owner rank of m<R>.mf, else -1 */
 	uint64_t bytes;         /* what it takes in RAM (st_blocks) */
-	int verdict;            /* with verify: 0, -EBADMSG or -errno */
+	int verdict;            /* checked: 0, -EBADMSG or -errno */
 	char why[256];          /* verdict < 0: the reason */
 };
 typedef int (*ec_stored_fn)(void *arg, int stepfd, const struct ec_stored *s);
-int ec_stored_walk(int rootfd, const char *job, bool verify, ec_stored_fn fn, void *arg);
+int ec_stored_walk(int rootfd, const char *job, enum ec_check check, ec_stored_fn fn,
+		   void *arg);
 
 #endif /* MTCFS_TIERS_EC_H */

@@ -31,7 +31,7 @@ static enum ec_stored_kind kind_of(const char *name, int *owner)
 	return ECS_OTHER;
 }
 
-static void check(int stepfd, struct ec_stored *s)
+static void check(int stepfd, struct ec_stored *s, enum ec_check how)
 {
 	char *buf = NULL;
 	size_t len = 0;
@@ -46,7 +46,8 @@ static void check(int stepfd, struct ec_stored *s)
 			snprintf(s->why, sizeof(s->why), "cannot open: %s", strerror(errno));
 			return;
 		}
-		s->verdict = ec_frag_verify(fd, NULL, NULL, s->why, sizeof(s->why));
+		s->verdict = how == EC_CHECK_ALL ? ec_frag_verify(fd, NULL, NULL, s->why, sizeof(s->why))
+						 : ec_frag_info(fd, NULL, NULL, s->why, sizeof(s->why));
 		close(fd);
 	} else if (s->kind == ECS_META) {
 		struct manifest *mf = NULL;
@@ -62,7 +63,8 @@ static void check(int stepfd, struct ec_stored *s)
 }
 
 /* Every entry of one step directory. */
-static int walk_step(int stepfd, struct ec_stored *s, bool verify, ec_stored_fn fn, void *arg)
+static int walk_step(int stepfd, struct ec_stored *s, enum ec_check how, ec_stored_fn fn,
+		     void *arg)
 {
 	DIR *d = fdopendir(dup(stepfd));
 	int rc = 0;
@@ -82,15 +84,15 @@ static int walk_step(int stepfd, struct ec_stored *s, bool verify, ec_stored_fn 
 				   S_ISREG(st.st_mode) ? (uint64_t)st.st_blocks * 512 : 0;
 		s->verdict = 0;
 		s->why[0] = '\0';
-		if (verify)
-			check(stepfd, s);
+		if (how != EC_CHECK_NONE)
+			check(stepfd, s, how);
 		rc = fn(arg, stepfd, s);
 	}
 	closedir(d);
 	return rc;
 }
 
-int ec_stored_walk(int rootfd, const char *job, bool verify, ec_stored_fn fn, void *arg)
+int ec_stored_walk(int rootfd, const char *job, enum ec_check how, ec_stored_fn fn, void *arg)
 {
 	struct ec_stored s;
 	DIR *fd_jobs = NULL;
@@ -124,7 +126,7 @@ int ec_stored_walk(int rootfd, const char *job, bool verify, ec_stored_fn fn, vo
 			if (sfd < 0)
 				continue;
 			s.job = je->d_name;
-			rc = walk_step(sfd, &s, verify, fn, arg);
+			rc = walk_step(sfd, &s, how, fn, arg);
 			close(sfd);
 		}
 		closedir(steps);

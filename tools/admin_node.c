@@ -672,7 +672,7 @@ int admin_cmd_verify(const char *ramdir, const char *job)
 	}
 	{
 		int root = open(ramdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (root < 0 || (rc = ec_stored_walk(root, job, true, verify_stored, &fv)) < 0) {
+		if (root < 0 || (rc = ec_stored_walk(root, job, EC_CHECK_ALL, verify_stored, &fv)) < 0) {
 			fprintf(stderr, "mtcfs-admin: reading %s/frags: %s\n", ramdir,
 				strerror(root < 0 ? errno : -rc));
 			fv.bad++;
