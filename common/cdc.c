@@ -86,14 +86,34 @@ void cdc_close(struct cdc *c)
 
 /* Hashes b[0 .. n) into *h, testing each position against mask. Returns
  * the bytes consumed: up to and including the first byte where
- * (h & mask) == 0 (then *cut = true), else n. */
+ * (h & mask) == 0 (then *cut = true), else n.
+ * Four bytes a round: the hash carried from round to round is
+ * (h << 4) + t, with t from the four table entries alone, so the chain
+ * through h is one shift and one add per four bytes instead of per byte;
+ * the four intermediate hashes hang off it and are tested with one branch
+ * (gear chunking alone, 256 MiB in RAM, best of 5, alternated: 2.19-2.35
+ * -> 2.50-2.65 GB/s on the 2-vCPU EPYC class). Same cut points: test_cdc
+ * pins them. */
 static size_t gear_run(const uint64_t *gear, const uint8_t *b, size_t n,
 		       uint64_t *hp, uint64_t mask, bool *cut)
 {
 	uint64_t h = *hp;
-	size_t i;
+	size_t i = 0;
 
-	for (i = 0; i < n; i++) {
+	for (; i + 4 <= n; i += 4) {
+		uint64_t g0 = gear[b[i]], g1 = gear[b[i + 1]];
+		uint64_t g2 = gear[b[i + 2]], g3 = gear[b[i + 3]];
+		uint64_t t01 = (g0 << 1) + g1, t23 = (g2 << 1) + g3;
+		uint64_t h0 = (h << 1) + g0;
+		uint64_t h1 = (h << 2) + t01;
+		uint64_t h2 = (h1 << 1) + g2;
+		uint64_t h3 = (h << 4) + ((t01 << 2) + t23);
+
+		if (!(h0 & mask) | !(h1 & mask) | !(h2 & mask) | !(h3 & mask))
+			break;        /* a cut in this round: found byte by byte below */
+		h = h3;
+	}
+	for (; i < n; i++) {
 		h = (h << 1) + gear[b[i]];
 		if (!(h & mask)) {
 			*hp = h;
