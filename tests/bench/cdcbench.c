@@ -37,6 +37,7 @@
 
 #include "common/cdc.h"
 #include "common/crc32c.h"
+#include "common/io.h"
 #include "common/util.h"
 
 #define BLOCK (1u << 20)
@@ -385,27 +386,27 @@ static double median(double *v, int n)
 
 /* ---- --list ------------------------------------------------------------- */
 
+static void print_chunk(const char *path, uint64_t start, uint64_t len,
+			struct hasher *h)
+{
+	hasher_final(h);
+	printf("%s %llu %llu ", path, (unsigned long long)start, (unsigned long long)len);
+	for (int i = 0; i < 32; i++)
+		printf("%02x", h->last[i]);
+	putchar('\n');
+}
+
 static int list_file(const char *path, struct cdc *c, uint8_t *blk)
 {
 	struct hasher h;
 	uint64_t off = 0, start = 0, clen;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	int rc = 0;
+	ssize_t n;
 
 	if (fd < 0)
 		return -errno;
 	hasher_init(&h, H_SHA256);
-	for (;;) {
-		ssize_t n = read(fd, blk, BLOCK);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			rc = -errno;
-			goto out;
-		}
-		if (n == 0)
-			break;
+	while ((n = io_read_upto(fd, blk, BLOCK)) > 0) {
 		for (const uint8_t *p = blk, *e = p + n; p < e;) {
 			size_t k = cdc_scan(c, p, (size_t)(e - p), &clen);
 
@@ -413,29 +414,17 @@ static int list_file(const char *path, struct cdc *c, uint8_t *blk)
 			p += k;
 			off += k;
 			if (clen) {
-				hasher_final(&h);
-				printf("%s %llu %llu ", path, (unsigned long long)start,
-				       (unsigned long long)clen);
-				for (int i = 0; i < 32; i++)
-					printf("%02x", h.last[i]);
-				putchar('\n');
+				print_chunk(path, start, clen, &h);
 				start = off;
 			}
 		}
 	}
 	clen = cdc_finish(c);
-	if (clen) {
-		hasher_final(&h);
-		printf("%s %llu %llu ", path, (unsigned long long)start,
-		       (unsigned long long)clen);
-		for (int i = 0; i < 32; i++)
-			printf("%02x", h.last[i]);
-		putchar('\n');
-	}
-out:
+	if (n == 0 && clen)
+		print_chunk(path, start, clen, &h);
 	hasher_free(&h);
 	close(fd);
-	return rc;
+	return n < 0 ? (int)n : 0;
 }
 
 int main(int argc, char **argv)
@@ -560,15 +549,9 @@ int main(int argc, char **argv)
 	if (fd < 0)
 		die(path, -errno);
 	unlink(path);   /* gone on every way out; the fd keeps it */
-	for (size_t off = 0; off < size;) {
-		ssize_t n = pwrite(fd, buf + off, size - off, (off_t)off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			die("pwrite", n < 0 ? -errno : -EIO);
-		off += (size_t)n;
-	}
+	rc = io_pwrite_full(fd, buf, size, 0);
+	if (rc < 0)
+		die("pwrite", rc);
 	for (int k = 0; k < RING; k++) {
 		ring[k].blk = malloc(BLOCK);
 		ring[k].cuts = malloc((BLOCK / p.min + 1) * sizeof *ring[k].cuts);
