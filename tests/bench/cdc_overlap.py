@@ -5,7 +5,10 @@ checkpoint, at a few candidate average chunk sizes (docs/chunks.md).
 
     tests/bench/cdc_overlap.py --cdcbench build/mtcfs-cdcbench
         [--work /dev/shm/mtcfs-cdc-overlap] [--mib 32] [--avg 8,16,32,64]
-        [--keep] [--md OUT.md]
+        [--keep] [--reuse] [--md OUT.md]
+
+Without --cdcbench it only writes the checkpoints (and keeps them, for a
+later --reuse run that measures without writing them again).
 
 It makes, with the real clients in the test venv
 (/var/cache/mtcfs-test-venv/bin/python, or $MTCFS_TEST_PY):
@@ -25,7 +28,8 @@ occurs among process 1's chunks of the same step (any file, any offset);
 "step" = process 0's step 2 against process 0's step 1. Chunk-list
 overhead = chunks per GiB x entry bytes (an entry: 32-byte hash + 4-byte
 length = 36 B; offsets follow from the lengths). Everything it writes
-lives under --work and is removed at the end unless --keep.
+lives under --work and is removed at the end unless --keep (or no
+--cdcbench).
 """
 import argparse
 import collections
@@ -35,6 +39,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 
 VENV_PY = os.environ.get("MTCFS_TEST_PY", "/var/cache/mtcfs-test-venv/bin/python")
 ENTRY_BYTES = 36
@@ -53,19 +58,19 @@ LEAVES = [
 
 
 def leaf_arrays(np, mib, step):
-    """{name: numpy array} of the state at step; the same in every process."""
-    import zlib
-    out = {}
+    """[(name, dtype, numpy array)] of the state at step, the same in every
+    process (float32 arrays: the writer casts the bfloat16 ones)."""
+    out = []
     for name, share, dtype, changes in LEAVES:
         seed = zlib.crc32(name.encode()) * 1000 + (step if changes else 0)
         rng = np.random.default_rng(seed)
         if dtype == "int32":
-            out[name] = np.full((8,), step, dtype=np.int32)
+            out.append((name, dtype, np.full((8,), step, dtype=np.int32)))
             continue
         isz = 2 if dtype == "bfloat16" else 4
         n = max(1024, int(mib * (1 << 20) * share) // isz // 1024 * 1024)
         a = rng.standard_normal(n, dtype=np.float32) * 0.02
-        out[name] = a.reshape(-1, 1024)
+        out.append((name, dtype, a.reshape(-1, 1024)))
     return out
 
 
@@ -81,7 +86,7 @@ def run_orbax(args):
     from orbax.checkpoint.experimental.emergency import (
         replicator_checkpoint_manager as rcm)
     jax.distributed.initialize("127.0.0.1:%d" % args.port, num_processes=2,
-                               process_id=args.rank)
+                               process_id=args.rank, initialization_timeout=60)
     # as initialize_multi_tier_checkpointing does (MaxText's path)
     from absl import flags
     from orbax.checkpoint._src.multihost import multihost
@@ -98,8 +103,7 @@ def run_orbax(args):
         global_mesh=mesh)
     for step in (1, 2):
         tree = {}
-        for name, arr in leaf_arrays(np, args.mib, step).items():
-            dt = [x[2] for x in LEAVES if x[0] == name][0]
+        for name, dt, arr in leaf_arrays(np, args.mib, step):
             if dt == "bfloat16":
                 arr = arr.astype(ml_dtypes.bfloat16)
             tree[name.replace("/", "_")] = jax.make_array_from_callback(
@@ -128,8 +132,7 @@ def run_dcp(args):
 
     for step in (1, 2):
         sd = {}
-        for name, arr in leaf_arrays(np, args.mib, step).items():
-            dt = [x[2] for x in LEAVES if x[0] == name][0]
+        for name, dt, arr in leaf_arrays(np, args.mib, step):
             t = torch.from_numpy(np.ascontiguousarray(arr))
             sd[name.replace("/", ".")] = t.to(torch.bfloat16) if dt == "bfloat16" else t
         d = os.path.join(args.out, "p%d" % args.rank, "step=%d" % step)
@@ -151,6 +154,19 @@ def free_port():
 
 
 def generate(kind, out, mib):
+    """Both processes of one writer; a second try on another port if the
+    first fails (seen once: JAX's coordination service never connected)."""
+    for attempt in (1, 2):
+        errs = generate_once(kind, out, mib)
+        if not errs:
+            return
+        print("cdc_overlap: %s writer failed (try %d):\n%s" % (
+            kind, attempt, "\n".join(errs)), file=sys.stderr)
+        shutil.rmtree(out, ignore_errors=True)
+    sys.exit("cdc_overlap: %s writer failed twice" % kind)
+
+
+def generate_once(kind, out, mib):
     port = free_port()
     procs = [subprocess.Popen([VENV_PY, os.path.abspath(__file__), "--role", kind,
                                "--rank", str(r), "--port", str(port),
@@ -162,8 +178,7 @@ def generate(kind, out, mib):
         _, err = p.communicate(timeout=900)
         if p.returncode != 0:
             errs.append(err.decode(errors="replace")[-3000:])
-    if errs:
-        sys.exit("cdc_overlap: %s writer failed:\n%s" % (kind, "\n".join(errs)))
+    return errs
 
 
 def step_dirs(kind, root, proc):
