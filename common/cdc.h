@@ -8,13 +8,15 @@
  *
  * The algorithm is FastCDC-style: a Gear rolling hash
  *     h = (h << 1) + gear[byte]        (64-bit, wrapping)
- * whose top bits depend on the last 64 bytes only, so a cut depends on
- * content, not on where the chunk began. Normalized chunking: between min
+ * whose top bits depend on the last 64 bytes only: whether a position
+ * passes a mask depends on the 64 bytes before it, not on where the chunk
+ * began (which mask applies does, below). Normalized chunking: between min
  * and avg a cut needs the top log2(avg) + 2 bits of h to be zero (stricter),
  * from avg on the top log2(avg) - 2 bits (looser), and max cuts regardless.
  * No cut before min; the hash starts 64 bytes before min, so the test at
  * min already sees a full window. Chunk sizes cluster around avg (the mean
- * is about 1.1-1.3 x avg with min = avg / 4, docs/chunks.md).
+ * is 1.09-1.15 x avg with min = avg / 4 on checkpoints and random bytes,
+ * docs/chunks.md).
  *
  * The gear table is mtcfs's own: entry i is SplitMix64 (Steele, Lea and
  * Flood, "Fast splittable pseudorandom number generators", 2014: add
