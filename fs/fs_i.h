@@ -5,25 +5,14 @@
 #ifndef MTCFS_FS_FS_I_H
 #define MTCFS_FS_FS_I_H
 
-#define FUSE_USE_VERSION 314
+#include "fs/fs.h"
 #include "common/jobname.h"
 
-#include <fuse_lowlevel.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
-
-/* Kernel FUSE passthrough (fuse_passthrough_open, FUSE_CAP_PASSTHROUGH)
- * needs libfuse >= 3.17 (3.16 had it, 3.17 is what we build and test);
- * with 3.14 every read goes through the daemon. */
-#if FUSE_MAKE_VERSION(FUSE_MAJOR_VERSION, FUSE_MINOR_VERSION) >= FUSE_MAKE_VERSION(3, 17) && \
-	defined(FUSE_CAP_PASSTHROUGH)
-#define MTCFS_PASSTHROUGH 1
-#else
-#define MTCFS_PASSTHROUGH 0
-#endif
 
 #include "common/workq.h"
 #include "cluster/engine.h"
@@ -78,26 +67,13 @@ struct fs_step {
 	bool failed;       /* sealing failed */
 };
 
-struct fs_opts {
-	char *ram_size;
-	char *bucket, *listen, *peers, *coordinator, *secret_file;
-	char *tls_cert, *tls_key, *tls_ca, *metrics, *gcs_endpoint, *gcs_key_file;
-	char *redundancy;             /* redundancy=replication|rs:K+M */
-	int jax_init_info;
-	int jax_port;
-	int rank;                   /* -1: from peers/listen, else 0 */
-	int rank_hint;              /* -1; else the rank until a yaml gives one (it wins) */
-	int restore_timeout;
-	int debug;
-};
-
 struct fs {
 	struct fs_opts o;
-	char *ramdir, *mountpoint;
-	struct ram_tier *ram;
+	struct ram_tier *ram;       /* the caller's (fs_attach) */
 	struct fuse_session *se;
+	bool handlers, mounted;     /* fuse_set_signal_handlers, fuse_session_mount done */
 	_Atomic bool served;        /* a request after INIT arrived (INIT's reply is in) */
-	bool splice_ok;             /* pipes hold a 1 MiB request: set before the loop (main.c) */
+	bool splice_ok;             /* pipes hold a 1 MiB request: set before the loop (fs_start) */
 	bool passthrough;           /* the kernel granted FUSE passthrough in INIT */
 	bool dio_mmap;              /* FUSE_CAP_DIRECT_IO_ALLOW_MMAP granted in INIT */
 	struct workq *sealq;        /* commit sealing, in order */

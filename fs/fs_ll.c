@@ -73,7 +73,7 @@ static void ra_tune(void)
 	while (fgets(line, sizeof(line), f)) {
 		unsigned a, b;
 		if (sscanf(line, "%*u %*u %u:%u %*s %4095s", &a, &b, mp) == 3 &&
-		    strstr(line, " - fuse.mtcfs ") && mountinfo_field_is(mp, fs->mountpoint)) {
+		    strstr(line, " - fuse.mtcfs ") && mountinfo_field_is(mp, fs->o.mountpoint)) {
 			maj = a;
 			mnr = b;
 			found = true;
@@ -81,7 +81,7 @@ static void ra_tune(void)
 	}
 	fclose(f);
 	if (!found) {
-		log_warn("fuse", "read-ahead stays 128 KiB: %s not in mountinfo", fs->mountpoint);
+		log_warn("fuse", "read-ahead stays 128 KiB: %s not in mountinfo", fs->o.mountpoint);
 		return;
 	}
 	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb", maj, mnr);
@@ -494,7 +494,7 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn)
 	umask(0);
 	conn->want &= ~FUSE_CAP_DONT_MASK;
 	fs_frozen_load(fs);
-	/* splice only with pipes that hold a whole request (main.c checks) */
+	/* splice only with pipes that hold a whole request (front.c checks) */
 	if (fs->splice_ok && (conn->capable & FUSE_CAP_SPLICE_WRITE))
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
 	if (fs->splice_ok && (conn->capable & FUSE_CAP_SPLICE_READ))

@@ -2,15 +2,15 @@
 """The mount options have one list, docs/options.tsv; this test holds every
 other place to it (docs/options.md says how to add an option):
 
-- fs/main.c's opt_spec parses exactly the options the table names;
-- the numeric defaults in the table are the ones fs/main.c starts with;
+- tools/daemon_opts.c's opt_spec parses exactly the options the table names;
+- the numeric defaults in the table are the ones tools/daemon_opts.c starts with;
 - `mtcfs --help` (usage()) names every option, and nothing else;
 - mtcfs(8)'s MOUNT OPTIONS has an entry for every option, and nothing else;
 - README.md's options table is exactly the table printed by
   `tests/unit/test_options_doc.py --markdown`.
 
 MTCFS_BIN names the built mtcfs (ctest sets it); without it the usage text
-is read from fs/main.c's source.
+is read from tools/daemon_opts.c's source.
 """
 import glob
 import os
@@ -22,7 +22,7 @@ import unittest
 SRC = os.environ.get("MTCFS_SRC") or os.path.dirname(os.path.dirname(
     os.path.dirname(os.path.abspath(__file__))))
 TSV = os.path.join(SRC, "docs", "options.tsv")
-MAIN_C = os.path.join(SRC, "fs", "main.c")
+MAIN_C = os.path.join(SRC, "tools", "daemon_opts.c")
 MAN = os.path.join(SRC, "packaging", "man", "mtcfs.8")
 README = os.path.join(SRC, "README.md")
 README_HEADER = "| option | default | meaning |"
@@ -59,11 +59,11 @@ def markdown(rows):
 
 
 def parsed_names():
-    """Option names fs/main.c's opt_spec accepts (FUSE's own and -f etc. left out)."""
+    """Option names tools/daemon_opts.c's opt_spec accepts (FUSE's own and -f etc. left out)."""
     src = read(MAIN_C)
     m = re.search(r"opt_spec\[\]\s*=\s*\{(.*?)FUSE_OPT_END", src, re.S)
     if not m:
-        raise AssertionError("fs/main.c: no opt_spec table found")
+        raise AssertionError("tools/daemon_opts.c: no opt_spec table found")
     names = set()
     for templ in re.findall(r'(?:OPT\(\s*|\{\s*)"([^"]+)"', m.group(1)):
         if not templ.startswith("-"):
@@ -72,12 +72,13 @@ def parsed_names():
 
 
 def code_defaults():
-    """The `.name = N` initialisers of main()'s struct cmdline's options."""
+    """The `.name = N` initialisers of the options of the struct cmdline the
+    parser starts from."""
     src = read(MAIN_C)
-    m = re.search(r"struct cmdline c = \{ \.o = \{([^}]*)\}", src)
+    m = re.search(r"struct cmdline \w+ = \{ \.o = \{([^}]*)\}", src)
     if not m:
-        raise AssertionError("fs/main.c: no `struct cmdline c = { .o = {...} }` found")
-    # a default may be a macro of a header below fs/ (ENG_RESTORE_TIMEOUT_S)
+        raise AssertionError("tools/daemon_opts.c: no `struct cmdline NAME = { .o = {...} }` found")
+    # a default may be a macro of a header below tools/ (ENG_RESTORE_TIMEOUT_S)
     macros = {}
     for h in glob.glob(os.path.join(SRC, "*", "*.h")):
         macros.update(re.findall(r"^#define\s+([A-Z][A-Z0-9_]*)\s+(-?\d+)\b", read(h), re.M))
@@ -96,7 +97,7 @@ def usage_text():
         return subprocess.run([binary, "--help"], check=True,
                               stdout=subprocess.PIPE).stdout.decode()
     src = read(MAIN_C)
-    m = re.search(r"static void usage\(.*?\n\}", src, re.S)
+    m = re.search(r"void cmdline_usage\(.*?\n\}", src, re.S)
     return "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(0))).replace("\\n", "\n")
 
 
@@ -129,9 +130,9 @@ class OptionsTable(unittest.TestCase):
     def test_table_is_what_main_c_parses(self):
         parsed = parsed_names()
         self.assertEqual(sorted(parsed - set(self.names)), [],
-                         "fs/main.c parses options docs/options.tsv does not list")
+                         "tools/daemon_opts.c parses options docs/options.tsv does not list")
         self.assertEqual(sorted(set(self.names) - parsed), [],
-                         "docs/options.tsv lists options fs/main.c does not parse")
+                         "docs/options.tsv lists options tools/daemon_opts.c does not parse")
 
     def test_numeric_defaults_are_the_code_s(self):
         code = code_defaults()
@@ -139,9 +140,9 @@ class OptionsTable(unittest.TestCase):
         for r in self.rows:
             if re.fullmatch(r"-?\d+", r["default"]):
                 self.assertIn(r["name"], code,
-                              "%s: a numeric default in the table, none in fs/main.c" % r["name"])
+                              "%s: a numeric default in the table, none in tools/daemon_opts.c" % r["name"])
                 self.assertEqual(code[r["name"]], int(r["default"]),
-                                 "%s: default %s in docs/options.tsv, %d in fs/main.c"
+                                 "%s: default %s in docs/options.tsv, %d in tools/daemon_opts.c"
                                  % (r["name"], r["default"], code[r["name"]]))
                 checked += 1
         self.assertGreaterEqual(checked, 2)
