@@ -197,109 +197,125 @@ static void keep_warning(void *arg, const char *line)
 		snprintf(w->line[w->n++], sizeof w->line[0], "%s", line);
 }
 
-static void process_yaml(struct fs *fs)
+/* replicator.yaml read and parsed into *c, its stat in *st; the job set on
+ * the engine. 0: configure it; < 0: nothing to do now (not there, still
+ * being written, or refused and reported: it was deleted). */
+static int read_yaml(struct fs *fs, struct stat *st, struct rcfg *c, struct warnings *warns)
 {
-	struct warnings warns = { .n = 0 };
 	int nsfd = ram_ns_fd(fs->ram);
-	struct restore_plan plan;
-	struct rcfg c = { 0 };
-	char err[1024], dump[4096];
+	char err[1024];
 	char *buf = NULL;
 	size_t len = 0;
-	struct stat st;
-	uint64_t t0 = util_now_ns();
 	int rc;
 
-	if (fstatat(nsfd, YAML, &st, AT_SYMLINK_NOFOLLOW) < 0)
-		return;
-	if (!S_ISREG(st.st_mode)) {
+	if (fstatat(nsfd, YAML, st, AT_SYMLINK_NOFOLLOW) < 0)
+		return -ENOENT;
+	if (!S_ISREG(st->st_mode)) {
 		report_failed(fs, "replicator.yaml is not a regular file");
 		util_rmtree_at(nsfd, YAML, NULL);
-		return;
+		return -EINVAL;
 	}
-	if (fs_node_writers(fs, st.st_ino, st.st_dev) > 0)
-		return;   /* still being written: its close wakes us again */
+	if (fs_node_writers(fs, st->st_ino, st->st_dev) > 0)
+		return -EBUSY;   /* still being written: its close wakes us again */
 	rc = util_read_file_at(nsfd, YAML, RCFG_INPUT_MAX, &buf, &len);
 	if (rc == -EFBIG) {
 		report_failed(fs, "replicator.yaml is larger than 1 MiB");
 		unlinkat(nsfd, YAML, 0);
-		return;
+		return rc;
 	}
 	if (rc < 0) {
 		log_err("ctl", "cannot read replicator.yaml: %s", strerror(-rc));
-		return;
+		return rc;
 	}
 	err[0] = '\0';
-	rc = rcfg_parse_warn(buf, len, NULL, keep_warning, &warns, &c, err, sizeof(err));
+	rc = rcfg_parse_warn(buf, len, NULL, keep_warning, warns, c, err, sizeof(err));
 	if (rc == 0)   /* until the markers are out: a crash in between resumes it */
 		idx_put_meta(ram_idx(fs->ram), "pending_yaml", buf, len);
 	free(buf);
 	if (rc == -ENODATA) {
 		log_info("ctl", "replicator.yaml is empty: deleted and ignored");
 		unlinkat(nsfd, YAML, 0);
-		return;
+		return rc;
 	}
 	if (rc < 0) {
 		report_failed(fs, err[0] ? err : "replicator.yaml is invalid");
 		unlinkat(nsfd, YAML, 0);
-		return;
+		return rc;
 	}
 	if (fs->eng) {
-		if (eng_set_job(fs->eng, &c, err, sizeof(err)) < 0) {
+		rc = eng_set_job(fs->eng, c, err, sizeof(err));
+		if (rc < 0) {
 			report_failed(fs, err);
 			unlinkat(nsfd, YAML, 0);
-			rcfg_free(&c);
-			return;
+			rcfg_free(c);
+			return rc;
 		}
-	} else if (c.nodes > 1) {
+	} else if (c->nodes > 1) {
 		snprintf(err, sizeof(err),
 			 "nodes: %d needs the peer tier: mount this node with listen= and peers= or coordinator=",
-			 c.nodes);
+			 c->nodes);
 		report_failed(fs, err);
 		unlinkat(nsfd, YAML, 0);
-		rcfg_free(&c);
-		return;
+		rcfg_free(c);
+		return -EINVAL;
 	}
+	return 0;
+}
+
+/* The job of a parsed replicator.yaml (st: its stat) becomes this node's:
+ * owner of restored files, identity, a clean namespace with the yaml's
+ * warnings in replicator.errors, jax-init-info.txt; the yaml deleted. */
+static void configure(struct fs *fs, const struct rcfg *c, const struct stat *st,
+		      const struct warnings *warns)
+{
+	char dump[4096];
+
 	log_info("ctl", "configured job=%s framework=%s rank=%d nodes=%d workers=%d",
-		 c.job, rcfg_framework_name(c.framework), c.node_rank, c.nodes, c.workers_per_node);
-	if (fs->o.rank_hint >= 0 && fs->o.rank < 0 && c.node_rank != fs->o.rank_hint)
+		 c->job, rcfg_framework_name(c->framework), c->node_rank, c->nodes, c->workers_per_node);
+	if (fs->o.rank_hint >= 0 && fs->o.rank < 0 && c->node_rank != fs->o.rank_hint)
 		log_warn("ctl", "replicator.yaml's node-rank %d differs from rank_hint=%d (the pod's "
-			 "index): node-rank %d is used", c.node_rank, fs->o.rank_hint, c.node_rank);
+			 "index): node-rank %d is used", c->node_rank, fs->o.rank_hint, c->node_rank);
 	/* the trainer writes replicator.yaml: what this node publishes from a
 	 * source that names no owners (a backup in GKE's layout, the .save
 	 * files of framework: pytorch backups, an older mtcfs's shards)
 	 * becomes its uid's and group's (an fsGroup's, in a set-gid root),
 	 * with modes less the umask the yaml's mode shows (0640: 027; a
 	 * class that may not read it may not search either) */
-	ram_set_owner(fs->ram, (uint32_t)st.st_uid, (uint32_t)st.st_gid,
-		      (uint32_t)((~st.st_mode & 066) | ((~st.st_mode & 044) >> 2)));
+	ram_set_owner(fs->ram, (uint32_t)st->st_uid, (uint32_t)st->st_gid,
+		      (uint32_t)((~st->st_mode & 066) | ((~st->st_mode & 044) >> 2)));
 	set_phase(fs, "restoring");
-	apply_identity(fs, &c);
-	if (rcfg_to_yaml(&c, dump, sizeof(dump)) > 0)
+	apply_identity(fs, c);
+	if (rcfg_to_yaml(c, dump, sizeof(dump)) > 0)
 		idx_put_meta(ram_idx(fs->ram), "config", dump, strlen(dump));
 
 	clean_namespace(fs);
 	/* before the yaml goes: Orbax reads replicator.errors when it does */
-	for (int i = 0; i < warns.n; i++) {
-		log_warn("ctl", "%s", warns.line[i]);
-		ctl_report_error(fs, warns.line[i]);
+	for (int i = 0; i < warns->n; i++) {
+		log_warn("ctl", "%s", warns->line[i]);
+		ctl_report_error(fs, warns->line[i]);
 	}
 	/* this incarnation's rank (GKE's driver rewrites it per incarnation) */
 	if (fs->o.jax_init_info >= 0)
-		write_jax_init_info(fs, c.node_rank);
+		write_jax_init_info(fs, c->node_rank);
 	/* "configured and clean" */
-	if (unlinkat(nsfd, YAML, 0) < 0 && errno != ENOENT)
+	if (unlinkat(ram_ns_fd(fs->ram), YAML, 0) < 0 && errno != ENOENT)
 		log_err("ctl", "cannot delete replicator.yaml: %s", strerror(errno));
+}
+
+/* The step to restore, in *plan, and its data here: job-wide through the
+ * engine, or from this node's catalog. 0, or < 0 when the sequence ends
+ * here (-ECANCELED: a new replicator.yaml; else the failure is reported). */
+static int restore_step(struct fs *fs, const struct rcfg *c, struct restore_plan *plan)
+{
+	char err[1024];
+	int rc;
 
 	if (fs->eng) {
 		/* the job-wide plan; prerestore is written as soon as it is known,
 		 * before the fetch and the barrier */
-		rc = eng_restore(fs->eng, &c, ctl_report_error, fs, prerestore_cb, &plan);
-		if (rc == -ECANCELED) {
-			/* a new replicator.yaml: ctl_main takes it next */
-			rcfg_free(&c);
-			return;
-		}
+		rc = eng_restore(fs->eng, c, ctl_report_error, fs, prerestore_cb, plan);
+		if (rc == -ECANCELED)   /* a new replicator.yaml: ctl_main takes it next */
+			return rc;
 		if (rc < 0) {
 			metrics_add(MC_RESTORE_FAILURES, 1);
 			snprintf(err, sizeof(err), "restore failed: %s; no .restore markers published",
@@ -307,18 +323,17 @@ static void process_yaml(struct fs *fs)
 			report_failed(fs, err);
 			set_phase(fs, "failed");
 			idx_del_meta(ram_idx(fs->ram), "pending_yaml");
-			rcfg_free(&c);
-			return;
+			return rc;
 		}
 	} else {
-		uint32_t workers = c.framework == RCFG_FW_PYTORCH && c.workers_per_node > 1 ?
-				   (uint32_t)c.workers_per_node : 1;
-		rc = restore_plan_local_w(fs->ram, c.job, (uint32_t)c.node_rank, workers,
-					  ctl_report_error, fs, &plan);
+		uint32_t workers = c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
+				   (uint32_t)c->workers_per_node : 1;
+		rc = restore_plan_local_w(fs->ram, c->job, (uint32_t)c->node_rank, workers,
+					  ctl_report_error, fs, plan);
 		/* restored in place, as the RAM tier's get does with an engine:
 		 * an older mtcfs's shard gets the writer's directories */
-		for (uint32_t w = 0; rc == 0 && plan.found && w < workers; w++) {
-			struct shard_key k = plan.key;
+		for (uint32_t w = 0; rc == 0 && plan->found && w < workers; w++) {
+			struct shard_key k = plan->key;
 			k.worker = w;
 			ram_own(fs->ram, &k);   /* -ENOENT: a worker-0 shard holds all */
 		}
@@ -326,30 +341,57 @@ static void process_yaml(struct fs *fs)
 			snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
 				 strerror(-rc));
 			ctl_report_error(fs, err);
-			memset(&plan, 0, sizeof(plan));
+			memset(plan, 0, sizeof(*plan));
 		}
-		prerestore_cb(fs, &plan);
+		prerestore_cb(fs, plan);
 		/* single node: the data is local and the job-wide barrier is trivial */
 	}
-	commit_drop_newer(fs, c.job, plan.found ? plan.step : 0);
+	return 0;
+}
+
+/* The restored step published: newer steps dropped, the .restore markers,
+ * the log line and metrics (t0: when the yaml was taken), phase ready. */
+static void publish_restore(struct fs *fs, const struct rcfg *c, const struct restore_plan *plan,
+			    uint64_t t0)
+{
+	char err[1024];
+	int rc;
+
+	commit_drop_newer(fs, c->job, plan->found ? plan->step : 0);
 	/* the restore may have replaced a store copy the kernel has cached
 	 * entries of (read through an earlier marker) */
 	fs_forget_name_now(fs, ".mtcfs");
-	remember_restored(fs, &plan);
-	rc = publish_markers(fs, &c, &plan);
+	remember_restored(fs, plan);
+	rc = publish_markers(fs, c, plan);
 	if (rc < 0) {
 		snprintf(err, sizeof(err), "cannot create the .restore markers: %s", strerror(-rc));
 		report_failed(fs, err);
 	}
-	log_info("ctl", "restore job=%s step=%llu source=%s ready_ms=%.1f", c.job,
-		 (unsigned long long)(plan.found ? plan.step : 0), restore_source_name(plan.source),
+	log_info("ctl", "restore job=%s step=%llu source=%s ready_ms=%.1f", c->job,
+		 (unsigned long long)(plan->found ? plan->step : 0), restore_source_name(plan->source),
 		 (double)(util_now_ns() - t0) / 1e6);
-	metrics_add(!plan.found ? MC_RESTORES_NONE : plan.source == RS_PEER ? MC_RESTORES_PEER :
-		    plan.source == RS_BUCKET ? MC_RESTORES_BUCKET : MC_RESTORES_LOCAL, 1);
+	metrics_add(!plan->found ? MC_RESTORES_NONE : plan->source == RS_PEER ? MC_RESTORES_PEER :
+		    plan->source == RS_BUCKET ? MC_RESTORES_BUCKET : MC_RESTORES_LOCAL, 1);
 	metrics_observe(MH_RESTORE_SECONDS, (double)(util_now_ns() - t0) / 1e9);
 	set_phase(fs, "ready");
 	idx_del_meta(ram_idx(fs->ram), "pending_yaml");
 	commit_gc(fs);
+}
+
+/* A complete replicator.yaml: configure the job, restore, publish. */
+static void process_yaml(struct fs *fs)
+{
+	struct warnings warns = { .n = 0 };
+	struct restore_plan plan;
+	struct rcfg c = { 0 };
+	struct stat st;
+	uint64_t t0 = util_now_ns();
+
+	if (read_yaml(fs, &st, &c, &warns) < 0)
+		return;
+	configure(fs, &c, &st, &warns);
+	if (restore_step(fs, &c, &plan) == 0)
+		publish_restore(fs, &c, &plan, t0);
 	rcfg_free(&c);
 }
 
