@@ -742,22 +742,15 @@ static json_t *reasons_json(const struct prune_item *it)
 	return a;
 }
 
-int admin_cmd_prune(const struct opts *o)
+/* The policy the --keep-* and --incomplete-older-than options give. 0, or
+ * 2: refused, it would keep nothing. */
+static int prune_policy_of(const struct opts *o, struct prune_policy *pol)
 {
-	struct prune_policy pol = { .prefer_recent = o->prefer_recent };
-	struct prune_result res;
-	struct bview w;
-	struct delrun *r = NULL;
-	struct dlist *dl = NULL;
-	json_t *root = NULL, *arr = NULL, *deleted = NULL;
-	char policy[256], why[1024];
-	size_t nplan = 0, total = 0, ndel = 0;
-	uint64_t total_bytes = 0, t0;
-	bool any = false, tty = isatty(STDERR_FILENO) && !admin_json;
-	int rc;
+	bool any = false;
 
+	*pol = (struct prune_policy){ .prefer_recent = o->prefer_recent };
 	for (int k = 0; k < PRUNE_NKINDS; k++) {
-		pol.keep[k] = o->keep[k];
+		pol->keep[k] = o->keep[k];
 		any |= o->keep[k] > 0;
 	}
 	if (!any && !o->incomplete_set) {
@@ -768,25 +761,24 @@ int admin_cmd_prune(const struct opts *o)
 	/* --incomplete-older-than alone removes failed attempts only: every
 	 * complete backup stays */
 	if (!any)
-		pol.keep[PRUNE_LAST] = UINT_MAX;
+		pol->keep[PRUNE_LAST] = UINT_MAX;
 	if (o->incomplete_set) {
 		time_t now = time(NULL);
-		pol.incomplete_before = (int64_t)now - (int64_t)o->incomplete_older_s;
-		if (pol.incomplete_before < 1)
-			pol.incomplete_before = 1;
+		pol->incomplete_before = (int64_t)now - (int64_t)o->incomplete_older_s;
+		if (pol->incomplete_before < 1)
+			pol->incomplete_before = 1;
 	}
-	if ((rc = load_view(o, &w)) != 0) {
-		bview_free(&w);
-		return rc;
-	}
-	if (prune_plan(&pol, w.rv_rc == 0 ? w.rv : NULL, w.rv_rc == -EBADMSG, w.items, w.n, &res) < 0) {
-		rc = bucket_fail(&w, "memory", -ENOMEM);
-		goto out;
-	}
+	return 0;
+}
+
+/* The plan's head: the bucket, the policy, whether it is a dry run (members
+ * of root; the text's first lines and the table's column heads). */
+static void prune_head(const struct opts *o, const struct bview *w, json_t *root)
+{
+	char policy[256];
+
 	policy_words(o, policy, sizeof(policy));
-	root = json_object();
-	arr = json_array();
-	json_bucket_head(root, o, &w);
+	json_bucket_head(root, o, w);
 	json_object_set_new(root, "policy", json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:b}",
 		"keep_last", (int)o->keep[PRUNE_LAST], "keep_hourly", (int)o->keep[PRUNE_HOURLY],
 		"keep_daily", (int)o->keep[PRUNE_DAILY], "keep_weekly", (int)o->keep[PRUNE_WEEKLY],
@@ -796,18 +788,27 @@ int admin_cmd_prune(const struct opts *o)
 			    o->incomplete_set ? json_integer((json_int_t)o->incomplete_older_s) : json_null());
 	json_object_set_new(root, "dry_run", json_boolean(!o->del));
 	if (!admin_json) {
-		printf("bucket %s, job %s: %zu backup%s, %s\n", bkt_url(w.b), o->job, w.n, w.n == 1 ? "" : "s",
-		       nodes_note(&w));
+		printf("bucket %s, job %s: %zu backup%s, %s\n", bkt_url(w->b), o->job, w->n, w->n == 1 ? "" : "s",
+		       nodes_note(w));
 		printf("policy: %s\n", policy);
-		rv_line(&w);
-		printf("%s\n", w.pick_note);
-		if (w.n)
+		rv_line(w);
+		printf("%s\n", w->pick_note);
+		if (w->n)
 			printf("%-6s %-24s %10s %-11s %12s  %s\n", "ACTION", "BACKUP", "STEP", "COMPLETE", "DATA",
 			       "REASON");
 	}
-	for (size_t i = 0; i < w.n; i++) {
-		const struct prune_item *it = &w.items[i];
-		const struct bk_backup *v = &w.v[i];
+}
+
+/* The plan, a row per backup: keep or delete, and why (root's "backups").
+ * *nplan: how many it deletes, *bytes: their data. */
+static void prune_rows(const struct bview *w, json_t *root, size_t *nplan, uint64_t *bytes)
+{
+	json_t *arr = json_array();
+	char why[1024];
+
+	for (size_t i = 0; i < w->n; i++) {
+		const struct prune_item *it = &w->items[i];
+		const struct bk_backup *v = &w->v[i];
 		char sz[32];
 
 		snprintf(why, sizeof(why), "%s", it->why);
@@ -816,8 +817,8 @@ int admin_cmd_prune(const struct opts *o)
 			snprintf(why + l, sizeof(why) - l, " (%s)", v->why);
 		}
 		if (!it->keep) {
-			nplan++;
-			total_bytes += v->bytes;
+			(*nplan)++;
+			*bytes += v->bytes;
 		}
 		json_array_append_new(arr, json_pack("{s:s,s:I,s:b,s:I,s:s,s:o,s:s}", "name", v->name,
 			"step", (json_int_t)v->step, "complete", v->complete, "bytes", (json_int_t)v->bytes,
@@ -825,11 +826,142 @@ int admin_cmd_prune(const struct opts *o)
 		if (!admin_json) {
 			admin_human_bytes(v->bytes, sz, sizeof(sz));
 			printf("%-6s %-24s %10llu %-11s %12s  %s\n", it->keep ? "keep" : "delete", v->name,
-			       (unsigned long long)v->step, v->complete ? "yes" : w.ambiguous[i] ? "fewer-nodes" : "no",
+			       (unsigned long long)v->step, v->complete ? "yes" : w->ambiguous[i] ? "fewer-nodes" : "no",
 			       sz, why);
 		}
 	}
 	json_object_set_new(root, "backups", arr);
+}
+
+/* --delete. restore.version may have changed since the plan: read it
+ * again. 0, or the exit code (1: the plan deletes what it names now). */
+static int prune_recheck_rv(const struct opts *o, const struct bview *w)
+{
+	char rv2[BK_NAME_MAX] = "";
+	int rc2 = bk_get_restore_version(w->b, o->job, rv2);
+
+	if (rc2 < 0 && rc2 != -ENOENT && rc2 != -EBADMSG)
+		return bucket_fail(w, "reading restore.version", rc2);
+	for (size_t i = 0; rc2 == 0 && i < w->n; i++) {
+		if (!w->items[i].keep && !strcmp(w->v[i].name, rv2)) {
+			fprintf(stderr, "mtcfs-admin prune: restore.version changed to %s, which this plan "
+				"deletes; nothing deleted, run prune again\n", rv2);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* The objects of each backup the plan deletes, into dl[i], in the order
+ * they go; *total of them, *bytes their size. 0 or the exit code. */
+static int prune_list(const struct opts *o, const struct bview *w, struct dlist *dl, size_t *total,
+		      uint64_t *bytes)
+{
+	int rc;
+
+	*bytes = 0;
+	for (size_t i = 0; i < w->n; i++) {
+		char prefix[PATH_MAX];
+		if (w->items[i].keep)
+			continue;
+		snprintf(prefix, sizeof(prefix), "%s/%s/", o->job, w->v[i].name);
+		dl[i].skip = strlen(prefix);
+		dl[i].job = o->job;
+		rc = bkt_list_ex(w->b, prefix, NULL, dlist_add, &dl[i]);
+		if (rc < 0)
+			return bucket_fail(w, "listing a backup to delete", rc);
+		if (dl[i].n)
+			qsort(dl[i].v, dl[i].n, sizeof(*dl[i].v), dobj_cmp);
+		*total += dl[i].n;
+		for (size_t k = 0; k < dl[i].n; k++)
+			*bytes += dl[i].v[k].size;
+	}
+	return 0;
+}
+
+/* Deletes the backups the plan deletes, oldest first (an interrupted prune
+ * leaves the newer ones), with r's workers; root's "deleted" and the
+ * summary line. 0, or 3: a delete failed (reported). */
+static int prune_delete(const struct bview *w, struct dlist *dl, struct delrun *r, json_t *root,
+			size_t nplan, size_t total, uint64_t total_bytes, bool tty)
+{
+	json_t *deleted = json_array();
+	uint64_t t0 = util_now_ns();
+	size_t ndel = 0;
+	double secs;
+	char sz[32];
+
+	for (size_t i = w->n; i-- > 0;) {
+		size_t m = 0, f = 0, done0 = atomic_load(&r->done);
+		uint64_t bytes0 = atomic_load(&r->bytes);
+		struct dlist *d = &dl[i];
+
+		if (w->items[i].keep)
+			continue;
+		while (m < d->n && d->v[m].phase == 0)
+			m++;
+		f = m;
+		while (f < d->n && d->v[f].phase == 1)
+			f++;
+		r->v = d->v;
+		/* the .meta files first, one at a time, node 0 first; then the
+		 * manifests; then the data: never a complete-looking half backup */
+		if (del_phase(r, 0, m, 1, tty, w->v[i].name, total, total_bytes, t0) == 0 &&
+		    del_phase(r, m, f, DEL_THREADS, tty, w->v[i].name, total, total_bytes, t0) == 0)
+			del_phase(r, f, d->n, DEL_THREADS, tty, w->v[i].name, total, total_bytes, t0);
+		if (tty)
+			fprintf(stderr, "\r%-100s\r", "");
+		if (r->rc) {
+			fprintf(stderr, "mtcfs-admin prune: deleting backup %s failed: %s (its .meta files go "
+				"first: what is left is incomplete and the next prune deletes it)\n",
+				w->v[i].name, r->err);
+			break;
+		}
+		ndel++;
+		json_array_append_new(deleted, json_pack("{s:s,s:I,s:I}", "name", w->v[i].name, "objects",
+			(json_int_t)(atomic_load(&r->done) - done0), "bytes",
+			(json_int_t)(atomic_load(&r->bytes) - bytes0)));
+		if (!admin_json)
+			printf("deleted %s: %zu objects, %llu bytes\n", w->v[i].name, atomic_load(&r->done) - done0,
+			       (unsigned long long)(atomic_load(&r->bytes) - bytes0));
+	}
+	secs = (double)(util_now_ns() - t0) / 1e9;
+	admin_human_bytes(atomic_load(&r->bytes), sz, sizeof(sz));
+	json_object_set_new(root, "deleted", json_pack("{s:o,s:I,s:I,s:f,s:b}", "backups", deleted,
+		"objects", (json_int_t)atomic_load(&r->done), "bytes", (json_int_t)atomic_load(&r->bytes),
+		"seconds", secs, "ok", r->rc == 0));
+	if (!admin_json)
+		printf("deleted %zu of %zu backup%s: %zu objects, %s in %.2f s\n", ndel, nplan,
+		       nplan == 1 ? "" : "s", atomic_load(&r->done), sz, secs);
+	return r->rc ? 3 : 0;
+}
+
+int admin_cmd_prune(const struct opts *o)
+{
+	struct prune_policy pol;
+	struct prune_result res;
+	struct bview w;
+	struct delrun *r = NULL;
+	struct dlist *dl = NULL;
+	json_t *root = NULL;
+	size_t nplan = 0, total = 0;
+	uint64_t total_bytes = 0;
+	bool tty = isatty(STDERR_FILENO) && !admin_json;
+	int rc = prune_policy_of(o, &pol);
+
+	if (rc)
+		return rc;
+	if ((rc = load_view(o, &w)) != 0) {
+		bview_free(&w);
+		return rc;
+	}
+	if (prune_plan(&pol, w.rv_rc == 0 ? w.rv : NULL, w.rv_rc == -EBADMSG, w.items, w.n, &res) < 0) {
+		rc = bucket_fail(&w, "memory", -ENOMEM);
+		goto out;
+	}
+	root = json_object();
+	prune_head(o, &w, root);
+	prune_rows(&w, root, &nplan, &total_bytes);
 	json_object_set_new(root, "keep", json_integer((json_int_t)res.kept));
 	json_object_set_new(root, "delete", json_integer((json_int_t)res.pruned));
 	if (!o->del) {
@@ -842,24 +974,8 @@ int admin_cmd_prune(const struct opts *o)
 		rc = 0;
 		goto out;
 	}
-
-	/* --delete. restore.version may have changed since the plan: read it again */
-	{
-		char rv2[BK_NAME_MAX] = "";
-		int rc2 = bk_get_restore_version(w.b, o->job, rv2);
-		if (rc2 < 0 && rc2 != -ENOENT && rc2 != -EBADMSG) {
-			rc = bucket_fail(&w, "reading restore.version", rc2);
-			goto out;
-		}
-		for (size_t i = 0; rc2 == 0 && i < w.n; i++) {
-			if (!w.items[i].keep && !strcmp(w.v[i].name, rv2)) {
-				fprintf(stderr, "mtcfs-admin prune: restore.version changed to %s, which this plan "
-					"deletes; nothing deleted, run prune again\n", rv2);
-				rc = 1;
-				goto out;
-			}
-		}
-	}
+	if ((rc = prune_recheck_rv(o, &w)) != 0)
+		goto out;
 	dl = calloc(w.n ? w.n : 1, sizeof(*dl));
 	r = calloc(1, sizeof(*r));
 	if (!dl || !r) {
@@ -868,83 +984,14 @@ int admin_cmd_prune(const struct opts *o)
 	}
 	pthread_mutex_init(&r->mu, NULL);
 	r->b = w.b;
-	total_bytes = 0;
-	for (size_t i = 0; i < w.n; i++) {
-		char prefix[PATH_MAX];
-		if (w.items[i].keep)
-			continue;
-		snprintf(prefix, sizeof(prefix), "%s/%s/", o->job, w.v[i].name);
-		dl[i].skip = strlen(prefix);
-		dl[i].job = o->job;
-		rc = bkt_list_ex(w.b, prefix, NULL, dlist_add, &dl[i]);
-		if (rc < 0) {
-			rc = bucket_fail(&w, "listing a backup to delete", rc);
-			goto out;
-		}
-		if (dl[i].n)
-			qsort(dl[i].v, dl[i].n, sizeof(*dl[i].v), dobj_cmp);
-		total += dl[i].n;
-		for (size_t k = 0; k < dl[i].n; k++)
-			total_bytes += dl[i].v[k].size;
-	}
-	deleted = json_array();
-	t0 = util_now_ns();
-	/* oldest first: an interrupted prune leaves the newer ones */
-	for (size_t i = w.n; i-- > 0;) {
-		size_t m = 0, f = 0, done0 = atomic_load(&r->done);
-		uint64_t bytes0 = atomic_load(&r->bytes);
-		struct dlist *d = &dl[i];
-
-		if (w.items[i].keep)
-			continue;
-		while (m < d->n && d->v[m].phase == 0)
-			m++;
-		f = m;
-		while (f < d->n && d->v[f].phase == 1)
-			f++;
-		r->v = d->v;
-		/* the .meta files first, one at a time, node 0 first; then the
-		 * manifests; then the data: never a complete-looking half backup */
-		if (del_phase(r, 0, m, 1, tty, w.v[i].name, total, total_bytes, t0) == 0 &&
-		    del_phase(r, m, f, DEL_THREADS, tty, w.v[i].name, total, total_bytes, t0) == 0)
-			del_phase(r, f, d->n, DEL_THREADS, tty, w.v[i].name, total, total_bytes, t0);
-		if (tty)
-			fprintf(stderr, "\r%-100s\r", "");
-		if (r->rc) {
-			fprintf(stderr, "mtcfs-admin prune: deleting backup %s failed: %s (its .meta files go "
-				"first: what is left is incomplete and the next prune deletes it)\n",
-				w.v[i].name, r->err);
-			rc = 3;
-			break;
-		}
-		ndel++;
-		json_array_append_new(deleted, json_pack("{s:s,s:I,s:I}", "name", w.v[i].name, "objects",
-			(json_int_t)(atomic_load(&r->done) - done0), "bytes",
-			(json_int_t)(atomic_load(&r->bytes) - bytes0)));
-		if (!admin_json)
-			printf("deleted %s: %zu objects, %llu bytes\n", w.v[i].name, atomic_load(&r->done) - done0,
-			       (unsigned long long)(atomic_load(&r->bytes) - bytes0));
-	}
-	{
-		double secs = (double)(util_now_ns() - t0) / 1e9;
-		char sz[32];
-		admin_human_bytes(atomic_load(&r->bytes), sz, sizeof(sz));
-		json_object_set_new(root, "deleted", json_pack("{s:o,s:I,s:I,s:f,s:b}", "backups", deleted,
-			"objects", (json_int_t)atomic_load(&r->done), "bytes", (json_int_t)atomic_load(&r->bytes),
-			"seconds", secs, "ok", r->rc == 0));
-		deleted = NULL;
-		if (!admin_json)
-			printf("deleted %zu of %zu backup%s: %zu objects, %s in %.2f s\n", ndel, nplan,
-			       nplan == 1 ? "" : "s", atomic_load(&r->done), sz, secs);
-	}
-	if (!r->rc)
-		rc = 0;
+	if ((rc = prune_list(o, &w, dl, &total, &total_bytes)) != 0)
+		goto out;
+	rc = prune_delete(&w, dl, r, root, nplan, total, total_bytes, tty);
 out:
 	if (root && admin_json && (rc == 0 || r))
 		print_json(root);   /* a failed delete still reports what it did */
 	else
 		json_decref(root);
-	json_decref(deleted);
 	for (size_t i = 0; dl && i < w.n; i++)
 		dlist_free(&dl[i]);
 	free(dl);
