@@ -299,34 +299,108 @@ static int opts_from_ramdir(const char *cmd, struct opts *o)
 	return 0;
 }
 
-int main(int argc, char **argv)
-{
-	static const char *const keep_opts[PRUNE_NKINDS] = {
-		"--keep-last", "--keep-hourly", "--keep-daily", "--keep-weekly", "--keep-monthly",
-		"--keep-yearly",
-	};
-	const struct command *c = NULL;
-	struct opts o = { 0 };
-	unsigned used = 0;
-	bool help = false;
+static const char *const keep_opts[PRUNE_NKINDS] = {
+	"--keep-last", "--keep-hourly", "--keep-daily", "--keep-weekly", "--keep-monthly",
+	"--keep-yearly",
+};
 
-	/* a command's output is its answer: the library's INFO lines (the
-	 * daemon's default) stay out of it; warnings and errors still show */
-	log_set_level(LOG_WARN);
+/* A flag (an option without a value) into *o, *bit its class; false: a
+ * is not one. */
+static bool flag_option(const char *a, struct opts *o, unsigned *bit)
+{
+	if (!strcmp(a, "--json")) {
+		admin_json = true;
+		*bit = O_JSON;
+	} else if (!strcmp(a, "--watch")) {
+		o->watch = true;
+		*bit = O_WATCH;
+	} else if (!strcmp(a, "--force")) {
+		o->force = true;
+		*bit = O_FORCE;
+	} else if (!strcmp(a, "--verify")) {
+		o->verify = true;
+		*bit = O_VERIFY;
+	} else if (!strcmp(a, "--delete")) {
+		o->del = true;
+		*bit = O_DELETE;
+	} else if (!strcmp(a, "--prefer-recent")) {
+		o->prefer_recent = true;
+		*bit = O_KEEP;
+	} else {
+		return false;
+	}
+	return true;
+}
+
+/* Whether a is an option that takes a value (k: its index in keep_opts,
+ * PRUNE_NKINDS if none). */
+static bool takes_value(const char *a, int k)
+{
+	return !strcmp(a, "--job") || !strcmp(a, "--bucket") || !strcmp(a, "--gcs-endpoint") ||
+	       !strcmp(a, "--key-file") || !strcmp(a, "--nodes") || !strcmp(a, "--ramdir") ||
+	       !strcmp(a, "--incomplete-older-than") || k < PRUNE_NKINDS;
+}
+
+/* The value of option a (takes_value) into *o, *bit its class. 0, or 2:
+ * a bad value (said on stderr). */
+static int value_option(const char *a, const char *val, int k, struct opts *o, unsigned *bit)
+{
+	uint64_t v;
+
+	if (!strcmp(a, "--job")) {
+		o->job = val;
+		*bit = O_JOB;
+	} else if (!strcmp(a, "--bucket")) {
+		o->bucket = val;
+		*bit = O_BUCKET;
+	} else if (!strcmp(a, "--gcs-endpoint")) {
+		o->gcs_endpoint = val;
+		*bit = O_BUCKET;
+	} else if (!strcmp(a, "--key-file")) {
+		o->key_file = val;
+		*bit = O_BUCKET;
+	} else if (!strcmp(a, "--ramdir")) {
+		o->ramdir = val;
+		*bit = O_BUCKET;
+	} else if (!strcmp(a, "--nodes")) {
+		if (parse_count(a, val, NODES_MAX, &v) < 0)
+			return 2;
+		o->nodes_set = v > 0;       /* 0: as the .meta names show */
+		o->nodes = (uint32_t)v;
+		*bit = O_NODES;
+	} else if (!strcmp(a, "--incomplete-older-than")) {
+		if (parse_duration(a, val, &o->incomplete_older_s) < 0)
+			return 2;
+		o->incomplete_set = true;
+		o->incomplete_arg = val;
+		*bit = O_KEEP;
+	} else {
+		if (parse_count(a, val, 1000000, &v) < 0)
+			return 2;
+		o->keep[k] = (unsigned)v;
+		o->keep_set[k] = true;
+		*bit = O_KEEP;
+	}
+	return 0;
+}
+
+/* argv's options into *o (*used: their classes; *help: -h was given), its
+ * other words into o->args. -1: go on; else the exit code (0 after
+ * --version, 2 for a bad option: said on stderr). */
+static int parse_args(int argc, char **argv, struct opts *o, unsigned *used, bool *help)
+{
 	for (int i = 1; i < argc; i++) {
 		char optbuf[64];
 		const char *a = argv[i], *val = NULL, *eq;
-		bool takes = false;
 		unsigned bit = 0;
-		uint64_t v;
-		int k;
+		int k, rc;
 
 		if (a[0] != '-' || a[1] == '\0') {
-			if (o.nargs == 8) {
+			if (o->nargs == 8) {
 				fprintf(stderr, "mtcfs-admin: too many arguments\n");
 				return 2;
 			}
-			o.args[o.nargs++] = a;
+			o->args[o->nargs++] = a;
 			continue;
 		}
 		/* --opt=value */
@@ -340,45 +414,22 @@ int main(int argc, char **argv)
 		for (k = 0; k < PRUNE_NKINDS && strcmp(a, keep_opts[k]); k++)
 			;
 		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			help = true;
+			*help = true;
 			continue;
 		} else if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
 			printf("mtcfs-admin %s\n", MTCFS_VERSION);
 			return 0;
-		} else if (!strcmp(a, "--json")) {
-			admin_json = true;
-			bit = O_JSON;
-		} else if (!strcmp(a, "--watch")) {
-			o.watch = true;
-			bit = O_WATCH;
-		} else if (!strcmp(a, "--force")) {
-			o.force = true;
-			bit = O_FORCE;
-		} else if (!strcmp(a, "--verify")) {
-			o.verify = true;
-			bit = O_VERIFY;
-		} else if (!strcmp(a, "--delete")) {
-			o.del = true;
-			bit = O_DELETE;
-		} else if (!strcmp(a, "--prefer-recent")) {
-			o.prefer_recent = true;
-			bit = O_KEEP;
-		} else if (!strcmp(a, "--job") || !strcmp(a, "--bucket") || !strcmp(a, "--gcs-endpoint") ||
-			   !strcmp(a, "--key-file") || !strcmp(a, "--nodes") || !strcmp(a, "--ramdir") ||
-			   !strcmp(a, "--incomplete-older-than") || k < PRUNE_NKINDS) {
-			takes = true;
-		} else {
-			fprintf(stderr, "mtcfs-admin: unknown option %s\n", argv[i]);
-			usage(stderr);
-			return 2;
-		}
-		if (!takes) {
+		} else if (flag_option(a, o, &bit)) {
 			if (val) {
 				fprintf(stderr, "mtcfs-admin: %s takes no value\n", a);
 				return 2;
 			}
-			used |= bit;
+			*used |= bit;
 			continue;
+		} else if (!takes_value(a, k)) {
+			fprintf(stderr, "mtcfs-admin: unknown option %s\n", argv[i]);
+			usage(stderr);
+			return 2;
 		}
 		if (!val) {
 			if (i + 1 >= argc) {
@@ -387,42 +438,99 @@ int main(int argc, char **argv)
 			}
 			val = argv[++i];
 		}
-		if (!strcmp(a, "--job")) {
-			o.job = val;
-			bit = O_JOB;
-		} else if (!strcmp(a, "--bucket")) {
-			o.bucket = val;
-			bit = O_BUCKET;
-		} else if (!strcmp(a, "--gcs-endpoint")) {
-			o.gcs_endpoint = val;
-			bit = O_BUCKET;
-		} else if (!strcmp(a, "--key-file")) {
-			o.key_file = val;
-			bit = O_BUCKET;
-		} else if (!strcmp(a, "--ramdir")) {
-			o.ramdir = val;
-			bit = O_BUCKET;
-		} else if (!strcmp(a, "--nodes")) {
-			if (parse_count(a, val, NODES_MAX, &v) < 0)
-				return 2;
-			o.nodes_set = v > 0;       /* 0: as the .meta names show */
-			o.nodes = (uint32_t)v;
-			bit = O_NODES;
-		} else if (!strcmp(a, "--incomplete-older-than")) {
-			if (parse_duration(a, val, &o.incomplete_older_s) < 0)
-				return 2;
-			o.incomplete_set = true;
-			o.incomplete_arg = val;
-			bit = O_KEEP;
-		} else {
-			if (parse_count(a, val, 1000000, &v) < 0)
-				return 2;
-			o.keep[k] = (unsigned)v;
-			o.keep_set[k] = true;
-			bit = O_KEEP;
-		}
-		used |= bit;
+		rc = value_option(a, val, k, o, &bit);
+		if (rc)
+			return rc;
+		*used |= bit;
 	}
+	return -1;
+}
+
+/* The options (used: their classes) and arguments fit command c; a bucket
+ * command has its bucket and job (from --ramdir's node if not given). 0,
+ * or the exit code (said on stderr). */
+static int check_command(const struct command *c, struct opts *o, unsigned used)
+{
+	if (used & ~c->opts) {
+		static const struct { unsigned bit; const char *words; } names[] = {
+			{ O_BUCKET, "--bucket/--gcs-endpoint/--key-file/--ramdir" }, { O_NODES, "--nodes" },
+			{ O_FORCE, "--force" }, { O_DELETE, "--delete" }, { O_VERIFY, "--verify" },
+			{ O_KEEP, "--keep-*/--prefer-recent/--incomplete-older-than" }, { O_WATCH, "--watch" }, { O_JOB, "--job" },
+		};
+		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+			if (used & ~c->opts & names[i].bit)
+				fprintf(stderr, "mtcfs-admin %s: %s is not an option of this command\n", c->name,
+					names[i].words);
+		fprintf(stderr, "usage: mtcfs-admin %s\n", c->synopsis);
+		return 2;
+	}
+	if (o->nargs - 1 < c->nargs_min || o->nargs - 1 > c->nargs_max) {
+		fprintf(stderr, "usage: mtcfs-admin %s\n", c->synopsis);
+		return 2;
+	}
+	if (c->opts & O_BUCKET) {
+		if (o->ramdir && (!o->bucket || !o->job)) {
+			int e = opts_from_ramdir(c->name, o);
+			if (e)
+				return e;
+		}
+		if (!o->bucket || !o->job) {
+			fprintf(stderr, "mtcfs-admin %s: --bucket URL and --job NAME are required (or "
+				"--ramdir RAMDIR of a node mounted with bucket= and configured by a "
+				"replicator.yaml)\n"
+				"usage: mtcfs-admin %s\n", c->name, c->synopsis);
+			return 2;
+		}
+		if (!bk_job_name_ok(o->job)) {
+			fprintf(stderr, "mtcfs-admin %s: \"%s\" cannot be a job name\n", c->name, o->job);
+			return 2;
+		}
+	}
+	return 0;
+}
+
+/* Runs command c; its exit code. */
+static int run_command(const struct command *c, const struct opts *o)
+{
+	if (!strcmp(c->name, "ls"))
+		return admin_cmd_ls(o->args[1], o->job);
+	if (!strcmp(c->name, "steps"))
+		return admin_cmd_steps(o->args[1], o->job);
+	if (!strcmp(c->name, "status"))
+		return admin_cmd_status(o->args[1], o->watch);
+	if (!strcmp(c->name, "verify"))
+		return admin_cmd_verify(o->args[1], o->job);
+	if (!strcmp(c->name, "backups"))
+		return admin_cmd_backups(o);
+	if (!strcmp(c->name, "prune"))
+		return admin_cmd_prune(o);
+	/* restore-version */
+	if (!strcmp(o->args[1], "set") ? o->nargs != 3
+	    : (strcmp(o->args[1], "show") && strcmp(o->args[1], "clear")) || o->nargs != 2) {
+		fprintf(stderr, "usage: mtcfs-admin %s\n", c->synopsis);
+		return 2;
+	}
+	if (o->force && strcmp(o->args[1], "set")) {
+		fprintf(stderr, "mtcfs-admin restore-version: --force goes with set\n");
+		return 2;
+	}
+	return admin_cmd_restore_version(o);
+}
+
+int main(int argc, char **argv)
+{
+	const struct command *c = NULL;
+	struct opts o = { 0 };
+	unsigned used = 0;
+	bool help = false;
+	int rc;
+
+	/* a command's output is its answer: the library's INFO lines (the
+	 * daemon's default) stay out of it; warnings and errors still show */
+	log_set_level(LOG_WARN);
+	rc = parse_args(argc, argv, &o, &used, &help);
+	if (rc >= 0)
+		return rc;
 	if (o.nargs == 0) {
 		usage(help ? stdout : stderr);
 		return help ? 0 : 2;
@@ -447,62 +555,8 @@ int main(int argc, char **argv)
 		command_help(c, stdout);
 		return 0;
 	}
-	if (used & ~c->opts) {
-		static const struct { unsigned bit; const char *words; } names[] = {
-			{ O_BUCKET, "--bucket/--gcs-endpoint/--key-file/--ramdir" }, { O_NODES, "--nodes" },
-			{ O_FORCE, "--force" }, { O_DELETE, "--delete" }, { O_VERIFY, "--verify" },
-			{ O_KEEP, "--keep-*/--prefer-recent/--incomplete-older-than" }, { O_WATCH, "--watch" }, { O_JOB, "--job" },
-		};
-		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-			if (used & ~c->opts & names[i].bit)
-				fprintf(stderr, "mtcfs-admin %s: %s is not an option of this command\n", c->name,
-					names[i].words);
-		fprintf(stderr, "usage: mtcfs-admin %s\n", c->synopsis);
-		return 2;
-	}
-	if (o.nargs - 1 < c->nargs_min || o.nargs - 1 > c->nargs_max) {
-		fprintf(stderr, "usage: mtcfs-admin %s\n", c->synopsis);
-		return 2;
-	}
-	if (c->opts & O_BUCKET) {
-		if (o.ramdir && (!o.bucket || !o.job)) {
-			int e = opts_from_ramdir(c->name, &o);
-			if (e)
-				return e;
-		}
-		if (!o.bucket || !o.job) {
-			fprintf(stderr, "mtcfs-admin %s: --bucket URL and --job NAME are required (or "
-				"--ramdir RAMDIR of a node mounted with bucket= and configured by a "
-				"replicator.yaml)\n"
-				"usage: mtcfs-admin %s\n", c->name, c->synopsis);
-			return 2;
-		}
-		if (!bk_job_name_ok(o.job)) {
-			fprintf(stderr, "mtcfs-admin %s: \"%s\" cannot be a job name\n", c->name, o.job);
-			return 2;
-		}
-	}
-	if (!strcmp(c->name, "ls"))
-		return admin_cmd_ls(o.args[1], o.job);
-	if (!strcmp(c->name, "steps"))
-		return admin_cmd_steps(o.args[1], o.job);
-	if (!strcmp(c->name, "status"))
-		return admin_cmd_status(o.args[1], o.watch);
-	if (!strcmp(c->name, "verify"))
-		return admin_cmd_verify(o.args[1], o.job);
-	if (!strcmp(c->name, "backups"))
-		return admin_cmd_backups(&o);
-	if (!strcmp(c->name, "prune"))
-		return admin_cmd_prune(&o);
-	/* restore-version */
-	if (!strcmp(o.args[1], "set") ? o.nargs != 3
-	    : (strcmp(o.args[1], "show") && strcmp(o.args[1], "clear")) || o.nargs != 2) {
-		fprintf(stderr, "usage: mtcfs-admin %s\n", c->synopsis);
-		return 2;
-	}
-	if (o.force && strcmp(o.args[1], "set")) {
-		fprintf(stderr, "mtcfs-admin restore-version: --force goes with set\n");
-		return 2;
-	}
-	return admin_cmd_restore_version(&o);
+	rc = check_command(c, &o, used);
+	if (rc)
+		return rc;
+	return run_command(c, &o);
 }
