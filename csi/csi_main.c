@@ -635,73 +635,56 @@ static int render_main(int argc, char **argv)
 	return rc;
 }
 
-int main(int argc, char **argv)
-{
-	const char *endpoint = NULL, *cfg_path = NULL;
-	struct csi_node_opts o = {
-		.ram_root = "/var/lib/mtcfs/ram", .state_dir = "/var/lib/mtcfs/jobs",
-		.mtcfs_bin = "mtcfs", .kubelet_dir = "/var/lib/kubelet", .idle_s = 600,
-		.free_pct = 50,
-	};
-	struct csi_cfg cfg;
-	char err[ERR_MAX], addr[PATH_MAX + 8];
-	const char *sock;
-	pthread_t th[RPC_THREADS];
-	size_t nth = 0;
-	sigset_t sigs;
-	int rc = 1, sig;
-	bool release = false, show_status = false;
-	grpc_server_credentials *creds = NULL;
-	struct csi_watch_opts wo = { .interval_s = 10, .grace = 2 };
-	struct csi_watch *watch = NULL;
-	struct csi_kube kube;
-	bool no_kube = false;
-	const char *interval = NULL, *grace = NULL, *idle = NULL, *free_above = NULL, *nofile = NULL;
-	char kubelet_dir[PATH_MAX];
-	mode_t um;
-	struct stat sst;
-	uint64_t u;
+/* The command line as given. */
+struct cli {
+	const char *endpoint, *cfg_path;
+	struct csi_node_opts o;
+	struct csi_watch_opts wo;
+	bool release, show_status, no_kube;
+	const char *interval, *grace, *idle, *free_above, *nofile;
+	char kubelet_dir[PATH_MAX];     /* o.kubelet_dir once checked */
+};
 
-	if (argc > 1 && !strcmp(argv[1], "render"))
-		return render_main(argc - 1, argv + 1);
-	csi_cfg_init(&cfg);
-	o.node_address = getenv("NODE_IP") && *getenv("NODE_IP") ? getenv("NODE_IP") : "127.0.0.1";
+/* argv's flags into *c. -1: go on; else the exit code (0 after --version
+ * or --help; 2: a bad flag, usage on stderr). */
+static int parse_cli(int argc, char **argv, struct cli *c)
+{
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name, dst) if (!strcmp(a, name)) { if (!v) goto bad; dst = v; i++; continue; }
-		ARG("--endpoint", endpoint);
-		ARG("--node-id", o.node_id);
-		ARG("--config", cfg_path);
-		ARG("--ram-root", o.ram_root);
-		ARG("--state-dir", o.state_dir);
-		ARG("--node-address", o.node_address);
-		ARG("--mtcfs", o.mtcfs_bin);
-		ARG("--kubelet-dir", o.kubelet_dir);
-		ARG("--idle-timeout", idle);
-		ARG("--free-above", free_above);
-		ARG("--nofile", nofile);
-		ARG("--watch-config", wo.what);
-		ARG("--watch-interval", interval);
-		ARG("--watch-grace", grace);
-		ARG("--kube-api", wo.api_url);
-		ARG("--kube-token", wo.token_file);
-		ARG("--kube-ca", wo.ca_file);
+		ARG("--endpoint", c->endpoint);
+		ARG("--node-id", c->o.node_id);
+		ARG("--config", c->cfg_path);
+		ARG("--ram-root", c->o.ram_root);
+		ARG("--state-dir", c->o.state_dir);
+		ARG("--node-address", c->o.node_address);
+		ARG("--mtcfs", c->o.mtcfs_bin);
+		ARG("--kubelet-dir", c->o.kubelet_dir);
+		ARG("--idle-timeout", c->idle);
+		ARG("--free-above", c->free_above);
+		ARG("--nofile", c->nofile);
+		ARG("--watch-config", c->wo.what);
+		ARG("--watch-interval", c->interval);
+		ARG("--watch-grace", c->grace);
+		ARG("--kube-api", c->wo.api_url);
+		ARG("--kube-token", c->wo.token_file);
+		ARG("--kube-ca", c->wo.ca_file);
 #undef ARG
 		if (!strcmp(a, "--log-format") && v) {
 			if (log_set_format_name(v) < 0)
 				goto bad;
-			o.log_json = !strcmp(v, "json");
+			c->o.log_json = !strcmp(v, "json");
 			i++;
 		} else if (!strcmp(a, "--release")) {
-			release = true;
+			c->release = true;
 		} else if (!strcmp(a, "--status")) {
-			show_status = true;
+			c->show_status = true;
 		} else if (!strcmp(a, "--no-kube-lookups")) {
-			no_kube = true;
+			c->no_kube = true;
 		} else if (!strcmp(a, "--no-tmpfs")) {
-			o.no_tmpfs = true;
+			c->o.no_tmpfs = true;
 		} else if (!strcmp(a, "-d")) {
-			o.debug = true;
+			c->o.debug = true;
 			log_set_level(LOG_DEBUG);
 		} else if (!strcmp(a, "--version")) {
 			printf("mtcfs-csi %s (%s)\n", MTCFS_VERSION, DRIVER_NAME);
@@ -713,177 +696,159 @@ int main(int argc, char **argv)
 			goto bad;
 		}
 	}
-	if (o.ram_root[0] != '/' || o.state_dir[0] != '/') {
+	return -1;
+bad:
+	usage(stderr);
+	return 2;
+}
+
+/* The flags' values checked and applied: the directories, the numbers,
+ * the open-files limit, the watch list. -1: go on; else the exit code (2,
+ * said on stderr). */
+static int check_cli(struct cli *c)
+{
+	struct csi_node_opts *o = &c->o;
+	uint64_t u;
+
+	if (o->ram_root[0] != '/' || o->state_dir[0] != '/') {
 		fprintf(stderr, "mtcfs-csi: --ram-root and --state-dir must be absolute\n");
 		return 2;
 	}
 	{
 		/* targets are compared as kubelet spells them: no trailing '/' */
-		size_t kl = strlen(o.kubelet_dir);
+		size_t kl = strlen(o->kubelet_dir);
 
-		while (kl > 1 && o.kubelet_dir[kl - 1] == '/')
+		while (kl > 1 && o->kubelet_dir[kl - 1] == '/')
 			kl--;
-		if (o.kubelet_dir[0] != '/' || kl >= sizeof(kubelet_dir) || strstr(o.kubelet_dir, "/.")) {
+		if (o->kubelet_dir[0] != '/' || kl >= sizeof(c->kubelet_dir) || strstr(o->kubelet_dir, "/.")) {
 			fprintf(stderr, "mtcfs-csi: --kubelet-dir must be an absolute, normalized path\n");
 			return 2;
 		}
-		memcpy(kubelet_dir, o.kubelet_dir, kl);
-		kubelet_dir[kl] = 0;
-		o.kubelet_dir = kubelet_dir;
+		memcpy(c->kubelet_dir, o->kubelet_dir, kl);
+		c->kubelet_dir[kl] = 0;
+		o->kubelet_dir = c->kubelet_dir;
 	}
-	if (idle) {
-		if (util_parse_u64(idle, 86400 * 365, &u) < 0)
+	if (c->idle) {
+		if (util_parse_u64(c->idle, 86400 * 365, &u) < 0)
 			goto bad;
-		o.idle_s = (unsigned)u;
+		o->idle_s = (unsigned)u;
 	}
-	if (free_above) {
-		if (util_parse_u64(free_above, 100, &u) < 0)
+	if (c->free_above) {
+		if (util_parse_u64(c->free_above, 100, &u) < 0)
 			goto bad;
-		o.free_pct = (unsigned)u;
+		o->free_pct = (unsigned)u;
 	}
-	if (nofile && (util_parse_u64(nofile, 1u << 30, &u) < 0 || u < 1024))
+	if (c->nofile && (util_parse_u64(c->nofile, 1u << 30, &u) < 0 || u < 1024))
 		goto bad;
-	raise_nofile(nofile ? (rlim_t)u : 0);
-	if (interval) {
-		if (util_parse_u64(interval, 86400, &u) < 0 || !u)
+	raise_nofile(c->nofile ? (rlim_t)u : 0);
+	if (c->interval) {
+		if (util_parse_u64(c->interval, 86400, &u) < 0 || !u)
 			goto bad;
-		wo.interval_s = (unsigned)u;
+		c->wo.interval_s = (unsigned)u;
 	}
-	if (grace) {
-		if (util_parse_u64(grace, 1000, &u) < 0 || !u)
+	if (c->grace) {
+		if (util_parse_u64(c->grace, 1000, &u) < 0 || !u)
 			goto bad;
-		wo.grace = (unsigned)u;
+		c->wo.grace = (unsigned)u;
 	}
-	if (wo.what && wo.what[0] == '@' && read_watch_file(wo.what + 1, &wo.what) < 0)
+	if (c->wo.what && c->wo.what[0] == '@' && read_watch_file(c->wo.what + 1, &c->wo.what) < 0)
 		return 2;
-	o.watch = wo.what;
-	if (show_status) {
-		if (csi_node_status(&o, stdout, err, sizeof(err)) < 0) {
-			log_err(MOD, "status: %s", err);
-			return 1;
-		}
-		return 0;
-	}
-	if (release) {
-		if (csi_node_release(&o, err, sizeof(err)) < 0) {
-			log_err(MOD, "release: %s", err);
-			return 1;
-		}
-		return 0;
-	}
-	if (!endpoint || !o.node_id || !*o.node_id)
-		goto bad;
-	sock = !strncmp(endpoint, "unix://", 7) ? endpoint + 7 : endpoint;
-	if (sock[0] != '/') {
-		fprintf(stderr, "mtcfs-csi: --endpoint %s: expected unix:///ABS/PATH\n", endpoint);
+	o->watch = c->wo.what;
+	return -1;
+bad:
+	usage(stderr);
+	return 2;
+}
+
+/* The driver's configuration file (path, or none) into *cfg; what of it
+ * mtcfs ignores, logged. 0, or 2 (logged; *cfg freed). */
+static int load_config(struct csi_cfg *cfg, const char *path)
+{
+	char err[ERR_MAX];
+
+	if (path && csi_cfg_load(cfg, path, err, sizeof(err)) < 0) {
+		log_err(MOD, "config %s: %s", path, err);
+		csi_cfg_free(cfg);     /* what parsed before the bad key */
 		return 2;
 	}
-	if (cfg_path && csi_cfg_load(&cfg, cfg_path, err, sizeof(err)) < 0) {
-		log_err(MOD, "config %s: %s", cfg_path, err);
-		csi_cfg_free(&cfg);     /* what parsed before the bad key */
-		return 2;
-	}
-	if (cfg.n_gcsfuse_opts)
+	if (cfg->n_gcsfuse_opts)
 		log_info(MOD, "config: %zu gcsFuseMountOptions ignored (mtcfs talks to Cloud Storage itself)",
-			 cfg.n_gcsfuse_opts);
-	if (cfg.n_gke_ignored)
+			 cfg->n_gcsfuse_opts);
+	if (cfg->n_gke_ignored)
 		log_info(MOD, "config: csiEphemeralLimit/replicationOptions accepted and ignored "
 			 "(GKE's driver container and replicator flags; nothing of mtcfs)");
-	if (cfg.external_jax_ids)
+	if (cfg->external_jax_ids)
 		log_info(MOD, "config: enableExternalJaxProcessIds: mtcfs writes jax-init-info.txt "
 			 "for every job (the mount option no_jax_init_info turns it off)");
-	if (!cfg.bucket)
+	if (!cfg->bucket)
 		log_info(MOD, "config: no cloudStorageBucketName: the job mounts have no backup tier");
-	o.cfg = &cfg;
-	g_node_id = o.node_id;
-	if (!no_kube) {
-		rc = csi_kube_init(&kube, wo.api_url, wo.token_file, wo.ca_file, err, sizeof(err));
-		if (rc == 0 && curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK) {
-			o.kube = &kube;
-			log_info(MOD, "Kubernetes API %s: podsPerJob and rank 0's node are looked up "
-				 "when the volume attributes do not give them", kube.base);
-		} else if (rc == -EINVAL) {
-			log_err(MOD, "%s", err);
-			csi_cfg_free(&cfg);
-			return 2;
-		} else {
-			log_info(MOD, "no Kubernetes API (not in a pod): podsPerJob and the coordinator "
-				 "only from the volume attributes and the pod's name");
-		}
-		rc = 1;
-	}
+	return 0;
+}
 
-	/* signals go to sigwait below, never to the gRPC or job threads */
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGTERM);
-	sigaddset(&sigs, SIGINT);
-	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-	signal(SIGPIPE, SIG_IGN);
+/* The Kubernetes API for the lookups, when in a pod (o->kube then set).
+ * 0, or 2: its flags are bad (logged). */
+static int kube_setup(struct cli *c, struct csi_kube *kube)
+{
+	char err[ERR_MAX];
+	int rc = csi_kube_init(kube, c->wo.api_url, c->wo.token_file, c->wo.ca_file, err, sizeof(err));
 
-	if (csi_node_create(&o, &g_node, err, sizeof(err)) < 0) {
+	if (rc == 0 && curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK) {
+		c->o.kube = kube;
+		log_info(MOD, "Kubernetes API %s: podsPerJob and rank 0's node are looked up "
+			 "when the volume attributes do not give them", kube->base);
+	} else if (rc == -EINVAL) {
 		log_err(MOD, "%s", err);
-		goto out_cfg;
+		return 2;
+	} else {
+		log_info(MOD, "no Kubernetes API (not in a pod): podsPerJob and the coordinator "
+			 "only from the volume attributes and the pod's name");
 	}
-	/* before the RPC threads: the first poll may find it gone already */
-	if (wo.what && csi_watch_start(&wo, g_node, &watch, err, sizeof(err)) < 0) {
-		log_err(MOD, "%s", err);
-		csi_node_destroy(g_node);
-		goto out_cfg;
-	}
-	gpr_set_log_function(grpc_log);
-	grpc_init();
-	g_cq = grpc_completion_queue_create_for_next(NULL);
-	g_server = grpc_server_create(NULL, NULL);
-	grpc_server_register_completion_queue(g_server, g_cq, NULL);
+	return 0;
+}
+
+/* gRPC's methods registered and its socket sock made, kubelet's only
+ * (addr: "unix:" sock; *creds to release). 0, or -1 (logged). */
+static int grpc_listen(const char *sock, char *addr, size_t addr_len,
+		       grpc_server_credentials **creds)
+{
+	struct stat sst;
+	mode_t um;
+
 	for (size_t i = 0; i < N_METHODS; i++) {
 		methods[i].reg = grpc_server_register_method(g_server, methods[i].path, NULL,
 							     GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
 		if (!methods[i].reg) {
 			log_err(MOD, "cannot register %s", methods[i].path);
-			goto out_grpc;
+			return -1;
 		}
 	}
 	if (unlink(sock) < 0 && errno != ENOENT) {
 		log_err(MOD, "remove stale socket %s: %s", sock, strerror(errno));
-		goto out_grpc;
+		return -1;
 	}
-	snprintf(addr, sizeof(addr), "unix:%s", sock);
-	creds = grpc_insecure_server_credentials_create();
+	snprintf(addr, addr_len, "unix:%s", sock);
+	*creds = grpc_insecure_server_credentials_create();
 	/* the socket is kubelet's (root) only: whoever can call publish binds
 	 * mounts as root. bind(2) gives it 0777 & ~umask; no other thread
 	 * creates files now (the job mounts start at the first publish) */
 	um = umask(0177);
-	if (!grpc_server_add_http2_port(g_server, addr, creds)) {
+	if (!grpc_server_add_http2_port(g_server, addr, *creds)) {
 		umask(um);
 		log_err(MOD, "cannot listen on %s", addr);
-		goto out_grpc;
+		return -1;
 	}
 	umask(um);
 	if (chmod(sock, 0600) < 0 || stat(sock, &sst) < 0 || (sst.st_mode & 0777) != 0600) {
 		log_err(MOD, "%s: cannot make it 0600: %s", sock, strerror(errno));
-		goto out_grpc;
+		return -1;
 	}
-	grpc_server_start(g_server);
-	for (size_t i = 0; i < sizeof(g_slots) / sizeof(g_slots[0]); i++) {
-		struct slot *s = &g_slots[i];
-		s->m = i < N_METHODS * CALLS_PER_METHOD ? &methods[i / CALLS_PER_METHOD] : NULL;
-		if (slot_request(s) < 0)
-			goto out_stop;
-	}
-	for (; nth < RPC_THREADS; nth++)
-		if (pthread_create(&th[nth], NULL, poller, NULL) != 0) {
-			log_err(MOD, "pthread_create failed");
-			goto out_stop;
-		}
-	log_info(MOD, "%s %s serving on %s node_id=%s ram_root=%s state_dir=%s", DRIVER_NAME,
-		 MTCFS_VERSION, addr, o.node_id, o.ram_root, o.state_dir);
-	do {
-		if (sigwait(&sigs, &sig) != 0)
-			sig = SIGTERM;
-	} while (sig != SIGTERM && sig != SIGINT);
-	log_info(MOD, "signal %d: stopping", sig);
-	rc = 0;
-out_stop:
+	return 0;
+}
+
+/* The server shut down, its calls cancelled, the nth pollers th joined
+ * (with none, the queue drained here). */
+static void grpc_stop(pthread_t *th, size_t nth)
+{
 	g_stopping = 1;
 	grpc_server_shutdown_and_notify(g_server, g_cq, &g_shutdown_tag);
 	grpc_server_cancel_all_calls(g_server);
@@ -903,6 +868,67 @@ out_stop:
 				slot_release(ev.tag);
 		}
 	}
+}
+
+/* The driver on unix socket sock until SIGTERM/SIGINT: the node, the
+ * configuration watch, gRPC's server and its pollers; all stopped again.
+ * 0 after a signal, 1 when it could not start (logged). */
+static int serve(const struct csi_node_opts *o, const struct csi_watch_opts *wo, const char *sock)
+{
+	char err[ERR_MAX], addr[PATH_MAX + 8];
+	pthread_t th[RPC_THREADS];
+	size_t nth = 0;
+	sigset_t sigs;
+	int rc = 1, sig;
+	grpc_server_credentials *creds = NULL;
+	struct csi_watch *watch = NULL;
+
+	/* signals go to sigwait below, never to the gRPC or job threads */
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (csi_node_create(o, &g_node, err, sizeof(err)) < 0) {
+		log_err(MOD, "%s", err);
+		return 1;
+	}
+	/* before the RPC threads: the first poll may find it gone already */
+	if (wo->what && csi_watch_start(wo, g_node, &watch, err, sizeof(err)) < 0) {
+		log_err(MOD, "%s", err);
+		csi_node_destroy(g_node);
+		return 1;
+	}
+	gpr_set_log_function(grpc_log);
+	grpc_init();
+	g_cq = grpc_completion_queue_create_for_next(NULL);
+	g_server = grpc_server_create(NULL, NULL);
+	grpc_server_register_completion_queue(g_server, g_cq, NULL);
+	if (grpc_listen(sock, addr, sizeof(addr), &creds) < 0)
+		goto out_grpc;
+	grpc_server_start(g_server);
+	for (size_t i = 0; i < sizeof(g_slots) / sizeof(g_slots[0]); i++) {
+		struct slot *s = &g_slots[i];
+		s->m = i < N_METHODS * CALLS_PER_METHOD ? &methods[i / CALLS_PER_METHOD] : NULL;
+		if (slot_request(s) < 0)
+			goto out_stop;
+	}
+	for (; nth < RPC_THREADS; nth++)
+		if (pthread_create(&th[nth], NULL, poller, NULL) != 0) {
+			log_err(MOD, "pthread_create failed");
+			goto out_stop;
+		}
+	log_info(MOD, "%s %s serving on %s node_id=%s ram_root=%s state_dir=%s", DRIVER_NAME,
+		 MTCFS_VERSION, addr, o->node_id, o->ram_root, o->state_dir);
+	do {
+		if (sigwait(&sigs, &sig) != 0)
+			sig = SIGTERM;
+	} while (sig != SIGTERM && sig != SIGINT);
+	log_info(MOD, "signal %d: stopping", sig);
+	rc = 0;
+out_stop:
+	grpc_stop(th, nth);
 out_grpc:
 	if (g_server)
 		grpc_server_destroy(g_server);
@@ -914,10 +940,63 @@ out_grpc:
 	csi_watch_stop(watch);      /* before the node it calls into */
 	csi_node_destroy(g_node);
 	unlink(sock);
-out_cfg:
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	struct cli c = {
+		.o = {
+			.ram_root = "/var/lib/mtcfs/ram", .state_dir = "/var/lib/mtcfs/jobs",
+			.mtcfs_bin = "mtcfs", .kubelet_dir = "/var/lib/kubelet", .idle_s = 600,
+			.free_pct = 50,
+		},
+		.wo = { .interval_s = 10, .grace = 2 },
+	};
+	struct csi_cfg cfg;
+	struct csi_kube kube;
+	char err[ERR_MAX];
+	const char *sock;
+	int rc;
+
+	if (argc > 1 && !strcmp(argv[1], "render"))
+		return render_main(argc - 1, argv + 1);
+	csi_cfg_init(&cfg);
+	c.o.node_address = getenv("NODE_IP") && *getenv("NODE_IP") ? getenv("NODE_IP") : "127.0.0.1";
+	if ((rc = parse_cli(argc, argv, &c)) >= 0 || (rc = check_cli(&c)) >= 0)
+		return rc;
+	if (c.show_status) {
+		if (csi_node_status(&c.o, stdout, err, sizeof(err)) < 0) {
+			log_err(MOD, "status: %s", err);
+			return 1;
+		}
+		return 0;
+	}
+	if (c.release) {
+		if (csi_node_release(&c.o, err, sizeof(err)) < 0) {
+			log_err(MOD, "release: %s", err);
+			return 1;
+		}
+		return 0;
+	}
+	if (!c.endpoint || !c.o.node_id || !*c.o.node_id) {
+		usage(stderr);
+		return 2;
+	}
+	sock = !strncmp(c.endpoint, "unix://", 7) ? c.endpoint + 7 : c.endpoint;
+	if (sock[0] != '/') {
+		fprintf(stderr, "mtcfs-csi: --endpoint %s: expected unix:///ABS/PATH\n", c.endpoint);
+		return 2;
+	}
+	if ((rc = load_config(&cfg, c.cfg_path)) != 0)
+		return rc;
+	c.o.cfg = &cfg;
+	g_node_id = c.o.node_id;
+	if (!c.no_kube && (rc = kube_setup(&c, &kube)) != 0) {
+		csi_cfg_free(&cfg);
+		return rc;
+	}
+	rc = serve(&c.o, &c.wo, sock);
 	csi_cfg_free(&cfg);
 	return rc;
-bad:
-	usage(stderr);
-	return 2;
 }
