@@ -177,16 +177,148 @@ static void why_once(struct bk_backup *out, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* What the .meta names of a backup span. */
+struct span {
+	bool any;
+	uint32_t maxnode, maxworker;
+	uint64_t minstep, maxstep;
+};
+
+/* Every .meta of the backup (its objects all, under prefix) into out's
+ * shards, each judged by its shard hash (judge_hash, once per hash), and
+ * the data bytes summed; *sp: what they span. 0 or -errno. */
+static int judge_metas(struct bkt *b, const char *job, const char *backup, const char *prefix,
+		       const struct objs *all, struct bk_backup *out, size_t *cap, struct span *sp)
+{
+	char name[PATH_MAX];
+	struct verdict *vs = calloc(all->n, sizeof(*vs));
+	size_t nv = 0;
+	int rc = 0;
+
+	if (!vs)
+		return -ENOMEM;
+	for (size_t i = 0; i < all->n; i++) {
+		const struct obj *o = &all->v[i];
+		struct bk_shard s = { 0 };
+		size_t k;
+
+		if (strchr(o->name, '/')) {
+			if (strstr(o->name, ".data/"))
+				out->bytes += o->size;
+			continue;
+		}
+		if (!bk_parse_meta_name(o->name, job, &s.step, &s.node, &s.worker))
+			continue;
+		sp->any = true;
+		if (s.node > sp->maxnode)
+			sp->maxnode = s.node;
+		if (s.worker > sp->maxworker)
+			sp->maxworker = s.worker;
+		if (s.step < sp->minstep)
+			sp->minstep = s.step;
+		if (s.step > sp->maxstep)
+			sp->maxstep = s.step;
+		snprintf(name, sizeof(name), "%s%s", prefix, o->name);
+		rc = bk_read_meta(b, name, s.hash, &s.gke);
+		if (rc == -ENOENT || rc == -EBADMSG) {
+			snprintf(s.why, sizeof(s.why), "%s: %s", o->name,
+				 rc == -ENOENT ? "vanished" : "not a shard hash");
+			memset(s.hash, 0, sizeof(s.hash));
+			rc = add_shard(out, cap, &s);
+			if (rc < 0)
+				goto out;
+			continue;
+		}
+		if (rc < 0)
+			goto out;
+		for (k = 0; k < nv && (memcmp(vs[k].hash, s.hash, 32) || vs[k].gke_dir != s.gke); k++)
+			;
+		if (k == nv) {
+			memcpy(vs[nv].hash, s.hash, 32);
+			vs[nv].gke_dir = s.gke;
+			judge_hash(b, job, backup, all, &vs[nv]);
+			nv++;
+		}
+		s.complete = vs[k].ok;
+		s.file = vs[k].file;
+		if (!s.complete)
+			snprintf(s.why, sizeof(s.why), "%s", vs[k].why);
+		rc = add_shard(out, cap, &s);
+		if (rc < 0)
+			goto out;
+	}
+	rc = 0;
+out:
+	free(vs);
+	return rc;
+}
+
+/* Coverage: every (node, worker) of nodes x workers exactly once (a
+ * missing one added as a shard with no .meta), nothing outside; the first
+ * failure in out->why, out->nodes_seen counted. 0 or -errno. */
+static int check_coverage(struct bk_backup *out, size_t *cap, uint32_t nodes, uint32_t workers)
+{
+	size_t n0 = out->nshards, j = 0;
+	uint32_t lastnode = UINT32_MAX;
+	int rc;
+
+	for (uint32_t nd = 0; nd < nodes; nd++) {
+		uint32_t nw = workers;
+		size_t a = j, z;
+
+		/* mtcfs before per-worker backups: one w0 shard (with its
+		 * manifest) held every worker's file of the node */
+		while (a < n0 && out->shards[a].node < nd)
+			a++;
+		for (z = a; z < n0 && out->shards[z].node == nd; z++)
+			;
+		if (workers > 1 && z == a + 1 && out->shards[a].worker == 0 &&
+		    out->shards[a].complete && !out->shards[a].gke && !out->shards[a].file)
+			nw = 1;
+		for (uint32_t w = 0; w < nw; w++) {
+			size_t cnt = 0;
+			while (j < n0 && (out->shards[j].node < nd ||
+					  (out->shards[j].node == nd && out->shards[j].worker < w)))
+				j++;
+			for (size_t q = j; q < n0 && out->shards[q].node == nd &&
+			     out->shards[q].worker == w; q++) {
+				cnt++;
+				if (!out->shards[q].complete)
+					why_once(out, "node %u worker %u: %s", nd, w, out->shards[q].why);
+			}
+			if (cnt > 1)
+				why_once(out, "node %u worker %u has %zu .meta", nd, w, cnt);
+			if (cnt == 0) {
+				struct bk_shard s = { .node = nd, .worker = w };
+				snprintf(s.why, sizeof(s.why), "no .meta");
+				why_once(out, "node %u worker %u: no .meta", nd, w);
+				if ((rc = add_shard(out, cap, &s)) < 0)
+					return rc;
+			}
+		}
+	}
+	for (size_t q = 0; q < n0; q++) {
+		const struct bk_shard *s = &out->shards[q];
+		if (s->node != lastnode) {
+			out->nodes_seen++;
+			lastnode = s->node;
+		}
+		if (s->node >= nodes || s->worker >= workers)
+			why_once(out, "node %u worker %u is outside the job's %u nodes x %u "
+				 "workers", s->node, s->worker, nodes, workers);
+	}
+	if (out->nshards > n0)
+		qsort(out->shards, out->nshards, sizeof(*out->shards), shard_cmp);
+	return 0;
+}
+
 int bk_check_backup(struct bkt *b, const char *job, const char *backup, uint32_t nodes,
 		    uint32_t workers, struct bk_backup *out)
 {
-	char prefix[PATH_MAX], name[PATH_MAX];
+	char prefix[PATH_MAX];
 	struct objs all = { 0 };
-	struct verdict *vs = NULL;
-	size_t nv = 0, cap = 0;
-	uint32_t maxnode = 0, maxworker = 0;
-	uint64_t minstep = UINT64_MAX, maxstep = 0;
-	bool any = false;
+	struct span sp = { .minstep = UINT64_MAX };
+	size_t cap = 0;
 	int rc;
 
 	memset(out, 0, sizeof(*out));
@@ -202,128 +334,24 @@ int bk_check_backup(struct bkt *b, const char *job, const char *backup, uint32_t
 		rc = -ENOENT;
 		goto out;
 	}
-	vs = calloc(all.n, sizeof(*vs));
-	if (!vs) {
-		rc = -ENOMEM;
+	rc = judge_metas(b, job, backup, prefix, &all, out, &cap, &sp);
+	if (rc < 0)
 		goto out;
-	}
-	for (size_t i = 0; i < all.n; i++) {
-		const struct obj *o = &all.v[i];
-		struct bk_shard s = { 0 };
-		size_t k;
-
-		if (strchr(o->name, '/')) {
-			if (strstr(o->name, ".data/"))
-				out->bytes += o->size;
-			continue;
-		}
-		if (!bk_parse_meta_name(o->name, job, &s.step, &s.node, &s.worker))
-			continue;
-		any = true;
-		if (s.node > maxnode)
-			maxnode = s.node;
-		if (s.worker > maxworker)
-			maxworker = s.worker;
-		if (s.step < minstep)
-			minstep = s.step;
-		if (s.step > maxstep)
-			maxstep = s.step;
-		snprintf(name, sizeof(name), "%s%s", prefix, o->name);
-		rc = bk_read_meta(b, name, s.hash, &s.gke);
-		if (rc == -ENOENT || rc == -EBADMSG) {
-			snprintf(s.why, sizeof(s.why), "%s: %s", o->name,
-				 rc == -ENOENT ? "vanished" : "not a shard hash");
-			memset(s.hash, 0, sizeof(s.hash));
-			rc = add_shard(out, &cap, &s);
-			if (rc < 0)
-				goto out;
-			continue;
-		}
-		if (rc < 0)
-			goto out;
-		for (k = 0; k < nv && (memcmp(vs[k].hash, s.hash, 32) || vs[k].gke_dir != s.gke); k++)
-			;
-		if (k == nv) {
-			memcpy(vs[nv].hash, s.hash, 32);
-			vs[nv].gke_dir = s.gke;
-			judge_hash(b, job, backup, &all, &vs[nv]);
-			nv++;
-		}
-		s.complete = vs[k].ok;
-		s.file = vs[k].file;
-		if (!s.complete)
-			snprintf(s.why, sizeof(s.why), "%s", vs[k].why);
-		rc = add_shard(out, &cap, &s);
-		if (rc < 0)
-			goto out;
-	}
-	rc = 0;
-	out->complete = any;
-	if (!any)
+	out->complete = sp.any;
+	if (!sp.any)
 		why_once(out, "no .meta");
 	if (!nodes)
-		nodes = any ? maxnode + 1 : 0;
+		nodes = sp.any ? sp.maxnode + 1 : 0;
 	if (!workers)
-		workers = any ? maxworker + 1 : 0;
-	out->step = any ? maxstep : 0;
-	if (any && minstep != maxstep)
-		why_once(out, "mixed steps %" PRIu64 " and %" PRIu64, minstep, maxstep);
+		workers = sp.any ? sp.maxworker + 1 : 0;
+	out->step = sp.any ? sp.maxstep : 0;
+	if (sp.any && sp.minstep != sp.maxstep)
+		why_once(out, "mixed steps %" PRIu64 " and %" PRIu64, sp.minstep, sp.maxstep);
 	/* coverage: every (node, worker) exactly once; nothing outside */
 	if (out->nshards)
 		qsort(out->shards, out->nshards, sizeof(*out->shards), shard_cmp);
-	{
-		size_t n0 = out->nshards, j = 0;
-		uint32_t lastnode = UINT32_MAX;
-		for (uint32_t nd = 0; nd < nodes; nd++) {
-			uint32_t nw = workers;
-			size_t a = j, z;
-
-			/* mtcfs before per-worker backups: one w0 shard (with its
-			 * manifest) held every worker's file of the node */
-			while (a < n0 && out->shards[a].node < nd)
-				a++;
-			for (z = a; z < n0 && out->shards[z].node == nd; z++)
-				;
-			if (workers > 1 && z == a + 1 && out->shards[a].worker == 0 &&
-			    out->shards[a].complete && !out->shards[a].gke && !out->shards[a].file)
-				nw = 1;
-			for (uint32_t w = 0; w < nw; w++) {
-				size_t cnt = 0;
-				while (j < n0 && (out->shards[j].node < nd ||
-						  (out->shards[j].node == nd && out->shards[j].worker < w)))
-					j++;
-				for (size_t q = j; q < n0 && out->shards[q].node == nd &&
-				     out->shards[q].worker == w; q++) {
-					cnt++;
-					if (!out->shards[q].complete)
-						why_once(out, "node %u worker %u: %s", nd, w, out->shards[q].why);
-				}
-				if (cnt > 1)
-					why_once(out, "node %u worker %u has %zu .meta", nd, w, cnt);
-				if (cnt == 0) {
-					struct bk_shard s = { .node = nd, .worker = w };
-					snprintf(s.why, sizeof(s.why), "no .meta");
-					why_once(out, "node %u worker %u: no .meta", nd, w);
-					if ((rc = add_shard(out, &cap, &s)) < 0)
-						goto out;
-				}
-			}
-		}
-		for (size_t q = 0; q < n0; q++) {
-			const struct bk_shard *s = &out->shards[q];
-			if (s->node != lastnode) {
-				out->nodes_seen++;
-				lastnode = s->node;
-			}
-			if (s->node >= nodes || s->worker >= workers)
-				why_once(out, "node %u worker %u is outside the job's %u nodes x %u "
-					 "workers", s->node, s->worker, nodes, workers);
-		}
-		if (out->nshards > n0)
-			qsort(out->shards, out->nshards, sizeof(*out->shards), shard_cmp);
-	}
+	rc = check_coverage(out, &cap, nodes, workers);
 out:
-	free(vs);
 	bk_objs_free(&all);
 	if (rc < 0)
 		bk_backup_clear(out);
