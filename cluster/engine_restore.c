@@ -290,16 +290,230 @@ static void to_restore_plan(const struct rcfg *c, const struct plan_entry *p, st
 	rp->source = p->holder == (uint32_t)c->node_rank ? RS_LOCAL : RS_PEER;
 }
 
+/* One restore round of the control thread: what its steps share. */
+struct round {
+	struct eng *e;
+	const struct rcfg *c;
+	restore_report_fn rep;
+	void *arg;
+	int call_ms;
+	uint64_t deadline;           /* util_now_ns(): give up after */
+	int rounds;                  /* catalog attempts retried */
+	char last_notes[1024];       /* the plan's notes last reported */
+};
+
+#define PLAN_RESTART 1           /* the coordinator restarts the round */
+
+/* This node's catalog to the coordinator; its answer (a plan) in *resp.
+ * The coordinator not answering is retried every second until the
+ * deadline (20 times at most). 0, or -errno (-ECANCELED: a new yaml or the
+ * daemon's stop). */
+static int send_catalog(struct round *r, json_t **resp)
+{
+	struct eng *e = r->e;
+
+	for (;;) {
+		json_t *req = catalog_msg(e, r->c);
+		int rc = eng_ctl_call(e, req, resp, r->call_ms);
+		char line[512];
+		struct timespec ts;
+
+		json_decref(req);
+		if (rc == -ECANCELED || rc >= 0)
+			return rc;
+		snprintf(line, sizeof(line), "restore: the coordinator at %s did not answer: %s",
+			 e->coord_addr, strerror(-rc));
+		if (r->rep)
+			r->rep(r->arg, line);
+		/* a WARN per attempt: the restore that fails in the end is the
+		 * one ERROR (ctl: "replicator.yaml rejected: restore failed") */
+		log_warn("engine", "%s%s", line, util_now_ns() < r->deadline && r->rounds < 20
+			 ? "; retrying in 1 s" : "; giving up");
+		if (!(util_now_ns() < r->deadline && r->rounds++ < 20))
+			return rc;
+		pthread_mutex_lock(&e->ctl_mu);
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1;
+		if (!e->restore_cancel && !e->no_restores)   /* a new yaml ends the pause too */
+			pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts);
+		pthread_mutex_unlock(&e->ctl_mu);
+	}
+}
+
+/* Each worker's shard of plan p from its own source (one shard per
+ * worker), as GKE restores each worker's file. On failure, why says why,
+ * *fw is the worker that failed and p's holder/owner its source (for
+ * fetch_failed). 0 or -errno. */
+static int obtain_workers(struct round *r, struct plan_entry *p, uint32_t *fw, char *why,
+			  size_t whylen)
+{
+	uint32_t W = job_workers(r->c);
+	struct plan_entry *pw = NULL;
+	int rc = 0;
+
+	*fw = 0;
+	for (uint32_t w = 0; w < W && rc == 0; w++) {
+		bool whole = false;
+		if (w > 0 && !p->bucket && w >= p->nsrc) {
+			rc = -EPROTO;
+			snprintf(why, whylen, "the plan names no source for worker %u", w);
+			break;
+		}
+		if (w > 0 && (!p->bucket || w < p->nsrc)) {
+			/* its own source (bucket: the backup's node
+			 * to fetch, when the plan names one) */
+			if (!pw && !(pw = malloc(sizeof(*pw)))) {
+				rc = -ENOMEM;
+				break;
+			}
+			*pw = *p;
+			pw->holder = p->src[w].holder;
+			pw->owner = p->src[w].owner;
+			memcpy(pw->hash, p->src[w].hash, 32);
+			snprintf(pw->addr, sizeof(pw->addr), "%s", p->src[w].addr);
+		}
+		*fw = w;
+		rc = obtain(r->e, r->c, w > 0 && (!p->bucket || w < p->nsrc) ? pw : p, w,
+			    &whole, why, whylen);
+		if (whole)
+			break;   /* every worker's file came in worker 0's shard */
+	}
+	if (rc < 0 && *fw > 0 && pw) {
+		p->holder = pw->holder;   /* the failed source, for fetch_failed */
+		p->owner = pw->owner;
+	}
+	free(pw);
+	return rc;
+}
+
+/* Worker fw's source of plan p failed (why): said, and the coordinator
+ * asked for another source; its new plan in *resp. 0 or -errno. */
+static int source_failed(struct round *r, const struct plan_entry *p, uint32_t fw,
+			 const char *why, json_t **resp)
+{
+	json_t *ff;
+	char line[800];
+	int rc;
+
+	if (p->bucket)
+		snprintf(line, sizeof(line),
+			 "restore of step %llu from backup %s failed (%s); asking for another backup",
+			 (unsigned long long)p->step, p->backup, why);
+	else
+		snprintf(line, sizeof(line),
+			 "restore of step %llu: source rank %u failed (%s); asking for another source",
+			 (unsigned long long)p->step, p->holder, why);
+	log_warn("engine", "%s", line);
+	if (r->rep)
+		r->rep(r->arg, line);
+	ff = proto_fetch_failed_encode(&(struct proto_fetch_failed){
+		.job = r->c->job, .plan = p->plan, .holder = p->holder,
+		.owner = p->owner, .step = p->step, .worker = fw,
+		.bucket = p->bucket });
+	rc = eng_ctl_call(r->e, ff, resp, r->call_ms);
+	json_decref(ff);
+	return rc;
+}
+
+/* The job-wide barrier passed for plan p: its step is this node's LKG. */
+static void restored(struct round *r, const struct plan_entry *p)
+{
+	struct eng *e = r->e;
+	const struct rcfg *c = r->c;
+
+	/* Older steps go only once the restored one is protected
+	 * again job-wide (the coordinator's next safe step): it
+	 * was restored from one copy, and its replicas or parity
+	 * may never have been made (a node killed right after
+	 * its commit) or may be on a node lost since. A step
+	 * restored from the bucket is held there. */
+	pthread_mutex_lock(&e->mu);
+	e->has_lkg = true;
+	e->lkg = p->step;
+	e->has_safe = p->bucket;
+	e->safe = p->step;
+	snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", c->job);
+	pthread_mutex_unlock(&e->mu);
+	/* what the schemes keep of later steps (fragments)
+	 * belongs to the timeline left */
+	redund_drop_newer(e, c->job, p->step);
+	if (!p->bucket)
+		eng_reprotect(e, c->job, p->step, (uint32_t)c->nodes, (uint32_t)c->assume_dp);
+}
+
+/* Follows the coordinator's plans, from *resp (consumed): the data of
+ * each, then the barrier, until one passes it. 0 (plan filled in),
+ * PLAN_RESTART (send the catalog again), or -errno. */
+static int follow_plans(struct round *r, json_t **resp,
+			void (*prerestore)(void *arg, const struct restore_plan *p),
+			struct restore_plan *plan)
+{
+	const struct rcfg *c = r->c;
+	struct plan_entry p;
+	int rc;
+
+	for (;;) {
+		enum proto_op op;
+		char why[512] = "";
+		json_t *rd;
+		uint32_t fw;
+
+		if (proto_msg_op(*resp, &op) == 0 && op == PROTO_RESTART)
+			return PLAN_RESTART;
+		rc = parse_plan(*resp, &p);
+		json_decref(*resp);
+		*resp = NULL;
+		if (rc < 0)
+			return rc;
+		if (p.bucket && !p.has_owner) {
+			/* this rank's own shard of the backup */
+			p.holder = p.owner = (uint32_t)c->node_rank;
+			p.nsrc = 0;
+		}
+		to_restore_plan(c, &p, plan);
+		if (p.notes[0] && r->rep && strcmp(p.notes, r->last_notes)) {
+			r->rep(r->arg, p.notes);
+			snprintf(r->last_notes, sizeof(r->last_notes), "%s", p.notes);
+		}
+		if (prerestore)
+			prerestore(r->arg, plan);
+		if (p.found && obtain_workers(r, &p, &fw, why, sizeof(why)) < 0) {
+			rc = source_failed(r, &p, fw, why, resp);
+			if (rc < 0 || util_now_ns() > r->deadline)
+				return rc;
+			continue;
+		}
+		/* the job-wide barrier */
+		rd = proto_ready_encode(&(struct proto_ready){ .job = c->job, .plan = p.plan });
+		rc = eng_ctl_call(r->e, rd, resp, r->call_ms);
+		json_decref(rd);
+		if (rc < 0)
+			return rc;
+		if (proto_msg_op(*resp, &op) == 0 && op == PROTO_GO) {
+			json_decref(*resp);
+			*resp = NULL;
+			if (p.found)
+				restored(r, &p);
+			return 0;
+		}
+		if (util_now_ns() > r->deadline)
+			return -ETIMEDOUT;
+		/* a new plan (another node's source failed): go around again */
+	}
+}
+
 int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void *arg,
 		void (*prerestore)(void *arg, const struct restore_plan *p),
 		struct restore_plan *plan)
 {
-	int call_ms = (e->restore_timeout_s + 30) * 1000;
-	uint64_t deadline = util_now_ns() + (uint64_t)(3 * e->restore_timeout_s + 60) * 1000000000ULL;
-	json_t *req = NULL, *resp = NULL;
-	struct plan_entry p;
-	char last_notes[1024] = "";
-	int rc, rounds = 0;
+	struct round r = {
+		.e = e, .c = c, .rep = rep, .arg = arg,
+		.call_ms = (e->restore_timeout_s + 30) * 1000,
+		.deadline = util_now_ns() + (uint64_t)(3 * e->restore_timeout_s + 60) * 1000000000ULL,
+	};
+	json_t *resp = NULL;
+	bool stopping;
+	int rc;
 
 	pthread_mutex_lock(&e->ctl_mu);
 	if (e->no_restores) {
@@ -311,164 +525,16 @@ int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void
 	e->restore_cancel = false;
 	e->restore_thr = pthread_self();
 	pthread_mutex_unlock(&e->ctl_mu);
-restart:
-	json_decref(req);
-	req = catalog_msg(e, c);
-	rc = eng_ctl_call(e, req, &resp, call_ms);
-	if (rc == -ECANCELED)
-		goto out;
-	if (rc < 0) {
-		char line[512];
-		snprintf(line, sizeof(line), "restore: the coordinator at %s did not answer: %s",
-			 e->coord_addr, strerror(-rc));
-		if (rep)
-			rep(arg, line);
-		/* a WARN per attempt: the restore that fails in the end is the
-		 * one ERROR (ctl: "replicator.yaml rejected: restore failed") */
-		log_warn("engine", "%s%s", line, util_now_ns() < deadline && rounds < 20
-			 ? "; retrying in 1 s" : "; giving up");
-		if (util_now_ns() < deadline && rounds++ < 20) {
-			struct timespec ts;
-			pthread_mutex_lock(&e->ctl_mu);
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_sec += 1;
-			if (!e->restore_cancel && !e->no_restores)   /* a new yaml ends the pause too */
-				pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts);
-			pthread_mutex_unlock(&e->ctl_mu);
-			goto restart;
-		}
-		goto out;
-	}
-	for (;;) {
-		enum proto_op op;
-		char why[512] = "";
-
-		if (proto_msg_op(resp, &op) == 0 && op == PROTO_RESTART) {
-			json_decref(resp);
-			resp = NULL;
-			goto restart;
-		}
-		rc = parse_plan(resp, &p);
+	do {
 		json_decref(resp);
 		resp = NULL;
-		if (rc < 0)
-			goto out;
-		if (p.bucket && !p.has_owner) {
-			/* this rank's own shard of the backup */
-			p.holder = p.owner = (uint32_t)c->node_rank;
-			p.nsrc = 0;
-		}
-		to_restore_plan(c, &p, plan);
-		if (p.notes[0] && rep && strcmp(p.notes, last_notes)) {
-			rep(arg, p.notes);
-			snprintf(last_notes, sizeof(last_notes), "%s", p.notes);
-		}
-		if (prerestore)
-			prerestore(arg, plan);
-		if (p.found) {
-			/* each worker's shard from its own source (one shard
-			 * per worker), as GKE restores each worker's file */
-			uint32_t W = job_workers(c), fw = 0;
-			struct plan_entry *pw = NULL;
-			rc = 0;
-			for (uint32_t w = 0; w < W && rc == 0; w++) {
-				bool whole = false;
-				if (w > 0 && !p.bucket && w >= p.nsrc) {
-					rc = -EPROTO;
-					snprintf(why, sizeof(why), "the plan names no source for worker %u", w);
-					break;
-				}
-				if (w > 0 && (!p.bucket || w < p.nsrc)) {
-					/* its own source (bucket: the backup's node
-					 * to fetch, when the plan names one) */
-					if (!pw && !(pw = malloc(sizeof(*pw)))) {
-						rc = -ENOMEM;
-						break;
-					}
-					*pw = p;
-					pw->holder = p.src[w].holder;
-					pw->owner = p.src[w].owner;
-					memcpy(pw->hash, p.src[w].hash, 32);
-					snprintf(pw->addr, sizeof(pw->addr), "%s", p.src[w].addr);
-				}
-				fw = w;
-				rc = obtain(e, c, w > 0 && (!p.bucket || w < p.nsrc) ? pw : &p, w,
-					    &whole, why, sizeof(why));
-				if (whole)
-					break;   /* every worker's file came in worker 0's shard */
-			}
-			if (rc < 0 && fw > 0 && pw) {
-				p.holder = pw->holder;   /* the failed source, for fetch_failed */
-				p.owner = pw->owner;
-			}
-			free(pw);
-			if (rc < 0) {
-				json_t *ff;
-				char line[800];
-				if (p.bucket)
-					snprintf(line, sizeof(line),
-						 "restore of step %llu from backup %s failed (%s); asking for another backup",
-						 (unsigned long long)p.step, p.backup, why);
-				else
-					snprintf(line, sizeof(line),
-						 "restore of step %llu: source rank %u failed (%s); asking for another source",
-						 (unsigned long long)p.step, p.holder, why);
-				log_warn("engine", "%s", line);
-				if (rep)
-					rep(arg, line);
-				ff = proto_fetch_failed_encode(&(struct proto_fetch_failed){
-					.job = c->job, .plan = p.plan, .holder = p.holder,
-					.owner = p.owner, .step = p.step, .worker = fw,
-					.bucket = p.bucket });
-				rc = eng_ctl_call(e, ff, &resp, call_ms);
-				json_decref(ff);
-				if (rc < 0 || util_now_ns() > deadline)
-					goto out;
-				continue;
-			}
-		}
-		/* the job-wide barrier */
-		json_t *rd = proto_ready_encode(&(struct proto_ready){ .job = c->job, .plan = p.plan });
-		rc = eng_ctl_call(e, rd, &resp, call_ms);
-		json_decref(rd);
-		if (rc < 0)
-			goto out;
-		if (proto_msg_op(resp, &op) == 0 && op == PROTO_GO) {
-			json_decref(resp);
-			resp = NULL;
-			if (p.found) {
-				/* Older steps go only once the restored one is protected
-				 * again job-wide (the coordinator's next safe step): it
-				 * was restored from one copy, and its replicas or parity
-				 * may never have been made (a node killed right after
-				 * its commit) or may be on a node lost since. A step
-				 * restored from the bucket is held there. */
-				pthread_mutex_lock(&e->mu);
-				e->has_lkg = true;
-				e->lkg = p.step;
-				e->has_safe = p.bucket;
-				e->safe = p.step;
-				snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", c->job);
-				pthread_mutex_unlock(&e->mu);
-				/* what the schemes keep of later steps (fragments)
-				 * belongs to the timeline left */
-				redund_drop_newer(e, c->job, p.step);
-				if (!p.bucket)
-					eng_reprotect(e, c->job, p.step, (uint32_t)c->nodes,
-						      (uint32_t)c->assume_dp);
-			}
-			rc = 0;
-			break;
-		}
-		if (util_now_ns() > deadline) {
-			rc = -ETIMEDOUT;
-			goto out;
-		}
-		/* a new plan (another node's source failed): go around again */
-	}
-out:
+		rc = send_catalog(&r, &resp);
+		if (rc >= 0)
+			rc = follow_plans(&r, &resp, prerestore, plan);
+	} while (rc == PLAN_RESTART);
+
 	pthread_mutex_lock(&e->ctl_mu);
-	bool stopping = e->no_restores;
+	stopping = e->no_restores;
 	if (e->restore_cancel || stopping)
 		rc = -ECANCELED;   /* whatever the round got to: a new one replaces it */
 	e->restoring = false;
@@ -478,7 +544,6 @@ out:
 		log_info("engine", "restore of job %s interrupted %s", c->job,
 			 stopping ? "by the daemon's stop (unmount or signal)"
 				  : "by a new replicator.yaml");
-	json_decref(req);
 	json_decref(resp);
 	return rc;
 }
