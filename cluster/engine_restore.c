@@ -479,8 +479,14 @@ static int follow_plans(struct round *r, json_t **resp,
 			prerestore(r->arg, plan);
 		if (p.found && obtain_workers(r, &p, &fw, why, sizeof(why)) < 0) {
 			rc = source_failed(r, &p, fw, why, resp);
-			if (rc < 0 || util_now_ns() > r->deadline)
+			if (rc < 0)
 				return rc;
+			/* out of time with this plan's data not here: a failure,
+			 * never a success (it returned the fetch_failed call's 0,
+			 * and the caller published the markers of a step it did
+			 * not have) */
+			if (util_now_ns() > r->deadline)
+				return -ETIMEDOUT;
 			continue;
 		}
 		/* the job-wide barrier */
