@@ -47,7 +47,7 @@ static int build_cb(void *arg, const struct walk_ent *w)
 	struct mf_builder *b = arg;
 	struct mf_entry ent = { 0 };
 	const struct stat *st = w->st;
-	int rc;
+	int rc = 0;   /* set by add_entry; GCC -O2 with ASan cannot see the short circuit */
 
 	ent.mode = st->st_mode & 07777;
 	ent.uid = (uint32_t)st->st_uid;
