@@ -7,8 +7,10 @@ check.functions)."""
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fake_tree import FakeTreeCase  # noqa: E402
 
 TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOOL = os.path.join(TOP, "tools", "check-functions")
@@ -20,20 +22,12 @@ def body(n):
     return "{\n" + "\tx++;\n" * (n - 3) + "}\n"
 
 
-class CheckFunctions(unittest.TestCase):
+class CheckFunctions(FakeTreeCase):
+    PREFIX = "check-functions-"
+
     def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="check-functions-")
-        self.root = self.tmp.name
+        super().setUp()
         self.put("common/a.c", "static int x;\n\nstatic void small(void)\n{\n\tx++;\n}\n")
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def put(self, rel, text):
-        path = os.path.join(self.root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
 
     def run_tool(self, *args):
         p = subprocess.run([sys.executable, TOOL] + list(args) + [self.root],

@@ -7,18 +7,21 @@ check.layers)."""
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fake_tree import FakeTreeCase  # noqa: E402
 
 TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOOL = os.path.join(TOP, "tools", "check-layers")
 ORDER = "common <- net <- tiers <- cluster <- fs <- tools"
 
 
-class CheckLayers(unittest.TestCase):
+class CheckLayers(FakeTreeCase):
+    PREFIX = "check-layers-"
+
     def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="check-layers-")
-        self.root = self.tmp.name
+        super().setUp()
         # a clean base: each layer includes the one below it
         self.put("common/log.h", "#pragma once\n")
         self.put("common/log.c", '#include "common/log.h"\n')
@@ -30,15 +33,6 @@ class CheckLayers(unittest.TestCase):
         self.put("fs/main.c", '#include "fs/fs_i.h"\n#include "common/log.h"\n')
         self.put("tools/main.c", '#include "fs/fs_i.h"\n')
         self.put("tests/unit/test_x.c", '#include "tools/../fs/fs_i.h"\n#include "net/frame.h"\n')
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def put(self, rel, text):
-        path = os.path.join(self.root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
 
     def run_tool(self):
         p = subprocess.run([sys.executable, TOOL, self.root], capture_output=True,
