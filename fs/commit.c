@@ -2,7 +2,8 @@
  * catalog as SEALING on the FUSE thread (one small LMDB transaction, before
  * the rename itself, so a crash right after the rename is recovered), then
  * the seal worker freezes the tree, hard-links it into the shard store and
- * builds the manifest. Policy (which steps may go) lives here too. */
+ * builds the manifest. What may go, and its execution, are retain.c and
+ * tiers/retention.c. */
 #include "fs/fs_i.h"
 #include "cluster/rcfg.h"
 #include "common/log.h"
@@ -24,73 +25,12 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The table holds one entry per (step, worker): a step directory is
- * worker 0; in framework: pytorch each worker's .save file is its own
- * shard, committed, replicated and restored on its own (as GKE's
- * replicator treats each <job>-s<S>-n<r>-w<w>.save). commit_find() is any
- * entry of the step (what fs_ll.c asks about a directory or a file of it). */
-struct fs_step *commit_find(struct fs *fs, uint64_t step)
-{
-	for (size_t i = 0; i < fs->nsteps; i++)
-		if (fs->steps[i].step == step)
-			return &fs->steps[i];
-	return NULL;
-}
-
-static struct fs_step *find_w(struct fs *fs, uint64_t step, uint32_t w)
-{
-	for (size_t i = 0; i < fs->nsteps; i++)
-		if (fs->steps[i].step == step && fs->steps[i].worker == w)
-			return &fs->steps[i];
-	return NULL;
-}
-
-static struct fs_step *step_add(struct fs *fs, uint64_t step, uint32_t w)
-{
-	struct fs_step *s = find_w(fs, step, w);
-	if (s)
-		return s;
-	if (fs->nsteps == fs->capsteps) {
-		size_t ncap = fs->capsteps ? fs->capsteps * 2 : 16;
-		struct fs_step *ns = realloc(fs->steps, ncap * sizeof(*ns));
-		if (!ns)
-			return NULL;
-		fs->steps = ns;
-		fs->capsteps = ncap;
-	}
-	s = &fs->steps[fs->nsteps++];
-	memset(s, 0, sizeof(*s));
-	s->step = step;
-	s->worker = w;
-	return s;
-}
-
-static void step_remove(struct fs *fs, uint64_t step, uint32_t w)
-{
-	for (size_t i = 0; i < fs->nsteps; i++) {
-		if (fs->steps[i].step == step && fs->steps[i].worker == w) {
-			free(fs->steps[i].files);
-			fs->steps[i] = fs->steps[--fs->nsteps];
-			return;
-		}
-	}
-}
-
-static void key_of(const struct fs_step *s, struct shard_key *k)
-{
-	memset(k, 0, sizeof(*k));
-	snprintf(k->job, sizeof(k->job), "%s", s->job);
-	k->step = s->step;
-	k->rank = s->rank;
-	k->worker = s->worker;
-}
-
 bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
 {
 	struct fs_step *s;
 	bool r;
 	pthread_mutex_lock(&fs->mu);
-	s = commit_find(fs, step);
+	s = fs_step_find(fs, step);
 	r = s && s->visible && s->dir_ino == ino;
 	pthread_mutex_unlock(&fs->mu);
 	return r;
@@ -111,7 +51,7 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 		return -ENAMETOOLONG;
 	}
 	pthread_mutex_lock(&fs->mu);
-	s = find_w(fs, step, w);
+	s = fs_step_find_w(fs, step, w);
 	if (s && s->visible && !s->sealed) {
 		/* the previous commit of this name is still sealing */
 		pthread_mutex_unlock(&fs->mu);
@@ -130,7 +70,7 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 		free(files);
 		return -EEXIST;
 	}
-	s = step_add(fs, step, w);
+	s = fs_step_add(fs, step, w);
 	if (!s) {
 		pthread_mutex_unlock(&fs->mu);
 		free(files);
@@ -146,7 +86,7 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 	s->visible = true;
 	s->sealed = false;
 	s->failed = false;
-	key_of(s, &k);
+	fs_step_key(s, &k);
 	pthread_mutex_unlock(&fs->mu);
 	if (life_name_set(ram_idx(fs->ram), &k, name) < 0)
 		log_warn("commit", "cannot record the name %s of step %" PRIu64 ": it restores as %" PRIu64,
@@ -158,7 +98,7 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 		log_err("commit", "cannot record step %llu in the catalog: %s",
 			(unsigned long long)step, strerror(-rc));
 		pthread_mutex_lock(&fs->mu);
-		step_remove(fs, step, w);
+		fs_step_remove(fs, step, w);
 		pthread_mutex_unlock(&fs->mu);
 		atomic_fetch_sub(&fs->sealing, 1);
 		return -EIO;
@@ -177,13 +117,13 @@ static void abort_w(struct fs *fs, uint64_t step, uint32_t w)
 	struct fs_step *s;
 
 	pthread_mutex_lock(&fs->mu);
-	s = find_w(fs, step, w);
+	s = fs_step_find_w(fs, step, w);
 	if (!s) {
 		pthread_mutex_unlock(&fs->mu);
 		return;
 	}
-	key_of(s, &k);
-	step_remove(fs, step, w);
+	fs_step_key(s, &k);
+	fs_step_remove(fs, step, w);
 	pthread_mutex_unlock(&fs->mu);
 	atomic_fetch_sub(&fs->sealing, 1);
 	life_forget(ram_idx(fs->ram), &k);
@@ -274,13 +214,13 @@ static void seal_job(void *arg)
 
 	free(sa);
 	pthread_mutex_lock(&fs->mu);
-	s = find_w(fs, step, worker);
+	s = fs_step_find_w(fs, step, worker);
 	if (!s || s->sealed) {
 		pthread_mutex_unlock(&fs->mu);
 		atomic_fetch_sub(&fs->sealing, 1);
 		return;
 	}
-	key_of(s, &k);
+	fs_step_key(s, &k);
 	ino = s->dir_ino;
 	snprintf(name, sizeof(name), "%s", s->name);
 	if (s->nfiles) {
@@ -313,7 +253,7 @@ static void seal_job(void *arg)
 				strerror(-rc));
 			goto out;
 		}
-		fs_freeze_subtree(fs, dfd, step);
+		fs->front->freeze_subtree(fs, dfd, step);
 	}
 	frozen = true;
 	atomic_fetch_sub(&fs->sealing, 1);
@@ -330,7 +270,7 @@ static void seal_job(void *arg)
 			snprintf(line, sizeof(line), "step %llu was not committed: %s",
 				 (unsigned long long)step, why);
 			log_err("commit", "%s", line);
-			ctl_report_error(fs, line);
+			fs_report_error(fs, line);
 			goto out;
 		}
 		log_warn("commit", "sealing step %llu failed (%s), attempt %d: trying again",
@@ -356,7 +296,7 @@ out:
 	if (rc < 0)
 		metrics_add(MC_COMMIT_FAILURES, 1);
 	pthread_mutex_lock(&fs->mu);
-	s = find_w(fs, step, worker);
+	s = fs_step_find_w(fs, step, worker);
 	if (s && s->dir_ino == ino) {
 		s->sealed = true;
 		s->failed = rc < 0;
@@ -365,7 +305,7 @@ out:
 	bool eager = fs->eager_gc;
 	pthread_mutex_unlock(&fs->mu);
 	if (rc == 0 && eager)
-		commit_gc(fs);
+		retain_gc(fs);
 }
 
 static int queue_w(struct fs *fs, uint64_t step, uint32_t w)
@@ -418,262 +358,11 @@ void commit_hide(struct fs *fs, uint64_t step)
 		if (s->step != step)
 			continue;
 		s->visible = false;
-		key_of(s, &k[n++]);
+		fs_step_key(s, &k[n++]);
 	}
 	pthread_mutex_unlock(&fs->mu);
 	for (size_t i = 0; i < n; i++)
 		life_hide(ram_idx(fs->ram), &k[i]);
-}
-
-/* Top-level symlinks into a shard's store directory (a renamed .restore
- * marker: Orbax's <step>, PyTorch's step=<N>) would dangle once the shard
- * goes: remove them with it. */
-static void unlink_views(struct fs *fs, const struct shard_key *k)
-{
-	char rel[512], target[600], buf[600];
-	int nsfd = ram_ns_fd(fs->ram);
-	const struct dirent *de;
-	struct walk_dir d;
-
-	if (ram_shard_relpath(k, rel, sizeof(rel)) < 0)
-		return;
-	snprintf(target, sizeof(target), ".mtcfs/%s", rel);
-	if (walk_dir_open(&d, nsfd) < 0)
-		return;
-	while ((de = walk_dir_next(&d)) != NULL) {
-		ssize_t l;
-		if (de->d_type != DT_LNK)
-			continue;
-		l = readlinkat(nsfd, de->d_name, buf, sizeof(buf) - 1);
-		if (l <= 0)
-			continue;
-		buf[l] = '\0';
-		if (!strcmp(buf, target) || (!strncmp(buf, target, strlen(target)) && buf[strlen(target)] == '/'))
-			unlinkat(nsfd, de->d_name, 0);
-	}
-	walk_dir_close(&d);
-}
-
-/* List the store directory of shard k: 0 or -errno. walk_dir_fd(d) is
- * the directory for *at() calls on the entries. */
-static int shard_dir_open(struct fs *fs, const struct shard_key *k, struct walk_dir *d)
-{
-	int sfd = ram_shard_open(fs->ram, k), rc;
-
-	if (sfd < 0)
-		return sfd;
-	rc = walk_dir_open(d, sfd);
-	close(sfd);   /* the walk reads its own open of the directory */
-	return rc;
-}
-
-/* A framework: pytorch shard's files are also top-level .save names of
- * the app's view: those that are still the shard's own inodes go with it. */
-static void unlink_file_views(struct fs *fs, const struct shard_key *k)
-{
-	int nsfd = ram_ns_fd(fs->ram), sfd;
-	const struct dirent *de;
-	struct walk_dir d;
-
-	if (shard_dir_open(fs, k, &d) < 0)
-		return;
-	sfd = walk_dir_fd(&d);
-	while ((de = walk_dir_next(&d)) != NULL) {
-		struct stat a, b;
-		size_t l = strlen(de->d_name);
-		if (l < 6 || strcmp(de->d_name + l - 5, ".save"))
-			continue;
-		if (fstatat(sfd, de->d_name, &a, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(a.st_mode) &&
-		    fstatat(nsfd, de->d_name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_ino == b.st_ino &&
-		    unlinkat(nsfd, de->d_name, 0) == 0)
-			fs_forget_name(fs, de->d_name);
-	}
-	walk_dir_close(&d);
-}
-
-/* Drop one own shard: its store copy, its record, and its namespace view. */
-static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_ino)
-{
-	uint64_t freed = 0;
-	char name[sizeof(((struct fs_step *)0)->name)];
-	struct stat st;
-	bool in_ns = false;
-
-	name[0] = '\0';
-	pthread_mutex_lock(&fs->mu);
-	{
-		struct fs_step *s = find_w(fs, k->step, k->worker);
-		if (s && !strcmp(s->job, k->job) && s->rank == k->rank) {
-			in_ns = s->visible && s->dir_ino == ns_ino && ns_ino != 0;
-			snprintf(name, sizeof(name), "%s", s->name);
-			step_remove(fs, k->step, k->worker);
-		}
-	}
-	pthread_mutex_unlock(&fs->mu);
-	if (!name[0])
-		life_name_get(ram_idx(fs->ram), k, name, sizeof(name));
-	if (in_ns && fstatat(ram_ns_fd(fs->ram), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-	    st.st_ino == ns_ino) {
-		util_rmtree_at(ram_ns_fd(fs->ram), name, &freed);
-		ram_adjust(fs->ram, -(int64_t)freed);   /* ram_drop accounts its own */
-	}
-	unlink_views(fs, k);
-	unlink_file_views(fs, k);
-	life_name_forget(ram_idx(fs->ram), k);
-	ram_drop(fs->ram, k, &freed);
-	metrics_add(MC_GC_DROPPED, 1);
-	if (in_ns)
-		fs_forget_name(fs, name);
-	fs_forget_name(fs, ".mtcfs");
-	log_info("gc", "dropped job=%s step=%llu rank=%u freed=%llu worker=%u", k->job,
-		 (unsigned long long)k->step, k->rank, (unsigned long long)freed, k->worker);
-	return freed;
-}
-
-/* Drop one replica (a shard of another node held here). */
-static uint64_t drop_replica(struct fs *fs, const struct shard_key *k)
-{
-	uint64_t freed = 0;
-	ram_drop(fs->ram, k, &freed);
-	metrics_add(MC_GC_DROPPED, 1);
-	fs_forget_name(fs, ".mtcfs");
-	log_info("gc", "dropped replica job=%s step=%llu node=%u freed=%llu worker=%u", k->job,
-		 (unsigned long long)k->step, k->rank, (unsigned long long)freed, k->worker);
-	return freed;
-}
-
-static bool pinned_cb(void *eng, const char *job, uint64_t step)
-{
-	return eng_pinned(eng, job, step);
-}
-
-/* Drop what the retention plan (tiers/lifecycle) chose, first to last,
- * until `want` bytes are free (0: all). Returns bytes freed. */
-static uint64_t run_plan(struct fs *fs, const struct life_drop *d, size_t nd, uint64_t want,
-			 const char *job)
-{
-	uint64_t freed = 0;
-
-	for (size_t i = 0; i < nd && (!want || freed < want); i++) {
-		const struct shard_rec *r = d[i].rec;
-		/* a backup may have pinned it since the plan was made */
-		if (eng_pinned(fs->eng, r->key.job, r->key.step))
-			continue;
-		freed += d[i].own ? drop_own(fs, &r->key, r->ns_ino) : drop_replica(fs, &r->key);
-		if (d[i].why == LIFE_OTHER_JOB)
-			log_warn("gc", "RAM tier full: job %s is not the current job (%s): step %llu node %u dropped for room",
-				 r->key.job, job, (unsigned long long)r->key.step, r->key.rank);
-	}
-	return freed;
-}
-
-/* Collect what the retention plan allows (DESIGN §4-5): routine GC
- * (want 0) keeps every step from the one committed and replicated
- * job-wide; under RAM pressure the LKG is enough, and shards of earlier
- * jobs go too. Returns bytes freed; stops once `want` bytes are free. */
-static uint64_t gc_plan(struct fs *fs, uint64_t want)
-{
-	struct shard_rec *recs = NULL;
-	struct life_drop *d = NULL;
-	struct life_in in = { .want = want, .pinned = pinned_cb, .pin_arg = fs->eng };
-	size_t n = 0, nd = 0;
-	uint64_t freed = 0;
-	char job[JOB_NAME_MAX + 1];
-
-	pthread_mutex_lock(&fs->mu);
-	snprintf(job, sizeof(job), "%s", fs->job);
-	in.restored_step = fs->restored_step;
-	in.have_restored = fs->have_restored;
-	in.rank = fs->rank;
-	in.workers = fs->save_files && fs->workers > 1 ? fs->workers : 1;
-	pthread_mutex_unlock(&fs->mu);
-	in.job = job;
-	in.cluster = fs->eng != NULL;
-	if (in.cluster)
-		in.have_step = want ? eng_lkg(fs->eng, job, &in.step) : eng_gc_step(fs->eng, job, &in.step);
-	if ((!want && in.cluster && !in.have_step) ||
-	    idx_list_shards(ram_idx(fs->ram), want ? NULL : job, &recs, &n) < 0)
-		return 0;
-	d = calloc(n ? n : 1, sizeof(*d));
-	if (d && life_plan_gc(&in, recs, n, d, &nd) == 0)
-		freed = run_plan(fs, d, nd, want, job);
-	free(d);
-	idx_recs_free(recs, n);
-	return freed;
-}
-
-/* After a restore of `step`, shards of later steps belong to a timeline
- * the job abandoned; keeping them could later combine with new commits of
- * the same step numbers into a mixed checkpoint. Drop them. */
-void commit_drop_newer(struct fs *fs, const char *job, uint64_t step)
-{
-	struct shard_rec *recs = NULL;
-	struct life_drop *d = NULL;
-	size_t n = 0, nd = 0;
-
-	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) < 0)
-		return;
-	d = calloc(n ? n : 1, sizeof(*d));
-	if (d && life_plan_newer(job, fs->rank, step, recs, n, d, &nd) == 0) {
-		for (size_t i = 0; i < nd; i++) {
-			const struct shard_rec *r = d[i].rec;
-			log_info("gc", "job %s step %llu node %u is newer than the restored step %llu: dropped",
-				 job, (unsigned long long)r->key.step, r->key.rank, (unsigned long long)step);
-			if (d[i].own)
-				drop_own(fs, &r->key, r->ns_ino);
-			else
-				drop_replica(fs, &r->key);
-		}
-	}
-	free(d);
-	idx_recs_free(recs, n);
-}
-
-static void gc_job(void *arg)
-{
-	commit_gc(arg);
-}
-
-/* The coordinator moved the job-wide LKG: collect on the seal worker. */
-void commit_on_lkg(void *arg, const char *job, uint64_t step)
-{
-	struct fs *fs = arg;
-	bool eager;
-	pthread_mutex_lock(&fs->mu);
-	eager = fs->eager_gc;
-	pthread_mutex_unlock(&fs->mu);
-	if (eager)
-		workq_submit(fs->sealq, gc_job, fs);
-}
-
-/* ram_reserve()'s reclaim callback: runs under the RAM tier's reclaim_mu
- * (DESIGN.md LOCKING: under it this takes fs->mu, the engine's mu,
- * a RAM key and the catalog, each alone). */
-uint64_t commit_reclaim(void *arg, uint64_t want)
-{
-	struct fs *fs = arg;
-	uint64_t freed = gc_plan(fs, want);
-	if (freed)
-		log_info("ram", "reclaimed %llu bytes for a write of %llu",
-			 (unsigned long long)freed, (unsigned long long)want);
-	else
-		log_warn("ram", "RAM tier full (%llu of %llu bytes) and nothing may be dropped",
-			 (unsigned long long)ram_used(fs->ram), (unsigned long long)ram_cap(fs->ram));
-	return freed;
-}
-
-void commit_gc(struct fs *fs)
-{
-	gc_plan(fs, 0);
-}
-
-void commit_free(struct fs *fs)
-{
-	for (size_t i = 0; i < fs->nsteps; i++)
-		free(fs->steps[i].files);
-	free(fs->steps);
-	fs->steps = NULL;
-	fs->nsteps = fs->capsteps = 0;
 }
 
 static void adopt_files(struct fs *fs, const struct shard_key *k);
@@ -731,7 +420,7 @@ int commit_init(struct fs *fs)
 		if (in_ns) {
 			struct fs_step *s;
 			pthread_mutex_lock(&fs->mu);
-			s = step_add(fs, r->key.step, r->key.worker);
+			s = fs_step_add(fs, r->key.step, r->key.worker);
 			if (s) {
 				snprintf(s->job, sizeof(s->job), "%s", r->key.job);
 				snprintf(s->name, sizeof(s->name), "%s", name);
@@ -789,7 +478,7 @@ void commit_marker_done(struct fs *fs, ino_t dir_ino)
 	    S_ISDIR(st.st_mode) && st.st_ino == dir_ino &&
 	    !commit_is_step_dir(fs, step, st.st_ino) &&
 	    commit_begin(fs, step, name, st.st_ino) == 0) {
-		fs_node_set_frozen(fs, st.st_ino, st.st_dev, step);
+		fs->front->node_set_frozen(fs, st.st_ino, st.st_dev, step);
 		commit_queue(fs, step);
 	}
 }
@@ -847,7 +536,7 @@ static void adopt_files(struct fs *fs, const struct shard_key *k)
 	struct fs_step *s;
 	struct walk_dir d;
 
-	if (shard_dir_open(fs, k, &d) < 0)
+	if (ram_shard_walk(fs->ram, k, &d) < 0)
 		return;
 	sfd = walk_dir_fd(&d);
 	while ((de = walk_dir_next(&d)) != NULL) {
@@ -880,7 +569,7 @@ static void adopt_files(struct fs *fs, const struct shard_key *k)
 	if (!nf)
 		goto out;
 	pthread_mutex_lock(&fs->mu);
-	s = step_add(fs, k->step, k->worker);
+	s = fs_step_add(fs, k->step, k->worker);
 	if (s) {
 		snprintf(s->job, sizeof(s->job), "%s", k->job);
 		snprintf(s->name, sizeof(s->name), "%s", stepname);
@@ -974,7 +663,7 @@ static void commit_file(struct fs *fs, const struct save_ent *e)
 	files[0] = e->ino;
 	if (begin(fs, e->step, e->name, 0, files, 1, e->w) < 0)
 		return;
-	fs_node_set_frozen(fs, e->ino, e->dev, e->step);
+	fs->front->node_set_frozen(fs, e->ino, e->dev, e->step);
 	if (queue_w(fs, e->step, e->w) < 0)
 		abort_w(fs, e->step, e->w);
 }
@@ -1035,7 +724,7 @@ void commit_top_file_done(struct fs *fs)
 		size_t j = i;
 		while (j < n && v[j].step == v[i].step && v[j].w == v[i].w)
 			j++;
-		if (j - i == 1 && fs_node_writers(fs, v[i].ino, v[i].dev) == 0 &&
+		if (j - i == 1 && fs->front->node_writers(fs, v[i].ino, v[i].dev) == 0 &&
 		    !file_committed(fs, &v[i], job, rank))
 			commit_file(fs, &v[i]);
 		i = j;
@@ -1068,7 +757,7 @@ static int find_save(struct fs *fs, const struct shard_key *k, uint32_t w, char 
 {
 	const struct dirent *de;
 	struct walk_dir d;
-	int rc = shard_dir_open(fs, k, &d);
+	int rc = ram_shard_walk(fs->ram, k, &d);
 
 	if (rc < 0)
 		return rc;

@@ -37,21 +37,6 @@ static void set_phase(struct fs *fs, const char *phase)
 	idx_put_meta(ram_idx(fs->ram), "phase", phase, strlen(phase));
 }
 
-/* Append one line to replicator.errors (the app reads and deletes it). */
-void ctl_report_error(void *arg, const char *line)
-{
-	struct fs *fs = arg;
-	int fd = openat(ram_ns_fd(fs->ram), ERRORS, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-
-	if (fd < 0) {
-		log_err("ctl", "cannot write %s: %s", ERRORS, strerror(errno));
-		return;
-	}
-	if (dprintf(fd, "%s\n", line) < 0)
-		log_err("ctl", "cannot write %s: %s", ERRORS, strerror(errno));
-	close(fd);
-}
-
 static void report_failed(struct fs *fs, const char *msg)
 {
 	char buf[2048];
@@ -87,7 +72,7 @@ static void clean_namespace(struct fs *fs)
 		    util_is_step_name(de->d_name, &step) && commit_is_step_dir(fs, step, st.st_ino))
 			commit_hide(fs, step);
 		util_rmtree_at(nsfd, de->d_name, &freed);
-		fs_forget_name(fs, de->d_name);
+		fs->front->forget_name(fs, de->d_name);
 		log_dbg("ctl", "cleaned %s", de->d_name);
 	}
 	walk_dir_close(&d);
@@ -215,7 +200,7 @@ static int read_yaml(struct fs *fs, struct stat *st, struct rcfg *c, struct warn
 		util_rmtree_at(nsfd, YAML, NULL);
 		return -EINVAL;
 	}
-	if (fs_node_writers(fs, st->st_ino, st->st_dev) > 0)
+	if (fs->front->node_writers(fs, st->st_ino, st->st_dev) > 0)
 		return -EBUSY;   /* still being written: its close wakes us again */
 	rc = util_read_file_at(nsfd, YAML, RCFG_INPUT_MAX, &buf, &len);
 	if (rc == -EFBIG) {
@@ -292,7 +277,7 @@ static void configure(struct fs *fs, const struct rcfg *c, const struct stat *st
 	/* before the yaml goes: Orbax reads replicator.errors when it does */
 	for (int i = 0; i < warns->n; i++) {
 		log_warn("ctl", "%s", warns->line[i]);
-		ctl_report_error(fs, warns->line[i]);
+		fs_report_error(fs, warns->line[i]);
 	}
 	/* this incarnation's rank (GKE's driver rewrites it per incarnation) */
 	if (fs->o.jax_init_info >= 0)
@@ -313,7 +298,7 @@ static int restore_step(struct fs *fs, const struct rcfg *c, struct restore_plan
 	if (fs->eng) {
 		/* the job-wide plan; prerestore is written as soon as it is known,
 		 * before the fetch and the barrier */
-		rc = eng_restore(fs->eng, c, ctl_report_error, fs, prerestore_cb, plan);
+		rc = eng_restore(fs->eng, c, fs_report_error, fs, prerestore_cb, plan);
 		if (rc == -ECANCELED)   /* a new replicator.yaml: ctl_main takes it next */
 			return rc;
 		if (rc < 0) {
@@ -329,7 +314,7 @@ static int restore_step(struct fs *fs, const struct rcfg *c, struct restore_plan
 		uint32_t workers = c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
 				   (uint32_t)c->workers_per_node : 1;
 		rc = restore_plan_local_w(fs->ram, c->job, (uint32_t)c->node_rank, workers,
-					  ctl_report_error, fs, plan);
+					  fs_report_error, fs, plan);
 		/* restored in place, as the RAM tier's get does with an engine:
 		 * an older mtcfs's shard gets the writer's directories */
 		for (uint32_t w = 0; rc == 0 && plan->found && w < workers; w++) {
@@ -340,7 +325,7 @@ static int restore_step(struct fs *fs, const struct rcfg *c, struct restore_plan
 		if (rc < 0) {
 			snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
 				 strerror(-rc));
-			ctl_report_error(fs, err);
+			fs_report_error(fs, err);
 			memset(plan, 0, sizeof(*plan));
 		}
 		prerestore_cb(fs, plan);
@@ -357,10 +342,10 @@ static void publish_restore(struct fs *fs, const struct rcfg *c, const struct re
 	char err[1024];
 	int rc;
 
-	commit_drop_newer(fs, c->job, plan->found ? plan->step : 0);
+	retain_drop_newer(fs, c->job, plan->found ? plan->step : 0);
 	/* the restore may have replaced a store copy the kernel has cached
 	 * entries of (read through an earlier marker) */
-	fs_forget_name_now(fs, ".mtcfs");
+	fs->front->forget_name_now(fs, ".mtcfs");
 	remember_restored(fs, plan);
 	rc = publish_markers(fs, c, plan);
 	if (rc < 0) {
@@ -375,7 +360,7 @@ static void publish_restore(struct fs *fs, const struct rcfg *c, const struct re
 	metrics_observe(MH_RESTORE_SECONDS, (double)(util_now_ns() - t0) / 1e9);
 	set_phase(fs, "ready");
 	idx_del_meta(ram_idx(fs->ram), "pending_yaml");
-	commit_gc(fs);
+	retain_gc(fs);
 }
 
 /* A complete replicator.yaml: configure the job, restore, publish. */

@@ -38,6 +38,7 @@ int fs_new(const struct fs_opts *o, struct fuse_args *args, struct fs **out)
 	if (!fs)
 		return -ENOMEM;
 	g_fs = fs;
+	fs->front = &fs_ll_front;
 	fs->proc_self_fd = -1;
 	fs->o = *o;
 	pthread_mutex_init(&fs->mu, NULL);
@@ -90,7 +91,7 @@ int fs_attach(struct fs *fs, struct ram_tier *ram)
 	struct stat st;
 
 	fs->ram = ram;
-	ram_set_reclaim(fs->ram, commit_reclaim, fs);
+	ram_set_reclaim(fs->ram, retain_reclaim, fs);
 	fs->root.fd = openat(ram_ns_fd(fs->ram), ".", O_PATH | O_CLOEXEC);
 	fstat(fs->root.fd, &st);
 	fs->root.ino = st.st_ino;
@@ -106,7 +107,7 @@ int fs_attach(struct fs *fs, struct ram_tier *ram)
 
 void fs_eng_callbacks(struct fs *fs, struct eng_cb *cb)
 {
-	*cb = (struct eng_cb){ .on_lkg = commit_on_lkg, .report = ctl_report_error, .arg = fs };
+	*cb = (struct eng_cb){ .on_lkg = retain_on_lkg, .report = fs_report_error, .arg = fs };
 }
 
 /* Splice moves a request through a pipe, so the pipe must hold the
@@ -192,7 +193,7 @@ void fs_free(struct fs *fs)
 	if (fs->root.fd > 0)
 		close(fs->root.fd);
 	free(fs->htab);
-	commit_free(fs);
+	fs_steps_free(fs);
 	if (fs->proc_self_fd >= 0)
 		close(fs->proc_self_fd);
 	free(fs);

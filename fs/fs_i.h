@@ -67,8 +67,29 @@ struct fs_step {
 	bool failed;       /* sealing failed */
 };
 
+/* What the parts under the FUSE operations (commit.c, ctl.c, retain.c)
+ * need of the kernel's view: the namespace operations (fs_ll*.c) give it
+ * as fs_ll_front, and those parts call down through fs->front, never into
+ * fs_ll*.c by name (no call circle in fs/). */
+struct fs_front_ops {
+	/* a top-level name went behind the kernel's back: its cached subtree
+	 * goes, so the daemon's handles on dropped files close. Any thread. */
+	void (*forget_name)(struct fs *fs, const char *name);
+	/* the same, done before returning: only from threads that serve no
+	 * FUSE request (the control thread) */
+	void (*forget_name_now)(struct fs *fs, const char *name);
+	/* open handles with write access on the inode, 0 if none */
+	int (*node_writers)(struct fs *fs, ino_t ino, dev_t dev);
+	/* the node of (ino, dev), if known, is read-only from now on (step) */
+	void (*node_set_frozen)(struct fs *fs, ino_t ino, dev_t dev, uint64_t step);
+	/* every entry under dirfd read-only (step is being sealed), by node and
+	 * by backing inode; FIFOs, sockets and devices reported. Seal worker. */
+	void (*freeze_subtree)(struct fs *fs, int dirfd, uint64_t step);
+};
+
 struct fs {
 	struct fs_opts o;
+	const struct fs_front_ops *front;   /* fs_ll_front */
 	struct ram_tier *ram;       /* the caller's (fs_attach) */
 	struct fuse_session *se;
 	bool handlers, mounted;     /* fuse_set_signal_handlers, fuse_session_mount done */
@@ -137,13 +158,8 @@ extern struct fs *g_fs;
 
 /* fs_ll.c */
 extern const struct fuse_lowlevel_ops fs_ll_ops;
-/* Freeze every entry under dirfd (step `step` is being sealed): by node and
- * by backing inode, so other names of the same files turn read-only too.
- * Reports FIFOs, sockets and device nodes in replicator.errors: the shard
- * holds only regular files, directories and symlinks. Seal worker only. */
-void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step);
+extern const struct fs_front_ops fs_ll_front;
 void fs_nodes_free(struct fs *fs);
-void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step);
 /* fs_ll_fd.c: the budget of inode descriptors (after the root is open) */
 void fs_fd_init(struct fs *fs);
 
@@ -151,12 +167,12 @@ void fs_fd_init(struct fs *fs);
 int  ctl_start(struct fs *fs);
 void ctl_stop(struct fs *fs);
 void ctl_notify(struct fs *fs);      /* replicator.yaml may be complete */
-void ctl_report_error(void *fs, const char *line);   /* append to replicator.errors */
-int  fs_node_writers(struct fs *fs, ino_t ino, dev_t dev);
+
+/* report.c */
+void fs_report_error(void *fs, const char *line);   /* append to replicator.errors */
 
 /* commit.c */
 int  commit_init(struct fs *fs);           /* catalog recovery at start-up */
-void commit_free(struct fs *fs);           /* the step table, at exit */
 /* A step directory (ino) became committed at top-level name `name` (the
  * digits as written; `step` is their value). Called on a FUSE thread:
  * records SEALING. -EEXIST when another spelling of the same step ("5"
@@ -181,20 +197,22 @@ int  commit_marker(struct fs *fs, const char *job, int rank, const struct restor
 		   int w, char *name, size_t nlen, char *target, size_t tlen);
 void commit_abort(struct fs *fs, uint64_t step);
 int  commit_queue(struct fs *fs, uint64_t step);
-struct fs_step *commit_find(struct fs *fs, uint64_t step);   /* fs->mu held */
 bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino); /* takes mu */
 void commit_wait_sealed(struct fs *fs, uint64_t step);
 void commit_hide(struct fs *fs, uint64_t step);
-uint64_t commit_reclaim(void *fs, uint64_t want);
-void commit_gc(struct fs *fs);
-void commit_on_lkg(void *fs, const char *job, uint64_t step);
-void commit_drop_newer(struct fs *fs, const char *job, uint64_t step);
-/* A top-level name went away behind the kernel's back (policy dropped a
- * step): let the kernel forget its cached subtree, so the daemon's handles
- * on the dropped files close and tmpfs frees them. Any thread. */
-void fs_forget_name(struct fs *fs, const char *name);
-/* The same, done before returning: only from threads that serve no FUSE
- * request (the control thread). */
-void fs_forget_name_now(struct fs *fs, const char *name);
+
+/* steps.c: the step table (fs->mu held) */
+struct fs_step *fs_step_find(struct fs *fs, uint64_t step);   /* any worker's entry */
+struct fs_step *fs_step_find_w(struct fs *fs, uint64_t step, uint32_t w);
+struct fs_step *fs_step_add(struct fs *fs, uint64_t step, uint32_t w);   /* or the existing */
+void fs_step_remove(struct fs *fs, uint64_t step, uint32_t w);
+void fs_step_key(const struct fs_step *s, struct shard_key *k);
+void fs_steps_free(struct fs *fs);         /* at exit, no lock */
+
+/* retain.c: the retention's value and callbacks (tiers/retention runs it) */
+void retain_gc(struct fs *fs);             /* routine GC: what the job no longer needs */
+void retain_drop_newer(struct fs *fs, const char *job, uint64_t step);   /* after a restore */
+void retain_on_lkg(void *fs, const char *job, uint64_t step);   /* engine callback */
+uint64_t retain_reclaim(void *fs, uint64_t want);                /* ram_reserve's reclaim */
 
 #endif

@@ -177,7 +177,7 @@ bool fs_immutable(struct fs *fs, struct fnode *n)
 	if (!(fl & FN_FROZEN) || n == &fs->root)
 		return false;
 	pthread_mutex_lock(&fs->mu);
-	s = commit_find(fs, n->step);
+	s = fs_step_find(fs, n->step);
 	r = s && s->sealed && !s->failed;
 	pthread_mutex_unlock(&fs->mu);
 	return r;
@@ -326,6 +326,14 @@ int fs_node_writers(struct fs *fs, ino_t ino, dev_t dev)
 	return w;
 }
 
+const struct fs_front_ops fs_ll_front = {
+	.forget_name = fs_forget_name,
+	.forget_name_now = fs_forget_name_now,
+	.node_writers = fs_node_writers,
+	.node_set_frozen = fs_node_set_frozen,
+	.freeze_subtree = fs_freeze_subtree,
+};
+
 /* Find or create the node for an entry just opened as O_PATH `fd`
  * (consumed). Applies the classification rules. */
 static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *name,
@@ -366,7 +374,7 @@ static struct fnode *node_get(struct fs *fs, struct fnode *parent, const char *n
 		n->step = parent->step;
 		atomic_store(&n->flags, FN_FROZEN);
 	} else if (parent == &fs->root && S_ISDIR(st->st_mode) && util_is_step_name(name, &step)) {
-		struct fs_step *s = commit_find(fs, step);
+		struct fs_step *s = fs_step_find(fs, step);
 		uint32_t fl = FN_STEPDIR;
 		n->step = step;
 		if (s && s->dir_ino == st->st_ino)

@@ -115,7 +115,7 @@ static int freeze_one(void *arg, const struct walk_ent *e)
 			 "step %llu: %s is %s: not checkpointed (a shard holds regular files, directories, symlinks and FIFOs only)",
 			 (unsigned long long)a->step, rel, kind);
 		log_warn("commit", "%s", line);
-		ctl_report_error(fs, line);
+		fs_report_error(fs, line);
 	}
 	/* a tree deeper than a shard may be is refused by the seal (marked
 	 * bad): what lies below that need not be frozen */

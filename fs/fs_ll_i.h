@@ -16,6 +16,13 @@
 #define COMMIT_MARKER "commit_success.txt"
 #define YAML_NAME "replicator.yaml"
 
+/* fs_ll_front's entries (see struct fs_front_ops), by name inside fs_ll*.c */
+void fs_forget_name(struct fs *fs, const char *name);
+void fs_forget_name_now(struct fs *fs, const char *name);
+int  fs_node_writers(struct fs *fs, ino_t ino, dev_t dev);
+void fs_node_set_frozen(struct fs *fs, ino_t ino, dev_t dev, uint64_t step);
+void fs_freeze_subtree(struct fs *fs, int dirfd, uint64_t step);
+
 struct fhandle {
 	int fd;
 	struct fnode *node;

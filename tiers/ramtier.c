@@ -31,7 +31,7 @@ struct ram_tier {
 	_Atomic int64_t used;
 	/* Serialises reclaim, and is the outermost lock of the daemon:
 	 * ram_reserve() holds it across the reclaim callback (fs/commit.c
-	 * commit_reclaim), which takes fs->mu, the engine's mu, a shard key
+	 * retain_reclaim), which takes fs->mu, the engine's mu, a shard key
 	 * here (keys_mu, waiting on keys_cv), the catalog's LMDB write lock
 	 * and a work queue's mu, one at a time. So no caller of ram_reserve()
 	 * may hold any lock (the FUSE write path and tiers/xfer.c's
@@ -505,6 +505,17 @@ int ram_shard_open(struct ram_tier *t, const struct shard_key *k)
 		return rc;
 	fd = openat(t->shardsfd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	return fd < 0 ? -errno : fd;
+}
+
+int ram_shard_walk(struct ram_tier *t, const struct shard_key *k, struct walk_dir *d)
+{
+	int sfd = ram_shard_open(t, k), rc;
+
+	if (sfd < 0)
+		return sfd;
+	rc = walk_dir_open(d, sfd);
+	close(sfd);   /* the walk reads its own open of the directory */
+	return rc;
 }
 
 /* mkdir -p parent, then mkdir staging in it. Tidying after a drop or an

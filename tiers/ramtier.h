@@ -63,6 +63,10 @@ void ram_recount(struct ram_tier *t);
 int ram_shard_relpath(const struct shard_key *k, char *buf, size_t len);
 /* Open a shard's directory (O_DIRECTORY); -ENOENT if absent. Caller closes. */
 int ram_shard_open(struct ram_tier *t, const struct shard_key *k);
+/* List a shard's directory (common/walk.h): 0 or -errno; walk_dir_fd(d)
+ * is the directory for *at() calls on the entries. walk_dir_close(d). */
+struct walk_dir;
+int ram_shard_walk(struct ram_tier *t, const struct shard_key *k, struct walk_dir *d);
 
 /* Seal a committed step: hard-link the tree under src_dirfd into the shard
  * directory of k (via a staging name, renamed into place), build its
