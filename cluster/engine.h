@@ -92,6 +92,10 @@ bool eng_gc_step(struct eng *e, const char *job, uint64_t *step);
 void eng_status(struct eng *e, uint32_t *nodes, bool *coordinator_up);
 /* A backup is uploading this step: policy must keep it. */
 bool eng_pinned(struct eng *e, const char *job, uint64_t step);
+/* A worker shard's content key (framework: pytorch): its one .save file
+ * apart from the name, which carries the rank; column mates under D agree
+ * on it (lkg_hold.content). 0, or -ENODATA when r is not one worker file. */
+int eng_content_key(const struct shard_rec *r, uint8_t out[32]);
 /* Waits until the replication queue is empty (tests, shutdown). */
 void eng_drain(struct eng *e);
 

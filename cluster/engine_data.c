@@ -234,10 +234,21 @@ static void serve_list(struct eng *e, struct nconn *c, uint32_t id, json_t *req)
 		job = NULL;
 	if (idx_list_shards(ram_idx(e->ram), job, &recs, &n) == 0) {
 		for (size_t i = 0; i < n; i++) {
-			json_array_append_new(arr, json_pack("{s:s,s:I,s:i,s:s,s:b,s:I}",
+			char hex[65];
+			uint8_t ck[32];
+			json_t *sh;
+
+			mf_hash_hex(recs[i].hash, hex);
+			sh = json_pack("{s:s,s:I,s:i,s:i,s:s,s:s,s:b,s:I}",
 				"job", recs[i].key.job, "step", (json_int_t)recs[i].key.step,
-				"owner", (int)recs[i].key.rank, "state", shard_state_name(recs[i].state),
-				"own", (recs[i].flags & SHF_OWN) != 0, "bytes", (json_int_t)recs[i].bytes));
+				"owner", (int)recs[i].key.rank, "worker", (int)recs[i].key.worker,
+				"hash", hex, "state", shard_state_name(recs[i].state),
+				"own", (recs[i].flags & SHF_OWN) != 0, "bytes", (json_int_t)recs[i].bytes);
+			if (sh && eng_content_key(&recs[i], ck) == 0) {
+				mf_hash_hex(ck, hex);
+				json_object_set_new(sh, "content", json_string(hex));
+			}
+			json_array_append_new(arr, sh);
 		}
 		idx_recs_free(recs, n);
 	}

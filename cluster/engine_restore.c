@@ -81,7 +81,7 @@ static int parse_plan(json_t *m, struct plan_entry *p)
  * size and the CRC32C. Column mates under D agree on it when their
  * workers saved the same bytes (GKE compares the files' BLAKE3). 0, or
  * -ENODATA when the shard is not one worker file. */
-static int content_key(const struct shard_rec *r, uint8_t out[32])
+int eng_content_key(const struct shard_rec *r, uint8_t out[32])
 {
 	static const char tag[] = "mtcfs-worker-file-v1";
 	struct manifest *mf = NULL;
@@ -138,7 +138,7 @@ static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
 		if (W > 1) {
 			h->has_worker = true;
 			h->worker = recs[i].key.worker;
-			h->has_content = content_key(&recs[i], h->content) == 0;
+			h->has_content = eng_content_key(&recs[i], h->content) == 0;
 		}
 		m.nholds++;
 	}

@@ -108,48 +108,60 @@ static bool column_agrees(const struct lkg_input *in, struct lkg_hold **run, siz
 	return true;
 }
 
-/* Try to cover every rank with the shards of one step. A rank whose own
- * shard has a usable copy always gets it (whatever its column holds, as
- * GKE's replicator does); only a rank without one borrows a same-column
- * shard under D, and only where the column agrees. */
+static uint32_t columns_of(const struct lkg_input *in)
+{
+	return (in->dp > 0 && in->nodes % in->dp == 0) ? in->nodes / in->dp : in->nodes;
+}
+
+/* A source for rank r's worker w among run[0..n) (one step) into *s. A
+ * rank whose own shard has a usable copy always gets it (whatever its
+ * column holds, as GKE's replicator does); only a rank without one borrows
+ * a same-column shard under D, and only where the column agrees. false
+ * (and *gap, when given) when there is none. */
+static bool cover_slot(const struct lkg_input *in, struct lkg_hold **run, size_t n, uint32_t r,
+		       uint32_t w, struct lkg_src *s, uint32_t *load, struct lkg_gap *gap)
+{
+	uint32_t P = columns_of(in);
+	const struct lkg_hold *best;
+	bool self = false, agrees;
+
+	memset(s, 0, sizeof(*s));
+	best = pick(in, run, n, r, w, r, load, &self);
+	agrees = !best && P != in->nodes && column_agrees(in, run, n, r, w, P);
+	if (agrees)
+		for (uint32_t o = r % P; !best && o < in->nodes; o += P)
+			if (o != r)
+				best = pick(in, run, n, o, w, r, load, &self);
+	if (!best) {
+		if (gap) {
+			gap->rank = r;
+			gap->worker = w;
+			gap->columns = P != in->nodes;
+			gap->disagree = gap->columns && !agrees;
+		}
+		return false;
+	}
+	s->found = true;
+	s->holder = best->holder;
+	s->owner = best->owner;
+	s->worker = w;
+	memcpy(s->hash, best->hash, 32);
+	if (!self)
+		load[best->holder]++;
+	return true;
+}
+
+/* Try to cover every rank with the shards of one step. */
 static bool cover(const struct lkg_input *in, struct lkg_hold **run, size_t n,
 		  struct lkg_src *src, uint32_t *load, struct lkg_gap *gap)
 {
-	uint32_t P = (in->dp > 0 && in->nodes % in->dp == 0) ? in->nodes / in->dp : in->nodes;
 	uint32_t W = nworkers(in);
 
 	memset(load, 0, in->nodes * sizeof(*load));
-	for (uint32_t r = 0; r < in->nodes; r++) {
-		for (uint32_t w = 0; w < W; w++) {
-			struct lkg_src *s = &src[(size_t)r * W + w];
-			const struct lkg_hold *best;
-			bool self = false;
-
-			memset(s, 0, sizeof(*s));
-			best = pick(in, run, n, r, w, r, load, &self);
-			bool agrees = !best && P != in->nodes && column_agrees(in, run, n, r, w, P);
-			if (agrees)
-				for (uint32_t o = r % P; !best && o < in->nodes; o += P)
-					if (o != r)
-						best = pick(in, run, n, o, w, r, load, &self);
-			if (!best) {
-				if (gap) {
-					gap->rank = r;
-					gap->worker = w;
-					gap->columns = P != in->nodes;
-					gap->disagree = gap->columns && !agrees;
-				}
+	for (uint32_t r = 0; r < in->nodes; r++)
+		for (uint32_t w = 0; w < W; w++)
+			if (!cover_slot(in, run, n, r, w, &src[(size_t)r * W + w], load, gap))
 				return false;
-			}
-			s->found = true;
-			s->holder = best->holder;
-			s->owner = best->owner;
-			s->worker = w;
-			memcpy(s->hash, best->hash, 32);
-			if (!self)
-				load[best->holder]++;
-		}
-	}
 	return true;
 }
 
@@ -229,6 +241,31 @@ int lkg_plan_backup(const struct lkg_input *in, struct lkg_plan *out, struct lkg
 		out->step = in->nh ? in->h[0].step : 0;
 	}
 	return plan_end(rc, out, load, idx);
+}
+
+int lkg_step_covered(const struct lkg_input *in, uint64_t step, bool *covered)
+{
+	struct lkg_hold **idx, **run;
+	struct lkg_plan p;
+	uint32_t *load, W = nworkers(in);
+	size_t b = 0, e;
+	int rc = plan_begin(in, &p, W, &load, &idx);
+
+	if (rc == 0) {
+		memset(covered, 0, in->nodes * sizeof(*covered));
+		while (b < in->nh && idx[b]->step > step)
+			b++;
+		for (e = b; e < in->nh && idx[e]->step == step; e++)
+			;
+		run = idx + b;
+		for (uint32_t r = 0; r < in->nodes; r++) {
+			covered[r] = true;
+			for (uint32_t w = 0; w < W && covered[r]; w++)
+				covered[r] = cover_slot(in, run, e - b, r, w, &p.src[(size_t)r * W + w],
+							load, NULL);
+		}
+	}
+	return plan_end(rc < 0 ? rc : 0, &p, load, idx);
 }
 
 void lkg_plan_free(struct lkg_plan *p)

@@ -69,6 +69,13 @@ struct lkg_plan {
 int  lkg_plan(const struct lkg_input *in, struct lkg_plan *out);
 void lkg_plan_free(struct lkg_plan *p);
 
+/* Which ranks have every worker's shard of `step` covered, as lkg_plan
+ * judges a step (own copy on a live holder, or under D the column's when
+ * the column agrees): covered[r] for r in 0..in->nodes-1 (the caller's
+ * array). A step is complete when every rank is covered. mtcfs-admin's
+ * step table reads it. 0 or -ENOMEM / -EINVAL. */
+int  lkg_step_covered(const struct lkg_input *in, uint64_t step, bool *covered);
+
 /* The first (rank, worker) a plan could not cover. */
 struct lkg_gap {
 	uint32_t rank, worker;

@@ -10,6 +10,8 @@
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
 #include "cluster/coord_ec.h"
+#include "cluster/engine.h"
+#include "cluster/lkg.h"
 #include "cluster/prune.h"
 #include "tiers/ramtier.h"
 
@@ -164,11 +166,18 @@ int admin_cmd_ls(const char *ramdir, const char *job)
 
 /* ---- steps: the step x node matrix, from the cluster when reachable ---- */
 
-struct holding { uint64_t step; uint32_t owner, worker, holder; bool ok; };
+struct holding {
+	uint64_t step;
+	uint32_t owner, worker, holder;
+	bool ok;                  /* a verified copy (committed, replicated, backed up) */
+	uint8_t hash[32];
+	bool has_content;         /* a worker file's content key (eng_content_key) */
+	uint8_t content[32];
+};
 
 struct view {
 	char job[RCFG_JOB_MAX + 1];
-	uint32_t nodes;
+	uint32_t nodes, dp;       /* dp: assume-data-parallelism, 0 = none */
 	bool has_lkg, coord_ok;
 	uint64_t lkg;
 	bool *reached;            /* [nodes] */
@@ -177,8 +186,7 @@ struct view {
 	struct coord_ec *ec;      /* the nodes' redundancy rs:K+M reports */
 };
 
-static void add_holding(struct view *v, uint64_t step, uint32_t owner, uint32_t worker,
-			uint32_t holder, bool ok)
+static void add_holding(struct view *v, const struct holding *h)
 {
 	if (v->nh == v->cap) {
 		size_t nc = v->cap ? v->cap * 2 : 64;
@@ -188,7 +196,7 @@ static void add_holding(struct view *v, uint64_t step, uint32_t owner, uint32_t 
 		v->h = nh;
 		v->cap = nc;
 	}
-	v->h[v->nh++] = (struct holding){ step, owner, worker, holder, ok };
+	v->h[v->nh++] = *h;
 }
 
 static bool state_ok(const char *st)
@@ -235,6 +243,29 @@ static void peer_auth_clear(struct net_auth *auth)
 }
 
 /* Ask every node for its holdings (data connection "list"). */
+/* One shard of a node's list answer (cluster/engine_data.c serve_list). */
+static void add_listed(struct view *v, json_t *sh, uint32_t holder)
+{
+	const char *st = json_string_value(json_object_get(sh, "state"));
+	const char *hash = json_string_value(json_object_get(sh, "hash"));
+	const char *content = json_string_value(json_object_get(sh, "content"));
+	struct holding h = {
+		.step = (uint64_t)json_integer_value(json_object_get(sh, "step")),
+		.owner = (uint32_t)json_integer_value(json_object_get(sh, "owner")),
+		.worker = (uint32_t)json_integer_value(json_object_get(sh, "worker")),
+		.holder = holder,
+		.ok = st && state_ok(st),
+	};
+
+	/* a node of an older mtcfs sends no hash: its copy counts, but not
+	 * for a column's agreement */
+	if (!hash || mf_hash_parse(hash, h.hash) < 0)
+		memset(h.hash, 0xff, sizeof(h.hash));
+	h.has_content = content && mf_hash_parse(content, h.content) == 0;
+	if (h.owner < v->nodes)
+		add_holding(v, &h);
+}
+
 static void query_cluster(struct view *v, struct idx *x, int my_rank)
 {
 	struct net_auth auth = { 0 };
@@ -278,13 +309,8 @@ static void query_cluster(struct view *v, struct idx *x, int my_rank)
 		if (nconn_call(d, lr, &lresp, 5000) == 0) {
 			v->reached[r] = true;
 			coord_ec_report(&v->ec, v->nodes, (int)r, lresp, NULL, 0);
-			json_array_foreach(self ? NULL : json_object_get(lresp, "shards"), i, sh) {
-				const char *st = json_string_value(json_object_get(sh, "state"));
-				add_holding(v, (uint64_t)json_integer_value(json_object_get(sh, "step")),
-					    (uint32_t)json_integer_value(json_object_get(sh, "owner")),
-					    (uint32_t)json_integer_value(json_object_get(sh, "worker")), r,
-					    st && state_ok(st));
-			}
+			json_array_foreach(self ? NULL : json_object_get(lresp, "shards"), i, sh)
+				add_listed(v, sh, r);
 		}
 		json_decref(lr);
 		json_decref(lresp);
@@ -346,6 +372,7 @@ static int load_view(const char *ramdir, const char *job, struct view *v, uint32
 		if (rcfg_parse(val, len, NULL, &cfg, err, sizeof(err)) == 0) {
 			snprintf(v->job, sizeof(v->job), "%s", cfg.job);
 			v->nodes = (uint32_t)cfg.nodes;
+			v->dp = cfg.assume_dp > 0 ? (uint32_t)cfg.assume_dp : 0;
 			my_rank = cfg.node_rank;
 			if (cfg.framework == RCFG_FW_PYTORCH && cfg.workers_per_node > 1)
 				*workers = (uint32_t)cfg.workers_per_node;
@@ -364,10 +391,15 @@ static int load_view(const char *ramdir, const char *job, struct view *v, uint32
 		v->nodes = 1;
 	v->reached = calloc(v->nodes, sizeof(bool));
 	if (idx_list_shards(x, v->job, &recs, &n) == 0) {
-		for (size_t i = 0; i < n; i++)
-			if (recs[i].key.rank < v->nodes)
-				add_holding(v, recs[i].key.step, recs[i].key.rank, recs[i].key.worker,
-					    (uint32_t)my_rank, state_ok(shard_state_name(recs[i].state)));
+		for (size_t i = 0; i < n; i++) {
+			struct holding h = { .step = recs[i].key.step, .owner = recs[i].key.rank,
+					     .worker = recs[i].key.worker, .holder = (uint32_t)my_rank,
+					     .ok = state_ok(shard_state_name(recs[i].state)) };
+			memcpy(h.hash, recs[i].hash, 32);
+			h.has_content = eng_content_key(&recs[i], h.content) == 0;
+			if (h.owner < v->nodes)
+				add_holding(v, &h);
+		}
 		idx_recs_free(recs, n);
 	}
 	if ((uint32_t)my_rank < v->nodes)
@@ -451,11 +483,14 @@ static uint32_t node_holders(const struct view *v, uint64_t step, uint32_t o, ui
 }
 
 /* Node o's cell in step's row, into cells (and printed): its holders; "rs"
- * (o into rebuilt) when the erasure code rebuilds it (rs[o]); "-" or a
- * trailing "*" (o into missing) when a shard of it has no copy. Returns
- * whether the node's shards are all there. */
+ * (o into rebuilt) when the erasure code rebuilds it (rs[o]); "col" when
+ * its column's shards cover it under assume-data-parallelism; "-" or a
+ * trailing "*" (o into missing) when the planner (cluster/lkg.c:
+ * covered) finds no source for a shard of it. Returns whether the node's
+ * shards are all there. */
 static bool node_cell(const struct view *v, uint64_t step, uint32_t o, uint32_t workers,
-		      const bool *rs, json_t *cells, json_t *missing, json_t *rebuilt)
+		      bool covered, const bool *rs, json_t *cells, json_t *missing,
+		      json_t *rebuilt)
 {
 	json_t *hs = json_array();
 	char cell[64] = "", key[16];
@@ -463,12 +498,16 @@ static bool node_cell(const struct view *v, uint64_t step, uint32_t o, uint32_t 
 	bool complete = true;
 	uint32_t nw = node_holders(v, step, o, workers, hs, cell, sizeof(cell), &cl);
 
-	/* complete: a copy of each of the node's shards (every worker's) */
-	if (nw == 0 && rs && rs[o]) {
+	(void)nw;
+	if (covered) {
+		/* every worker's shard has a source: its own copy, or its column's */
+		if (json_array_size(hs) == 0)
+			snprintf(cell, sizeof(cell), "col");
+	} else if (rs && rs[o]) {
 		/* no copy, but K members of each of its codewords */
 		json_array_append_new(rebuilt, json_integer(o));
 		snprintf(cell, sizeof(cell), "rs");
-	} else if (nw < (workers < 64 ? workers : 64)) {
+	} else {
 		complete = false;
 		json_array_append_new(missing, json_integer(o));
 		if (json_array_size(hs) == 0)
@@ -514,6 +553,36 @@ static void step_status(const struct view *v, uint64_t step, bool complete, json
 		snprintf(status + strlen(status), size - strlen(status), "  <- LKG");
 }
 
+/* [nodes]: which nodes have every worker's shard of step covered, as the
+ * coordinator's planner judges it (lkg_step_covered: a verified copy, or
+ * under D the column's when it agrees), or NULL without memory. */
+static bool *covered(const struct view *v, uint64_t step, uint32_t workers)
+{
+	struct lkg_hold *h = calloc(v->nh + 1, sizeof(*h));
+	bool *out = calloc(v->nodes, sizeof(bool));
+	size_t n = 0;
+
+	for (size_t k = 0; h && k < v->nh; k++) {
+		const struct holding *x = &v->h[k];
+		if (x->step != step || !x->ok)
+			continue;
+		h[n] = (struct lkg_hold){ .holder = x->holder, .owner = x->owner,
+					  .worker = x->worker, .step = step,
+					  .has_content = x->has_content };
+		memcpy(h[n].hash, x->hash, 32);
+		memcpy(h[n].content, x->content, 32);
+		n++;
+	}
+	struct lkg_input in = { .nodes = v->nodes, .dp = v->dp, .workers = workers, .h = h,
+				.nh = n };
+	if (!h || !out || lkg_step_covered(&in, step, out) < 0) {
+		free(out);
+		out = NULL;
+	}
+	free(h);
+	return out;
+}
+
 /* One row of the table (printed) and of "steps" (returned). */
 static json_t *step_row(const struct view *v, uint64_t step, uint32_t workers)
 {
@@ -521,13 +590,14 @@ static json_t *step_row(const struct view *v, uint64_t step, uint32_t workers)
 	json_t *rebuilt = json_array();
 	char status[256] = "complete";
 	bool complete = true;
-	bool *rs = ec_rebuilt(v, step);
+	bool *rs = ec_rebuilt(v, step), *cov = covered(v, step, workers);
 
 	if (!admin_json)
 		printf("%-10llu", (unsigned long long)step);
 	for (uint32_t o = 0; o < v->nodes; o++)
-		if (!node_cell(v, step, o, workers, rs, cells, missing, rebuilt))
+		if (!node_cell(v, step, o, workers, cov && cov[o], rs, cells, missing, rebuilt))
 			complete = false;
+	free(cov);
 	step_status(v, step, complete, missing, rebuilt, row, status, sizeof(status));
 	json_decref(rebuilt);
 	free(rs);

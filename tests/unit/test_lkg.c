@@ -165,6 +165,46 @@ static void test_data_parallel_no_borrow_from_disagreeing_column(void **s)
 	lkg_plan_free(&p);
 }
 
+/* lkg_step_covered: per rank, as lkg_plan judges one step (the admin's
+ * step table): the same holdings as the D tests above. */
+static void test_step_covered(void **s)
+{
+	struct lkg_hold h[] = { H(0, 0, 9, 0xa), H(2, 2, 9, 0xc), H(1, 1, 9, 0xb), H(3, 3, 9, 0xb),
+				H(5, 5, 9, 0xb),
+				H(0, 0, 8, 1), H(2, 2, 8, 1), H(1, 1, 8, 2), H(3, 3, 8, 2), H(5, 5, 8, 2),
+				H(1, 0, 7, 1) };
+	bool live[6] = { true, true, true, true, true, true };
+	struct lkg_input in = { .nodes = 6, .dp = 3, .h = h, .nh = 11 };
+	bool cov[6];
+
+	/* step 9: node 4 has no shard and its column disagrees */
+	assert_int_equal(lkg_step_covered(&in, 9, cov), 0);
+	for (uint32_t r = 0; r < 6; r++)
+		assert_int_equal(cov[r], r != 4);
+	/* step 8: the column agrees, 4 is covered by it */
+	assert_int_equal(lkg_step_covered(&in, 8, cov), 0);
+	for (uint32_t r = 0; r < 6; r++)
+		assert_true(cov[r]);
+	/* without D, 4 is not */
+	in.dp = 0;
+	assert_int_equal(lkg_step_covered(&in, 8, cov), 0);
+	for (uint32_t r = 0; r < 6; r++)
+		assert_int_equal(cov[r], r != 4);
+	/* step 7: only owner 0's shard, held by node 1; node 1 not live */
+	assert_int_equal(lkg_step_covered(&in, 7, cov), 0);
+	assert_true(cov[0]);
+	for (uint32_t r = 1; r < 6; r++)
+		assert_false(cov[r]);
+	live[1] = false;
+	in.live = live;
+	assert_int_equal(lkg_step_covered(&in, 7, cov), 0);
+	assert_false(cov[0]);
+	/* a step nobody holds */
+	assert_int_equal(lkg_step_covered(&in, 100, cov), 0);
+	for (uint32_t r = 0; r < 6; r++)
+		assert_false(cov[r]);
+}
+
 static void test_load_spread(void **s)
 {
 	/* ranks 1 and 2 both lost their data; both shards are on nodes 0 and 3 */
@@ -526,6 +566,7 @@ int main(void)
 		cmocka_unit_test(test_data_parallel_column),
 		cmocka_unit_test(test_data_parallel_no_borrow_from_disagreeing_column),
 		cmocka_unit_test(test_data_parallel_hash_disagreement),
+		cmocka_unit_test(test_step_covered),
 		cmocka_unit_test(test_load_spread),
 		cmocka_unit_test(test_nothing),
 		cmocka_unit_test(test_out_of_range_ignored),
