@@ -1,9 +1,12 @@
 /* mem_bucket.h: an in-memory bucket backend for unit tests ("mem://NAME"),
  * installed as tiers/bucket.h's bkt_test_backend by mem_bucket_install().
  * Objects are write-once like the real backends'; a listing is in bytewise
- * name order with "/" roll-up. mem_bucket_corrupt() flips a stored byte
- * (the object keeps its size; the CRC32C of what a get delivers shows it).
- * One store for the whole test program, guarded by a mutex: the bucket
+ * name order with "/" roll-up; downloads keep holes and write plainly to
+ * what is not a regular file. mem_bucket_corrupt() flips a stored byte (the
+ * object keeps its size; a get checks the CRC32C stored at put, as gs://
+ * checks the server's, and refuses it: -EBADMSG). tests/unit/
+ * test_bucket_conformance.c holds it to the same contract as file:// and
+ * gs://; mem_bucket_clear() empties it between cases. One store for the whole test program, guarded by a mutex: the bucket
  * code runs transfers in parallel. Header-only. */
 #ifndef MTCFS_TESTS_UNIT_MEM_BUCKET_H
 #define MTCFS_TESTS_UNIT_MEM_BUCKET_H
@@ -99,21 +102,60 @@ static int mem_put(struct bkt *b, const char *name, const struct bkt_src *src)
 	return rc;
 }
 
+/* Like the real backends: a regular file is truncated, written with holes
+ * for zeros and cut to the object's size; anything else gets plain writes.
+ * What is delivered is checked against the CRC32C stored at put (as gs://
+ * checks the server's): a damaged object is -EBADMSG. */
+static int mem_deliver(int fd, const uint8_t *p, size_t len)
+{
+	struct stat st;
+	int rc;
+
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+		if (ftruncate(fd, 0) < 0)
+			return -errno;
+		rc = bkt_pwrite_sparse(fd, p, len, 0);
+		if (rc == 0 && ftruncate(fd, (off_t)len) < 0)
+			rc = -errno;
+		return rc;
+	}
+	for (size_t off = 0; off < len;) {
+		ssize_t w = write(fd, p + off, len - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		off += (size_t)w;
+	}
+	return 0;
+}
+
+static int mem_check_locked(const char *name, const struct mem_obj *o, uint32_t *crc32c)
+{
+	uint32_t crc = mf_crc32c(0, o->data, o->len);
+
+	if (crc32c)
+		*crc32c = crc;
+	if (crc == o->crc)
+		return 0;
+	bkt_set_error("mem://%s: the %zu bytes stored have crc32c %08x, put with %08x", name,
+		      o->len, crc, o->crc);
+	return -EBADMSG;
+}
+
 static int mem_get_file(struct bkt *b, const char *name, int fd, unsigned ranges, uint64_t *size,
 			uint32_t *crc32c)
 {
 	struct mem_obj *o;
-	int rc = 0;
+	int rc;
 
 	pthread_mutex_lock(&mem_store.mu);
 	o = mem_find_locked(name);
 	if (!o) {
 		rc = -ENOENT;
-	} else if (ftruncate(fd, 0) < 0 || (o->len && pwrite(fd, o->data, o->len, 0) != (ssize_t)o->len)) {
-		rc = -EIO;
-	} else {
+	} else if ((rc = mem_check_locked(name, o, crc32c)) == 0 &&
+		   (rc = mem_deliver(fd, o->data, o->len)) == 0) {
 		*size = o->len;
-		*crc32c = mf_crc32c(0, o->data, o->len);
 	}
 	pthread_mutex_unlock(&mem_store.mu);
 	return rc;
@@ -128,6 +170,8 @@ static int mem_get_buf(struct bkt *b, const char *name, size_t max, void **buf, 
 	o = mem_find_locked(name);
 	if (!o) {
 		rc = -ENOENT;
+	} else if ((rc = mem_check_locked(name, o, NULL)) < 0) {
+		/* damaged: refused */
 	} else if (o->len > max) {
 		rc = -EFBIG;
 	} else if (!(*buf = malloc(o->len + 1))) {
@@ -239,6 +283,20 @@ static const struct bkt_ops mem_bucket_ops = {
 static inline void mem_bucket_install(void)
 {
 	bkt_test_backend = &mem_bucket_ops;
+}
+
+/* Forget every object (a fresh bucket for the next test). */
+static inline void mem_bucket_clear(void)
+{
+	pthread_mutex_lock(&mem_store.mu);
+	for (size_t i = 0; i < mem_store.n; i++) {
+		free(mem_store.v[i].name);
+		free(mem_store.v[i].data);
+	}
+	free(mem_store.v);
+	mem_store.v = NULL;
+	mem_store.n = 0;
+	pthread_mutex_unlock(&mem_store.mu);
 }
 
 /* Flip byte off of every object whose name ends with suffix (and is at

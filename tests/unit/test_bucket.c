@@ -1,7 +1,11 @@
-/* Unit tests for tiers/bucket (+ bucket_file, bucket_gcs, gcs_auth).
- * file://: write-once and atomic puts (also under concurrent writers), no
- * temporaries left, listing order with and without "/", CRC checks on read,
- * damage on disk -> -EBADMSG, missing -> -ENOENT, name and URL checks.
+/* Unit tests for tiers/bucket (+ bucket_file, bucket_gcs, gcs_auth): what is
+ * particular to one backend. The contract every backend keeps (round trips,
+ * write-once also under concurrent writers, -ENOENT, listing order and "/",
+ * CRC checks on read, refused names, parallel transfers) is
+ * test_bucket_conformance.c, run once per backend.
+ * file://: refused puts leave no temporaries, empty directories and
+ * temporaries are not listed, deleted objects take emptied directories with
+ * them, objects on disk keep holes; URL checks.
  * gs://: against tests/gcs_server/gcs_server.py started here, each request
  * the client sends is asserted from the server's log: multipart, media and
  * resumable uploads; a reset in the middle of a chunk resumed from the
@@ -150,19 +154,14 @@ static void test_crc_combine(void **state)
 	assert_int_equal(bkt_crc32c_combine(0, 0, 0), 0);
 }
 
-static void test_bad_urls_and_names(void **state)
+/* Object names and listing prefixes refused: test_bucket_conformance.c, for every backend. */
+static void test_bad_urls(void **state)
 {
 	struct bkt *b = NULL;
 	static const char *const bad_urls[] = {
 		"s3://x", "gs://", "gs://A_Bad!", "gs://ab", "file://relative/path", "/abs/no/scheme",
 		"gs://bucket/../x",
 	};
-	static const char *const bad_names[] = {
-		"", "/abs", "a//b", "a/./b", "../x", "a/..", "a/", ".bkt-tmp-1", "d/.bkt-tmp-x/y",
-		"new\nline",
-	};
-	void *buf = NULL;
-	size_t len;
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(bad_urls) / sizeof(bad_urls[0]); i++) {
@@ -170,67 +169,10 @@ static void test_bad_urls_and_names(void **state)
 		assert_null(b);
 		assert_true(bkt_last_error()[0] != '\0');
 	}
-	b = open_file_bkt("names");
-	for (size_t i = 0; i < sizeof(bad_names) / sizeof(bad_names[0]); i++) {
-		assert_int_equal(bkt_put_buf(b, bad_names[i], "x", 1), -EINVAL);
-		assert_int_equal(bkt_get_buf(b, bad_names[i], 10, &buf, &len), -EINVAL);
-		assert_contains(bkt_last_error(), "invalid object name");
-	}
-	assert_int_equal(bkt_list(b, "../", "/", NULL, NULL), -EINVAL);
-	assert_int_equal(bkt_list_ex(b, "", "|", NULL, NULL), -EINVAL);
-	bkt_close(b);
 	bkt_close(NULL);
 }
 
 /* ---- file:// ---- */
-
-static void test_file_roundtrip(void **state)
-{
-	struct bkt *b = open_file_bkt("rt");
-	uint32_t crc, got_crc;
-	uint64_t size;
-	void *buf = NULL;
-	size_t len;
-	int fd, out;
-	size_t n;
-	uint8_t *a, *c;
-
-	(void)state;
-	assert_int_equal(bkt_put_buf(b, "small/meta", "hello", 5), 0);
-	assert_int_equal(bkt_get_buf(b, "small/meta", 5, &buf, &len), 0);
-	assert_int_equal(len, 5);
-	assert_memory_equal(buf, "hello", 5);
-	assert_int_equal(((char *)buf)[5], '\0');
-	free(buf);
-	assert_int_equal(bkt_get_buf(b, "small/meta", 4, &buf, &len), -EFBIG);
-
-	fd = make_file("rt.src", 3 * MIB + 17, 1, &crc);
-	assert_int_equal(lseek(fd, 5, SEEK_SET), 5);
-	assert_int_equal(bkt_put_file(b, "d/e/big.bin", fd, 3 * MIB + 17, crc), 0);
-	assert_int_equal(lseek(fd, 0, SEEK_CUR), 5);   /* pread: offset untouched */
-	close(fd);
-	assert_int_equal(bkt_stat(b, "d/e/big.bin", &size, &got_crc), 0);
-	assert_int_equal(size, 3 * MIB + 17);
-	assert_int_equal(got_crc, crc);
-	out = new_fd("rt.dst");
-	assert_int_equal(write(out, "stale stale stale", 17), 17);
-	size = 0;
-	assert_int_equal(bkt_get_file(b, "d/e/big.bin", out, &size, true, crc), 0);
-	assert_int_equal(size, 3 * MIB + 17);
-	close(out);
-	a = read_all(tmpfd, "rt.src", &n);
-	c = read_all(tmpfd, "rt.dst", &len);
-	assert_int_equal(n, len);
-	assert_memory_equal(a, c, n);
-	free(a);
-	free(c);
-	/* an empty object */
-	assert_int_equal(bkt_put_buf(b, "empty", "", 0), 0);
-	assert_int_equal(bkt_get_buf(b, "empty", 0, &buf, &len), 0);
-	assert_int_equal(len, 0);
-	free(buf);
-	bkt_close(b);
-}
 
 static int count_tmp(const char *dir)
 {
@@ -277,52 +219,6 @@ static void test_file_write_once(void **state)
 	close(fd);
 	snprintf(dir, sizeof(dir), "%s/wo", tmproot);
 	assert_int_equal(count_tmp(dir), 0);
-	bkt_close(b);
-}
-
-struct racer {
-	struct bkt *b;
-	int id;
-	int rc;
-};
-
-static void *race(void *arg)
-{
-	struct racer *r = arg;
-	char data[64 * 1024];
-
-	memset(data, 'a' + r->id, sizeof(data));
-	r->rc = bkt_put_buf(r->b, "race/obj", data, sizeof(data));
-	return NULL;
-}
-
-static void test_file_concurrent_writers(void **state)
-{
-	struct bkt *b = open_file_bkt("race");
-	struct racer r[8];
-	pthread_t th[8];
-	int winners = 0;
-	void *buf = NULL;
-	size_t len;
-
-	(void)state;
-	for (int i = 0; i < 8; i++) {
-		r[i] = (struct racer){ .b = b, .id = i };
-		pthread_create(&th[i], NULL, race, &r[i]);
-	}
-	for (int i = 0; i < 8; i++) {
-		pthread_join(th[i], NULL);
-		if (r[i].rc == 0)
-			winners++;
-		else
-			assert_int_equal(r[i].rc, -EEXIST);
-	}
-	assert_int_equal(winners, 1);
-	assert_int_equal(bkt_get_buf(b, "race/obj", MIB, &buf, &len), 0);
-	assert_int_equal(len, 64 * 1024);
-	for (size_t i = 1; i < len; i++)
-		assert_int_equal(((char *)buf)[i], ((char *)buf)[0]);   /* one writer's bytes only */
-	free(buf);
 	bkt_close(b);
 }
 
@@ -509,15 +405,6 @@ static void xfer_roundtrip(struct bkt *b, const char *tag, int nfiles)
 	free(x);
 	free(names);
 	free(paths);
-}
-
-static void test_file_xfers(void **state)
-{
-	struct bkt *b = open_file_bkt("xf");
-
-	(void)state;
-	xfer_roundtrip(b, "fx", 60);
-	bkt_close(b);
 }
 
 /* ---- gs:// ---- */
@@ -1788,13 +1675,10 @@ int main(void)
 {
 	const struct CMUnitTest file_tests[] = {
 		cmocka_unit_test(test_crc_combine),
-		cmocka_unit_test(test_bad_urls_and_names),
-		cmocka_unit_test(test_file_roundtrip),
+		cmocka_unit_test(test_bad_urls),
 		cmocka_unit_test(test_file_write_once),
-		cmocka_unit_test(test_file_concurrent_writers),
 		cmocka_unit_test(test_file_list),
 		cmocka_unit_test(test_file_corrupt_missing_delete),
-		cmocka_unit_test(test_file_xfers),
 		cmocka_unit_test(test_file_sparse),
 		cmocka_unit_test(test_jwt_signature),
 	};
