@@ -25,6 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+sys.path.insert(1, os.path.join(HERE, "..", "integration", "multinode"))  # test_ec_cluster
 import harness  # noqa: E402
 from harness import wait_until  # noqa: E402
 from cluster import Cluster, shard_files  # noqa: E402

@@ -1,4 +1,4 @@
-"""The trainer's side of tests/integration/test_nonroot.py, run as a
+"""The trainer's side of tests/integration/security/test_nonroot.py, run as a
 non-root uid (setpriv): what Orbax and GKE's framework: pytorch mode do on a
 node, with a umask of 027 so that what it writes is its own and its group's
 (the Kubernetes fsGroup's, through the set-gid mount root) and nobody

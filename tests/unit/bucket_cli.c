@@ -1,5 +1,5 @@
 /* mtcfs-bucket-cli: a test-only command line over tiers/bucket and
- * tiers/backup, for tests/integration/test_gcs_client.py and
+ * tiers/backup, for tests/integration/bucket/test_gcs_client.py and
  * tests/gcs_server/bench.sh. Not installed. One operation per run; exit 0,
  * or 1 with the error's words on stderr ("error: -ERRNO: words").
  *
