@@ -265,7 +265,9 @@ int lkg_step_covered(const struct lkg_input *in, uint64_t step, bool *covered)
 							load, NULL);
 		}
 	}
-	return plan_end(rc < 0 ? rc : 0, &p, load, idx);
+	rc = plan_end(rc, &p, load, idx);
+	lkg_plan_free(&p);   /* the sources were only scratch */
+	return rc;
 }
 
 void lkg_plan_free(struct lkg_plan *p)
