@@ -8,12 +8,17 @@
 #include "common/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 void eng_report(struct eng *e, const char *fmt, ...)
 {
@@ -180,10 +185,54 @@ static int split_peers(struct eng *e, const char *peers)
 	return e->naddrs ? 0 : -EINVAL;
 }
 
+#define SELF_SECRET "peer.secret"
+
+/* A node without listen= (a bucket and no peers) is a job of its own and
+ * its own coordinator, on an ephemeral loopback port that any local user
+ * could reach: without secret_file= it gets a secret of its own, 32 random
+ * bytes (hex, one line) in RAMDIR/peer.secret, mode 0600, new at every
+ * start: only this process, and root's mtcfs-admin through the "peer"
+ * record, can talk to it. Its path into path (PATH_MAX). 0 or -errno. */
+static int self_secret(struct eng *e, struct ram_tier *ram, char *path)
+{
+	static const char hexd[] = "0123456789abcdef";
+	uint8_t raw[32];
+	char line[2 * sizeof(raw) + 1], tmp[] = SELF_SECRET ".tmp";
+	int fd, rc = 0;
+
+	if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw))
+		return -EIO;
+	for (size_t i = 0; i < sizeof(raw); i++) {
+		line[2 * i] = hexd[raw[i] >> 4];
+		line[2 * i + 1] = hexd[raw[i] & 15];
+	}
+	line[sizeof(line) - 1] = '\n';
+	unlinkat(ram_root_fd(ram), tmp, 0);
+	fd = openat(ram_root_fd(ram), tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+		    0600);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, line, sizeof(line)) != (ssize_t)sizeof(line) || fsync(fd) < 0)
+		rc = errno ? -errno : -EIO;
+	close(fd);
+	if (rc == 0 && renameat(ram_root_fd(ram), tmp, ram_root_fd(ram), SELF_SECRET) < 0)
+		rc = -errno;
+	if (rc == 0)
+		rc = auth_set_secret(&e->auth, line, sizeof(line) - 1);
+	if (rc < 0) {
+		unlinkat(ram_root_fd(ram), tmp, 0);
+		return rc;
+	}
+	snprintf(path, PATH_MAX, "%s/%s", ram_path(ram), SELF_SECRET);
+	return 0;
+}
+
 int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_cb *cb,
 	      struct eng **out)
 {
 	struct eng *e = calloc(1, sizeof(*e));
+	char self_secret_path[PATH_MAX];
+	const char *secret_file = o->secret_file;
 	int rc;
 
 	if (!e)
@@ -239,6 +288,14 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		rc = auth_load_secret(o->secret_file, &e->auth);
 		if (rc < 0)
 			goto fail;
+	} else if (!o->listen) {
+		rc = self_secret(e, ram, self_secret_path);
+		if (rc < 0) {
+			log_err("engine", "cannot write %s/%s: %s", ram_path(ram), SELF_SECRET,
+				strerror(-rc));
+			goto fail;
+		}
+		secret_file = self_secret_path;
 	}
 	if (o->tls_cert || o->tls_key || o->tls_ca) {
 		char err[512];
@@ -302,7 +359,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	{
 		/* how mtcfs-admin reaches the cluster from this RAMDIR */
 		json_t *pm = json_pack("{s:s,s:s,s:s?,s:i,s:s?,s:s?,s:s?}", "listen", e->listen,
-				       "coordinator", e->coord_addr, "secret_file", o->secret_file,
+				       "coordinator", e->coord_addr, "secret_file", secret_file,
 				       "rank", e->rank, "tls_cert", o->tls_cert, "tls_key", o->tls_key,
 				       "tls_ca", o->tls_ca);
 		char *txt = json_dumps(pm, JSON_COMPACT);

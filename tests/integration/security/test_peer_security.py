@@ -38,10 +38,12 @@ import hmac
 import json
 import os
 import re
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -1174,6 +1176,58 @@ class ConnectionFlood(unittest.TestCase):
         harness.wait_until(lambda: (0, 11) in self.c.holds(1, JOB), 60,
                    "node 1 holding node 0's step 11")
         self.assertEqual(self.c.holds(1, JOB)[(0, 11)] in harness.COMMITTED_STATES, True)
+
+
+class BucketOnlyNode(unittest.TestCase):
+    """A node with a bucket and no peers is a job of its own and its own
+    coordinator, on an ephemeral loopback port. Without secret_file= any
+    local process could connect there and fetch the node's shards (files
+    the mount keeps 0600 among them): it must make a secret of its own,
+    readable by root only, that mtcfs-admin (root) still uses."""
+
+    def setUp(self):
+        self.bucket = tempfile.mkdtemp(prefix="mtcfs-bucket-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.bucket, True)
+        self.d = harness.Daemon(opts="ram_size=256M,bucket=file://" + self.bucket,
+                                extra_args=["-d"])
+        self.addCleanup(self.d.stop)
+        self.d.start()
+
+    def test_loopback_port_wants_the_nodes_own_secret(self):
+        d = self.d
+        step = os.path.join(d.mnt, "1")
+        os.mkdir(step)
+        harness.write_file(os.path.join(step, "private.bin"), b"s3cret" * 1000, mode=0o600)
+        harness.write_file(os.path.join(step, "commit_success.txt"), b"")
+        harness.wait_committed(d.ramdir, 1, daemon=d)
+        m = harness.wait_until(lambda: re.search(r"peer tier up listen=(127\.0\.0\.1:\d+)",
+                                                 d.log_text()), 30, "the peer tier's port")
+        addr = m.group(1)
+        secret = os.path.join(d.ramdir, "peer.secret")
+        st = os.stat(secret)
+        self.assertEqual(st.st_mode & 0o777, 0o600, oct(st.st_mode))
+        self.assertEqual(st.st_uid, 0)
+        key = read_secret(secret)
+        self.assertEqual(len(key), 64)
+        # without the secret: refused at the handshake, nothing fetched
+        with self.assertRaises((Refused, Closed, AssertionError, ConnectionError)):
+            fetch_shard(addr, None, "default", 1, 0)
+        with self.assertRaises((Refused, Closed, AssertionError, ConnectionError)):
+            fetch_shard(addr, os.urandom(32).hex().encode(), "default", 1, 0)
+        # the node's own secret works, and it is the node's shard
+        _, files = fetch_shard(addr, key, "default", 1, 0)
+        self.assertEqual(files["private.bin"], b"s3cret" * 1000)
+        # root's mtcfs-admin reaches the node's coordinator with it
+        out = harness.admin("steps", d.ramdir, "--job", "default", "--json")
+        self.assertTrue(json.loads(out)["coordinator_reachable"], out)
+        # a new secret at every start: the old one no longer opens it
+        d.stop()
+        d.start()
+        m = harness.wait_until(lambda: re.findall(r"peer tier up listen=(127\.0\.0\.1:\d+)",
+                                                  d.log_text()), 30, "the peer tier's port")
+        self.assertNotEqual(read_secret(secret), key)
+        with self.assertRaises((Refused, Closed, AssertionError, ConnectionError)):
+            fetch_shard(m[-1], key, "default", 1, 0)
 
 
 if __name__ == "__main__":
