@@ -1,8 +1,8 @@
 /* bucket_listing.h: the listing fixture both bucket test files use
  * (test_bucket.c's wire-level tests, test_bucket_conformance.c's suite):
  * seven objects that hold their own names as bytes, the listings they
- * give, and a collector that checks names, prefixes and sizes. Include
- * after <cmocka.h>. */
+ * give, collectors for bkt_list() and bkt_list_ex() (names, prefixes, sizes;
+ * a listed CRC32C is checked). Include after <cmocka.h>. */
 #ifndef MTCFS_TESTS_UNIT_BUCKET_LISTING_H
 #define MTCFS_TESTS_UNIT_BUCKET_LISTING_H
 
@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "tiers/bucket.h"
+#include "tiers/manifest.h"
 
 struct seen {
 	char names[64][128];
@@ -31,6 +32,25 @@ static inline int collect(void *arg, const char *name, bool is_prefix, uint64_t 
 	s->size[s->n] = size;
 	s->n++;
 	return s->stop_after && s->n == s->stop_after ? 42 : 0;
+}
+
+/* bkt_list_ex()'s callback: as collect(), and what every backend keeps: a
+ * prefix has no CRC32C; an object's is optional (file:// lists none) and
+ * right when given (the objects hold their own names). */
+static inline int collect_ex(void *arg, const struct bkt_entry *e)
+{
+	struct seen *s = arg;
+
+	assert_true(s->n < 64);
+	snprintf(s->names[s->n], sizeof(s->names[0]), "%s", e->name);
+	s->pfx[s->n] = e->is_prefix;
+	s->size[s->n] = e->size;
+	if (e->is_prefix)
+		assert_false(e->has_crc);
+	if (e->has_crc)
+		assert_int_equal(e->crc32c, mf_crc32c(0, e->name, strlen(e->name)));
+	s->n++;
+	return 0;
 }
 
 /* The objects of populate_listing() hold their own names as bytes. */

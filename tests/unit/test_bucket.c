@@ -17,7 +17,6 @@
  * 401/403 words. Retries run with MTCFS_GCS_RETRY=1,20,5 (milliseconds). */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -41,46 +40,13 @@
 #include <openssl/pem.h>
 
 #include "common/util.h"
-#include "tests/gcs_server/testsrv.h"
+#include "tests/unit/bucket_fixture.h"
 #include "tests/unit/bucket_listing.h"
-#include "tests/unit/testfill.h"
 #include "tiers/bucket.h"
 #include "tiers/gcs_auth.h"
 #include "tiers/manifest.h"
 
-#define KIB 1024u
-#define MIB (1024u * 1024u)
-
 /* ---- helpers ---- */
-
-static char tmproot[PATH_MAX];
-static int tmpfd = -1;
-static struct tsrv srv;
-static bool srv_up;
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)ftw;
-	return flag == FTW_DP ? rmdir(p) : unlink(p);
-}
-
-/* A file of len pseudo-random bytes under the temp dir; returns an O_RDONLY fd. */
-static int make_file(const char *name, size_t len, uint32_t seed, uint32_t *crc)
-{
-	uint8_t *buf = malloc(len ? len : 1);
-	int fd;
-
-	assert_non_null(buf);
-	fill(buf, len, seed);
-	fd = openat(tmpfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, buf, len), (ssize_t)len);
-	if (crc)
-		*crc = mf_crc32c(0, buf, len);
-	free(buf);
-	return fd;
-}
 
 static uint8_t *read_all(int dirfd, const char *name, size_t *len)
 {
@@ -89,45 +55,22 @@ static uint8_t *read_all(int dirfd, const char *name, size_t *len)
 	return (uint8_t *)buf;
 }
 
-static int new_fd(const char *name)
-{
-	int fd = openat(tmpfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	assert_true(fd >= 0);
-	return fd;
-}
-
-static void assert_contains(const char *hay, const char *needle)
-{
-	if (!strstr(hay, needle)) {
-		print_error("\"%s\" does not contain \"%s\"\n", hay, needle);
-		fail();
-	}
-}
-
 static int group_setup(void **state)
 {
 	(void)state;
-	snprintf(tmproot, sizeof(tmproot), "/dev/shm/mtcfs-test-bucket-XXXXXX");
-	if (!mkdtemp(tmproot)) {
-		snprintf(tmproot, sizeof(tmproot), "/tmp/mtcfs-test-bucket-XXXXXX");
-		if (!mkdtemp(tmproot))
-			return -1;
-	}
+	if (tmproot_make("bucket") < 0)
+		return -1;
 	tmpfd = open(tmproot, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	setenv("MTCFS_GCS_RETRY", "1,20,5", 1);
-	unsetenv("GOOGLE_APPLICATION_CREDENTIALS");
-	unsetenv("GCE_METADATA_HOST");
+	gs_client_env();
 	return tmpfd < 0 ? -1 : 0;
 }
 
 static int group_teardown(void **state)
 {
 	(void)state;
-	if (srv_up)
-		tsrv_stop(&srv);
-	srv_up = false;
+	gs_srv_stop();
 	close(tmpfd);
-	return nftw(tmproot, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	return tmproot_remove();
 }
 
 static struct bkt *open_file_bkt(const char *sub)
@@ -347,66 +290,6 @@ static void xfer_roundtrip(struct bkt *b, const char *tag, int nfiles)
 
 /* ---- sparse files: zeros stay holes in restores and file:// objects ---- */
 
-/* A sparse file of size bytes: three short runs of data (one not block-aligned,
- * one at the very end), holes elsewhere. */
-static int make_sparse(const char *name, uint64_t size, uint32_t *crc)
-{
-	static const struct { uint64_t off; size_t len; } runs[] = {
-		{ MIB + 100, 5000 }, { 20 * MIB, 4096 }, { 0, 10 } };
-	uint8_t buf[5000], *z = calloc(1, MIB);
-	uint64_t at = 0;
-	uint32_t c = 0;
-	int fd = openat(tmpfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-
-	assert_true(fd >= 0);
-	assert_non_null(z);
-	assert_int_equal(ftruncate(fd, (off_t)size), 0);
-	for (size_t i = 0; i < 3; i++) {
-		uint64_t off = runs[i].off ? runs[i].off : size - runs[i].len;
-		fill(buf, runs[i].len, (uint32_t)i + 40);
-		assert_int_equal(pwrite(fd, buf, runs[i].len, (off_t)off), (ssize_t)runs[i].len);
-		while (at < off) {
-			size_t n = off - at > MIB ? MIB : (size_t)(off - at);
-			c = mf_crc32c(c, z, n);
-			at += n;
-		}
-		c = mf_crc32c(c, buf, runs[i].len);
-		at += runs[i].len;
-	}
-	free(z);
-	*crc = c;
-	return fd;
-}
-
-static void assert_same_file(const char *a, const char *b, uint64_t size)
-{
-	int fa = openat(tmpfd, a, O_RDONLY | O_CLOEXEC), fb = openat(tmpfd, b, O_RDONLY | O_CLOEXEC);
-	uint8_t *x = malloc(MIB), *y = malloc(MIB);
-	struct stat st;
-
-	assert_true(fa >= 0 && fb >= 0 && x && y);
-	assert_int_equal(fstat(fb, &st), 0);
-	assert_int_equal((uint64_t)st.st_size, size);
-	for (uint64_t off = 0; off < size; off += MIB) {
-		size_t n = size - off > MIB ? MIB : (size_t)(size - off);
-		assert_int_equal(pread(fa, x, n, (off_t)off), (ssize_t)n);
-		assert_int_equal(pread(fb, y, n, (off_t)off), (ssize_t)n);
-		assert_memory_equal(x, y, n);
-	}
-	free(x);
-	free(y);
-	close(fa);
-	close(fb);
-}
-
-static uint64_t allocated(int dirfd, const char *name)
-{
-	struct stat st;
-
-	assert_int_equal(fstatat(dirfd, name, &st, 0), 0);
-	return (uint64_t)st.st_blocks * 512;
-}
-
 static void test_file_sparse(void **state)
 {
 	struct bkt *b = open_file_bkt("sparse");
@@ -443,16 +326,9 @@ static struct bkt_opts gopts;
 
 static int gs_group_setup(void **state)
 {
-	char emu[64];
-
 	if (group_setup(state) < 0)
 		return -1;
-	if (tsrv_start(&srv) < 0)
-		return -1;
-	srv_up = true;
-	snprintf(emu, sizeof(emu), "127.0.0.1:%d", srv.port);
-	setenv("STORAGE_EMULATOR_HOST", emu, 1);
-	return 0;
+	return gs_srv_start();
 }
 
 static int gs_setup(void **state)
@@ -799,22 +675,6 @@ static void test_gs_download_damage(void **state)
 	close(out);
 }
 
-struct piper {
-	int fd;
-	uint8_t *buf;
-	size_t got, cap;
-};
-
-static void *pipe_reader(void *arg)
-{
-	struct piper *p = arg;
-	ssize_t r;
-
-	while (p->got < p->cap && (r = read(p->fd, p->buf + p->got, p->cap - p->got)) > 0)
-		p->got += (size_t)r;
-	return NULL;
-}
-
 static void test_gs_download_resume_and_ranges(void **state)
 {
 	const uint64_t n = 2 * MIB + 7;
@@ -902,19 +762,11 @@ static void test_gs_download_resume_and_ranges(void **state)
 	}
 }
 
-static int collect_ex(void *arg, const struct bkt_entry *e)
+/* collect_ex(), and gs:// lists a CRC32C with every object (file:// may not) */
+static int collect_ex_crc(void *arg, const struct bkt_entry *e)
 {
-	struct seen *s = arg;
-
-	assert_true(s->n < 64);
-	snprintf(s->names[s->n], sizeof(s->names[0]), "%s", e->name);
-	s->pfx[s->n] = e->is_prefix;
-	s->size[s->n] = e->size;
 	assert_int_equal(e->has_crc, !e->is_prefix);
-	if (!e->is_prefix)
-		assert_int_equal(e->crc32c, mf_crc32c(0, e->name, strlen(e->name)));
-	s->n++;
-	return 0;
+	return collect_ex(arg, e);
 }
 
 static void test_gs_list_paging(void **state)
@@ -943,7 +795,7 @@ static void test_gs_list_paging(void **state)
 	assert_true(tokens >= 4);
 	json_decref(log);
 	/* sizes and CRCs come with the listing */
-	assert_int_equal(bkt_list_ex(b, "", NULL, collect_ex, &s), 0);
+	assert_int_equal(bkt_list_ex(b, "", NULL, collect_ex_crc, &s), 0);
 	assert_int_equal(s.n, 7);
 	for (int k = 0; k < 7; k++)
 		assert_int_equal(s.size[k], strlen(all_sorted[k]));

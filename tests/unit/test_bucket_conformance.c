@@ -12,7 +12,6 @@
  * are sent) and file://'s on-disk details stay in test_bucket.c. */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -30,15 +29,12 @@
 #include <cmocka.h>
 
 #include "common/util.h"
-#include "tests/gcs_server/testsrv.h"
+#include "tests/unit/bucket_fixture.h"
+#include "tests/unit/bucket_listing.h"
 #include "tests/unit/mem_bucket.h"
-#include "tests/unit/testfill.h"
 #include "tiers/bucket.h"
 #include "tiers/manifest.h"
-#include "tests/unit/bucket_listing.h"
 
-#define KIB 1024u
-#define MIB (1024u * 1024u)
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ---- backends ---- */
@@ -58,18 +54,7 @@ struct backend {
 	bool name_is_prefix;
 };
 
-static char tmproot[PATH_MAX];
-static int tmpfd = -1;
 static unsigned opened;          /* file:// buckets made so far: one directory each */
-static struct tsrv srv;
-static bool srv_up;
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)ftw;
-	return flag == FTW_DP ? rmdir(p) : unlink(p);
-}
 
 /* file:// */
 
@@ -98,26 +83,6 @@ static void file_damage(struct bkt *b, const char *name, size_t off)
 
 /* gs://: the test server, emptied before each case; small chunks and parts
  * so that resumable uploads and ranged downloads are what the cases use */
-
-static int gs_group_setup(void)
-{
-	char emu[64];
-
-	if (tsrv_start(&srv) < 0)
-		return -1;
-	srv_up = true;
-	snprintf(emu, sizeof(emu), "127.0.0.1:%d", srv.port);
-	setenv("STORAGE_EMULATOR_HOST", emu, 1);
-	return 0;
-}
-
-static void gs_group_teardown(void)
-{
-	if (srv_up)
-		tsrv_stop(&srv);
-	srv_up = false;
-	unsetenv("STORAGE_EMULATOR_HOST");
-}
 
 static int gs_open(struct bkt **b)
 {
@@ -171,7 +136,7 @@ static const struct backend backends[] = {
 	  .stored_crc = false,
 	  /* a name is a file or a directory, not both: -EISDIR / -ENOTDIR */
 	  .name_is_prefix = false },
-	{ .name = "gs", .group_setup = gs_group_setup, .group_teardown = gs_group_teardown,
+	{ .name = "gs", .group_setup = gs_srv_start, .group_teardown = gs_srv_stop,
 	  .open = gs_open, .damage = gs_damage, .stored_crc = true, .name_is_prefix = true },
 	{ .name = "mem", .group_setup = mem_group_setup, .group_teardown = mem_group_teardown,
 	  .open = mem_open_fresh, .damage = mem_damage, .stored_crc = true, .name_is_prefix = true },
@@ -183,60 +148,6 @@ static void skip_because(const struct backend *be, const char *why)
 {
 	print_message("[  SKIPPED ] %s: %s\n", be->name, why);
 	skip();
-}
-
-static void assert_contains(const char *hay, const char *needle)
-{
-	if (!strstr(hay, needle)) {
-		print_error("\"%s\" does not contain \"%s\"\n", hay, needle);
-		fail();
-	}
-}
-
-/* A temporary local file of len pseudo-random bytes; an O_RDWR fd. */
-static int make_file(const char *name, size_t len, uint32_t seed, uint32_t *crc)
-{
-	uint8_t *buf = malloc(len ? len : 1);
-	int fd;
-
-	assert_non_null(buf);
-	fill(buf, len, seed);
-	fd = openat(tmpfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, buf, len), (ssize_t)len);
-	if (crc)
-		*crc = mf_crc32c(0, buf, len);
-	free(buf);
-	return fd;
-}
-
-static int new_fd(const char *name)
-{
-	int fd = openat(tmpfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-
-	assert_true(fd >= 0);
-	return fd;
-}
-
-static void assert_same_file(const char *a, const char *b, uint64_t size)
-{
-	int fa = openat(tmpfd, a, O_RDONLY | O_CLOEXEC), fb = openat(tmpfd, b, O_RDONLY | O_CLOEXEC);
-	uint8_t *x = malloc(MIB), *y = malloc(MIB);
-	struct stat st;
-
-	assert_true(fa >= 0 && fb >= 0 && x && y);
-	assert_int_equal(fstat(fb, &st), 0);
-	assert_int_equal((uint64_t)st.st_size, size);
-	for (uint64_t off = 0; off < size; off += MIB) {
-		size_t n = size - off > MIB ? MIB : (size_t)(size - off);
-		assert_int_equal(pread(fa, x, n, (off_t)off), (ssize_t)n);
-		assert_int_equal(pread(fb, y, n, (off_t)off), (ssize_t)n);
-		assert_memory_equal(x, y, n);
-	}
-	free(x);
-	free(y);
-	close(fa);
-	close(fb);
 }
 
 static void expect_bytes(struct bkt *b, const char *name, const void *want, size_t len)
@@ -329,22 +240,6 @@ static void c_large(struct bkt *b, const struct backend *be)
 	assert_same_file("large.src", "large.dst2", n);
 }
 
-struct piper {
-	int fd;
-	uint8_t *buf;
-	size_t got, cap;
-};
-
-static void *pipe_reader(void *arg)
-{
-	struct piper *p = arg;
-	ssize_t r;
-
-	while (p->got < p->cap && (r = read(p->fd, p->buf + p->got, p->cap - p->got)) > 0)
-		p->got += (size_t)r;
-	return NULL;
-}
-
 /* bkt_get_file into something that is not a regular file: plain writes, in order */
 static void c_pipe(struct bkt *b, const struct backend *be)
 {
@@ -377,45 +272,6 @@ static void c_pipe(struct bkt *b, const struct backend *be)
 	free(want);
 }
 
-/* A sparse file: three short runs of data (one not block-aligned, one at the
- * very end), holes elsewhere. */
-static int make_sparse(const char *name, uint64_t size, uint32_t *crc)
-{
-	static const struct { uint64_t off; size_t len; } runs[] = {
-		{ MIB + 100, 5000 }, { 20 * MIB, 4096 }, { 0, 10 } };
-	uint8_t buf[5000], *z = calloc(1, MIB);
-	uint64_t at = 0;
-	uint32_t c = 0;
-	int fd = openat(tmpfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-
-	assert_true(fd >= 0);
-	assert_non_null(z);
-	assert_int_equal(ftruncate(fd, (off_t)size), 0);
-	for (size_t i = 0; i < ARRAY_LEN(runs); i++) {
-		uint64_t off = runs[i].off ? runs[i].off : size - runs[i].len;
-		fill(buf, runs[i].len, (uint32_t)i + 40);
-		assert_int_equal(pwrite(fd, buf, runs[i].len, (off_t)off), (ssize_t)runs[i].len);
-		while (at < off) {
-			size_t n = off - at > MIB ? MIB : (size_t)(off - at);
-			c = mf_crc32c(c, z, n);
-			at += n;
-		}
-		c = mf_crc32c(c, buf, runs[i].len);
-		at += runs[i].len;
-	}
-	free(z);
-	*crc = c;
-	return fd;
-}
-
-static uint64_t allocated(const char *name)
-{
-	struct stat st;
-
-	assert_int_equal(fstatat(tmpfd, name, &st, 0), 0);
-	return (uint64_t)st.st_blocks * 512;
-}
-
 /* Downloads keep holes (bucket.h, bkt_pwrite_sparse): a restore of a mostly
  * empty file does not allocate it; what the target held before is gone. */
 static void c_sparse(struct bkt *b, const struct backend *be)
@@ -434,7 +290,7 @@ static void c_sparse(struct bkt *b, const struct backend *be)
 	assert_int_equal(bkt_get_file(b, "s/sparse.bin", out, &got, true, crc), 0);
 	close(out);
 	assert_int_equal(got, size);
-	assert_true(allocated("sp.dst") <= 64 * KIB);
+	assert_true(allocated(tmpfd, "sp.dst") <= 64 * KIB);
 	assert_same_file("sp.src", "sp.dst", size);
 	/* the CRC covers the logical bytes, holes included */
 	out = new_fd("sp.dst2");
@@ -610,22 +466,6 @@ static void c_list_order(struct bkt *b, const struct backend *be)
 	expect_list(b, "k/", NULL, all, ARRAY_LEN(all));
 	expect_list(b, "k/", "/", dl, ARRAY_LEN(dl));
 	expect_list(b, "", NULL, all, ARRAY_LEN(all));
-}
-
-static int collect_ex(void *arg, const struct bkt_entry *e)
-{
-	struct seen *s = arg;
-
-	assert_true(s->n < 64);
-	snprintf(s->names[s->n], sizeof(s->names[0]), "%s", e->name);
-	s->pfx[s->n] = e->is_prefix;
-	s->size[s->n] = e->size;
-	if (e->is_prefix)
-		assert_false(e->has_crc);
-	if (e->has_crc)   /* optional (file:// lists none); right when given */
-		assert_int_equal(e->crc32c, mf_crc32c(0, e->name, strlen(e->name)));
-	s->n++;
-	return 0;
 }
 
 static void c_list_ex(struct bkt *b, const struct backend *be)
@@ -1025,21 +865,13 @@ static int group_teardown(void **state)
 
 int main(void)
 {
-	static const char *const bases[] = { "/dev/shm", "/tmp" };
 	struct CMUnitTest tests[NCASES];
 	char group[64];
 	int rc = 0;
 
 	signal(SIGPIPE, SIG_DFL);   /* the code under test must not need SIG_IGN */
-	setenv("MTCFS_GCS_RETRY", "1,20,5", 1);
-	unsetenv("GOOGLE_APPLICATION_CREDENTIALS");
-	unsetenv("GCE_METADATA_HOST");
-	for (size_t i = 0; i < ARRAY_LEN(bases) && !tmproot[0]; i++) {
-		snprintf(tmproot, sizeof(tmproot), "%s/mtcfs-test-bucket-conf-XXXXXX", bases[i]);
-		if (!mkdtemp(tmproot))
-			tmproot[0] = '\0';
-	}
-	if (!tmproot[0])
+	gs_client_env();
+	if (tmproot_make("bucket-conf") < 0)
 		return 1;
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 	for (size_t k = 0; k < ARRAY_LEN(backends); k++) {
@@ -1058,7 +890,7 @@ int main(void)
 		rc |= _cmocka_run_group_tests(group, tests, NCASES, group_setup, group_teardown);
 	}
 	curl_global_cleanup();
-	if (nftw(tmproot, rm_cb, 16, FTW_DEPTH | FTW_PHYS) < 0)
+	if (tmproot_remove() < 0)
 		rc |= 1;
 	return rc;
 }
