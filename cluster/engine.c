@@ -227,6 +227,34 @@ static int self_secret(struct eng *e, struct ram_tier *ram, char *path)
 	return 0;
 }
 
+/* The secret (secret_file=, or this node's own: self_secret into
+ * self_path) and the TLS context of e->auth. 0 or -errno (logged). */
+static int credentials(struct eng *e, struct ram_tier *ram, const struct eng_opts *o,
+		       char *self_path)
+{
+	char err[512];
+	int rc = 0;
+
+	if (o->secret_file) {
+		rc = auth_load_secret(o->secret_file, &e->auth);
+		if (rc < 0)
+			return rc;
+	} else if (!o->listen) {
+		rc = self_secret(e, ram, self_path);
+		if (rc < 0) {
+			log_err("engine", "cannot write %s/%s: %s", ram_path(ram), SELF_SECRET,
+				strerror(-rc));
+			return rc;
+		}
+	}
+	if (o->tls_cert || o->tls_key || o->tls_ca) {
+		rc = net_tls_load(o->tls_cert, o->tls_key, o->tls_ca, &e->auth.tls, err, sizeof(err));
+		if (rc < 0)
+			log_err("engine", "%s", err);
+	}
+	return rc;
+}
+
 int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_cb *cb,
 	      struct eng **out)
 {
@@ -243,6 +271,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	e->rank = o->rank;
 	e->restore_timeout_s = o->restore_timeout_s > 0 ? o->restore_timeout_s
 							    : ENG_RESTORE_TIMEOUT_S;
+	e->stop_budget_s = o->stop_timeout_s > 0 ? o->stop_timeout_s : ENG_STOP_BUDGET_S;
 	pthread_mutex_init(&e->mu, NULL);
 	pthread_mutex_init(&e->ctl_mu, NULL);
 	pthread_cond_init(&e->ctl_cv, NULL);
@@ -284,27 +313,11 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		snprintf(e->coord_addr, sizeof(e->coord_addr), "%s", o->coordinator);
 	else if (e->naddrs)
 		snprintf(e->coord_addr, sizeof(e->coord_addr), "%s", e->addrs[0]);
-	if (o->secret_file) {
-		rc = auth_load_secret(o->secret_file, &e->auth);
-		if (rc < 0)
-			goto fail;
-	} else if (!o->listen) {
-		rc = self_secret(e, ram, self_secret_path);
-		if (rc < 0) {
-			log_err("engine", "cannot write %s/%s: %s", ram_path(ram), SELF_SECRET,
-				strerror(-rc));
-			goto fail;
-		}
+	rc = credentials(e, ram, o, self_secret_path);
+	if (rc < 0)
+		goto fail;
+	if (!o->secret_file && !o->listen)
 		secret_file = self_secret_path;
-	}
-	if (o->tls_cert || o->tls_key || o->tls_ca) {
-		char err[512];
-		rc = net_tls_load(o->tls_cert, o->tls_key, o->tls_ca, &e->auth.tls, err, sizeof(err));
-		if (rc < 0) {
-			log_err("engine", "%s", err);
-			goto fail;
-		}
-	}
 	{
 		char err[200];
 		rc = eng_ec_start(e, o->redundancy, err, sizeof(err));
@@ -314,7 +327,9 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		}
 	}
 	redund_scan(e);   /* before the data server takes a request */
-	rc = workq_start("mtcfs-repl", &e->replq);
+	rc = tier_cut_new(&e->cut);
+	if (rc == 0)
+		rc = workq_start("mtcfs-repl", &e->replq);
 	if (rc == 0)
 		rc = workq_start("mtcfs-backup", &e->bkq);
 	if (rc == 0)
@@ -460,6 +475,7 @@ void eng_stop(struct eng *e)
 	e->ctl_reader_running = false;
 	eng_repl_stop(e);
 	workq_stop(e->replq);
+	eng_repl_stopped(e);
 	if (e->replq)
 		stop_report(e);   /* after the last pushes: what they protected */
 	workq_stop(e->bkq);
@@ -476,6 +492,7 @@ void eng_stop(struct eng *e)
 	e->auth.tls = NULL;
 	auth_clear(&e->auth);
 	bkt_close(e->bkt);
+	tier_cut_free(e->cut);
 	eng_ec_stop(e);
 	pthread_mutex_destroy(&e->mu);
 	pthread_mutex_destroy(&e->ctl_mu);

@@ -27,6 +27,12 @@ struct eng;
  * missing node came just as Orbax gave up. */
 #define ENG_RESTORE_TIMEOUT_S 120
 
+/* stop_timeout's default, seconds: Kubernetes gives a pod 30 s from
+ * SIGTERM to SIGKILL (terminationGracePeriodSeconds, and a spot VM's
+ * preemption notice), and the daemon still unmounts and reports after the
+ * last pushes. */
+#define ENG_STOP_BUDGET_S 20
+
 struct eng_opts {
 	const char *listen;        /* host:port of this node's peer endpoint */
 	const char *peers;         /* "A0,A1,..." static table, or NULL */
@@ -39,6 +45,10 @@ struct eng_opts {
 	const char *bucket;        /* gs://B[/P] or file:///dir; NULL: no backup tier */
 	const char *gcs_endpoint, *gcs_key_file;
 	const char *redundancy;    /* "replication" (NULL) or "rs:K+M" (engine_ec.h) */
+	/* how long a stop lets the last pushes run before it cuts them, so
+	 * the log's stop report is out before a drain's or preemption's
+	 * SIGKILL; <= 0: ENG_STOP_BUDGET_S */
+	int stop_timeout_s;
 };
 
 struct eng_cb {

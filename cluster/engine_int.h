@@ -94,6 +94,14 @@ struct eng {
 	bool retry_stop;
 	bool retry_running;           /* retry_thr is running */
 	pthread_t retry_thr;
+	/* the stop budget (engine_repl.c): pushes still running after
+	 * stop_budget_s of a stop are cut (their connections are in cut) */
+	struct tier_cut *cut;
+	int stop_budget_s;
+	pthread_mutex_t watch_mu;
+	pthread_cond_t watch_cv;      /* CLOCK_MONOTONIC; with watch_mu: watch_done */
+	bool watch_done, watch_running;
+	pthread_t watch_thr;
 	uint64_t table_gen;           /* its generation (0: an older coordinator's) */
 	bool table_stale;             /* fetch it again before the next push: the
 				       * coordinator's is newer, this node's rank
@@ -175,6 +183,9 @@ void eng_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes
  * is waiting (logged) before the replication queue stops. */
 int eng_repl_start(struct eng *e);
 void eng_repl_stop(struct eng *e);
+/* After the replication queue is drained at a stop: the stop budget's
+ * watch ends (it cut what ran past the budget). */
+void eng_repl_stopped(struct eng *e);
 
 /* engine_backup.c */
 int64_t eng_save_worker(const char *path, const char *job, uint32_t rank, uint64_t step);

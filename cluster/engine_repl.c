@@ -113,6 +113,63 @@ int eng_repl_start(struct eng *e)
 	return 0;
 }
 
+/* The stop budget: wait until the budget is spent or the queue drained
+ * (watch_done); spent: cut the pushes still running, and those not yet
+ * started fail before they connect. */
+static void *watch_main(void *arg)
+{
+	struct eng *e = arg;
+	struct timespec ts;
+	bool cut;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += e->stop_budget_s;
+	pthread_mutex_lock(&e->watch_mu);
+	while (!e->watch_done &&
+	       pthread_cond_timedwait(&e->watch_cv, &e->watch_mu, &ts) != ETIMEDOUT)
+		;
+	cut = !e->watch_done;
+	pthread_mutex_unlock(&e->watch_mu);
+	if (cut) {
+		log_warn("engine", "stopping: the last pushes are still running after the stop budget (stop_timeout=%d s): cut",
+			 e->stop_budget_s);
+		tier_cut_all(e->cut);
+	}
+	return NULL;
+}
+
+static void watch_start(struct eng *e)
+{
+	pthread_condattr_t ca;
+
+	pthread_mutex_init(&e->watch_mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&e->watch_cv, &ca);
+	pthread_condattr_destroy(&ca);
+	e->watch_done = false;
+	e->watch_running = pthread_create(&e->watch_thr, NULL, watch_main, e) == 0;
+	if (!e->watch_running) {
+		log_warn("engine", "stopping: no thread for the stop budget: the last pushes are not cut");
+		pthread_cond_destroy(&e->watch_cv);
+		pthread_mutex_destroy(&e->watch_mu);
+	}
+}
+
+void eng_repl_stopped(struct eng *e)
+{
+	if (!e->watch_running)
+		return;
+	pthread_mutex_lock(&e->watch_mu);
+	e->watch_done = true;
+	pthread_cond_broadcast(&e->watch_cv);
+	pthread_mutex_unlock(&e->watch_mu);
+	pthread_join(e->watch_thr, NULL);
+	e->watch_running = false;
+	pthread_cond_destroy(&e->watch_cv);
+	pthread_mutex_destroy(&e->watch_mu);
+}
+
 void eng_repl_stop(struct eng *e)
 {
 	struct repl_job *j;
@@ -148,6 +205,10 @@ void eng_repl_stop(struct eng *e)
 			free(b);
 	}
 	pthread_cond_destroy(&e->retry_cv);
+	/* from here on the budget runs: the queue (these tries, and pushes of
+	 * steps committed just before the stop) is drained next */
+	if (e->cut)
+		watch_start(e);
 }
 
 /* Put j on the retry list (takes it). false: not retried (stopping, or
@@ -222,6 +283,7 @@ static int push_once(struct eng *e, uint32_t peer, const struct shard_key *k,
 	rc = tier_peer_open(addr, peer, rank, &e->auth, &t);
 	if (rc < 0)
 		return rc;
+	tier_peer_cut_by(&t, e->cut);
 	rc = tier_put(&t, e->ram, k, rec->mf, rec->mflen, mf);
 	tier_close(&t);
 	return rc;

@@ -123,6 +123,19 @@ void tier_ram_init(struct ram_tier *ram, struct tier *t);
 int tier_peer_open(const char *addr, uint32_t holder, int my_rank, const struct net_auth *auth,
 		   struct tier *t);
 
+/* A set of peer-tier connections that one call cuts (a stopping daemon's
+ * last pushes, past its stop budget). A peer tier put in a set
+ * (tier_peer_cut_by) registers its connection while it is open;
+ * tier_cut_all() shuts every registered one down -- a wait on it (connect,
+ * a send, an answer) ends at once with an error -- and from then on the
+ * set's tiers fail with -ECANCELED before they connect. Thread-safe. */
+struct tier_cut;
+int  tier_cut_new(struct tier_cut **out);   /* 0 or -ENOMEM */
+void tier_cut_all(struct tier_cut *c);
+void tier_cut_free(struct tier_cut *c);     /* no tier of it open; accepts NULL */
+/* t (a tier_peer_open one) registers its connections in c (borrowed). */
+void tier_peer_cut_by(struct tier *t, struct tier_cut *c);
+
 /* Backup g->backup in bucket b (borrowed, must outlive t): get downloads
  * the node's shard (g->as: job, step, rank, worker). No allocation. */
 void tier_bucket_init(struct bkt *b, struct tier *t);

@@ -10,6 +10,8 @@
 #include "common/metrics.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +22,106 @@ struct peer_tier {
 	uint32_t holder;
 	int my_rank;
 	const struct net_auth *auth;
+	struct tier_cut *cut;       /* NULL: not in a set */
 };
+
+struct tier_cut {
+	pthread_mutex_t mu;
+	bool cut;
+	struct nconn **conns;       /* open ones, unordered */
+	size_t n, cap;
+};
+
+int tier_cut_new(struct tier_cut **out)
+{
+	struct tier_cut *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return -ENOMEM;
+	pthread_mutex_init(&c->mu, NULL);
+	*out = c;
+	return 0;
+}
+
+void tier_cut_all(struct tier_cut *c)
+{
+	if (!c)
+		return;
+	pthread_mutex_lock(&c->mu);
+	c->cut = true;
+	for (size_t i = 0; i < c->n; i++)
+		nconn_shutdown(c->conns[i]);
+	pthread_mutex_unlock(&c->mu);
+}
+
+void tier_cut_free(struct tier_cut *c)
+{
+	if (!c)
+		return;
+	pthread_mutex_destroy(&c->mu);
+	free(c->conns);
+	free(c);
+}
+
+void tier_peer_cut_by(struct tier *t, struct tier_cut *c)
+{
+	((struct peer_tier *)t->self)->cut = c;
+}
+
+/* Connect to the peer, registered in p's cut set: 0 or -errno
+ * (-ECANCELED: the set is cut). */
+static int peer_connect(struct peer_tier *p, struct nconn **out)
+{
+	struct tier_cut *c = p->cut;
+	int rc;
+
+	if (c) {
+		pthread_mutex_lock(&c->mu);
+		rc = c->cut ? -ECANCELED : 0;
+		pthread_mutex_unlock(&c->mu);
+		if (rc < 0)
+			return rc;
+	}
+	rc = nconn_connect(p->addr, p->my_rank, "data", p->auth, 5000, out, NULL);
+	if (rc < 0 || !c)
+		return rc;
+	pthread_mutex_lock(&c->mu);
+	if (c->n == c->cap) {
+		size_t ncap = c->cap ? 2 * c->cap : 8;
+		struct nconn **nc = realloc(c->conns, ncap * sizeof(*nc));
+		if (nc) {
+			c->conns = nc;
+			c->cap = ncap;
+		}
+	}
+	if (c->cut || c->n == c->cap)
+		rc = c->cut ? -ECANCELED : -ENOMEM;
+	else
+		c->conns[c->n++] = *out;
+	pthread_mutex_unlock(&c->mu);
+	if (rc < 0) {
+		nconn_close(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
+/* Close a connection of peer_connect (out of p's cut set first). */
+static void peer_disconnect(struct peer_tier *p, struct nconn *conn)
+{
+	struct tier_cut *c = p->cut;
+
+	if (c && conn) {
+		pthread_mutex_lock(&c->mu);
+		for (size_t i = 0; i < c->n; i++)
+			if (c->conns[i] == conn) {
+				c->conns[i] = c->conns[--c->n];
+				break;
+			}
+		pthread_mutex_unlock(&c->mu);
+	}
+	nconn_close(conn);
+}
 
 static int peer_get(void *self, struct tier_get *g, struct ram_stage *st, struct manifest **mf,
 		    char *why, size_t whylen)
@@ -30,7 +131,7 @@ static int peer_get(void *self, struct tier_get *g, struct ram_stage *st, struct
 	json_t *req = NULL, *resp = NULL;
 	int rc;
 
-	rc = nconn_connect(p->addr, p->my_rank, "data", p->auth, 5000, &conn, NULL);
+	rc = peer_connect(p, &conn);
 	if (rc < 0) {
 		snprintf(why, whylen, "connecting to rank %u at %s: %s", p->holder, p->addr,
 			 strerror(-rc));
@@ -58,7 +159,7 @@ static int peer_get(void *self, struct tier_get *g, struct ram_stage *st, struct
 out:
 	json_decref(req);
 	json_decref(resp);
-	nconn_close(conn);
+	peer_disconnect(p, conn);
 	return rc;
 }
 
@@ -85,7 +186,7 @@ static int peer_put(void *self, struct ram_tier *ram, const struct shard_key *k,
 	char *b64;
 	int dfd = -1, rc, sent;
 
-	rc = nconn_connect(p->addr, p->my_rank, "data", p->auth, 5000, &c, NULL);
+	rc = peer_connect(p, &c);
 	if (rc < 0)
 		return rc;
 	b64 = xfer_b64_encode(raw, rawlen);
@@ -132,7 +233,7 @@ out:
 	if (dfd >= 0)
 		close(dfd);
 	json_decref(resp);
-	nconn_close(c);
+	peer_disconnect(p, c);
 	return rc;
 }
 

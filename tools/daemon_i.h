@@ -23,6 +23,7 @@ struct daemon_opts {
 	int rank;                   /* -1: from peers/listen, else 0 */
 	int rank_hint;              /* -1; else the rank until a yaml gives one (it wins) */
 	int restore_timeout;
+	int stop_timeout;           /* seconds the last pushes of a stop may take */
 };
 
 struct cmdline {

@@ -16,7 +16,8 @@
 #include <unistd.h>
 
 static const struct cmdline cmdline_defaults = { .o = { .jax_port = 8476, .rank = -1, .rank_hint = -1,
-							.restore_timeout = ENG_RESTORE_TIMEOUT_S } };
+							.restore_timeout = ENG_RESTORE_TIMEOUT_S,
+							.stop_timeout = ENG_STOP_BUDGET_S } };
 
 #define OPT(t, p) { t, offsetof(struct cmdline, p), 1 }
 static const struct fuse_opt opt_spec[] = {
@@ -39,6 +40,7 @@ static const struct fuse_opt opt_spec[] = {
 	{ "no_jax_init_info", offsetof(struct cmdline, o.jax_init_info), -1 },
 	{ "jax_init_info=0", offsetof(struct cmdline, o.jax_init_info), -1 },
 	OPT("restore_timeout=%d", o.restore_timeout),
+	OPT("stop_timeout=%d", o.stop_timeout),
 	OPT("jax_port=%d", o.jax_port),
 	OPT("rank=%d", o.rank),
 	OPT("rank_hint=%d", o.rank_hint),
@@ -82,6 +84,8 @@ void cmdline_usage(const char *prog)
 	       "                           gives one; the yaml's node-rank wins (mtcfs-csi)\n"
 	       "    -o restore_timeout=S   seconds to wait for all nodes when planning a restore,\n"
 	       "                           and again at the barrier (default 120)\n"
+	       "    -o stop_timeout=S      seconds a stop lets the last pushes run before it\n"
+	       "                           cuts them (default 20)\n"
 	       "    -o listen=HOST:PORT    this node's peer/coordinator endpoint\n"
 	       "    -o peers=A0,A1,...     static table: rank i at Ai (rank 0 runs the coordinator)\n"
 	       "    -o coordinator=H:P     rank 0's endpoint for dynamic registration\n"

@@ -148,7 +148,8 @@ static int daemon_start_engine(struct daemon *d)
 		.listen = o->listen, .peers = o->peers, .coordinator = o->coordinator,
 		.secret_file = o->secret_file, .rank = o->rank, .rank_hint = o->rank_hint,
 		.tls_cert = o->tls_cert, .tls_key = o->tls_key, .tls_ca = o->tls_ca,
-		.restore_timeout_s = o->restore_timeout, .bucket = o->bucket,
+		.restore_timeout_s = o->restore_timeout, .stop_timeout_s = o->stop_timeout,
+		.bucket = o->bucket,
 		.gcs_endpoint = o->gcs_endpoint, .gcs_key_file = o->gcs_key_file,
 		.redundancy = o->redundancy,
 	};

@@ -41,7 +41,9 @@ Run: MTCFS_BIN=build/mtcfs MTCFS_ADMIN=build/mtcfs-admin \\
 import os
 import re
 import signal
+import socket
 import sys
+import threading
 import time
 import unittest
 
@@ -52,6 +54,9 @@ import harness  # noqa: E402
 from harness import wait_until, admin_ls  # noqa: E402
 from cluster import Cluster, MiB  # noqa: E402
 import matrix  # noqa: E402  (definitions only; its main() is not run)
+# the wire's frames and MACs (a peer that stalls after its handshake)
+sys.path.insert(2, os.path.join(INTEG, "security"))
+import test_peer_security as wire  # noqa: E402
 
 OLD, NEW = 10, 20
 BIG = 12 * MiB            # params 12 MiB + opt 3 MiB: a 15 MiB shard
@@ -348,6 +353,74 @@ class GcSafety(unittest.TestCase):
         self.assertRegex(node1.log_from(mark1),
                          r"WARN engine: stopping: job=%s step=30 \(this node's newest\) is NOT "
                          r"protected: this node holds its only copy" % job)
+
+    def test_stop_cuts_last_pushes_at_stop_timeout(self):
+        """A peer that accepts a push and then stops answering (a wedged
+        process, a half-open connection) held a stopping daemon up to the
+        60 s a push waits for an answer: past the 30 s of a drain's or a
+        preemption's grace it is killed before it says what protects its
+        steps. With stop_timeout=3 the stop cuts the push at 3 s and the
+        report is out: node 1 is replaced by a listener that does the
+        handshake with the cluster's secret, reads the push request of node
+        0's step 20 and never answers; SIGTERM to node 0 ends it within
+        10 s, its log says the push was cut and that step 20 is NOT
+        protected."""
+        job = "gccut"
+        c = self.track(Cluster(2, extra="stop_timeout=3"))
+        c.start()
+        self.assertEqual(c.job_start(job), {0: 0, 1: 0}, "fresh job start")
+        c.save(job, OLD)
+        c.wait_replicated(job, OLD)
+        node0, node1 = c.nodes
+        node0.expect_log(r"cannot report step|replicating job=.* failed|could not be replicated|"
+                         r"last pushes are still running")
+        secret = wire.read_secret(c.secret)
+        host, port = c.addrs[1].rsplit(":", 1)
+        node1.stop()
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind((host, int(port)))
+        ls.listen(16)
+        held, pushed = [], threading.Event()
+        self.addCleanup(lambda: [x.close() for x in held + [ls]])
+
+        def stall():
+            while True:
+                try:
+                    s, _ = ls.accept()
+                except OSError:
+                    return
+                held.append(s)
+                w = wire.Wire.__new__(wire.Wire)
+                w.sock = s
+                try:
+                    nonce_s = os.urandom(wire.NONCE_LEN)
+                    w.send(wire.frame(wire.NT_CHALLENGE, nonce_s))
+                    ftype, _, hello = w.recv_json()
+                    nonce_c = bytes.fromhex(hello["nonce"])
+                    w.send(wire.frame(wire.NT_WELCOME, {
+                        "rank": 1, "mac": wire.welcome_mac(secret, nonce_c, nonce_s, 1).hex()}))
+                    ftype, _, req = w.recv_json()
+                    if req.get("op") == "push" and req.get("key", {}).get("step") == NEW:
+                        pushed.set()
+                except (OSError, AssertionError, ValueError, KeyError, wire.Closed,
+                        wire.Refused):
+                    pass        # the connection stays open, unanswered
+        threading.Thread(target=stall, daemon=True).start()
+        mark = node0.log_size()
+        c.save(job, NEW, ranks=[0])
+        self.assertTrue(pushed.wait(30), "node 0's push of step %d reaching the listener" % NEW)
+        t0 = time.monotonic()
+        os.kill(node0.proc.pid, signal.SIGTERM)
+        wait_until(lambda: node0.proc.poll() is not None, 60, "node 0 exiting on SIGTERM")
+        took = time.monotonic() - t0
+        node0.stop()
+        log = node0.log_from(mark)
+        self.assertLess(took, 10, "the stop waited %.1f s for a peer that never answers" % took)
+        self.assertRegex(log, r"WARN engine: stopping: the last pushes are still running after "
+                         r"the stop budget \(stop_timeout=3 s\): cut")
+        self.assertRegex(log, r"WARN engine: stopping: job=%s step=%d \(this node's newest\) is "
+                         r"NOT protected" % (job, NEW))
 
     # -- 3: a node lost right after a job restart (issue 22) -----------------
 
