@@ -1,5 +1,6 @@
-/* engine_ec.c — `redundancy=rs:K+M`: the setting, RAMDIR/frags, protecting
- * a step and the ec_* data requests (see engine_ec.h).
+/* engine_ec.c — `redundancy=rs:K+M`: the setting, a step's parity holding
+ * (a RAM-tier record: ram_parity_open), protecting a step and the ec_* data
+ * requests (see engine_ec.h).
  * Data connection requests (first NT_REQ on a "data" connection); the
  * ones that write (ec_meta, ec_data) are taken only for this node's current
  * job, for a step not older than its protected one and within
@@ -13,8 +14,11 @@
  *            parity fragment stored here, or a data fragment cut on the fly
  *            from this node's own shard
  *   ec_metas {job, step} -> {metas: {"R": b64}}: the group's manifests
- * Layout: RAMDIR/frags/JOB/STEP/{m<R>.mf, g<G>-c<CW>-s<SLOT>.frag, sent,
- * protected, *.tmp}. */
+ * Layout: RAMDIR/shards/JOB/STEP/parity/{m<R>.mf, g<G>-c<CW>-s<SLOT>.frag,
+ * sent, protected, *.tmp}. It is a catalog record of the RAM tier (SHF_PARITY):
+ * the retention plan drops it with its step (fs/commit.c, also for room
+ * under ram_size), the RAM tier's start-up scan checks it, mtcfs-admin
+ * verify reads it; nothing here collects or scans it. */
 #include "cluster/engine_ec.h"
 #include "cluster/redund.h"
 #include "common/crc32c.h"
@@ -22,6 +26,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "net/proto.h"
+#include "tiers/lifecycle.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -34,7 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EC_META_MAX EC_STORED_META_MAX   /* a manifest file read back from frags/ */
+#define EC_META_MAX EC_STORED_META_MAX   /* a manifest file read back from a holding */
 
 /* One parity slot being folded on this node. */
 struct enc_slot {
@@ -162,19 +167,7 @@ void ecx_ctx_free(struct eng_ec_ctx *x)
 
 int ecx_dir(struct eng *e, const char *job, uint64_t step, bool create)
 {
-	char rel[RCFG_JOB_MAX + 64];
-	int fd;
-
-	if (!job_name_ok(job))
-		return -EINVAL;
-	snprintf(rel, sizeof(rel), "frags/%s/%" PRIu64, job, step);
-	if (create) {
-		int rc = util_mkdirs_at(ram_root_fd(e->ram), rel, 0700);
-		if (rc < 0)
-			return rc;
-	}
-	fd = openat(ram_root_fd(e->ram), rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	return fd < 0 ? -errno : fd;
+	return ram_parity_open(e->ram, job, step, create);
 }
 
 void ecx_label(const char *job, uint64_t step, unsigned gi, unsigned cw, uint8_t out[16])
@@ -660,37 +653,33 @@ int ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix,
 	return rc;
 }
 
-static int job_dir(struct eng *e, const char *job);
-
 /* At most this many steps above the job's LKG hold fragments here: the
  * steps being protected now (a node commits a step a little before or
  * after the others, not many steps ahead of them). */
 #define EC_PENDING_STEPS 4
 
-/* Within the job's fragment directory jfd: how many steps above `lkg`
- * (all when !has_lkg) have one, and the highest of them. */
-static unsigned pending_steps(int jfd, bool has_lkg, uint64_t lkg, uint64_t *highest)
+/* Of job's parity holdings here: how many are of steps above `lkg` (all
+ * when !has_lkg), and the highest of them. */
+static unsigned pending_steps(struct eng *e, const char *job, bool has_lkg, uint64_t lkg,
+			      uint64_t *highest)
 {
-	unsigned n = 0;
-	int fd = dup(jfd);
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
+	unsigned cnt = 0;
 
 	*highest = 0;
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
+	if (idx_list_records(ram_idx(e->ram), job, &recs, &n) < 0)
 		return 0;
-	}
-	for (struct dirent *de; (de = readdir(d));) {
-		uint64_t s;
-		if (!util_is_step_name(de->d_name, &s) || (has_lkg && s <= lkg))
+	for (size_t i = 0; i < n; i++) {
+		uint64_t s = recs[i].key.step;
+		if (!life_is_parity(&recs[i].key) || (has_lkg && s <= lkg))
 			continue;
-		n++;
+		cnt++;
 		if (s > *highest)
 			*highest = s;
 	}
-	closedir(d);
-	return n;
+	idx_recs_free(recs, n);
+	return cnt;
 }
 
 /* May an authenticated peer write fragments of (job, step) on this node
@@ -703,10 +692,10 @@ static unsigned pending_steps(int jfd, bool has_lkg, uint64_t lkg, uint64_t *hig
  * a dirfd, or -EPERM / -ERANGE / -errno with why. */
 static int admit_step(struct eng *e, const char *job, uint64_t step, char *why, size_t whylen)
 {
-	char cur[RCFG_JOB_MAX + 1], name[24];
+	char cur[RCFG_JOB_MAX + 1];
 	bool set, has_lkg, has_safe;
 	uint64_t lkg = 0, safe = 0, highest;
-	int jfd = -1, fd, rc;
+	int fd, rc;
 
 	pthread_mutex_lock(&e->mu);
 	set = e->job_set;
@@ -728,32 +717,33 @@ static int admit_step(struct eng *e, const char *job, uint64_t step, char *why, 
 	fd = ecx_dir(e, job, step, false);
 	if (fd >= 0 || fd != -ENOENT)
 		return fd;
+	/* ec->mu keeps the count and the new holding together; under it a
+	 * RAM key and the catalog (ram_parity_open, ram_drop), never the other
+	 * way round */
 	pthread_mutex_lock(&e->ec->mu);
-	rc = ecx_dir(e, job, step, true);   /* makes frags/JOB too */
+	rc = ecx_dir(e, job, step, true);
 	if (rc >= 0) {
 		close(rc);
-		rc = jfd = job_dir(e, job);
+		rc = 0;
 	}
-	if (rc >= 0 && pending_steps(jfd, has_lkg, lkg, &highest) > EC_PENDING_STEPS) {
+	if (rc >= 0 && pending_steps(e, job, has_lkg, lkg, &highest) > EC_PENDING_STEPS) {
 		/* the new one counts: one too many */
+		struct shard_key k;
 		if (highest > step) {
 			uint64_t freed = 0;
-			snprintf(name, sizeof(name), "%" PRIu64, highest);
-			if (util_rmtree_at(jfd, name, &freed) == 0)
-				ram_adjust(e->ram, -(int64_t)freed);
+			life_parity_key(job, highest, &k);
+			ram_drop(e->ram, &k, &freed);
 			log_warn("engine", "ec: job=%s: fragments of step %" PRIu64 " dropped for step %" PRIu64 " (at most %u steps above the LKG)",
 				 job, highest, step, EC_PENDING_STEPS);
 		} else {
-			snprintf(name, sizeof(name), "%" PRIu64, step);
-			unlinkat(jfd, name, AT_REMOVEDIR);
+			life_parity_key(job, step, &k);
+			ram_drop(e->ram, &k, NULL);
 			snprintf(why, whylen, "step %" PRIu64 " is too far ahead: %u steps above the LKG have fragments here already",
 				 step, EC_PENDING_STEPS);
 			rc = -ERANGE;
 		}
 	}
 	pthread_mutex_unlock(&e->ec->mu);
-	if (jfd >= 0)
-		close(jfd);
 	if (rc < 0)
 		return rc;
 	return ecx_dir(e, job, step, false);
@@ -845,6 +835,26 @@ static void maybe_protected(struct eng_ec_ctx *x, int dirfd, const char *job, ui
 /* Fold the data fragment in fd (checked: this codeword, this node a
  * holder of one of its parity slots) into that slot. Called with the
  * request's fields; 0 or -errno with why. */
+/* Encoders whose parity file is gone: its step's holding was dropped (by
+ * the retention plan, for room, or after a restore of an older step).
+ * They are freed; what their file took went with the holding. Under
+ * ec->mu. */
+static void prune_slots(struct eng_ec *ec)
+{
+	for (struct enc_slot **pp = &ec->open; *pp;) {
+		struct enc_slot *sl = *pp;
+		struct stat st;
+		if (fstat(sl->fd, &st) == 0 && st.st_nlink > 0) {
+			pp = &sl->next;
+			continue;
+		}
+		*pp = sl->next;
+		ec_enc_free(sl->enc);
+		close(sl->fd);
+		free(sl);
+	}
+}
+
 static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd, char *why,
 		size_t whylen)
 {
@@ -890,6 +900,7 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 		return rc;
 	}
 	pthread_mutex_lock(&ec->mu);
+	prune_slots(ec);
 	if (faccessat(dirfd, fin, F_OK, 0) == 0) {
 		rc = 0;      /* complete already: a sender's retry */
 		goto out;
@@ -1172,18 +1183,7 @@ void eng_ec_serve(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t 
 		send_error(c, id, ENOSYS, "unknown op");
 }
 
-/* ---------- catalog, GC ---------- */
-
-static int job_dir(struct eng *e, const char *job)
-{
-	char rel[RCFG_JOB_MAX + 16];
-	int fd;
-	if (!job_name_ok(job))
-		return -EINVAL;
-	snprintf(rel, sizeof(rel), "frags/%s", job);
-	fd = openat(ram_root_fd(e->ram), rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	return fd < 0 ? -errno : fd;
-}
+/* ---------- status ---------- */
 
 /* The scheme's status: "parity": [[step, [[owner, hash], ...]], ...], the
  * steps this node stores all its parity of and the hashes of its group's
@@ -1191,26 +1191,22 @@ static int job_dir(struct eng *e, const char *job)
  * under replication. */
 static void rs_status(struct eng *e, const char *job, json_t *o)
 {
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
 	json_t *arr;
-	DIR *d;
-	int fd;
 
 	if (!eng_ec_get(e, NULL))
 		return;
 	arr = json_array();
 	json_object_set_new(o, "parity", arr);
-	fd = job_dir(e, job);
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
+	if (!job_name_ok(job) || idx_list_records(ram_idx(e->ram), job, &recs, &n) < 0)
 		return;
-	}
-	for (struct dirent *de; (de = readdir(d)) && json_array_size(arr) < 64;) {
-		uint64_t step;
+	for (size_t i = 0; i < n && json_array_size(arr) < 64; i++) {
+		uint64_t step = recs[i].key.step;
 		int sd;
-		if (!util_is_step_name(de->d_name, &step))
+		if (!life_is_parity(&recs[i].key))
 			continue;
-		sd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		sd = ecx_dir(e, job, step, false);
 		if (sd < 0)
 			continue;
 		if (faccessat(sd, "protected", F_OK, 0) == 0) {
@@ -1219,8 +1215,8 @@ static void rs_status(struct eng *e, const char *job, json_t *o)
 			for (struct dirent *me; sdir && (me = readdir(sdir));) {
 				struct manifest *mf = NULL;
 				char hex[65];
-				int owner, n = 0;
-				if (sscanf(me->d_name, "m%d.mf%n", &owner, &n) != 1 || me->d_name[n] ||
+				int owner, nn = 0;
+				if (sscanf(me->d_name, "m%d.mf%n", &owner, &nn) != 1 || me->d_name[nn] ||
 				    read_meta(sd, owner, &mf) < 0)
 					continue;
 				mf_hash_hex(mf->hash, hex);
@@ -1233,63 +1229,7 @@ static void rs_status(struct eng *e, const char *job, json_t *o)
 		}
 		close(sd);
 	}
-	closedir(d);
-}
-
-/* Drop job's fragment directories of the steps below `step` (older) or
- * above it, and their open encoders. */
-static void drop_steps(struct eng *e, const char *job, uint64_t step, bool older)
-{
-	DIR *d;
-	int fd;
-
-	if (!e->ec)
-		return;
-	fd = job_dir(e, job);
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
-		return;
-	}
-	for (struct dirent *de; (de = readdir(d));) {
-		uint64_t s, freed = 0;
-		if (!util_is_step_name(de->d_name, &s) || (older ? s >= step : s <= step))
-			continue;
-		if (util_rmtree_at(dirfd(d), de->d_name, &freed) == 0) {
-			ram_adjust(e->ram, -(int64_t)freed);
-			if (older)
-				log_info("engine", "ec: job=%s step=%" PRIu64 " fragments dropped (step %" PRIu64 " protected) bytes=%" PRIu64,
-					 job, s, step, freed);
-			else
-				log_info("engine", "ec: job=%s step=%" PRIu64 " fragments dropped (newer than the restored step %" PRIu64 ") bytes=%" PRIu64,
-					 job, s, step, freed);
-		}
-	}
-	closedir(d);
-	/* encoders of dropped steps go with them */
-	pthread_mutex_lock(&e->ec->mu);
-	for (struct enc_slot **pp = &e->ec->open; *pp;) {
-		struct enc_slot *sl = *pp;
-		if (!strcmp(sl->job, job) && (older ? sl->step < step : sl->step > step)) {
-			*pp = sl->next;
-			ec_enc_free(sl->enc);
-			close(sl->fd);
-			free(sl);
-		} else {
-			pp = &sl->next;
-		}
-	}
-	pthread_mutex_unlock(&e->ec->mu);
-}
-
-static void rs_gc(struct eng *e, const char *job, uint64_t safe)
-{
-	drop_steps(e, job, safe, true);
-}
-
-static void rs_drop_newer(struct eng *e, const char *job, uint64_t step)
-{
-	drop_steps(e, job, step, false);
+	idx_recs_free(recs, n);
 }
 
 /* A shard of this node with no record here is rebuilt from the code (the
@@ -1309,80 +1249,10 @@ static int rs_source(struct eng *e, const struct shard_key *k, uint32_t nodes, u
 	return rc < 0 ? rc : 1;
 }
 
-/* ---------- start-up scan ---------- */
-
-struct scan_ctx {
-	struct eng *e;
-	uint64_t frags, frag_bytes, tmp, tmp_bytes, bad, bad_bytes;
-	uint64_t steps;
-	char last_job[RCFG_JOB_MAX + 1];
-	uint64_t last_step;
-};
-
-static int scan_one(void *arg, int stepfd, const struct ec_stored *s)
-{
-	struct scan_ctx *c = arg;
-
-	if (strcmp(c->last_job, s->job) || c->last_step != s->step) {
-		snprintf(c->last_job, sizeof(c->last_job), "%s", s->job);
-		c->last_step = s->step;
-		c->steps++;
-	}
-	if (s->kind == ECS_TMP) {
-		/* half written when the daemon stopped: nothing refers to it */
-		if (unlinkat(stepfd, s->name, 0) == 0) {
-			c->tmp++;
-			c->tmp_bytes += s->bytes;
-		}
-		return 0;
-	}
-	if (s->kind != ECS_FRAG && s->kind != ECS_META)
-		return 0;
-	if (s->verdict == 0) {
-		if (s->kind == ECS_FRAG) {
-			c->frags++;
-			c->frag_bytes += s->bytes;
-		}
-		return 0;
-	}
-	/* never served or used: the step is not protected here any more (the
-	 * coordinator stops counting this node's parity of it; a restore of
-	 * the step rebuilds what is missing, as after a cut-short encoding) */
-	log_warn("engine", "ec: job=%s step=%" PRIu64 ": %s is corrupt (%s): removed, the step's parity on this node is incomplete",
-		 s->job, s->step, s->name, s->why);
-	if (unlinkat(stepfd, s->name, 0) == 0) {
-		c->bad++;
-		c->bad_bytes += s->bytes;
-	}
-	unlinkat(stepfd, "protected", 0);
-	return 0;
-}
-
-/* The scheme's scan: whatever the redundancy in force (fragments of an
- * earlier rs run still count in ram_size and still go by the rules). */
-static void rs_scan(struct eng *e)
-{
-	struct scan_ctx c = { .e = e };
-	/* headers and trailers: a payload is checked by every restore that
-	 * uses it, and by mtcfs-admin verify */
-	int rc = ec_stored_walk(ram_root_fd(e->ram), NULL, EC_CHECK_HEAD, scan_one, &c);
-
-	if (rc < 0)
-		log_warn("engine", "ec: start-up scan of %s/frags: %s", ram_path(e->ram), strerror(-rc));
-	if (c.tmp_bytes + c.bad_bytes)
-		ram_adjust(e->ram, -(int64_t)(c.tmp_bytes + c.bad_bytes));
-	if (c.steps)
-		log_info("engine", "ec: start-up scan: %" PRIu64 " parity fragments in %" PRIu64 " job steps (%" PRIu64 " bytes); removed %" PRIu64 " half-written files (%" PRIu64 " bytes) and %" PRIu64 " corrupt ones",
-			 c.frags, c.steps, c.frag_bytes, c.tmp, c.tmp_bytes, c.bad);
-}
-
 const struct redund_scheme redund_rs = {
 	.name = "rs",
 	.protect = rs_protect,
 	.reprotect = eng_ec_restored,
 	.source = rs_source,
 	.status = rs_status,
-	.gc = rs_gc,
-	.drop_newer = rs_drop_newer,
-	.scan = rs_scan,
 };

@@ -530,13 +530,19 @@ static uint64_t drop_own(struct fs *fs, const struct shard_key *k, uint64_t ns_i
 	return freed;
 }
 
-/* Drop one replica (a shard of another node held here). */
+/* Drop one replica (a shard of another node held here), or a step's
+ * parity holding (rs:K+M: it goes as the step's replicas do). */
 static uint64_t drop_replica(struct fs *fs, const struct shard_key *k)
 {
 	uint64_t freed = 0;
 	ram_drop(fs->ram, k, &freed);
 	metrics_add(MC_GC_DROPPED, 1);
 	fs_forget_name(fs, ".mtcfs");
+	if (life_is_parity(k)) {
+		log_info("gc", "ec: job=%s step=%llu fragments dropped bytes=%llu", k->job,
+			 (unsigned long long)k->step, (unsigned long long)freed);
+		return freed;
+	}
 	log_info("gc", "dropped replica job=%s step=%llu node=%u freed=%llu worker=%u", k->job,
 		 (unsigned long long)k->step, k->rank, (unsigned long long)freed, k->worker);
 	return freed;
@@ -592,7 +598,7 @@ static uint64_t gc_plan(struct fs *fs, uint64_t want)
 	if (in.cluster)
 		in.have_step = want ? eng_lkg(fs->eng, job, &in.step) : eng_gc_step(fs->eng, job, &in.step);
 	if ((!want && in.cluster && !in.have_step) ||
-	    idx_list_shards(ram_idx(fs->ram), want ? NULL : job, &recs, &n) < 0)
+	    idx_list_records(ram_idx(fs->ram), want ? NULL : job, &recs, &n) < 0)
 		return 0;
 	d = calloc(n ? n : 1, sizeof(*d));
 	if (d && life_plan_gc(&in, recs, n, d, &nd) == 0)
@@ -611,7 +617,7 @@ void commit_drop_newer(struct fs *fs, const char *job, uint64_t step)
 	struct life_drop *d = NULL;
 	size_t n = 0, nd = 0;
 
-	if (idx_list_shards(ram_idx(fs->ram), job, &recs, &n) < 0)
+	if (idx_list_records(ram_idx(fs->ram), job, &recs, &n) < 0)
 		return;
 	d = calloc(n ? n : 1, sizeof(*d));
 	if (d && life_plan_newer(job, fs->rank, step, recs, n, d, &nd) == 0) {

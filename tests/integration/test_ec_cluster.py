@@ -32,8 +32,8 @@ killed -9 with their RAMDIR wiped, then a job restart.
   sends to dead nodes; a push to a dead peer) takes well under 5 s;
 - a shard rebuilt from fragments gets permission bits only: 04755, 02755
   files and a 01777 directory come back 0755, 0755, 01777 (sticky only narrows deletes);
-- RAM held per node for one protected step (du of RAMDIR's shards/ and
-  frags/) against (1 + M/K) x S;
+- RAM held per node for one protected step (du of RAMDIR's shards/, the
+  parity holdings included) against (1 + M/K) x S;
 - fragments checked like shards: mtcfs-admin verify names a parity
   fragment with a flipped payload byte; the start-up scan removes a
   half-written file and a fragment with a broken header.
@@ -83,13 +83,7 @@ class EcCase(unittest.TestCase):
         return c
 
     def frags(self, r, job, step=None):
-        d = os.path.join(self.c.nodes[r].ramdir, "frags", job)
-        if step is not None:
-            d = os.path.join(d, str(step))
-        try:
-            return sorted(os.listdir(d))
-        except FileNotFoundError:
-            return []
+        return harness.parity_files(self.c.nodes[r].ramdir, job, step)
 
     def wait_protected(self, job, step, ranks=None, timeout=60):
         ranks = range(self.c.n) if ranks is None else ranks
@@ -211,7 +205,7 @@ class EcCase(unittest.TestCase):
         self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
         self.save_protected(job, 7)
         # flip a payload byte of every parity fragment node 1 stores
-        d = os.path.join(c.nodes[1].ramdir, "frags", job, "7")
+        d = harness.parity_dir(c.nodes[1].ramdir, job, 7)
         n = 0
         for name in os.listdir(d):
             if name.endswith(".frag"):
@@ -230,7 +224,7 @@ class EcCase(unittest.TestCase):
 
     def test_fragments_verified_and_scanned_at_start(self):
         """Fragments are checked like shards: mtcfs-admin verify reads every
-        parity fragment and group manifest under frags/ (a flipped payload
+        parity fragment and group manifest of its holdings (a flipped payload
         byte is named, exit 1); a daemon that starts finds a half-written
         file (a crash while a fragment was received) and a fragment whose
         header is broken: both are removed, RAM given back, and the step is
@@ -247,7 +241,7 @@ class EcCase(unittest.TestCase):
         self.assertEqual(kinds.count("parity"), 1, js["fragments"])
         self.assertEqual(kinds.count("manifest"), 3, js["fragments"])   # the group's
         self.assertTrue(all(f["result"] == "ok" for f in js["fragments"]), js)
-        d = os.path.join(node.ramdir, "frags", job, "4")
+        d = harness.parity_dir(node.ramdir, job, 4)
         frag = [n for n in os.listdir(d) if n.endswith(".frag")][0]
         with open(os.path.join(d, frag), "r+b") as f:
             f.seek(-40, os.SEEK_END)   # inside the payload, before the trailer
@@ -331,7 +325,7 @@ class EcCase(unittest.TestCase):
         # in the background: measure once that is done
         wait_until(lambda: re.search(r"ec: job=%s step=2 parity rebuilt here" % job,
                                      node.log_text()), 60, "node 3's parity rebuilt")
-        held = du_trees([os.path.join(node.ramdir, d) for d in ("ns", "shards", "frags")])
+        held = du_trees([os.path.join(node.ramdir, d) for d in ("ns", "shards")])
         used = json.loads(harness.admin("status", node.ramdir, "--json"))["ram_used"]
         S = sum(len(v) for v in shard_files(job, 2, 3, size).values())
         self.assertLess(abs(used - held), S // 10,
@@ -466,7 +460,7 @@ class EcCase(unittest.TestCase):
     def unprotected_after_restart(self, job):
         """rs:2+1 on 3 nodes, step 1 protected. Node 0 commits step 2 while
         nodes 1 and 2 are stopped (SIGSTOP) and is killed -9 before its
-        manifest of step 2 left it (frags/JOB/2 removed from its RAMDIR: the
+        manifest of step 2 left it (its parity holding of step 2 removed from its RAMDIR: the
         kill came before it was written); nodes 1 and 2 then commit step 2.
         Node 0 comes back with its RAMDIR and the job restarts: every node
         restores step 2 from its own RAM, and no parity of step 2 exists."""
@@ -485,7 +479,7 @@ class EcCase(unittest.TestCase):
         finally:
             for r in (1, 2):
                 os.kill(c.nodes[r].proc.pid, signal.SIGCONT)
-        shutil.rmtree(os.path.join(c.nodes[0].ramdir, "frags", job, "2"))
+        shutil.rmtree(harness.parity_dir(c.nodes[0].ramdir, job, 2))
         c.save(job, 2, ranks=[1, 2], size=SIZE)
         wait_until(lambda: all(c.holds(r, job).get((r, 2)) in harness.COMMITTED_STATES
                                for r in (1, 2)), 30, "step 2 committed on nodes 1 and 2")
@@ -642,11 +636,10 @@ class EcCase(unittest.TestCase):
         for r in twins:
             # identical shards are not encoded twice: no manifest, no
             # fragment, nothing sent from a twin
-            self.assertEqual(self.frags(r, job), [], "twin %d's frags/" % r)
+            self.assertEqual(self.frags(r, job), [], "twin %d's parity holdings" % r)
             self.assertNotRegex(c.nodes[r].log_text(), r"ec: job=%s step=\d+ sent" % job)
         for r in range(n):
-            held = du(os.path.join(c.nodes[r].ramdir, "shards", job)) + \
-                du(os.path.join(c.nodes[r].ramdir, "frags", job))
+            held = du(os.path.join(c.nodes[r].ramdir, "shards", job))   # parity too
             goal = 1.5 if r < part else 1.0
             print("dp rs:2+1 node %d: %.3f x S (goal %.3f)" % (r, held / S, goal))
             self.assertLess(abs(held / S - goal), 0.1 * goal, "node %d" % r)
@@ -705,8 +698,7 @@ class EcCase(unittest.TestCase):
                                        for r in range(n)), 60, "fragments sent")
                 S = sum(len(v) for v in shard_files(job, 3, 0, size).values())
                 for r in range(n):
-                    held = du(os.path.join(c.nodes[r].ramdir, "shards", job)) + \
-                        du(os.path.join(c.nodes[r].ramdir, "frags", job))
+                    held = du(os.path.join(c.nodes[r].ramdir, "shards", job))   # parity too
                     ratio = held / S
                     print("%s node %d: %.3f x S (goal %.3f)" % (red, r, ratio, 1 + m / k))
                     self.assertLess(abs(ratio - (1 + m / k)), 0.1 * (1 + m / k))
