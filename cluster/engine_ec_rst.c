@@ -222,6 +222,30 @@ static bool have_metas(struct eng_ec_ctx *x, int dirfd)
 	return ok;
 }
 
+/* Bytes of parity fragment (cw, slot) of the step, from the group's
+ * manifests here: what its rebuild reserves before it writes. 0 or -errno. */
+static int parity_size(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step,
+		       unsigned cw, unsigned slot, uint64_t *fsz)
+{
+	uint64_t *size = calloc(x->nodes, sizeof(uint64_t));
+	uint8_t (*hash)[32] = calloc(x->nodes, 32);
+	struct ec_geom geom;
+	int rc = -ENOMEM;
+
+	if (size && hash)
+		rc = ecx_load_metas(x, dirfd, size, hash, -1, NULL, NULL);
+	if (rc == 0)
+		rc = ecplan_geom(x->plan, (unsigned)x->gi, cw, size, (const uint8_t(*)[32])hash,
+				 &geom);
+	if (rc == 0) {
+		ecx_label(job, step, (unsigned)x->gi, cw, geom.label);
+		*fsz = ec_frag_size(&geom, slot);
+	}
+	free(size);
+	free(hash);
+	return rc;
+}
+
 static unsigned reprotect_once(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step)
 {
 	const struct ecplan_group *g = &x->plan->g[x->gi];
@@ -241,14 +265,30 @@ static unsigned reprotect_once(struct eng_ec_ctx *x, int dirfd, const char *job,
 			built++;
 			continue;
 		}
-		fd = ecx_tmpfile(dirfd, "par", tmp);
-		if (fd < 0)
-			break;
-		struct ec_sink sink = { .shard = NULL, .fd = fd };
+		/* counted before it is written, as every byte of a holding:
+		 * ram_size may reclaim for it or refuse it */
+		uint64_t fsz = 0;
 		why[0] = '\0';
-		rc = rebuild_member(NULL, x, dirfd, job, step, cw, slot, &sink, why, sizeof(why));
+		rc = parity_size(x, dirfd, job, step, cw, slot, &fsz);
+		if (rc == 0 && (rc = ram_reserve(x->e->ram, fsz)) < 0) {
+			snprintf(why, sizeof(why), "no room for its %" PRIu64 " bytes (ram_size)", fsz);
+			log_warn("engine", "ec: job=%s step=%" PRIu64 ": parity cw %u slot %u refused: %s",
+				 job, step, cw, slot, why);
+			continue;
+		}
+		fd = ecx_tmpfile(dirfd, "par", tmp);
+		if (fd < 0) {
+			ram_adjust(x->e->ram, -(int64_t)fsz);
+			break;
+		}
+		struct ec_sink sink = { .shard = NULL, .fd = fd };
+		if (rc == 0)
+			rc = rebuild_member(NULL, x, dirfd, job, step, cw, slot, &sink, why,
+					    sizeof(why));
 		if (rc == 0 && fstat(fd, &st) == 0)
-			ram_adjust(x->e->ram, (int64_t)st.st_blocks * 512);
+			ram_adjust(x->e->ram, (int64_t)st.st_blocks * 512 - (int64_t)fsz);
+		else
+			ram_adjust(x->e->ram, -(int64_t)fsz);
 		close(fd);
 		if (rc == 0 && renameat(dirfd, tmp, dirfd, fin) < 0)
 			rc = -errno;
