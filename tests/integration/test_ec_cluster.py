@@ -70,11 +70,11 @@ EXPECTED = (r"ec: .*(failed|refused)|ec restore: |cannot rebuild|"
 
 class EcCase(unittest.TestCase):
 
-    def make(self, n, red, extra=""):
+    def make(self, n, red, extra="", ram_size="256M"):
         m = re.match(r"rs:(\d+)\+", red)
         self.k = int(m.group(1)) if m else None   # None: the yaml sets it
         opts = "redundancy=" + red + ("," + extra if extra else "")
-        c = Cluster(n, ram_size="256M", restore_timeout=20, extra=opts)
+        c = Cluster(n, ram_size=ram_size, restore_timeout=20, extra=opts)
         for d in c.nodes:
             d.extra_args.append("-d")
         self.addCleanup(c.close)
@@ -330,6 +330,101 @@ class EcCase(unittest.TestCase):
         S = sum(len(v) for v in shard_files(job, 2, 3, size).values())
         self.assertLess(abs(used - held), S // 10,
                         "ram_used %d, held %d (shard %d)" % (used, held, S))
+
+    # -- parity holdings under ram_size ----------------------------------------
+
+    def wait_sent(self, job, step):
+        c = self.c
+        wait_until(lambda: all(re.search(r"ec: job=%s step=%d sent" % (job, step),
+                                         c.nodes[r].log_text()) and
+                               not [x for x in self.frags(r, job, step) if x.endswith(".tmp")]
+                               for r in range(c.n)), 60, "fragments of step %d sent" % step)
+
+    def fill(self, path, nbytes):
+        """Write nbytes into path in 64 KiB writes (the daemon reserves
+        each before it lands)."""
+        chunk = b"\x5a" * (64 * KiB)
+        with open(path, "wb") as f:
+            left = nbytes
+            while left > 0:
+                f.write(chunk[:min(left, len(chunk))])
+                f.flush()
+                left -= len(chunk)
+
+    def test_parity_reclaimed_by_ram_size_policy(self):
+        """A step's parity holding goes under ram_size's pressure by the
+        same policy as the step's replicas: a node at its ram_size drops
+        an earlier job's parity (after that job's shard) for a write of the
+        current job; the parity of the current job's LKG step is never
+        dropped: the write then gets ENOSPC, as for shards."""
+        size = 1 << 20
+        c = self.make(3, "rs:2+1", ram_size="8M")
+        self.assertEqual(c.job_start("ecja"), {r: 0 for r in range(3)})
+        self.save_protected("ecja", 1, size=size)
+        self.wait_sent("ecja", 1)
+        self.assertEqual(c.job_start("ecjb"), {r: 0 for r in range(3)})
+        self.save_protected("ecjb", 1, size=size)
+        self.wait_sent("ecjb", 1)
+        node = c.nodes[1]
+        node.expect_log(r"RAM tier full|is not the current job")
+        a_dir = harness.parity_dir(node.ramdir, "ecja", 1)
+        b_dir = harness.parity_dir(node.ramdir, "ecjb", 1)
+        a_shard = os.path.join(node.ramdir, "shards", "ecja", "1", "n1-w0")
+        self.assertIn("protected", os.listdir(a_dir))
+        par_a, par_b, shard_a = du(a_dir), du(b_dir), du(a_shard)
+        self.assertGreater(par_a, size // 4)
+        sv = os.statvfs(node.mnt)
+        free = sv.f_bavail * sv.f_frsize
+        # more than job a's shard frees: its parity must go too
+        self.fill(os.path.join(node.mnt, "scratch"), free + shard_a + par_a // 2)
+        self.assertFalse(os.path.exists(a_shard), "job a's shard dropped first")
+        self.assertFalse(os.path.exists(a_dir), "job a's parity dropped for room")
+        self.assertRegex(node.log_text(), r"ec: job=ecja step=1 fragments dropped")
+        # the LKG's parity is kept: the write is refused
+        sv = os.statvfs(node.mnt)
+        free = sv.f_bavail * sv.f_frsize
+        with self.assertRaises(OSError) as cm:
+            self.fill(os.path.join(node.mnt, "scratch2"), free + par_b // 2)
+        self.assertEqual(cm.exception.errno, errno.ENOSPC)
+        self.assertIn("protected", os.listdir(b_dir))
+        self.assertEqual(len([x for x in os.listdir(b_dir) if x.endswith(".frag")]), 1)
+        used = json.loads(harness.admin("status", node.ramdir, "--json"))["ram_used"]
+        self.assertLessEqual(used, 8 << 20)
+        rc, text = subprocess_admin(["verify", node.ramdir])
+        self.assertEqual(rc, 0, text)
+
+    def test_rebuilt_parity_refused_when_it_does_not_fit(self):
+        """The parity a node rebuilds after the barrier is reserved before
+        it is written: node 1 comes back without its parity of the LKG step
+        and with a ram_size its shard fills, and the rebuild of its parity
+        is refused (nothing written, ram_used within ram_size)."""
+        size = 1 << 20
+        c = self.make(3, "rs:2+1")
+        job = "ecfit"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(3)})
+        self.save_protected(job, 1, size=size)
+        self.save_protected(job, 2, size=size)
+        self.wait_sent(job, 2)
+        wait_until(lambda: all(self.frags(r, job) == ["2"] for r in range(3)), 30,
+                   "step 1's parity dropped once 2 is protected")
+        node = c.nodes[1]
+        node.stop()
+        par = du(harness.parity_dir(node.ramdir, job, 2))
+        shutil.rmtree(harness.parity_dir(node.ramdir, job, 2))
+        held = du_trees([os.path.join(node.ramdir, d) for d in ("ns", "shards")])
+        cap = held + par // 4    # room for the group's manifests, not the parity
+        node.opts = re.sub(r"ram_size=[^,]*", "ram_size=%d" % cap, node.opts)
+        for d in c.nodes:
+            d.expect_log(EXPECTED + r"|RAM tier full|could not be rebuilt")
+        node.start()
+        self.assertEqual(c.job_start(job), {r: 2 for r in range(3)})
+        node.wait_log(r"ec: job=%s step=2: parity cw \d+ slot \d+ refused: no room" % job, 60,
+                      "node 1's parity rebuild refused")
+        self.assertEqual([x for x in self.frags(1, job, 2) if x.endswith(".frag")], [])
+        used = json.loads(harness.admin("status", node.ramdir, "--json"))["ram_used"]
+        self.assertLessEqual(used, cap)
+        for r in range(3):
+            c.restore_and_verify(job, r, 2, size=size)
 
     # -- bad input -----------------------------------------------------------
 
