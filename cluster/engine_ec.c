@@ -54,7 +54,9 @@ struct enc_slot {
 };
 
 struct eng_ec {
-	pthread_mutex_t mu;         /* protects the fields below; a leaf (never held with e->mu, nor across ram_reserve) */
+	/* protects the fields below; never held with e->mu, nor across
+	 * ram_reserve; under it only a RAM key and the catalog (admit_step) */
+	pthread_mutex_t mu;
 	struct ec_redundancy mount, job;
 	bool has_job;
 	struct enc_slot *open;

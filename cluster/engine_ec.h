@@ -1,13 +1,16 @@
 /* engine_ec.h: the erasure-coded scheme `redundancy=rs:K+M` (redund_rs of
  * cluster/redund.h) inside the engine. Shared by engine_ec.c (settings,
- * RAMDIR/frags layout, protecting a step, the data requests, garbage
- * collection) and engine_ec_rst.c (restoring a lost shard from fragments);
+ * what a step's parity holding holds, protecting a step, the data
+ * requests) and engine_ec_rst.c (restoring a lost shard from fragments);
+ * the holding itself (record, directory, scan, drop) is the RAM tier's
+ * (ram_parity_open), collected by the retention plan;
  * the engine's other files reach the scheme through redund.h, and call
  * only the setting and data-request hooks below. Under rs the step's
  * replication is replaced by the code: no replica is pushed.
  *
  * Protect, after a seal, on the replication worker:
- *   1. the owner stores its manifest as frags/JOB/STEP/m<R>.mf and sends it
+ *   1. the owner stores its manifest as m<R>.mf in its holding of the step
+ *      (RAMDIR/shards/JOB/STEP/parity/) and sends it
  *      (ec_meta) to every other unit of its group;
  *   2. a node holding every manifest of its group (sizes and hashes: the
  *      geometry) sends, for each piece t of its own shard, the data
@@ -83,7 +86,8 @@ int  ecx_own_meta(struct eng_ec_ctx *x, int dirfd, const struct shard_key *k);
 /* Tell the coordinator: this node's part of protecting step is done. */
 void ecx_send_replicated(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
 			 uint32_t dp);
-/* frags/JOB/STEP under RAMDIR (created when create). A dirfd or -errno. */
+/* The step's parity holding (ram_parity_open: record and directory made
+ * when create). A dirfd or -errno. */
 int  ecx_dir(struct eng *e, const char *job, uint64_t step, bool create);
 /* The label of (job, step, group, cw): no fragment of another is mixed in. */
 void ecx_label(const char *job, uint64_t step, unsigned gi, unsigned cw, uint8_t out[16]);
