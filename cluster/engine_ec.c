@@ -23,6 +23,7 @@
 #include "cluster/redund.h"
 #include "common/crc32c.h"
 #include "common/jobname.h"
+#include "common/io.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "net/proto.h"
@@ -48,9 +49,10 @@ struct enc_slot {
 	uint64_t step;
 	unsigned gi, cw, slot;      /* slot: K + j */
 	struct ec_enc *enc;
-	int fd;                     /* the parity file being written (.tmp) */
+	/* the parity file being written ("*.frag.tmp"), staged through the
+	 * RAM tier; pf.dirfd is set by each request (its own holding fd) */
+	struct ram_pfile pf;
 	uint32_t added;             /* data indices folded, bit per index */
-	uint64_t reserved;
 };
 
 struct eng_ec {
@@ -93,8 +95,8 @@ void eng_ec_stop(struct eng *e)
 		struct enc_slot *s = x->open;
 		x->open = s->next;
 		ec_enc_free(s->enc);
-		if (s->fd >= 0)
-			close(s->fd);
+		if (s->pf.fd >= 0)
+			close(s->pf.fd);   /* the start-up scan removes the file */
 		free(s);
 	}
 	pthread_mutex_destroy(&x->mu);
@@ -204,14 +206,14 @@ static int read_meta(int dirfd, int owner, struct manifest **mf)
 int ecx_store_meta(struct eng *e, int dirfd, const char *name, const void *buf, size_t len)
 {
 	struct eng_ec *ec = e->ec;
+	struct ram_pfile pf;
 	char *old = NULL;
 	size_t olen = 0;
-	struct stat st;
 	int rc;
 
 	/* reserved holding no lock, as every ram_reserve (its reclaim takes
 	 * fs->mu and the engine's mu); given back when nothing is written */
-	rc = ram_reserve(e->ram, len);
+	rc = ram_pfile_reserve(e->ram, dirfd, len, &pf);
 	if (rc < 0)
 		return rc;
 	pthread_mutex_lock(&ec->mu);
@@ -219,14 +221,15 @@ int ecx_store_meta(struct eng *e, int dirfd, const char *name, const void *buf, 
 	if (rc == 0) {
 		rc = olen == len && !memcmp(old, buf, len) ? 1 : -EEXIST;
 	} else if (rc == -ENOENT) {
-		rc = util_write_file_atomic(dirfd, name, buf, len);
-		if (rc == 0 && fstatat(dirfd, name, &st, 0) == 0)
-			ram_adjust(e->ram, (int64_t)st.st_blocks * 512 - (int64_t)len);
+		rc = ram_pfile_create(&pf, NULL, "meta");
+		if (rc == 0)
+			rc = io_write_full(pf.fd, buf, len);
+		if (rc == 0)
+			rc = ram_pfile_publish(e->ram, &pf, name);
 	}
 	pthread_mutex_unlock(&ec->mu);
 	free(old);
-	if (rc != 0)
-		ram_adjust(e->ram, -(int64_t)len);
+	ram_pfile_abort(e->ram, &pf);   /* nothing left once published */
 	return rc < 0 ? rc : 0;
 }
 
@@ -266,19 +269,6 @@ int ecx_connect(struct eng *e, uint32_t rank, struct nconn **c)
 	me = e->rank;
 	pthread_mutex_unlock(&e->mu);
 	return nconn_connect(addr, me, "data", &e->auth, 5000, c, NULL);
-}
-
-int ecx_tmpfile(int dirfd, const char *prefix, char name[64])
-{
-	static unsigned seq;
-	for (int i = 0; i < 100; i++) {
-		unsigned n = __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED);
-		snprintf(name, 64, "%s-%d-%u.tmp", prefix, (int)getpid(), n);
-		int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-		if (fd >= 0 || errno != EEXIST)
-			return fd < 0 ? -errno : fd;
-	}
-	return -EEXIST;
 }
 
 void ecx_send_replicated(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
@@ -392,7 +382,7 @@ static void send_frags(struct eng_ec_ctx *x, const char *job, uint64_t step)
 	for (unsigned t = 0; t < g->k; t++) {
 		struct ec_geom geom;
 		unsigned cw, slot;
-		char tmp[64];
+		struct ram_pfile pf;
 		uint64_t fsz;
 		int fd;
 
@@ -402,10 +392,13 @@ static void send_frags(struct eng_ec_ctx *x, const char *job, uint64_t step)
 			goto out;
 		ecx_label(job, step, (unsigned)x->gi, cw, geom.label);
 		fsz = ec_frag_size(&geom, slot);
-		fd = ecx_tmpfile(dirfd, "out", tmp);
-		if (fd < 0)
+		/* sent, then removed: staged through the RAM tier, never published */
+		rc = ram_pfile_reserve(e->ram, dirfd, fsz, &pf);
+		if (rc == 0 && ram_pfile_create(&pf, NULL, "out") < 0) {
+			ram_pfile_abort(e->ram, &pf);
 			goto out;
-		rc = ram_reserve(e->ram, fsz);
+		}
+		fd = pf.fd;
 		if (rc == 0) {
 			rc = ec_frag_data(&geom, slot, &sh, fd, err, sizeof(err));
 			for (unsigned j = 0; rc == 0 && j < g->m; j++) {
@@ -425,13 +418,11 @@ static void send_frags(struct eng_ec_ctx *x, const char *job, uint64_t step)
 						 job, step, cw, slot, to, strerror(-r2));
 				}
 			}
-			ram_adjust(e->ram, -(int64_t)fsz);
 		}
 		if (rc < 0)
 			log_warn("engine", "ec: job=%s step=%" PRIu64 " data fragment %u: %s", job,
 				 step, t, err[0] ? err : strerror(-rc));
-		close(fd);
-		unlinkat(dirfd, tmp, 0);
+		ram_pfile_abort(e->ram, &pf);
 		if (rc < 0)
 			failed++;
 	}
@@ -622,36 +613,31 @@ static int parse_ctx(struct eng *e, enum proto_op op, json_t *m, struct ec_req *
 	return ecx_ctx(e, nodes, dp, x);
 }
 
-int ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix, char tmp[64],
-		  uint64_t *reserved)
+int ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix,
+		  struct ram_pfile *pf)
 {
 	struct net_hdr h;
 	json_t *f = NULL;
 	uint64_t size = 0;
 	uint32_t crc;
-	int fd = -1, rc;
+	int rc;
 
-	*reserved = 0;
+	*pf = (struct ram_pfile){ .dirfd = dirfd, .fd = -1 };
 	rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &f);
 	if (rc == 0 && (h.type != NT_FILE || net_json_u64(f, "size", EC_MAX_MEMBER, &size) < 0))
 		rc = -EPROTO;
 	json_decref(f);
-	if (rc == 0 && (rc = ram_reserve(e->ram, nconn_file_data(c))) == 0)
-		*reserved = nconn_file_data(c);
 	if (rc == 0)
-		rc = fd = ecx_tmpfile(dirfd, prefix, tmp);
+		rc = ram_pfile_reserve(e->ram, dirfd, nconn_file_data(c), pf);
+	if (rc == 0)
+		rc = ram_pfile_create(pf, NULL, prefix);
 	if (rc >= 0)
-		rc = nconn_recv_file(c, fd, size, DATA_TIMEOUT_MS, &crc);
-	if (rc >= 0 && lseek(fd, 0, SEEK_SET) < 0)
+		rc = nconn_recv_file(c, pf->fd, size, DATA_TIMEOUT_MS, &crc);
+	if (rc >= 0 && lseek(pf->fd, 0, SEEK_SET) < 0)
 		rc = -errno;
 	if (rc >= 0)
-		return fd;
-	if (fd >= 0) {
-		close(fd);
-		unlinkat(dirfd, tmp, 0);
-	}
-	ram_adjust(e->ram, -(int64_t)*reserved);
-	*reserved = 0;
+		return pf->fd;
+	ram_pfile_abort(e->ram, pf);
 	return rc;
 }
 
@@ -841,18 +827,18 @@ static void maybe_protected(struct eng_ec_ctx *x, int dirfd, const char *job, ui
  * the retention plan, for room, or after a restore of an older step).
  * They are freed; what their file took went with the holding. Under
  * ec->mu. */
-static void prune_slots(struct eng_ec *ec)
+static void prune_slots(struct eng *e)
 {
-	for (struct enc_slot **pp = &ec->open; *pp;) {
+	for (struct enc_slot **pp = &e->ec->open; *pp;) {
 		struct enc_slot *sl = *pp;
 		struct stat st;
-		if (fstat(sl->fd, &st) == 0 && st.st_nlink > 0) {
+		if (fstat(sl->pf.fd, &st) == 0 && st.st_nlink > 0) {
 			pp = &sl->next;
 			continue;
 		}
 		*pp = sl->next;
 		ec_enc_free(sl->enc);
-		close(sl->fd);
+		ram_pfile_abort(e->ram, &sl->pf);   /* unlinked: gives back the rest */
 		free(sl);
 	}
 }
@@ -864,10 +850,10 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 	const struct ecplan_group *g = &x->plan->g[x->gi];
 	struct ec_geom geom;
 	struct enc_slot *s;
+	struct ram_pfile pre;
 	uint8_t label[16];
 	unsigned index, j, slot;
 	char tmp[64], fin[64];
-	uint64_t pre;
 	int rc;
 
 	rc = ec_frag_info(fd, &geom, &index, why, whylen);
@@ -895,14 +881,13 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 	/* The parity file's RAM is reserved before ec->mu, as every
 	 * ram_reserve() is made holding no lock (its reclaim takes fs->mu and
 	 * the engine's mu); a slot that exists already gives it back. */
-	pre = ec_frag_size(&geom, slot);
-	rc = ram_reserve(x->e->ram, pre);
+	rc = ram_pfile_reserve(x->e->ram, dirfd, ec_frag_size(&geom, slot), &pre);
 	if (rc < 0) {
 		snprintf(why, whylen, "cannot start parity %s: %s", fin, strerror(-rc));
 		return rc;
 	}
 	pthread_mutex_lock(&ec->mu);
-	prune_slots(ec);
+	prune_slots(x->e);
 	if (faccessat(dirfd, fin, F_OK, 0) == 0) {
 		rc = 0;      /* complete already: a sender's retry */
 		goto out;
@@ -922,21 +907,16 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 		s->gi = (unsigned)r->group;
 		s->cw = (unsigned)r->cw;
 		s->slot = slot;
-		s->fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		rc = s->fd < 0 ? -errno : 0;
+		rc = ram_pfile_create(&pre, tmp, NULL);
 		if (rc == 0)
-			rc = ec_enc_open(&geom, j, 1, &s->fd, &s->enc);
+			rc = ec_enc_open(&geom, j, 1, &pre.fd, &s->enc);
 		if (rc < 0) {
-			if (s->fd >= 0) {
-				close(s->fd);
-				unlinkat(dirfd, tmp, 0);
-			}
 			free(s);
 			snprintf(why, whylen, "cannot start parity %s: %s", fin, strerror(-rc));
 			goto out;
 		}
-		s->reserved = pre;   /* the slot's now */
-		pre = 0;
+		s->pf = pre;   /* the slot's now */
+		pre = (struct ram_pfile){ .dirfd = dirfd, .fd = -1 };
 		s->next = ec->open;
 		ec->open = s;
 	}
@@ -944,13 +924,14 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 		rc = 0;      /* this member again: a sender's retry */
 		goto out;
 	}
+	s->pf.dirfd = dirfd;   /* this request's: the slot outlives the last one's */
 	rc = ec_enc_add(s->enc, fd, why, whylen);
 	if (rc == 0) {
 		s->added |= 1u << index;
 		if (s->added == (g->k >= 32 ? 0xffffffffu : (1u << g->k) - 1)) {
 			rc = ec_enc_finish(s->enc, why, whylen);
-			if (rc == 0 && renameat(dirfd, tmp, dirfd, fin) < 0)
-				rc = -errno;
+			if (rc == 0)
+				rc = ram_pfile_publish(x->e->ram, &s->pf, fin);
 			goto drop;
 		}
 		goto out;
@@ -963,16 +944,11 @@ drop:
 			break;
 		}
 	ec_enc_free(s->enc);
-	close(s->fd);
-	if (rc < 0) {
-		unlinkat(dirfd, tmp, 0);
-		ram_adjust(x->e->ram, -(int64_t)s->reserved);
-	}
+	ram_pfile_abort(x->e->ram, &s->pf);   /* nothing left once published */
 	free(s);
 out:
 	pthread_mutex_unlock(&ec->mu);
-	if (pre)
-		ram_adjust(x->e->ram, -(int64_t)pre);
+	ram_pfile_abort(x->e->ram, &pre);     /* a slot that existed: given back */
 	if (rc == 0)
 		maybe_protected(x, dirfd, r->job, r->step);
 	return rc;
@@ -981,9 +957,9 @@ out:
 static void serve_data(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *m)
 {
 	struct eng_ec_ctx x = { 0 };
+	struct ram_pfile in = { .fd = -1 };
 	struct ec_req r;
-	uint64_t want = 0;
-	char why[400] = "", tmp[64];
+	char why[400] = "";
 	int dirfd = -1, fd = -1, rc;
 
 	rc = parse_ctx(e, PROTO_EC_DATA, m, &r, &x);
@@ -999,7 +975,7 @@ static void serve_data(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 	if (rc == 0)
 		rc = dirfd = admit_step(e, r.job, r.step, why, sizeof(why));
 	if (rc >= 0)
-		rc = fd = ecx_recv_frag(e, c, dirfd, "in", tmp, &want);
+		rc = fd = ecx_recv_frag(e, c, dirfd, "in", &in);
 	if (rc >= 0)
 		rc = fold(&x, dirfd, &r, fd, why, sizeof(why));
 	if (rc < 0) {
@@ -1009,12 +985,7 @@ static void serve_data(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 	} else {
 		send_ok(c, id);
 	}
-	if (fd >= 0) {
-		close(fd);
-		unlinkat(dirfd, tmp, 0);
-	}
-	if (want)
-		ram_adjust(e->ram, -(int64_t)want);
+	ram_pfile_abort(e->ram, &in);   /* folded: the received fragment goes */
 	if (dirfd >= 0)
 		close(dirfd);
 	ecx_ctx_free(&x);
@@ -1034,8 +1005,11 @@ static int send_fd(struct nconn *c, uint32_t id, int fd)
 	return rc < 0 ? rc : nconn_send_file(c, "fragment", fd, (uint64_t)st.st_size, 0);
 }
 
-/* A data member: cut from this node's own shard on the fly. */
-static int cut_data(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, char tmp[64],
+/* A data member: cut from this node's own shard on the fly, into a file
+ * staged in the holding (pf, set up by the caller; removed by its
+ * ram_pfile_abort once sent). Not reserved: a survivor serves a rebuild
+ * even at its ram_size (a transient S/K; refusing would cost the restore). */
+static int cut_data(struct eng_ec_ctx *x, const struct ec_req *r, struct ram_pfile *pf,
 		    char *why, size_t whylen)
 {
 	const struct ecplan_group *g = &x->plan->g[x->gi];
@@ -1044,10 +1018,9 @@ static int cut_data(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, cha
 	uint64_t *size = calloc(x->nodes, sizeof(uint64_t));
 	uint8_t (*hash)[32] = calloc(x->nodes, 32);
 	struct ec_geom geom;
-	int sfd = -1, fd = -1, rc = -ENOMEM;
+	int dirfd = pf->dirfd, sfd = -1, rc = -ENOMEM;
 
 	snprintf(k.job, sizeof(k.job), "%s", r->job);
-	tmp[0] = '\0';
 	if (!size || !hash)
 		goto out;
 	rc = -EINVAL;
@@ -1071,31 +1044,28 @@ static int cut_data(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, cha
 		snprintf(why, whylen, "own shard not held");
 		goto out;
 	}
-	fd = rc = ecx_tmpfile(dirfd, "get", tmp);
+	rc = ram_pfile_create(pf, NULL, "get");
 	if (rc >= 0) {
 		struct ec_shard sh = { sfd, mine };
-		rc = ec_frag_data(&geom, (unsigned)r->slot, &sh, fd, why, whylen);
+		rc = ec_frag_data(&geom, (unsigned)r->slot, &sh, pf->fd, why, whylen);
 	}
-	if (rc >= 0 && lseek(fd, 0, SEEK_SET) < 0)
+	if (rc >= 0 && lseek(pf->fd, 0, SEEK_SET) < 0)
 		rc = -errno;
 out:
-	if (rc < 0 && fd >= 0) {
-		close(fd);
-		fd = -1;
-	}
 	if (sfd >= 0)
 		close(sfd);
 	mf_free(mine);
 	free(size);
 	free(hash);
-	return rc < 0 ? rc : fd;
+	return rc < 0 ? rc : pf->fd;
 }
 
 static void serve_get(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 {
 	struct eng_ec_ctx x = { 0 };
+	struct ram_pfile cut = { .fd = -1 };
 	struct ec_req r;
-	char why[300] = "", tmp[64] = "", name[64];
+	char why[300] = "", name[64];
 	int dirfd = -1, fd = -1, rc;
 
 	rc = parse_ctx(e, PROTO_EC_GET, m, &r, &x);
@@ -1107,10 +1077,11 @@ static void serve_get(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 		fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
 		rc = fd < 0 ? -errno : 0;
 	} else if (rc >= 0) {
-		rc = fd = cut_data(&x, dirfd, &r, tmp, why, sizeof(why));
+		cut.dirfd = dirfd;
+		rc = cut_data(&x, &r, &cut, why, sizeof(why));
 	}
 	if (rc >= 0)
-		rc = send_fd(c, id, fd);
+		rc = send_fd(c, id, cut.fd >= 0 ? cut.fd : fd);
 	else
 		send_error(c, id, -rc, why[0] ? why : "fragment not held here");
 	if (rc < 0)
@@ -1119,8 +1090,7 @@ static void serve_get(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 			 why[0] ? why : strerror(-rc));
 	if (fd >= 0)
 		close(fd);
-	if (tmp[0])
-		unlinkat(dirfd, tmp, 0);
+	ram_pfile_abort(e->ram, &cut);
 	if (dirfd >= 0)
 		close(dirfd);
 	ecx_ctx_free(&x);

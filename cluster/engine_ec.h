@@ -99,11 +99,11 @@ int  ecx_load_metas(const struct eng_ec_ctx *x, int dirfd, uint64_t *size, uint8
 /* Connect a data connection to rank. 0 or -errno. */
 int  ecx_connect(struct eng *e, uint32_t rank, struct nconn **c);
 /* After a request answered with one NT_FILE: its bytes into a new
- * temporary file of dirfd (name into tmp), ram reserved (*reserved: the
- * caller ram_adjusts it back once the file is gone). The fd at offset 0,
- * or -errno (nothing left behind). */
-int  ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix, char tmp[64],
-		   uint64_t *reserved);
+ * temporary file of the holding dirfd, staged through the RAM tier (*pf:
+ * reserved before it is written; the caller ram_pfile_aborts it once
+ * used). The fd (pf->fd) at offset 0, or -errno (nothing left behind). */
+int  ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix,
+		   struct ram_pfile *pf);
 /* Work about one step of a job, run fn(job) on the replication worker
  * (fn frees it). 0 or -errno. */
 struct ecx_step_job {
@@ -114,7 +114,5 @@ struct ecx_step_job {
 };
 int  ecx_submit(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp,
 		void (*fn)(void *));
-/* A unique temporary file in dirfd (name into name[64]). fd or -errno. */
-int  ecx_tmpfile(int dirfd, const char *prefix, char name[64]);
 
 #endif

@@ -1018,6 +1018,87 @@ int ram_parity_open(struct ram_tier *t, const char *job, uint64_t step, bool cre
 	return fd;
 }
 
+int ram_pfile_reserve(struct ram_tier *t, int dirfd, uint64_t bytes, struct ram_pfile *f)
+{
+	int rc;
+
+	memset(f, 0, sizeof(*f));
+	f->dirfd = dirfd;
+	f->fd = -1;
+	rc = ram_reserve(t, bytes);
+	if (rc == 0)
+		f->reserved = bytes;
+	return rc;
+}
+
+int ram_pfile_create(struct ram_pfile *f, const char *name, const char *prefix)
+{
+	static atomic_uint seq;
+
+	if (name) {
+		if ((size_t)snprintf(f->name, sizeof(f->name), "%s", name) >= sizeof(f->name))
+			return -ENAMETOOLONG;
+		f->fd = openat(f->dirfd, f->name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		return f->fd < 0 ? -errno : 0;
+	}
+	for (int i = 0; i < 100; i++) {
+		unsigned n = atomic_fetch_add(&seq, 1) + 1;
+		snprintf(f->name, sizeof(f->name), "%.16s-%d-%u.tmp", prefix, (int)getpid(), n);
+		f->fd = openat(f->dirfd, f->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (f->fd >= 0 || errno != EEXIST)
+			return f->fd < 0 ? -errno : 0;
+	}
+	return -EEXIST;
+}
+
+/* What the file takes now, and whether it is still linked. */
+static uint64_t pfile_blocks(const struct ram_pfile *f, bool *linked)
+{
+	struct stat st;
+
+	*linked = true;
+	if (f->fd < 0 || fstat(f->fd, &st) < 0)
+		return 0;
+	*linked = st.st_nlink > 0;
+	return (uint64_t)st.st_blocks * 512;
+}
+
+void ram_pfile_abort(struct ram_tier *t, struct ram_pfile *f)
+{
+	bool linked;
+	uint64_t held = pfile_blocks(f, &linked), back = f->reserved;
+
+	if (f->fd >= 0) {
+		if (linked)
+			unlinkat(f->dirfd, f->name, 0);
+		else   /* its holding's drop removed it and counted what it held */
+			back = held < back ? back - held : 0;
+		close(f->fd);
+	}
+	ram_adjust(t, -(int64_t)back);
+	f->fd = -1;
+	f->reserved = 0;
+}
+
+int ram_pfile_publish(struct ram_tier *t, struct ram_pfile *f, const char *final)
+{
+	bool linked;
+	uint64_t held = pfile_blocks(f, &linked);
+
+	if (f->fd < 0)
+		return -EBADF;
+	if (renameat(f->dirfd, f->name, f->dirfd, final) < 0) {
+		int rc = -errno;
+		ram_pfile_abort(t, f);
+		return rc;
+	}
+	ram_adjust(t, (int64_t)held - (int64_t)f->reserved);
+	close(f->fd);
+	f->fd = -1;
+	f->reserved = 0;
+	return 0;
+}
+
 /* An mtcfs before parity holdings were records kept them in
  * RAMDIR/frags/JOB/STEP/: each such directory becomes its step's holding
  * (record first, then the rename: a crash in between finds the record

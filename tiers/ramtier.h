@@ -111,6 +111,36 @@ int ram_check_sizes(struct ram_tier *t, const struct shard_rec *r, char *err, si
  * there is none, -EINVAL for a job name that cannot be one, or -errno. */
 int ram_parity_open(struct ram_tier *t, const char *job, uint64_t step, bool create);
 
+/* A file of a parity holding, staged and published through the tier: its
+ * bytes are reserved before it is written, it is written under a staging
+ * name in the holding's directory, then published under its name (the
+ * account corrected to what it takes) or, when it was only needed for a
+ * while (a fragment received to fold, sent, fetched for a decode) or
+ * failed, aborted (removed, the reservation given back).
+ *   ram_pfile_reserve: takes bytes out of ram_size (ram_reserve: the
+ *     reclaim may drop what the retention plan allows, or -ENOSPC); no
+ *     file yet. Call it holding no lock. Sets up *f for dirfd (borrowed:
+ *     it must stay open until publish or abort).
+ *   ram_pfile_create: the staging file, read-write at f->fd: `name`
+ *     (created or truncated: a name the caller owns, as a parity slot's
+ *     "*.frag.tmp") or, when NULL, a fresh "<prefix>-PID-SEQ.tmp". The
+ *     start-up scan removes either if the daemon stops first. 0 or -errno.
+ *   ram_pfile_publish: renames it to `final` (replacing one there),
+ *     corrects the account, closes it. 0, or -errno (then aborted).
+ *   ram_pfile_abort: closes and removes it, gives the reservation back;
+ *     a file that went with its holding (ram_drop counted it) gives back
+ *     only the rest. Accepts a pfile without a file, or already done. */
+struct ram_pfile {
+	int dirfd;            /* the holding's directory (borrowed) */
+	int fd;               /* the staged file, -1 when none */
+	char name[64];        /* its staging name in dirfd */
+	uint64_t reserved;    /* bytes taken out of ram_size for it */
+};
+int  ram_pfile_reserve(struct ram_tier *t, int dirfd, uint64_t bytes, struct ram_pfile *f);
+int  ram_pfile_create(struct ram_pfile *f, const char *name, const char *prefix);
+int  ram_pfile_publish(struct ram_tier *t, struct ram_pfile *f, const char *final);
+void ram_pfile_abort(struct ram_tier *t, struct ram_pfile *f);
+
 /* Shards arriving from elsewhere (replicas pushed by peers, restores
  * fetched from a peer or the bucket) are written into a private staging
  * directory and published into place with their manifest. */

@@ -709,6 +709,63 @@ static void test_parity_holding_scanned_at_open(void **state)
 	ram_close(t);
 }
 
+/* A holding's files are staged through the tier: reserved before they
+ * are written (refused past ram_size when nothing may be reclaimed),
+ * published with the account corrected to what they take, or aborted with
+ * the reservation given back, also when the holding's drop took the file
+ * first (only the rest then). */
+static void test_parity_files_staged(void **state)
+{
+	struct tmp *tmp = *state;
+	struct ram_tier *t = NULL;
+	struct ram_pfile f;
+	struct shard_key k;
+	char buf[8192];
+	uint64_t base;
+	int dfd;
+
+	memset(buf, 7, sizeof(buf));
+	assert_int_equal(ram_open(tmp->path, 1 << 20, &t), 0);
+	dfd = ram_parity_open(t, "j", 3, true);
+	assert_true(dfd >= 0);
+	base = ram_used(t);
+	/* published: the account is what the file takes */
+	assert_int_equal(ram_pfile_reserve(t, dfd, 64 << 10, &f), 0);
+	assert_int_equal(ram_used(t), base + (64 << 10));
+	assert_int_equal(ram_pfile_create(&f, NULL, "par"), 0);
+	assert_int_equal(write(f.fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	assert_int_equal(ram_pfile_publish(t, &f, "g0-c0-s2.frag"), 0);
+	assert_int_equal(f.fd, -1);
+	assert_true(parity_has(t, 3, "g0-c0-s2.frag"));
+	assert_int_equal(ram_used(t), du_ramdir(t));
+	ram_pfile_abort(t, &f);   /* after a publish: nothing */
+	assert_int_equal(ram_used(t), du_ramdir(t));
+	/* aborted: removed, given back */
+	base = ram_used(t);
+	assert_int_equal(ram_pfile_reserve(t, dfd, 16 << 10, &f), 0);
+	assert_int_equal(ram_pfile_create(&f, "g0-c1-s2.frag.tmp", NULL), 0);
+	assert_int_equal(write(f.fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	ram_pfile_abort(t, &f);
+	assert_false(parity_has(t, 3, "g0-c1-s2.frag.tmp"));
+	assert_int_equal(ram_used(t), base);
+	/* past ram_size, nothing to reclaim: refused before a byte is written */
+	assert_int_equal(ram_pfile_reserve(t, dfd, 2 << 20, &f), -ENOSPC);
+	assert_int_equal(ram_used(t), base);
+	ram_pfile_abort(t, &f);
+	assert_int_equal(ram_used(t), base);
+	/* the holding dropped under a file being written: its drop counted
+	 * what the file held, the abort gives back the rest */
+	assert_int_equal(ram_pfile_reserve(t, dfd, 32 << 10, &f), 0);
+	assert_int_equal(ram_pfile_create(&f, NULL, "in"), 0);
+	assert_int_equal(write(f.fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	life_parity_key("j", 3, &k);
+	assert_int_equal(ram_drop(t, &k, NULL), 0);
+	assert_int_equal(ram_pfile_publish(t, &f, "g0-c2-s2.frag"), -ENOENT);
+	assert_int_equal(ram_used(t), du_ramdir(t));
+	close(dfd);
+	ram_close(t);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -722,6 +779,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_seal_keeps_fifo, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_parity_holding_scanned_at_open, tmp_setup,
 						tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_parity_files_staged, tmp_setup, tmp_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
