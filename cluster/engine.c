@@ -326,7 +326,8 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 			goto fail;
 		}
 	}
-	redund_scan(e);   /* before the data server takes a request */
+	/* what the schemes store here was scanned by ram_open (parity
+	 * holdings are RAM-tier records), before the data server starts */
 	rc = tier_cut_new(&e->cut);
 	if (rc == 0)
 		rc = workq_start("mtcfs-repl", &e->replq);

@@ -88,8 +88,7 @@ static void on_ev_lkg(void *arg, const struct proto_in *in)
 	if (m.has_safe)
 		log_dbg("engine", "job %s: step %llu committed and replicated on every node",
 			m.job, (unsigned long long)m.safe);
-	if (m.has_safe)
-		redund_gc(e, m.job, m.safe);   /* e.g. parity of older steps */
+	/* older steps' parity holdings go by the retention plan (on_lkg) */
 	if (e->cb.on_lkg)
 		e->cb.on_lkg(e->cb.arg, m.job, m.step);
 }

@@ -1,5 +1,6 @@
-/* engine_ec.c — `redundancy=rs:K+M`: the setting, RAMDIR/frags, protecting
- * a step and the ec_* data requests (see engine_ec.h).
+/* engine_ec.c — `redundancy=rs:K+M`: the setting, a step's parity holding
+ * (a RAM-tier record: ram_parity_open), protecting a step and the ec_* data
+ * requests (see engine_ec.h).
  * Data connection requests (first NT_REQ on a "data" connection); the
  * ones that write (ec_meta, ec_data) are taken only for this node's current
  * job, for a step not older than its protected one and within
@@ -13,15 +14,20 @@
  *            parity fragment stored here, or a data fragment cut on the fly
  *            from this node's own shard
  *   ec_metas {job, step} -> {metas: {"R": b64}}: the group's manifests
- * Layout: RAMDIR/frags/JOB/STEP/{m<R>.mf, g<G>-c<CW>-s<SLOT>.frag, sent,
- * protected, *.tmp}. */
+ * Layout: RAMDIR/shards/JOB/STEP/parity/{m<R>.mf, g<G>-c<CW>-s<SLOT>.frag,
+ * sent, protected, *.tmp}. It is a catalog record of the RAM tier (SHF_PARITY):
+ * the retention plan drops it with its step (fs/commit.c, also for room
+ * under ram_size), the RAM tier's start-up scan checks it, mtcfs-admin
+ * verify reads it; nothing here collects or scans it. */
 #include "cluster/engine_ec.h"
 #include "cluster/redund.h"
 #include "common/crc32c.h"
 #include "common/jobname.h"
+#include "common/io.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "net/proto.h"
+#include "tiers/lifecycle.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -34,7 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EC_META_MAX EC_STORED_META_MAX   /* a manifest file read back from frags/ */
+#define EC_META_MAX EC_STORED_META_MAX   /* a manifest file read back from a holding */
 
 /* One parity slot being folded on this node. */
 struct enc_slot {
@@ -43,13 +49,16 @@ struct enc_slot {
 	uint64_t step;
 	unsigned gi, cw, slot;      /* slot: K + j */
 	struct ec_enc *enc;
-	int fd;                     /* the parity file being written (.tmp) */
+	/* the parity file being written ("*.frag.tmp"), staged through the
+	 * RAM tier; pf.dirfd is set by each request (its own holding fd) */
+	struct ram_pfile pf;
 	uint32_t added;             /* data indices folded, bit per index */
-	uint64_t reserved;
 };
 
 struct eng_ec {
-	pthread_mutex_t mu;         /* protects the fields below; a leaf (never held with e->mu, nor across ram_reserve) */
+	/* protects the fields below; never held with e->mu, nor across
+	 * ram_reserve; under it only a RAM key and the catalog (admit_step) */
+	pthread_mutex_t mu;
 	struct ec_redundancy mount, job;
 	bool has_job;
 	struct enc_slot *open;
@@ -86,8 +95,8 @@ void eng_ec_stop(struct eng *e)
 		struct enc_slot *s = x->open;
 		x->open = s->next;
 		ec_enc_free(s->enc);
-		if (s->fd >= 0)
-			close(s->fd);
+		if (s->pf.fd >= 0)
+			close(s->pf.fd);   /* the start-up scan removes the file */
 		free(s);
 	}
 	pthread_mutex_destroy(&x->mu);
@@ -162,19 +171,7 @@ void ecx_ctx_free(struct eng_ec_ctx *x)
 
 int ecx_dir(struct eng *e, const char *job, uint64_t step, bool create)
 {
-	char rel[RCFG_JOB_MAX + 64];
-	int fd;
-
-	if (!job_name_ok(job))
-		return -EINVAL;
-	snprintf(rel, sizeof(rel), "frags/%s/%" PRIu64, job, step);
-	if (create) {
-		int rc = util_mkdirs_at(ram_root_fd(e->ram), rel, 0700);
-		if (rc < 0)
-			return rc;
-	}
-	fd = openat(ram_root_fd(e->ram), rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	return fd < 0 ? -errno : fd;
+	return ram_parity_open(e->ram, job, step, create);
 }
 
 void ecx_label(const char *job, uint64_t step, unsigned gi, unsigned cw, uint8_t out[16])
@@ -209,14 +206,14 @@ static int read_meta(int dirfd, int owner, struct manifest **mf)
 int ecx_store_meta(struct eng *e, int dirfd, const char *name, const void *buf, size_t len)
 {
 	struct eng_ec *ec = e->ec;
+	struct ram_pfile pf;
 	char *old = NULL;
 	size_t olen = 0;
-	struct stat st;
 	int rc;
 
 	/* reserved holding no lock, as every ram_reserve (its reclaim takes
 	 * fs->mu and the engine's mu); given back when nothing is written */
-	rc = ram_reserve(e->ram, len);
+	rc = ram_pfile_reserve(e->ram, dirfd, len, &pf);
 	if (rc < 0)
 		return rc;
 	pthread_mutex_lock(&ec->mu);
@@ -224,14 +221,15 @@ int ecx_store_meta(struct eng *e, int dirfd, const char *name, const void *buf, 
 	if (rc == 0) {
 		rc = olen == len && !memcmp(old, buf, len) ? 1 : -EEXIST;
 	} else if (rc == -ENOENT) {
-		rc = util_write_file_atomic(dirfd, name, buf, len);
-		if (rc == 0 && fstatat(dirfd, name, &st, 0) == 0)
-			ram_adjust(e->ram, (int64_t)st.st_blocks * 512 - (int64_t)len);
+		rc = ram_pfile_create(&pf, NULL, "meta");
+		if (rc == 0)
+			rc = io_write_full(pf.fd, buf, len);
+		if (rc == 0)
+			rc = ram_pfile_publish(e->ram, &pf, name);
 	}
 	pthread_mutex_unlock(&ec->mu);
 	free(old);
-	if (rc != 0)
-		ram_adjust(e->ram, -(int64_t)len);
+	ram_pfile_abort(e->ram, &pf);   /* nothing left once published */
 	return rc < 0 ? rc : 0;
 }
 
@@ -271,19 +269,6 @@ int ecx_connect(struct eng *e, uint32_t rank, struct nconn **c)
 	me = e->rank;
 	pthread_mutex_unlock(&e->mu);
 	return nconn_connect(addr, me, "data", &e->auth, 5000, c, NULL);
-}
-
-int ecx_tmpfile(int dirfd, const char *prefix, char name[64])
-{
-	static unsigned seq;
-	for (int i = 0; i < 100; i++) {
-		unsigned n = __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED);
-		snprintf(name, 64, "%s-%d-%u.tmp", prefix, (int)getpid(), n);
-		int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-		if (fd >= 0 || errno != EEXIST)
-			return fd < 0 ? -errno : fd;
-	}
-	return -EEXIST;
 }
 
 void ecx_send_replicated(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
@@ -397,7 +382,7 @@ static void send_frags(struct eng_ec_ctx *x, const char *job, uint64_t step)
 	for (unsigned t = 0; t < g->k; t++) {
 		struct ec_geom geom;
 		unsigned cw, slot;
-		char tmp[64];
+		struct ram_pfile pf;
 		uint64_t fsz;
 		int fd;
 
@@ -407,10 +392,13 @@ static void send_frags(struct eng_ec_ctx *x, const char *job, uint64_t step)
 			goto out;
 		ecx_label(job, step, (unsigned)x->gi, cw, geom.label);
 		fsz = ec_frag_size(&geom, slot);
-		fd = ecx_tmpfile(dirfd, "out", tmp);
-		if (fd < 0)
+		/* sent, then removed: staged through the RAM tier, never published */
+		rc = ram_pfile_reserve(e->ram, dirfd, fsz, &pf);
+		if (rc == 0 && ram_pfile_create(&pf, NULL, "out") < 0) {
+			ram_pfile_abort(e->ram, &pf);
 			goto out;
-		rc = ram_reserve(e->ram, fsz);
+		}
+		fd = pf.fd;
 		if (rc == 0) {
 			rc = ec_frag_data(&geom, slot, &sh, fd, err, sizeof(err));
 			for (unsigned j = 0; rc == 0 && j < g->m; j++) {
@@ -430,13 +418,11 @@ static void send_frags(struct eng_ec_ctx *x, const char *job, uint64_t step)
 						 job, step, cw, slot, to, strerror(-r2));
 				}
 			}
-			ram_adjust(e->ram, -(int64_t)fsz);
 		}
 		if (rc < 0)
 			log_warn("engine", "ec: job=%s step=%" PRIu64 " data fragment %u: %s", job,
 				 step, t, err[0] ? err : strerror(-rc));
-		close(fd);
-		unlinkat(dirfd, tmp, 0);
+		ram_pfile_abort(e->ram, &pf);
 		if (rc < 0)
 			failed++;
 	}
@@ -627,70 +613,61 @@ static int parse_ctx(struct eng *e, enum proto_op op, json_t *m, struct ec_req *
 	return ecx_ctx(e, nodes, dp, x);
 }
 
-int ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix, char tmp[64],
-		  uint64_t *reserved)
+int ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix,
+		  struct ram_pfile *pf)
 {
 	struct net_hdr h;
 	json_t *f = NULL;
 	uint64_t size = 0;
 	uint32_t crc;
-	int fd = -1, rc;
+	int rc;
 
-	*reserved = 0;
+	*pf = (struct ram_pfile){ .dirfd = dirfd, .fd = -1 };
 	rc = nconn_recv(c, DATA_TIMEOUT_MS, &h, &f);
 	if (rc == 0 && (h.type != NT_FILE || net_json_u64(f, "size", EC_MAX_MEMBER, &size) < 0))
 		rc = -EPROTO;
 	json_decref(f);
-	if (rc == 0 && (rc = ram_reserve(e->ram, nconn_file_data(c))) == 0)
-		*reserved = nconn_file_data(c);
 	if (rc == 0)
-		rc = fd = ecx_tmpfile(dirfd, prefix, tmp);
+		rc = ram_pfile_reserve(e->ram, dirfd, nconn_file_data(c), pf);
+	if (rc == 0)
+		rc = ram_pfile_create(pf, NULL, prefix);
 	if (rc >= 0)
-		rc = nconn_recv_file(c, fd, size, DATA_TIMEOUT_MS, &crc);
-	if (rc >= 0 && lseek(fd, 0, SEEK_SET) < 0)
+		rc = nconn_recv_file(c, pf->fd, size, DATA_TIMEOUT_MS, &crc);
+	if (rc >= 0 && lseek(pf->fd, 0, SEEK_SET) < 0)
 		rc = -errno;
 	if (rc >= 0)
-		return fd;
-	if (fd >= 0) {
-		close(fd);
-		unlinkat(dirfd, tmp, 0);
-	}
-	ram_adjust(e->ram, -(int64_t)*reserved);
-	*reserved = 0;
+		return pf->fd;
+	ram_pfile_abort(e->ram, pf);
 	return rc;
 }
-
-static int job_dir(struct eng *e, const char *job);
 
 /* At most this many steps above the job's LKG hold fragments here: the
  * steps being protected now (a node commits a step a little before or
  * after the others, not many steps ahead of them). */
 #define EC_PENDING_STEPS 4
 
-/* Within the job's fragment directory jfd: how many steps above `lkg`
- * (all when !has_lkg) have one, and the highest of them. */
-static unsigned pending_steps(int jfd, bool has_lkg, uint64_t lkg, uint64_t *highest)
+/* Of job's parity holdings here: how many are of steps above `lkg` (all
+ * when !has_lkg), and the highest of them. */
+static unsigned pending_steps(struct eng *e, const char *job, bool has_lkg, uint64_t lkg,
+			      uint64_t *highest)
 {
-	unsigned n = 0;
-	int fd = dup(jfd);
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
+	unsigned cnt = 0;
 
 	*highest = 0;
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
+	if (idx_list_records(ram_idx(e->ram), job, &recs, &n) < 0)
 		return 0;
-	}
-	for (struct dirent *de; (de = readdir(d));) {
-		uint64_t s;
-		if (!util_is_step_name(de->d_name, &s) || (has_lkg && s <= lkg))
+	for (size_t i = 0; i < n; i++) {
+		uint64_t s = recs[i].key.step;
+		if (!life_is_parity(&recs[i].key) || (has_lkg && s <= lkg))
 			continue;
-		n++;
+		cnt++;
 		if (s > *highest)
 			*highest = s;
 	}
-	closedir(d);
-	return n;
+	idx_recs_free(recs, n);
+	return cnt;
 }
 
 /* May an authenticated peer write fragments of (job, step) on this node
@@ -703,10 +680,10 @@ static unsigned pending_steps(int jfd, bool has_lkg, uint64_t lkg, uint64_t *hig
  * a dirfd, or -EPERM / -ERANGE / -errno with why. */
 static int admit_step(struct eng *e, const char *job, uint64_t step, char *why, size_t whylen)
 {
-	char cur[RCFG_JOB_MAX + 1], name[24];
+	char cur[RCFG_JOB_MAX + 1];
 	bool set, has_lkg, has_safe;
 	uint64_t lkg = 0, safe = 0, highest;
-	int jfd = -1, fd, rc;
+	int fd, rc;
 
 	pthread_mutex_lock(&e->mu);
 	set = e->job_set;
@@ -728,32 +705,33 @@ static int admit_step(struct eng *e, const char *job, uint64_t step, char *why, 
 	fd = ecx_dir(e, job, step, false);
 	if (fd >= 0 || fd != -ENOENT)
 		return fd;
+	/* ec->mu keeps the count and the new holding together; under it a
+	 * RAM key and the catalog (ram_parity_open, ram_drop), never the other
+	 * way round */
 	pthread_mutex_lock(&e->ec->mu);
-	rc = ecx_dir(e, job, step, true);   /* makes frags/JOB too */
+	rc = ecx_dir(e, job, step, true);
 	if (rc >= 0) {
 		close(rc);
-		rc = jfd = job_dir(e, job);
+		rc = 0;
 	}
-	if (rc >= 0 && pending_steps(jfd, has_lkg, lkg, &highest) > EC_PENDING_STEPS) {
+	if (rc >= 0 && pending_steps(e, job, has_lkg, lkg, &highest) > EC_PENDING_STEPS) {
 		/* the new one counts: one too many */
+		struct shard_key k;
 		if (highest > step) {
 			uint64_t freed = 0;
-			snprintf(name, sizeof(name), "%" PRIu64, highest);
-			if (util_rmtree_at(jfd, name, &freed) == 0)
-				ram_adjust(e->ram, -(int64_t)freed);
+			life_parity_key(job, highest, &k);
+			ram_drop(e->ram, &k, &freed);
 			log_warn("engine", "ec: job=%s: fragments of step %" PRIu64 " dropped for step %" PRIu64 " (at most %u steps above the LKG)",
 				 job, highest, step, EC_PENDING_STEPS);
 		} else {
-			snprintf(name, sizeof(name), "%" PRIu64, step);
-			unlinkat(jfd, name, AT_REMOVEDIR);
+			life_parity_key(job, step, &k);
+			ram_drop(e->ram, &k, NULL);
 			snprintf(why, whylen, "step %" PRIu64 " is too far ahead: %u steps above the LKG have fragments here already",
 				 step, EC_PENDING_STEPS);
 			rc = -ERANGE;
 		}
 	}
 	pthread_mutex_unlock(&e->ec->mu);
-	if (jfd >= 0)
-		close(jfd);
 	if (rc < 0)
 		return rc;
 	return ecx_dir(e, job, step, false);
@@ -845,6 +823,26 @@ static void maybe_protected(struct eng_ec_ctx *x, int dirfd, const char *job, ui
 /* Fold the data fragment in fd (checked: this codeword, this node a
  * holder of one of its parity slots) into that slot. Called with the
  * request's fields; 0 or -errno with why. */
+/* Encoders whose parity file is gone: its step's holding was dropped (by
+ * the retention plan, for room, or after a restore of an older step).
+ * They are freed; what their file took went with the holding. Under
+ * ec->mu. */
+static void prune_slots(struct eng *e)
+{
+	for (struct enc_slot **pp = &e->ec->open; *pp;) {
+		struct enc_slot *sl = *pp;
+		struct stat st;
+		if (fstat(sl->pf.fd, &st) == 0 && st.st_nlink > 0) {
+			pp = &sl->next;
+			continue;
+		}
+		*pp = sl->next;
+		ec_enc_free(sl->enc);
+		ram_pfile_abort(e->ram, &sl->pf);   /* unlinked: gives back the rest */
+		free(sl);
+	}
+}
+
 static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd, char *why,
 		size_t whylen)
 {
@@ -852,10 +850,10 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 	const struct ecplan_group *g = &x->plan->g[x->gi];
 	struct ec_geom geom;
 	struct enc_slot *s;
+	struct ram_pfile pre;
 	uint8_t label[16];
 	unsigned index, j, slot;
 	char tmp[64], fin[64];
-	uint64_t pre;
 	int rc;
 
 	rc = ec_frag_info(fd, &geom, &index, why, whylen);
@@ -883,13 +881,13 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 	/* The parity file's RAM is reserved before ec->mu, as every
 	 * ram_reserve() is made holding no lock (its reclaim takes fs->mu and
 	 * the engine's mu); a slot that exists already gives it back. */
-	pre = ec_frag_size(&geom, slot);
-	rc = ram_reserve(x->e->ram, pre);
+	rc = ram_pfile_reserve(x->e->ram, dirfd, ec_frag_size(&geom, slot), &pre);
 	if (rc < 0) {
 		snprintf(why, whylen, "cannot start parity %s: %s", fin, strerror(-rc));
 		return rc;
 	}
 	pthread_mutex_lock(&ec->mu);
+	prune_slots(x->e);
 	if (faccessat(dirfd, fin, F_OK, 0) == 0) {
 		rc = 0;      /* complete already: a sender's retry */
 		goto out;
@@ -909,21 +907,16 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 		s->gi = (unsigned)r->group;
 		s->cw = (unsigned)r->cw;
 		s->slot = slot;
-		s->fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		rc = s->fd < 0 ? -errno : 0;
+		rc = ram_pfile_create(&pre, tmp, NULL);
 		if (rc == 0)
-			rc = ec_enc_open(&geom, j, 1, &s->fd, &s->enc);
+			rc = ec_enc_open(&geom, j, 1, &pre.fd, &s->enc);
 		if (rc < 0) {
-			if (s->fd >= 0) {
-				close(s->fd);
-				unlinkat(dirfd, tmp, 0);
-			}
 			free(s);
 			snprintf(why, whylen, "cannot start parity %s: %s", fin, strerror(-rc));
 			goto out;
 		}
-		s->reserved = pre;   /* the slot's now */
-		pre = 0;
+		s->pf = pre;   /* the slot's now */
+		pre = (struct ram_pfile){ .dirfd = dirfd, .fd = -1 };
 		s->next = ec->open;
 		ec->open = s;
 	}
@@ -931,13 +924,14 @@ static int fold(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, int fd,
 		rc = 0;      /* this member again: a sender's retry */
 		goto out;
 	}
+	s->pf.dirfd = dirfd;   /* this request's: the slot outlives the last one's */
 	rc = ec_enc_add(s->enc, fd, why, whylen);
 	if (rc == 0) {
 		s->added |= 1u << index;
 		if (s->added == (g->k >= 32 ? 0xffffffffu : (1u << g->k) - 1)) {
 			rc = ec_enc_finish(s->enc, why, whylen);
-			if (rc == 0 && renameat(dirfd, tmp, dirfd, fin) < 0)
-				rc = -errno;
+			if (rc == 0)
+				rc = ram_pfile_publish(x->e->ram, &s->pf, fin);
 			goto drop;
 		}
 		goto out;
@@ -950,16 +944,11 @@ drop:
 			break;
 		}
 	ec_enc_free(s->enc);
-	close(s->fd);
-	if (rc < 0) {
-		unlinkat(dirfd, tmp, 0);
-		ram_adjust(x->e->ram, -(int64_t)s->reserved);
-	}
+	ram_pfile_abort(x->e->ram, &s->pf);   /* nothing left once published */
 	free(s);
 out:
 	pthread_mutex_unlock(&ec->mu);
-	if (pre)
-		ram_adjust(x->e->ram, -(int64_t)pre);
+	ram_pfile_abort(x->e->ram, &pre);     /* a slot that existed: given back */
 	if (rc == 0)
 		maybe_protected(x, dirfd, r->job, r->step);
 	return rc;
@@ -968,9 +957,9 @@ out:
 static void serve_data(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t *m)
 {
 	struct eng_ec_ctx x = { 0 };
+	struct ram_pfile in = { .fd = -1 };
 	struct ec_req r;
-	uint64_t want = 0;
-	char why[400] = "", tmp[64];
+	char why[400] = "";
 	int dirfd = -1, fd = -1, rc;
 
 	rc = parse_ctx(e, PROTO_EC_DATA, m, &r, &x);
@@ -986,7 +975,7 @@ static void serve_data(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 	if (rc == 0)
 		rc = dirfd = admit_step(e, r.job, r.step, why, sizeof(why));
 	if (rc >= 0)
-		rc = fd = ecx_recv_frag(e, c, dirfd, "in", tmp, &want);
+		rc = fd = ecx_recv_frag(e, c, dirfd, "in", &in);
 	if (rc >= 0)
 		rc = fold(&x, dirfd, &r, fd, why, sizeof(why));
 	if (rc < 0) {
@@ -996,12 +985,7 @@ static void serve_data(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 	} else {
 		send_ok(c, id);
 	}
-	if (fd >= 0) {
-		close(fd);
-		unlinkat(dirfd, tmp, 0);
-	}
-	if (want)
-		ram_adjust(e->ram, -(int64_t)want);
+	ram_pfile_abort(e->ram, &in);   /* folded: the received fragment goes */
 	if (dirfd >= 0)
 		close(dirfd);
 	ecx_ctx_free(&x);
@@ -1021,8 +1005,11 @@ static int send_fd(struct nconn *c, uint32_t id, int fd)
 	return rc < 0 ? rc : nconn_send_file(c, "fragment", fd, (uint64_t)st.st_size, 0);
 }
 
-/* A data member: cut from this node's own shard on the fly. */
-static int cut_data(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, char tmp[64],
+/* A data member: cut from this node's own shard on the fly, into a file
+ * staged in the holding (pf, set up by the caller; removed by its
+ * ram_pfile_abort once sent). Not reserved: a survivor serves a rebuild
+ * even at its ram_size (a transient S/K; refusing would cost the restore). */
+static int cut_data(struct eng_ec_ctx *x, const struct ec_req *r, struct ram_pfile *pf,
 		    char *why, size_t whylen)
 {
 	const struct ecplan_group *g = &x->plan->g[x->gi];
@@ -1031,10 +1018,9 @@ static int cut_data(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, cha
 	uint64_t *size = calloc(x->nodes, sizeof(uint64_t));
 	uint8_t (*hash)[32] = calloc(x->nodes, 32);
 	struct ec_geom geom;
-	int sfd = -1, fd = -1, rc = -ENOMEM;
+	int dirfd = pf->dirfd, sfd = -1, rc = -ENOMEM;
 
 	snprintf(k.job, sizeof(k.job), "%s", r->job);
-	tmp[0] = '\0';
 	if (!size || !hash)
 		goto out;
 	rc = -EINVAL;
@@ -1058,31 +1044,28 @@ static int cut_data(struct eng_ec_ctx *x, int dirfd, const struct ec_req *r, cha
 		snprintf(why, whylen, "own shard not held");
 		goto out;
 	}
-	fd = rc = ecx_tmpfile(dirfd, "get", tmp);
+	rc = ram_pfile_create(pf, NULL, "get");
 	if (rc >= 0) {
 		struct ec_shard sh = { sfd, mine };
-		rc = ec_frag_data(&geom, (unsigned)r->slot, &sh, fd, why, whylen);
+		rc = ec_frag_data(&geom, (unsigned)r->slot, &sh, pf->fd, why, whylen);
 	}
-	if (rc >= 0 && lseek(fd, 0, SEEK_SET) < 0)
+	if (rc >= 0 && lseek(pf->fd, 0, SEEK_SET) < 0)
 		rc = -errno;
 out:
-	if (rc < 0 && fd >= 0) {
-		close(fd);
-		fd = -1;
-	}
 	if (sfd >= 0)
 		close(sfd);
 	mf_free(mine);
 	free(size);
 	free(hash);
-	return rc < 0 ? rc : fd;
+	return rc < 0 ? rc : pf->fd;
 }
 
 static void serve_get(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 {
 	struct eng_ec_ctx x = { 0 };
+	struct ram_pfile cut = { .fd = -1 };
 	struct ec_req r;
-	char why[300] = "", tmp[64] = "", name[64];
+	char why[300] = "", name[64];
 	int dirfd = -1, fd = -1, rc;
 
 	rc = parse_ctx(e, PROTO_EC_GET, m, &r, &x);
@@ -1094,10 +1077,11 @@ static void serve_get(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 		fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
 		rc = fd < 0 ? -errno : 0;
 	} else if (rc >= 0) {
-		rc = fd = cut_data(&x, dirfd, &r, tmp, why, sizeof(why));
+		cut.dirfd = dirfd;
+		rc = cut_data(&x, &r, &cut, why, sizeof(why));
 	}
 	if (rc >= 0)
-		rc = send_fd(c, id, fd);
+		rc = send_fd(c, id, cut.fd >= 0 ? cut.fd : fd);
 	else
 		send_error(c, id, -rc, why[0] ? why : "fragment not held here");
 	if (rc < 0)
@@ -1106,8 +1090,7 @@ static void serve_get(struct eng *e, struct nconn *c, uint32_t id, json_t *m)
 			 why[0] ? why : strerror(-rc));
 	if (fd >= 0)
 		close(fd);
-	if (tmp[0])
-		unlinkat(dirfd, tmp, 0);
+	ram_pfile_abort(e->ram, &cut);
 	if (dirfd >= 0)
 		close(dirfd);
 	ecx_ctx_free(&x);
@@ -1172,18 +1155,7 @@ void eng_ec_serve(struct eng *e, struct nconn *c, int peer, uint32_t id, json_t 
 		send_error(c, id, ENOSYS, "unknown op");
 }
 
-/* ---------- catalog, GC ---------- */
-
-static int job_dir(struct eng *e, const char *job)
-{
-	char rel[RCFG_JOB_MAX + 16];
-	int fd;
-	if (!job_name_ok(job))
-		return -EINVAL;
-	snprintf(rel, sizeof(rel), "frags/%s", job);
-	fd = openat(ram_root_fd(e->ram), rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	return fd < 0 ? -errno : fd;
-}
+/* ---------- status ---------- */
 
 /* The scheme's status: "parity": [[step, [[owner, hash], ...]], ...], the
  * steps this node stores all its parity of and the hashes of its group's
@@ -1191,26 +1163,22 @@ static int job_dir(struct eng *e, const char *job)
  * under replication. */
 static void rs_status(struct eng *e, const char *job, json_t *o)
 {
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
 	json_t *arr;
-	DIR *d;
-	int fd;
 
 	if (!eng_ec_get(e, NULL))
 		return;
 	arr = json_array();
 	json_object_set_new(o, "parity", arr);
-	fd = job_dir(e, job);
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
+	if (!job_name_ok(job) || idx_list_records(ram_idx(e->ram), job, &recs, &n) < 0)
 		return;
-	}
-	for (struct dirent *de; (de = readdir(d)) && json_array_size(arr) < 64;) {
-		uint64_t step;
+	for (size_t i = 0; i < n && json_array_size(arr) < 64; i++) {
+		uint64_t step = recs[i].key.step;
 		int sd;
-		if (!util_is_step_name(de->d_name, &step))
+		if (!life_is_parity(&recs[i].key))
 			continue;
-		sd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		sd = ecx_dir(e, job, step, false);
 		if (sd < 0)
 			continue;
 		if (faccessat(sd, "protected", F_OK, 0) == 0) {
@@ -1219,8 +1187,8 @@ static void rs_status(struct eng *e, const char *job, json_t *o)
 			for (struct dirent *me; sdir && (me = readdir(sdir));) {
 				struct manifest *mf = NULL;
 				char hex[65];
-				int owner, n = 0;
-				if (sscanf(me->d_name, "m%d.mf%n", &owner, &n) != 1 || me->d_name[n] ||
+				int owner, nn = 0;
+				if (sscanf(me->d_name, "m%d.mf%n", &owner, &nn) != 1 || me->d_name[nn] ||
 				    read_meta(sd, owner, &mf) < 0)
 					continue;
 				mf_hash_hex(mf->hash, hex);
@@ -1233,63 +1201,7 @@ static void rs_status(struct eng *e, const char *job, json_t *o)
 		}
 		close(sd);
 	}
-	closedir(d);
-}
-
-/* Drop job's fragment directories of the steps below `step` (older) or
- * above it, and their open encoders. */
-static void drop_steps(struct eng *e, const char *job, uint64_t step, bool older)
-{
-	DIR *d;
-	int fd;
-
-	if (!e->ec)
-		return;
-	fd = job_dir(e, job);
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
-		return;
-	}
-	for (struct dirent *de; (de = readdir(d));) {
-		uint64_t s, freed = 0;
-		if (!util_is_step_name(de->d_name, &s) || (older ? s >= step : s <= step))
-			continue;
-		if (util_rmtree_at(dirfd(d), de->d_name, &freed) == 0) {
-			ram_adjust(e->ram, -(int64_t)freed);
-			if (older)
-				log_info("engine", "ec: job=%s step=%" PRIu64 " fragments dropped (step %" PRIu64 " protected) bytes=%" PRIu64,
-					 job, s, step, freed);
-			else
-				log_info("engine", "ec: job=%s step=%" PRIu64 " fragments dropped (newer than the restored step %" PRIu64 ") bytes=%" PRIu64,
-					 job, s, step, freed);
-		}
-	}
-	closedir(d);
-	/* encoders of dropped steps go with them */
-	pthread_mutex_lock(&e->ec->mu);
-	for (struct enc_slot **pp = &e->ec->open; *pp;) {
-		struct enc_slot *sl = *pp;
-		if (!strcmp(sl->job, job) && (older ? sl->step < step : sl->step > step)) {
-			*pp = sl->next;
-			ec_enc_free(sl->enc);
-			close(sl->fd);
-			free(sl);
-		} else {
-			pp = &sl->next;
-		}
-	}
-	pthread_mutex_unlock(&e->ec->mu);
-}
-
-static void rs_gc(struct eng *e, const char *job, uint64_t safe)
-{
-	drop_steps(e, job, safe, true);
-}
-
-static void rs_drop_newer(struct eng *e, const char *job, uint64_t step)
-{
-	drop_steps(e, job, step, false);
+	idx_recs_free(recs, n);
 }
 
 /* A shard of this node with no record here is rebuilt from the code (the
@@ -1309,80 +1221,10 @@ static int rs_source(struct eng *e, const struct shard_key *k, uint32_t nodes, u
 	return rc < 0 ? rc : 1;
 }
 
-/* ---------- start-up scan ---------- */
-
-struct scan_ctx {
-	struct eng *e;
-	uint64_t frags, frag_bytes, tmp, tmp_bytes, bad, bad_bytes;
-	uint64_t steps;
-	char last_job[RCFG_JOB_MAX + 1];
-	uint64_t last_step;
-};
-
-static int scan_one(void *arg, int stepfd, const struct ec_stored *s)
-{
-	struct scan_ctx *c = arg;
-
-	if (strcmp(c->last_job, s->job) || c->last_step != s->step) {
-		snprintf(c->last_job, sizeof(c->last_job), "%s", s->job);
-		c->last_step = s->step;
-		c->steps++;
-	}
-	if (s->kind == ECS_TMP) {
-		/* half written when the daemon stopped: nothing refers to it */
-		if (unlinkat(stepfd, s->name, 0) == 0) {
-			c->tmp++;
-			c->tmp_bytes += s->bytes;
-		}
-		return 0;
-	}
-	if (s->kind != ECS_FRAG && s->kind != ECS_META)
-		return 0;
-	if (s->verdict == 0) {
-		if (s->kind == ECS_FRAG) {
-			c->frags++;
-			c->frag_bytes += s->bytes;
-		}
-		return 0;
-	}
-	/* never served or used: the step is not protected here any more (the
-	 * coordinator stops counting this node's parity of it; a restore of
-	 * the step rebuilds what is missing, as after a cut-short encoding) */
-	log_warn("engine", "ec: job=%s step=%" PRIu64 ": %s is corrupt (%s): removed, the step's parity on this node is incomplete",
-		 s->job, s->step, s->name, s->why);
-	if (unlinkat(stepfd, s->name, 0) == 0) {
-		c->bad++;
-		c->bad_bytes += s->bytes;
-	}
-	unlinkat(stepfd, "protected", 0);
-	return 0;
-}
-
-/* The scheme's scan: whatever the redundancy in force (fragments of an
- * earlier rs run still count in ram_size and still go by the rules). */
-static void rs_scan(struct eng *e)
-{
-	struct scan_ctx c = { .e = e };
-	/* headers and trailers: a payload is checked by every restore that
-	 * uses it, and by mtcfs-admin verify */
-	int rc = ec_stored_walk(ram_root_fd(e->ram), NULL, EC_CHECK_HEAD, scan_one, &c);
-
-	if (rc < 0)
-		log_warn("engine", "ec: start-up scan of %s/frags: %s", ram_path(e->ram), strerror(-rc));
-	if (c.tmp_bytes + c.bad_bytes)
-		ram_adjust(e->ram, -(int64_t)(c.tmp_bytes + c.bad_bytes));
-	if (c.steps)
-		log_info("engine", "ec: start-up scan: %" PRIu64 " parity fragments in %" PRIu64 " job steps (%" PRIu64 " bytes); removed %" PRIu64 " half-written files (%" PRIu64 " bytes) and %" PRIu64 " corrupt ones",
-			 c.frags, c.steps, c.frag_bytes, c.tmp, c.tmp_bytes, c.bad);
-}
-
 const struct redund_scheme redund_rs = {
 	.name = "rs",
 	.protect = rs_protect,
 	.reprotect = eng_ec_restored,
 	.source = rs_source,
 	.status = rs_status,
-	.gc = rs_gc,
-	.drop_newer = rs_drop_newer,
-	.scan = rs_scan,
 };

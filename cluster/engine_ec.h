@@ -1,13 +1,16 @@
 /* engine_ec.h: the erasure-coded scheme `redundancy=rs:K+M` (redund_rs of
  * cluster/redund.h) inside the engine. Shared by engine_ec.c (settings,
- * RAMDIR/frags layout, protecting a step, the data requests, garbage
- * collection) and engine_ec_rst.c (restoring a lost shard from fragments);
+ * what a step's parity holding holds, protecting a step, the data
+ * requests) and engine_ec_rst.c (restoring a lost shard from fragments);
+ * the holding itself (record, directory, scan, drop) is the RAM tier's
+ * (ram_parity_open), collected by the retention plan;
  * the engine's other files reach the scheme through redund.h, and call
  * only the setting and data-request hooks below. Under rs the step's
  * replication is replaced by the code: no replica is pushed.
  *
  * Protect, after a seal, on the replication worker:
- *   1. the owner stores its manifest as frags/JOB/STEP/m<R>.mf and sends it
+ *   1. the owner stores its manifest as m<R>.mf in its holding of the step
+ *      (RAMDIR/shards/JOB/STEP/parity/) and sends it
  *      (ec_meta) to every other unit of its group;
  *   2. a node holding every manifest of its group (sizes and hashes: the
  *      geometry) sends, for each piece t of its own shard, the data
@@ -83,7 +86,8 @@ int  ecx_own_meta(struct eng_ec_ctx *x, int dirfd, const struct shard_key *k);
 /* Tell the coordinator: this node's part of protecting step is done. */
 void ecx_send_replicated(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
 			 uint32_t dp);
-/* frags/JOB/STEP under RAMDIR (created when create). A dirfd or -errno. */
+/* The step's parity holding (ram_parity_open: record and directory made
+ * when create). A dirfd or -errno. */
 int  ecx_dir(struct eng *e, const char *job, uint64_t step, bool create);
 /* The label of (job, step, group, cw): no fragment of another is mixed in. */
 void ecx_label(const char *job, uint64_t step, unsigned gi, unsigned cw, uint8_t out[16]);
@@ -95,11 +99,11 @@ int  ecx_load_metas(const struct eng_ec_ctx *x, int dirfd, uint64_t *size, uint8
 /* Connect a data connection to rank. 0 or -errno. */
 int  ecx_connect(struct eng *e, uint32_t rank, struct nconn **c);
 /* After a request answered with one NT_FILE: its bytes into a new
- * temporary file of dirfd (name into tmp), ram reserved (*reserved: the
- * caller ram_adjusts it back once the file is gone). The fd at offset 0,
- * or -errno (nothing left behind). */
-int  ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix, char tmp[64],
-		   uint64_t *reserved);
+ * temporary file of the holding dirfd, staged through the RAM tier (*pf:
+ * reserved before it is written; the caller ram_pfile_aborts it once
+ * used). The fd (pf->fd) at offset 0, or -errno (nothing left behind). */
+int  ecx_recv_frag(struct eng *e, struct nconn *c, int dirfd, const char *prefix,
+		   struct ram_pfile *pf);
 /* Work about one step of a job, run fn(job) on the replication worker
  * (fn frees it). 0 or -errno. */
 struct ecx_step_job {
@@ -110,7 +114,5 @@ struct ecx_step_job {
 };
 int  ecx_submit(struct eng *e, const char *job, uint64_t step, uint32_t nodes, uint32_t dp,
 		void (*fn)(void *));
-/* A unique temporary file in dirfd (name into name[64]). fd or -errno. */
-int  ecx_tmpfile(int dirfd, const char *prefix, char name[64]);
 
 #endif

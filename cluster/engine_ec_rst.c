@@ -84,9 +84,10 @@ static int fetch_metas(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_
 	return rc < 0 ? rc : -ENOENT;
 }
 
-/* Member slot of codeword cw from rank into a temporary file of dirfd. */
+/* Member slot of codeword cw from rank into a temporary file of dirfd,
+ * staged through the RAM tier (pf; the caller aborts it once decoded). */
 static int fetch_member(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step,
-			unsigned cw, unsigned slot, int rank, char tmp[64], uint64_t *reserved)
+			unsigned cw, unsigned slot, int rank, struct ram_pfile *pf)
 {
 	struct nconn *c = NULL;
 	json_t *req, *resp = NULL;
@@ -98,7 +99,7 @@ static int fetch_member(struct eng_ec_ctx *x, int dirfd, const char *job, uint64
 	if (rc == 0)
 		rc = nconn_call(c, req, &resp, DATA_TIMEOUT_MS);
 	if (rc == 0)
-		rc = ecx_recv_frag(x->e, c, dirfd, "rst", tmp, reserved);
+		rc = ecx_recv_frag(x->e, c, dirfd, "rst", pf);
 	json_decref(req);
 	json_decref(resp);
 	nconn_close(c);
@@ -110,15 +111,14 @@ static int fetch_member(struct eng_ec_ctx *x, int dirfd, const char *job, uint64
  * logged and the next one asked). Returns how many were added. */
 static unsigned fetch_more(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step,
 			   unsigned cw, const unsigned *cand, const int *crank, unsigned ncand,
-			   unsigned *next, unsigned want, int *fds, char (*names)[64],
-			   uint64_t *reserved, unsigned *n)
+			   unsigned *next, unsigned want, int *fds, struct ram_pfile *pf,
+			   unsigned *n)
 {
 	unsigned added = 0;
 
 	while (added < want && *next < ncand) {
 		unsigned i = (*next)++;
-		int fd = fetch_member(x, dirfd, job, step, cw, cand[i], crank[i], names[*n],
-				      &reserved[*n]);
+		int fd = fetch_member(x, dirfd, job, step, cw, cand[i], crank[i], &pf[*n]);
 		if (fd < 0) {
 			log_info("engine", "ec restore: job=%s step=%" PRIu64 " cw %u slot %u from rank %d: %s",
 				 job, step, cw, cand[i], crank[i], strerror(-fd));
@@ -146,8 +146,7 @@ static int rebuild_member(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, co
 	const struct ecplan_group *g = &x->plan->g[x->gi];
 	int fds[EC_MAX_N], crank[EC_MAX_N];
 	unsigned cand[EC_MAX_N], ncand = 0, next = 0;
-	char names[EC_MAX_N][64];
-	uint64_t reserved[EC_MAX_N];
+	struct ram_pfile pf[EC_MAX_N];
 	unsigned n = 0;
 	int rc;
 
@@ -158,12 +157,11 @@ static int rebuild_member(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, co
 		cand[ncand] = s;
 		crank[ncand++] = r;
 	}
-	fetch_more(x, dirfd, job, step, cw, cand, crank, ncand, &next, g->k, fds, names, reserved,
-		   &n);
+	fetch_more(x, dirfd, job, step, cw, cand, crank, ncand, &next, g->k, fds, pf, &n);
 	rc = n ? ec_decode(fds, n, slot, sink, why, whylen) : -ENODATA;
 	if ((rc == -ENODATA || rc == -EBADMSG) && n && next < ncand &&
-	    fetch_more(x, dirfd, job, step, cw, cand, crank, ncand, &next, ncand, fds, names,
-		       reserved, &n) > 0) {
+	    fetch_more(x, dirfd, job, step, cw, cand, crank, ncand, &next, ncand, fds, pf,
+		       &n) > 0) {
 		if (sink->shard || (ftruncate(sink->fd, 0) == 0 && lseek(sink->fd, 0, SEEK_SET) == 0)) {
 			why[0] = '\0';
 			rc = ec_decode(fds, n, slot, sink, why, whylen);
@@ -183,9 +181,7 @@ static int rebuild_member(struct ec_tier *T, struct eng_ec_ctx *x, int dirfd, co
 			snprintf(T->notes, sizeof(T->notes), "cw %u: a fragment was passed over (%s)",
 				 cw, e2);
 		}
-		close(fds[i]);
-		unlinkat(dirfd, names[i], 0);
-		ram_adjust(x->e->ram, -(int64_t)reserved[i]);
+		ram_pfile_abort(x->e->ram, &pf[i]);   /* decoded: the fetched member goes */
 	}
 	return rc;
 }
@@ -222,6 +218,30 @@ static bool have_metas(struct eng_ec_ctx *x, int dirfd)
 	return ok;
 }
 
+/* Bytes of parity fragment (cw, slot) of the step, from the group's
+ * manifests here: what its rebuild reserves before it writes. 0 or -errno. */
+static int parity_size(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step,
+		       unsigned cw, unsigned slot, uint64_t *fsz)
+{
+	uint64_t *size = calloc(x->nodes, sizeof(uint64_t));
+	uint8_t (*hash)[32] = calloc(x->nodes, 32);
+	struct ec_geom geom;
+	int rc = -ENOMEM;
+
+	if (size && hash)
+		rc = ecx_load_metas(x, dirfd, size, hash, -1, NULL, NULL);
+	if (rc == 0)
+		rc = ecplan_geom(x->plan, (unsigned)x->gi, cw, size, (const uint8_t(*)[32])hash,
+				 &geom);
+	if (rc == 0) {
+		ecx_label(job, step, (unsigned)x->gi, cw, geom.label);
+		*fsz = ec_frag_size(&geom, slot);
+	}
+	free(size);
+	free(hash);
+	return rc;
+}
+
 static unsigned reprotect_once(struct eng_ec_ctx *x, int dirfd, const char *job, uint64_t step)
 {
 	const struct ecplan_group *g = &x->plan->g[x->gi];
@@ -232,28 +252,40 @@ static unsigned reprotect_once(struct eng_ec_ctx *x, int dirfd, const char *job,
 		fetch_metas(x, dirfd, job, step, why, sizeof(why));
 	for (unsigned j = 0; j < g->m; j++) {
 		unsigned cw = ecplan_parity_cw(g, (unsigned)x->pos, j), slot = g->k + j;
-		char fin[64], tmp[64];
-		struct stat st;
-		int rc, fd;
+		char fin[64];
+		struct ram_pfile pf;
+		int rc;
 
 		snprintf(fin, sizeof(fin), "g%d-c%u-s%u.frag", x->gi, cw, slot);
 		if (faccessat(dirfd, fin, F_OK, 0) == 0) {
 			built++;
 			continue;
 		}
-		fd = ecx_tmpfile(dirfd, "par", tmp);
-		if (fd < 0)
-			break;
-		struct ec_sink sink = { .shard = NULL, .fd = fd };
+		/* staged through the RAM tier as every file of a holding:
+		 * reserved before it is written (ram_size may reclaim for it,
+		 * or refuse it), published once rebuilt */
+		uint64_t fsz = 0;
 		why[0] = '\0';
-		rc = rebuild_member(NULL, x, dirfd, job, step, cw, slot, &sink, why, sizeof(why));
-		if (rc == 0 && fstat(fd, &st) == 0)
-			ram_adjust(x->e->ram, (int64_t)st.st_blocks * 512);
-		close(fd);
-		if (rc == 0 && renameat(dirfd, tmp, dirfd, fin) < 0)
-			rc = -errno;
+		pf = (struct ram_pfile){ .dirfd = dirfd, .fd = -1 };
+		rc = parity_size(x, dirfd, job, step, cw, slot, &fsz);
+		if (rc == 0 && (rc = ram_pfile_reserve(x->e->ram, dirfd, fsz, &pf)) < 0) {
+			snprintf(why, sizeof(why), "no room for its %" PRIu64 " bytes (ram_size)", fsz);
+			log_warn("engine", "ec: job=%s step=%" PRIu64 ": parity cw %u slot %u refused: %s",
+				 job, step, cw, slot, why);
+			continue;
+		}
+		if (rc == 0 && ram_pfile_create(&pf, NULL, "par") < 0) {
+			ram_pfile_abort(x->e->ram, &pf);
+			break;
+		}
+		struct ec_sink sink = { .shard = NULL, .fd = pf.fd };
+		if (rc == 0)
+			rc = rebuild_member(NULL, x, dirfd, job, step, cw, slot, &sink, why,
+					    sizeof(why));
+		if (rc == 0)
+			rc = ram_pfile_publish(x->e->ram, &pf, fin);
+		ram_pfile_abort(x->e->ram, &pf);   /* nothing left once published */
 		if (rc < 0) {
-			unlinkat(dirfd, tmp, 0);
 			log_info("engine", "ec: job=%s step=%" PRIu64 ": parity cw %u slot %u not rebuilt yet: %s",
 				 job, step, cw, slot, why[0] ? why : strerror(-rc));
 			continue;

@@ -434,9 +434,9 @@ static void restored(struct round *r, const struct plan_entry *p)
 	e->safe = p->step;
 	snprintf(e->lkg_job, sizeof(e->lkg_job), "%s", c->job);
 	pthread_mutex_unlock(&e->mu);
-	/* what the schemes keep of later steps (fragments)
-	 * belongs to the timeline left */
-	redund_drop_newer(e, c->job, p->step);
+	/* what the schemes keep of later steps (replicas, parity
+	 * holdings) belongs to the timeline left: the caller's
+	 * retention plan drops it (life_plan_newer) */
 	if (!p->bucket)
 		eng_reprotect(e, c->job, p->step, (uint32_t)c->nodes, (uint32_t)c->assume_dp);
 }

@@ -36,24 +36,3 @@ json_t *redund_status(struct eng *e, const char *job)
 			schemes[i]->status(e, job, o);
 	return o;
 }
-
-void redund_gc(struct eng *e, const char *job, uint64_t safe)
-{
-	for (size_t i = 0; i < NSCHEMES; i++)
-		if (schemes[i]->gc)
-			schemes[i]->gc(e, job, safe);
-}
-
-void redund_drop_newer(struct eng *e, const char *job, uint64_t step)
-{
-	for (size_t i = 0; i < NSCHEMES; i++)
-		if (schemes[i]->drop_newer)
-			schemes[i]->drop_newer(e, job, step);
-}
-
-void redund_scan(struct eng *e)
-{
-	for (size_t i = 0; i < NSCHEMES; i++)
-		if (schemes[i]->scan)
-			schemes[i]->scan(e);
-}

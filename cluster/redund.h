@@ -9,21 +9,18 @@
  *              not hold, and the plan says "here": a tier rebuilding it
  *   status     what the scheme holds of a job, for the coordinator's plan
  *              and mtcfs-admin (members of the catalog's "ec" object)
- *   gc         the coordinator's safe step: what the scheme keeps of older
- *              steps goes
- *   drop_newer the job restored a step: what it keeps of later steps is of
- *              the timeline left and goes
- *   scan       the daemon starts: what the scheme holds on this node is
- *              checked (a crash may have left it half written)
+ * What a scheme stores on a node is a catalog record of the RAM tier (a
+ * replica; rs's parity holding of a step, SHF_PARITY), so the retention
+ * plan drops it (with its step, after a restore of an older one, for room
+ * under ram_size), the RAM tier's start-up scan checks it and mtcfs-admin
+ * verify reads it, whatever the scheme in force: no scheme collects or
+ * scans anything of its own.
  * Schemes today: replication (engine_repl.c: whole replicas pushed to the
  * peers) and rs (engine_ec.c + engine_ec_rst.c: rs:K+M parity across a
- * group). One is in force for a shard (redund_for); gc, drop_newer and
- * scan run every scheme's, so what a job made under an earlier setting is
- * still checked and still goes. Threads: protect on the replication
- * worker; reprotect, source and drop_newer on the restore thread; status
- * on the restore thread and the data server; gc on the control reader;
- * scan in eng_start, before the data server takes requests. Optional ops
- * are NULL. */
+ * group). One is in force for a shard (redund_for). Threads: protect on
+ * the replication worker; reprotect and source on the restore thread;
+ * status on the restore thread and the data server. Optional ops are
+ * NULL. */
 #ifndef MTCFS_CLUSTER_REDUND_H
 #define MTCFS_CLUSTER_REDUND_H
 
@@ -47,9 +44,6 @@ struct redund_scheme {
 		       struct tier *t);
 	/* adds its members to the job's status object o */
 	void (*status)(struct eng *e, const char *job, json_t *o);
-	void (*gc)(struct eng *e, const char *job, uint64_t safe);
-	void (*drop_newer)(struct eng *e, const char *job, uint64_t step);
-	void (*scan)(struct eng *e);
 };
 
 extern const struct redund_scheme redund_replication;   /* engine_repl.c */
@@ -83,10 +77,5 @@ static inline int redund_source(struct eng *e, const struct shard_key *k, uint32
 	const struct redund_scheme *s = redund_for(e);
 	return s->source ? s->source(e, k, nodes, dp, t) : 0;
 }
-
-/* Every scheme's gc / drop_newer / scan. */
-void redund_gc(struct eng *e, const char *job, uint64_t safe);
-void redund_drop_newer(struct eng *e, const char *job, uint64_t step);
-void redund_scan(struct eng *e);
 
 #endif

@@ -364,6 +364,7 @@ static int shards_scan(struct idx *x, int (*fn)(void *arg, const MDB_val *k, con
 
 struct list_acc {
 	const char *job;
+	bool parity;         /* parity holdings too */
 	struct shard_rec *recs;
 	size_t n, cap;
 };
@@ -383,7 +384,7 @@ static int list_one(void *arg, const MDB_val *k, const MDB_val *v)
 	a->recs = nr;
 	if (decode_val(v, &r) < 0)
 		return 0;
-	if (r.state == SH_DROPPING) {
+	if (r.state == SH_DROPPING || (!a->parity && (r.flags & SHF_PARITY))) {
 		idx_rec_clear(&r);
 		return 0;
 	}
@@ -391,9 +392,10 @@ static int list_one(void *arg, const MDB_val *k, const MDB_val *v)
 	return 0;
 }
 
-int idx_list_shards(struct idx *x, const char *job, struct shard_rec **recsp, size_t *np)
+static int list_recs(struct idx *x, const char *job, bool parity, struct shard_rec **recsp,
+		     size_t *np)
 {
-	struct list_acc a = { .job = job };
+	struct list_acc a = { .job = job, .parity = parity };
 	int rc = shards_scan(x, list_one, &a);
 
 	if (rc < 0) {
@@ -403,6 +405,16 @@ int idx_list_shards(struct idx *x, const char *job, struct shard_rec **recsp, si
 	*recsp = a.recs;
 	*np = a.n;
 	return 0;
+}
+
+int idx_list_shards(struct idx *x, const char *job, struct shard_rec **recsp, size_t *np)
+{
+	return list_recs(x, job, false, recsp, np);
+}
+
+int idx_list_records(struct idx *x, const char *job, struct shard_rec **recsp, size_t *np)
+{
+	return list_recs(x, job, true, recsp, np);
 }
 
 int idx_forget_dropping(struct idx *x, const struct shard_key *key)

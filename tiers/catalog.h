@@ -33,6 +33,15 @@ enum shard_state {
 #define SHF_OWN      0x1u   /* written by this node (else a replica) */
 #define SHF_HIDDEN   0x2u   /* the app removed it from its view */
 #define SHF_RESTORED 0x4u   /* restored into this node by the last restore */
+/* A step's erasure-code holding on this node (redundancy=rs:K+M): the
+ * parity fragments it stores and the group manifests it keeps, one record
+ * per (job, step) and node, under the reserved key form rank = worker =
+ * IDX_PARITY (no shard has either: ranks and workers are far below), the
+ * value flagged SHF_PARITY (what idx_list_shards goes by). The key and
+ * value encodings are a shard's: catalog version 1 unchanged, a RAMDIR of
+ * an earlier mtcfs opens as it was. */
+#define SHF_PARITY   0x8u
+#define IDX_PARITY   UINT32_MAX
 
 struct shard_key {
 	char job[IDX_JOB_MAX + 1];
@@ -81,8 +90,12 @@ int idx_forget_dropping(struct idx *x, const struct shard_key *k);
 int idx_list_dropping(struct idx *x, struct shard_key **keys, size_t *n);
 
 /* All shards (of one job when job != NULL), ascending by (job, step, rank,
- * worker). *recs is a malloc'd array owned by the caller: idx_recs_free(). */
+ * worker). *recs is a malloc'd array owned by the caller: idx_recs_free().
+ * Parity holdings (SHF_PARITY) are not shards and are left out. */
 int idx_list_shards(struct idx *x, const char *job, struct shard_rec **recs, size_t *n);
+/* The same with the parity holdings: every record the retention plan, the
+ * RAM tier's start-up scan and mtcfs-admin verify look at. */
+int idx_list_records(struct idx *x, const char *job, struct shard_rec **recs, size_t *n);
 void idx_recs_free(struct shard_rec *recs, size_t n);
 
 /* Small named values (config, restore state). */

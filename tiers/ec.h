@@ -195,17 +195,19 @@ int ec_shard_prepare(const struct ec_shard *s);
 int ec_shard_finish(const struct ec_shard *s, char *err, size_t errlen);
 
 /* ---- what a RAMDIR stores of the code ----
- * Layout (cluster/engine_ec.c writes it): RAMDIR/frags/JOB/STEP/ holding
+ * A step's erasure-code holding on a node is a catalog record of the RAM
+ * tier (catalog.h SHF_PARITY; cluster/engine_ec.c writes its files, through
+ * ram_parity_open), its directory RAMDIR/shards/JOB/STEP/parity/ holding
  * parity fragments g<G>-c<CW>-s<SLOT>.frag, the group's manifests m<R>.mf,
  * the markers "sent" and "protected", and temporary files (*.tmp,
- * .*.mtcfs-tmp) while something is written. ec_stored_walk calls fn for
- * every entry of every step directory of job (NULL: every job), in
- * directory order, checked as `check` says (verdict, why): EC_CHECK_NONE;
- * EC_CHECK_HEAD, a fragment's header and trailer (ec_frag_info) and a
- * manifest decoded; EC_CHECK_ALL, the fragment's payload CRC32C too
- * (ec_frag_verify). fn gets the step directory (borrowed: fn may unlink in it) and
- * returns 0 to go on, else the walk stops and returns that. 0 (also when
- * there is no frags/), or -errno of the top directory. Reads only. */
+ * .*.mtcfs-tmp) while something is written. ec_stored_walk_dir calls fn for
+ * every entry of one such directory (stepfd, borrowed; job and step are
+ * handed to fn), in directory order, checked as `check` says (verdict,
+ * why): EC_CHECK_NONE; EC_CHECK_HEAD, a fragment's header and trailer
+ * (ec_frag_info) and a manifest decoded; EC_CHECK_ALL, the fragment's
+ * payload CRC32C too (ec_frag_verify). fn may unlink in stepfd and returns
+ * 0 to go on, else the walk stops and returns that. 0 or -errno. Reads
+ * only. */
 #define EC_STORED_META_MAX (64u << 20)   /* a manifest file read back */
 enum ec_stored_kind { ECS_FRAG, ECS_META, ECS_MARK, ECS_TMP, ECS_OTHER };
 enum ec_check { EC_CHECK_NONE, EC_CHECK_HEAD, EC_CHECK_ALL };
@@ -220,7 +222,7 @@ struct ec_stored {
 	char why[256];          /* verdict < 0: the reason */
 };
 typedef int (*ec_stored_fn)(void *arg, int stepfd, const struct ec_stored *s);
-int ec_stored_walk(int rootfd, const char *job, enum ec_check check, ec_stored_fn fn,
-		   void *arg);
+int ec_stored_walk_dir(int stepfd, const char *job, uint64_t step, enum ec_check check,
+		       ec_stored_fn fn, void *arg);
 
 #endif /* MTCFS_TIERS_EC_H */

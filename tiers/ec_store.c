@@ -1,6 +1,6 @@
-/* ec_store.c — what a RAMDIR holds of the erasure code (see ec.h, "stored
- * in a RAMDIR"): one walk for the daemon's start-up scan and mtcfs-admin
- * verify. */
+/* ec_store.c — what a step's erasure-code holding keeps (see ec.h, "what
+ * a RAMDIR stores of the code"): one walk for the RAM tier's start-up scan
+ * and mtcfs-admin verify. */
 #include "tiers/ec.h"
 #include "common/jobname.h"
 #include "common/util.h"
@@ -92,45 +92,13 @@ static int walk_step(int stepfd, struct ec_stored *s, enum ec_check how, ec_stor
 	return rc;
 }
 
-int ec_stored_walk(int rootfd, const char *job, enum ec_check how, ec_stored_fn fn, void *arg)
+int ec_stored_walk_dir(int stepfd, const char *job, uint64_t step, enum ec_check how,
+		       ec_stored_fn fn, void *arg)
 {
 	struct ec_stored s;
-	DIR *fd_jobs = NULL;
-	int frags, rc = 0;
 
-	frags = openat(rootfd, "frags", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (frags < 0)
-		return errno == ENOENT ? 0 : -errno;
-	fd_jobs = fdopendir(frags);
-	if (!fd_jobs) {
-		close(frags);
-		return -errno;
-	}
-	for (struct dirent *je; rc == 0 && (je = readdir(fd_jobs));) {
-		DIR *steps;
-		int jfd;
-		if (!job_name_ok(je->d_name) || (job && strcmp(job, je->d_name)))
-			continue;
-		jfd = openat(dirfd(fd_jobs), je->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (jfd < 0 || !(steps = fdopendir(jfd))) {
-			if (jfd >= 0)
-				close(jfd);
-			continue;
-		}
-		for (struct dirent *se; rc == 0 && (se = readdir(steps));) {
-			int sfd;
-			memset(&s, 0, sizeof(s));
-			if (!util_is_step_name(se->d_name, &s.step))
-				continue;
-			sfd = openat(dirfd(steps), se->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-			if (sfd < 0)
-				continue;
-			s.job = je->d_name;
-			rc = walk_step(sfd, &s, how, fn, arg);
-			close(sfd);
-		}
-		closedir(steps);
-	}
-	closedir(fd_jobs);
-	return rc;
+	memset(&s, 0, sizeof(s));
+	s.job = job;
+	s.step = step;
+	return walk_step(stepfd, &s, how, fn, arg);
 }

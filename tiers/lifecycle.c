@@ -81,6 +81,28 @@ int life_adopt(struct idx *x, const struct shard_key *k)
 	return idx_set_state(x, k, 0, SHF_OWN | SHF_RESTORED, 0);
 }
 
+void life_parity_key(const char *job, uint64_t step, struct shard_key *k)
+{
+	memset(k, 0, sizeof(*k));
+	snprintf(k->job, sizeof(k->job), "%s", job);
+	k->step = step;
+	k->rank = k->worker = IDX_PARITY;
+}
+
+int life_parity_begin(struct idx *x, const struct shard_key *k)
+{
+	struct shard_rec rec = { 0 };
+	int rc;
+
+	if (!life_is_parity(k))
+		return -EINVAL;
+	rc = idx_get_shard(x, k, &rec);
+	idx_rec_clear(&rec);
+	if (rc != -ENOENT)
+		return rc;   /* held already (or a catalog error) */
+	return put_rec(x, k, SH_COMMITTED, SHF_PARITY, 0, NULL);
+}
+
 int life_forget(struct idx *x, const struct shard_key *k)
 {
 	return idx_del_shard(x, k);
@@ -152,7 +174,7 @@ static bool sealed_ok(const struct shard_rec *r)
 
 static bool is_own(const struct shard_rec *r, uint32_t rank)
 {
-	return (r->flags & SHF_OWN) && r->key.rank == rank;
+	return (r->flags & SHF_OWN) && r->key.rank == rank && !life_is_parity(&r->key);
 }
 
 /* framework: pytorch, one shard per worker: has every worker 0..W-1 of
@@ -225,7 +247,9 @@ static void plan_current(const struct life_in *in, const struct shard_rec *recs,
 			continue;   /* a single node keeps what it did not write */
 		if (pinned(in, r))
 			continue;
-		out[(*nout)++] = (struct life_drop){ .rec = r, .own = own, .why = LIFE_OLDER };
+		out[(*nout)++] = (struct life_drop){ .rec = r, .own = own,
+						     .parity = life_is_parity(&r->key),
+						     .why = LIFE_OLDER };
 	}
 }
 
@@ -254,6 +278,7 @@ static void plan_other_jobs(const struct life_in *in, const struct shard_rec *re
 		if (!strcmp(r->key.job, in->job) || r->state == SH_SEALING || pinned(in, r))
 			continue;
 		out[(*nout)++] = (struct life_drop){ .rec = r, .own = is_own(r, in->rank),
+						     .parity = life_is_parity(&r->key),
 						     .why = LIFE_OTHER_JOB };
 	}
 	if (*nout - first > 1)
@@ -284,6 +309,7 @@ int life_plan_newer(const char *job, uint32_t rank, uint64_t step, const struct 
 		    r->state == SH_BAD)
 			continue;   /* bad shards are never restored: kept for inspection */
 		out[(*nout)++] = (struct life_drop){ .rec = r, .own = is_own(r, rank),
+						     .parity = life_is_parity(&r->key),
 						     .why = LIFE_NEWER };
 	}
 	return 0;

@@ -60,6 +60,20 @@ int life_forget(struct idx *x, const struct shard_key *k);
 int life_drop_mark(struct idx *x, const struct shard_key *k);
 int life_drop_done(struct idx *x, const struct shard_key *k);
 
+/* A step's erasure-code holding (catalog.h SHF_PARITY): the key of
+ * (job, step)'s, and whether a key is one. life_parity_begin records it,
+ * COMMITTED and empty, when its directory is about to be made (the RAM
+ * tier's ram_parity_open; its files are reserved and written one by one as
+ * the group's members arrive), if there is no record of it already. It
+ * goes like a replica of its step: by the retention plan (life_plan_gc,
+ * life_plan_newer: .parity set) and ram_drop. */
+void life_parity_key(const char *job, uint64_t step, struct shard_key *k);
+static inline bool life_is_parity(const struct shard_key *k)
+{
+	return k->worker == IDX_PARITY && k->rank == IDX_PARITY;
+}
+int life_parity_begin(struct idx *x, const struct shard_key *k);
+
 /* A step's spelling ("05", "00000100") is kept in the catalog beside its
  * shard, only when it is not the plain decimal: the namespace name goes
  * with the next clean, and the .restore marker still needs it.
@@ -102,10 +116,13 @@ enum life_why {
 struct life_drop {
 	const struct shard_rec *rec;   /* points into the caller's recs */
 	bool own;                      /* this node's own shard (else a replica) */
+	bool parity;                   /* a parity holding (goes as a replica does) */
 	enum life_why why;
 };
 
-/* What goes, first to last, from recs (all shards of the node, any order):
+/* What goes, first to last, from recs (all records of the node, any order;
+ * parity holdings go with their step as its replicas do, never count as
+ * this node's commit of it):
  * out must hold n entries; *nout is set. Under pressure (want) the
  * current job's candidates come before other jobs' (oldest commit first);
  * routine GC never touches other jobs. 0 or -EINVAL. */

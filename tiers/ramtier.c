@@ -1,5 +1,6 @@
 #include "tiers/ramtier.h"
 #include "tiers/lifecycle.h"
+#include "tiers/ec.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "common/walk.h"
@@ -57,6 +58,8 @@ void (*ram_test_hook)(const char *point, const struct shard_key *k);
 
 static void finish_drops(struct ram_tier *t);
 static void sweep_shards(struct ram_tier *t);
+static void migrate_frags(struct ram_tier *t);
+static void scan_parity(struct ram_tier *t);
 
 int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 {
@@ -115,7 +118,9 @@ int ram_open(const char *ramdir, uint64_t cap, struct ram_tier **out)
 	}
 	t->cap = cap;
 	finish_drops(t);
+	migrate_frags(t);
 	sweep_shards(t);
+	scan_parity(t);
 	ram_recount(t);
 	if ((uint64_t)atomic_load(&t->used) > cap)
 		log_warn("ram", "RAMDIR already holds %llu bytes, more than ram_size=%llu",
@@ -239,10 +244,16 @@ static bool shard_dir_orphan(struct ram_tier *t, const char *job, const char *st
 	char again[64];
 	int rc;
 
-	if (strlen(job) > IDX_JOB_MAX || !util_is_step_name(step, &k.step) ||
-	    sscanf(name, "n%u-w%u", &k.rank, &k.worker) != 2)
+	if (strlen(job) > IDX_JOB_MAX || !util_is_step_name(step, &k.step))
 		return true;   /* nothing the tier ever makes */
-	snprintf(again, sizeof(again), "n%u-w%u", k.rank, k.worker);
+	if (!strcmp(name, RAM_PARITY_DIR)) {
+		k.rank = k.worker = IDX_PARITY;
+		snprintf(again, sizeof(again), "%s", RAM_PARITY_DIR);
+	} else if (sscanf(name, "n%u-w%u", &k.rank, &k.worker) != 2) {
+		return true;
+	} else {
+		snprintf(again, sizeof(again), "n%u-w%u", k.rank, k.worker);
+	}
 	if (strcmp(again, name) || (snprintf(again, sizeof(again), "%llu",
 					     (unsigned long long)k.step), strcmp(again, step)))
 		return true;   /* "n01-w0", "007": not a name ram_shard_relpath gives */
@@ -476,13 +487,8 @@ static uint64_t count_tree(int dirfd, struct inoset *seen)
 void ram_recount(struct ram_tier *t)
 {
 	struct inoset seen = { 0 };
+	/* parity holdings are under shards/ too */
 	uint64_t total = count_tree(t->nsfd, &seen) + count_tree(t->shardsfd, &seen);
-	/* erasure-code fragments (cluster/engine_ec.c) count like replicas */
-	int ffd = openat(t->rootfd, "frags", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (ffd >= 0) {
-		total += count_tree(ffd, &seen);
-		close(ffd);
-	}
 	free(seen.v);
 	atomic_store(&t->used, (int64_t)total);
 }
@@ -491,6 +497,12 @@ void ram_recount(struct ram_tier *t)
 
 int ram_shard_relpath(const struct shard_key *k, char *buf, size_t len)
 {
+	if (life_is_parity(k)) {
+		if ((size_t)snprintf(buf, len, "%s/%llu/%s", k->job, (unsigned long long)k->step,
+				     RAM_PARITY_DIR) >= len)
+			return -ENAMETOOLONG;
+		return 0;
+	}
 	if ((size_t)snprintf(buf, len, "%s/%llu/n%u-w%u", k->job, (unsigned long long)k->step,
 			     k->rank, k->worker) >= len)
 		return -ENAMETOOLONG;
@@ -978,4 +990,265 @@ int ram_find_hash(struct ram_tier *t, const uint8_t hash[32], struct shard_key *
 	}
 	idx_recs_free(recs, n);
 	return rc;
+}
+
+/* ---- erasure-code holdings (SHF_PARITY records) ---- */
+
+int ram_parity_open(struct ram_tier *t, const char *job, uint64_t step, bool create)
+{
+	struct shard_key k;
+	char rel[PATH_MAX], parent[PATH_MAX];
+	int fd, rc;
+
+	if (!job_name_ok(job))
+		return -EINVAL;
+	life_parity_key(job, step, &k);
+	rc = ram_shard_relpath(&k, rel, sizeof(rel));
+	if (rc < 0)
+		return rc;
+	if (!create) {
+		fd = openat(t->shardsfd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		return fd < 0 ? -errno : fd;
+	}
+	/* the record first, then the directory, under k (a drop of the step
+	 * in between would leave a directory no record names) */
+	rc = key_lock(t, &k);
+	if (rc < 0)
+		return rc;
+	rc = life_parity_begin(t->idx, &k);
+	snprintf(parent, sizeof(parent), "%s/%llu", job, (unsigned long long)step);
+	if (rc == 0) {
+		rc = make_staging(t, parent, rel, 0700);
+		if (rc == -EEXIST)
+			rc = 0;
+	}
+	fd = rc < 0 ? rc : openat(t->shardsfd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 && rc == 0)
+		fd = -errno;
+	key_unlock(t, &k);
+	return fd;
+}
+
+int ram_pfile_reserve(struct ram_tier *t, int dirfd, uint64_t bytes, struct ram_pfile *f)
+{
+	int rc;
+
+	memset(f, 0, sizeof(*f));
+	f->dirfd = dirfd;
+	f->fd = -1;
+	rc = ram_reserve(t, bytes);
+	if (rc == 0)
+		f->reserved = bytes;
+	return rc;
+}
+
+int ram_pfile_create(struct ram_pfile *f, const char *name, const char *prefix)
+{
+	static atomic_uint seq;
+
+	if (name) {
+		if ((size_t)snprintf(f->name, sizeof(f->name), "%s", name) >= sizeof(f->name))
+			return -ENAMETOOLONG;
+		f->fd = openat(f->dirfd, f->name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		return f->fd < 0 ? -errno : 0;
+	}
+	for (int i = 0; i < 100; i++) {
+		unsigned n = atomic_fetch_add(&seq, 1) + 1;
+		snprintf(f->name, sizeof(f->name), "%.16s-%d-%u.tmp", prefix, (int)getpid(), n);
+		f->fd = openat(f->dirfd, f->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (f->fd >= 0 || errno != EEXIST)
+			return f->fd < 0 ? -errno : 0;
+	}
+	return -EEXIST;
+}
+
+/* What the file takes now, and whether it is still linked. */
+static uint64_t pfile_blocks(const struct ram_pfile *f, bool *linked)
+{
+	struct stat st;
+
+	*linked = true;
+	if (f->fd < 0 || fstat(f->fd, &st) < 0)
+		return 0;
+	*linked = st.st_nlink > 0;
+	return (uint64_t)st.st_blocks * 512;
+}
+
+void ram_pfile_abort(struct ram_tier *t, struct ram_pfile *f)
+{
+	bool linked;
+	uint64_t held = pfile_blocks(f, &linked), back = f->reserved;
+
+	if (f->fd >= 0) {
+		if (linked)
+			unlinkat(f->dirfd, f->name, 0);
+		else   /* its holding's drop removed it and counted what it held */
+			back = held < back ? back - held : 0;
+		close(f->fd);
+	}
+	ram_adjust(t, -(int64_t)back);
+	f->fd = -1;
+	f->reserved = 0;
+}
+
+int ram_pfile_publish(struct ram_tier *t, struct ram_pfile *f, const char *final)
+{
+	bool linked;
+	uint64_t held = pfile_blocks(f, &linked);
+
+	if (f->fd < 0)
+		return -EBADF;
+	if (renameat(f->dirfd, f->name, f->dirfd, final) < 0) {
+		int rc = -errno;
+		ram_pfile_abort(t, f);
+		return rc;
+	}
+	ram_adjust(t, (int64_t)held - (int64_t)f->reserved);
+	close(f->fd);
+	f->fd = -1;
+	f->reserved = 0;
+	return 0;
+}
+
+/* An mtcfs before parity holdings were records kept them in
+ * RAMDIR/frags/JOB/STEP/: each such directory becomes its step's holding
+ * (record first, then the rename: a crash in between finds the record
+ * without its directory, and the directory still in frags/ next time). */
+static void migrate_job(struct ram_tier *t, int ffd, const char *job)
+{
+	const struct dirent *se;
+	struct walk_dir sd;
+	int jfd = openat(ffd, job, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (jfd < 0)
+		return;
+	if (!job_name_ok(job) || walk_dir_open(&sd, jfd) < 0) {
+		close(jfd);
+		return;
+	}
+	while ((se = walk_dir_next(&sd)) != NULL) {
+		struct shard_key k;
+		char rel[PATH_MAX], parent[PATH_MAX], again[32];
+		uint64_t step;
+		int rc;
+
+		if (!util_is_step_name(se->d_name, &step) ||
+		    (snprintf(again, sizeof(again), "%llu", (unsigned long long)step),
+		     strcmp(again, se->d_name)))
+			continue;
+		life_parity_key(job, step, &k);
+		if (ram_shard_relpath(&k, rel, sizeof(rel)) < 0)
+			continue;
+		snprintf(parent, sizeof(parent), "%s/%llu", job, (unsigned long long)step);
+		rc = life_parity_begin(t->idx, &k);
+		if (rc == 0)
+			rc = util_mkdirs_at(t->shardsfd, parent, STORE_DIR_MODE);
+		if (rc == 0 && renameat(jfd, se->d_name, t->shardsfd, rel) < 0)
+			rc = -errno;
+		if (rc < 0)
+			log_warn("ram", "cannot move frags/%s/%s to shards/%s: %s", job, se->d_name, rel,
+				 strerror(-rc));
+		else
+			log_info("ram", "frags/%s/%s (an older mtcfs's layout) is now shards/%s", job,
+				 se->d_name, rel);
+	}
+	walk_dir_close(&sd);
+	close(jfd);
+}
+
+static void migrate_frags(struct ram_tier *t)
+{
+	const struct dirent *je;
+	struct walk_dir jd;
+	int ffd = openat(t->rootfd, "frags", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (ffd < 0)
+		return;
+	if (walk_dir_open(&jd, ffd) == 0) {
+		while ((je = walk_dir_next(&jd)) != NULL)
+			if (je->d_name[0] != '.')
+				migrate_job(t, ffd, je->d_name);
+		walk_dir_close(&jd);
+	}
+	close(ffd);
+	/* what could not move is nothing a record names */
+	util_rmtree_at(t->rootfd, "frags", NULL);
+}
+
+struct parity_scan {
+	uint64_t frags, frag_bytes, tmp, tmp_bytes, bad, bad_bytes, steps;
+};
+
+static int scan_one(void *arg, int stepfd, const struct ec_stored *s)
+{
+	struct parity_scan *c = arg;
+
+	if (s->kind == ECS_TMP) {
+		/* half written when the daemon stopped: nothing refers to it */
+		if (unlinkat(stepfd, s->name, 0) == 0) {
+			c->tmp++;
+			c->tmp_bytes += s->bytes;
+		}
+		return 0;
+	}
+	if (s->kind != ECS_FRAG && s->kind != ECS_META)
+		return 0;
+	if (s->verdict == 0) {
+		if (s->kind == ECS_FRAG) {
+			c->frags++;
+			c->frag_bytes += s->bytes;
+		}
+		return 0;
+	}
+	/* never served or used: the step is not protected here any more (the
+	 * coordinator stops counting this node's parity of it; a restore of
+	 * the step rebuilds what is missing, as after a cut-short encoding) */
+	log_warn("ram", "ec: job=%s step=%llu: %s is corrupt (%s): removed, the step's parity on this node is incomplete",
+		 s->job, (unsigned long long)s->step, s->name, s->why);
+	if (unlinkat(stepfd, s->name, 0) == 0) {
+		c->bad++;
+		c->bad_bytes += s->bytes;
+	}
+	unlinkat(stepfd, "protected", 0);
+	return 0;
+}
+
+/* Start-up, after the sweep: every parity holding's files are checked
+ * (headers and trailers: a payload is checked by every restore that uses
+ * it, and by mtcfs-admin verify); half-written and corrupt ones go (the
+ * recount that follows gives their RAM back); a record whose directory is
+ * gone is forgotten. */
+static void scan_parity(struct ram_tier *t)
+{
+	struct parity_scan c = { 0 };
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
+
+	if (idx_list_records(t->idx, NULL, &recs, &n) < 0)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		const struct shard_key *k = &recs[i].key;
+		int fd, rc;
+		if (!life_is_parity(k))
+			continue;
+		c.steps++;
+		fd = ram_shard_open(t, k);
+		if (fd < 0) {
+			log_info("ram", "ec: job=%s step=%llu: the parity holding's directory is missing: record forgotten",
+				 k->job, (unsigned long long)k->step);
+			life_forget(t->idx, k);
+			continue;
+		}
+		rc = ec_stored_walk_dir(fd, k->job, k->step, EC_CHECK_HEAD, scan_one, &c);
+		if (rc < 0)
+			log_warn("ram", "ec: start-up scan of job=%s step=%llu: %s", k->job,
+				 (unsigned long long)k->step, strerror(-rc));
+		close(fd);
+	}
+	idx_recs_free(recs, n);
+	if (c.steps)
+		log_info("ram", "ec: start-up scan: %llu parity fragments in %llu job steps (%llu bytes); removed %llu half-written files (%llu bytes) and %llu corrupt ones",
+			 (unsigned long long)c.frags, (unsigned long long)c.steps,
+			 (unsigned long long)c.frag_bytes, (unsigned long long)c.tmp,
+			 (unsigned long long)c.tmp_bytes, (unsigned long long)c.bad);
 }

@@ -3,6 +3,8 @@
  *   RAMDIR/db/                          the LMDB catalog
  *   RAMDIR/shards/JOB/STEP/nR-wW/       committed shards, own (hard links of
  *                                       the namespace files) and replicas
+ *   RAMDIR/shards/JOB/STEP/parity/      the step's erasure-code holding on
+ *                                       this node (rs:K+M; tiers/ec.h)
  * and the capacity account (ram_size): every byte stored under RAMDIR is
  * counted once per inode. Called from FUSE threads (accounting), the engine
  * worker (sealing, dropping) and the control thread. Thread-safe. */
@@ -59,6 +61,9 @@ uint64_t ram_cap(const struct ram_tier *t);
 /* Recount every inode under RAMDIR once (start-up, after reclaim). */
 void ram_recount(struct ram_tier *t);
 
+/* The directory name of a step's parity holding (catalog.h SHF_PARITY). */
+#define RAM_PARITY_DIR "parity"
+
 /* Relative path of a shard's directory under RAMDIR ("shards/JOB/STEP/nR-wW"). */
 int ram_shard_relpath(const struct shard_key *k, char *buf, size_t len);
 /* Open a shard's directory (O_DIRECTORY); -ENOENT if absent. Caller closes. */
@@ -95,6 +100,50 @@ int ram_own(struct ram_tier *t, const struct shard_key *k);
  * manifest is in the store with its size; full CRC checks (ram_verify)
  * happen before a restore uses the shard. 0, or -errno with why in err. */
 int ram_check_sizes(struct ram_tier *t, const struct shard_rec *r, char *err, size_t errlen);
+
+/* A step's erasure-code holding (catalog.h SHF_PARITY, key
+ * life_parity_key): its directory (O_DIRECTORY; the caller closes it), and
+ * with create its record (COMMITTED, if none) and directory made first.
+ * Its files grow one by one as the group's members arrive: each is
+ * reserved (ram_reserve, which may reclaim by the retention plan or
+ * refuse) before it is written under a temporary name in the directory
+ * and renamed into place, and the account corrected by what it took.
+ * The holding goes as a record does: ram_drop (the retention plan) and
+ * the start-up scan of ram_open (half-written and corrupt files removed,
+ * a record whose directory is gone forgotten; an older mtcfs's
+ * RAMDIR/frags/JOB/STEP moved into place). -ENOENT without create when
+ * there is none, -EINVAL for a job name that cannot be one, or -errno. */
+int ram_parity_open(struct ram_tier *t, const char *job, uint64_t step, bool create);
+
+/* A file of a parity holding, staged and published through the tier: its
+ * bytes are reserved before it is written, it is written under a staging
+ * name in the holding's directory, then published under its name (the
+ * account corrected to what it takes) or, when it was only needed for a
+ * while (a fragment received to fold, sent, fetched for a decode) or
+ * failed, aborted (removed, the reservation given back).
+ *   ram_pfile_reserve: takes bytes out of ram_size (ram_reserve: the
+ *     reclaim may drop what the retention plan allows, or -ENOSPC); no
+ *     file yet. Call it holding no lock. Sets up *f for dirfd (borrowed:
+ *     it must stay open until publish or abort).
+ *   ram_pfile_create: the staging file, read-write at f->fd: `name`
+ *     (created or truncated: a name the caller owns, as a parity slot's
+ *     "*.frag.tmp") or, when NULL, a fresh "<prefix>-PID-SEQ.tmp". The
+ *     start-up scan removes either if the daemon stops first. 0 or -errno.
+ *   ram_pfile_publish: renames it to `final` (replacing one there),
+ *     corrects the account, closes it. 0, or -errno (then aborted).
+ *   ram_pfile_abort: closes and removes it, gives the reservation back;
+ *     a file that went with its holding (ram_drop counted it) gives back
+ *     only the rest. Accepts a pfile without a file, or already done. */
+struct ram_pfile {
+	int dirfd;            /* the holding's directory (borrowed) */
+	int fd;               /* the staged file, -1 when none */
+	char name[64];        /* its staging name in dirfd */
+	uint64_t reserved;    /* bytes taken out of ram_size for it */
+};
+int  ram_pfile_reserve(struct ram_tier *t, int dirfd, uint64_t bytes, struct ram_pfile *f);
+int  ram_pfile_create(struct ram_pfile *f, const char *name, const char *prefix);
+int  ram_pfile_publish(struct ram_tier *t, struct ram_pfile *f, const char *final);
+void ram_pfile_abort(struct ram_tier *t, struct ram_pfile *f);
 
 /* Shards arriving from elsewhere (replicas pushed by peers, restores
  * fetched from a peer or the bucket) are written into a private staging

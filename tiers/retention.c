@@ -108,7 +108,8 @@ static uint64_t drop_own(struct ram_tier *ram, const struct shard_key *k, uint64
 	return freed;
 }
 
-/* Drop one replica (a shard of another node held here). */
+/* Drop one replica (a shard of another node held here), or a step's
+ * parity holding (rs:K+M: it goes as the step's replicas do). */
 static uint64_t drop_replica(struct ram_tier *ram, const struct shard_key *k,
 			     const struct ret_hooks *h)
 {
@@ -117,6 +118,11 @@ static uint64_t drop_replica(struct ram_tier *ram, const struct shard_key *k,
 	ram_drop(ram, k, &freed);
 	metrics_add(MC_GC_DROPPED, 1);
 	forget(h, ".mtcfs");
+	if (life_is_parity(k)) {
+		log_info("gc", "ec: job=%s step=%llu fragments dropped bytes=%llu", k->job,
+			 (unsigned long long)k->step, (unsigned long long)freed);
+		return freed;
+	}
 	log_info("gc", "dropped replica job=%s step=%llu node=%u freed=%llu worker=%u", k->job,
 		 (unsigned long long)k->step, k->rank, (unsigned long long)freed, k->worker);
 	return freed;
@@ -135,7 +141,7 @@ uint64_t ret_collect(struct ram_tier *ram, const struct life_in *in, const struc
 	size_t n = 0, nd = 0;
 	uint64_t freed = 0;
 
-	if (idx_list_shards(ram_idx(ram), in->want ? NULL : in->job, &recs, &n) < 0)
+	if (idx_list_records(ram_idx(ram), in->want ? NULL : in->job, &recs, &n) < 0)
 		return 0;
 	d = calloc(n ? n : 1, sizeof(*d));
 	if (d && life_plan_gc(in, recs, n, d, &nd) == 0) {
@@ -145,7 +151,7 @@ uint64_t ret_collect(struct ram_tier *ram, const struct life_in *in, const struc
 			if (in->pinned && in->pinned(in->pin_arg, r->key.job, r->key.step))
 				continue;
 			freed += drop(ram, &d[i], h);
-			if (d[i].why == LIFE_OTHER_JOB)
+			if (d[i].why == LIFE_OTHER_JOB && !life_is_parity(&r->key))
 				log_warn("gc", "RAM tier full: job %s is not the current job (%s): step %llu node %u dropped for room",
 					 r->key.job, in->job, (unsigned long long)r->key.step, r->key.rank);
 		}
@@ -162,14 +168,19 @@ void ret_drop_newer(struct ram_tier *ram, const char *job, uint32_t rank, uint64
 	struct life_drop *d = NULL;
 	size_t n = 0, nd = 0;
 
-	if (idx_list_shards(ram_idx(ram), job, &recs, &n) < 0)
+	if (idx_list_records(ram_idx(ram), job, &recs, &n) < 0)
 		return;
 	d = calloc(n ? n : 1, sizeof(*d));
 	if (d && life_plan_newer(job, rank, step, recs, n, d, &nd) == 0) {
 		for (size_t i = 0; i < nd; i++) {
 			const struct shard_rec *r = d[i].rec;
-			log_info("gc", "job %s step %llu node %u is newer than the restored step %llu: dropped",
-				 job, (unsigned long long)r->key.step, r->key.rank, (unsigned long long)step);
+			if (life_is_parity(&r->key))
+				log_info("gc", "job %s step %llu's parity is newer than the restored step %llu: dropped",
+					 job, (unsigned long long)r->key.step, (unsigned long long)step);
+			else
+				log_info("gc", "job %s step %llu node %u is newer than the restored step %llu: dropped",
+					 job, (unsigned long long)r->key.step, r->key.rank,
+					 (unsigned long long)step);
 			drop(ram, &d[i], h);
 		}
 	}

@@ -6,6 +6,7 @@
 #include "common/util.h"
 #include "tiers/catalog.h"
 #include "tiers/ec.h"
+#include "tiers/lifecycle.h"
 #include "tiers/manifest.h"
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
@@ -690,7 +691,8 @@ static bool daemon_alive(const char *ramdir)
 }
 
 /* verify's erasure-code part: every parity fragment (header, payload and
- * trailer CRC32C) and group manifest stored under RAMDIR/frags. */
+ * trailer CRC32C) and group manifest of the parity holdings (catalog
+ * records, SHF_PARITY, in shards/JOB/STEP/parity). */
 struct frag_verify {
 	json_t *arr;
 	size_t n, bad;
@@ -725,11 +727,34 @@ static int verify_stored(void *arg, int stepfd, const struct ec_stored *s)
 	return 0;
 }
 
+/* One parity holding r: its directory walked, every file checked whole. */
+static void verify_parity(const char *ramdir, const struct shard_rec *r, struct frag_verify *fv)
+{
+	char rel[512], path[PATH_MAX];
+	int fd = -1, rc;
+
+	if (ram_shard_relpath(&r->key, rel, sizeof(rel)) == 0 &&
+	    snprintf(path, sizeof(path), "%s/shards/%s", ramdir, rel) < (int)sizeof(path))
+		fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		fprintf(stderr, "mtcfs-admin: job %s step %llu: parity holding's directory missing\n",
+			r->key.job, (unsigned long long)r->key.step);
+		fv->bad++;
+		return;
+	}
+	rc = ec_stored_walk_dir(fd, r->key.job, r->key.step, EC_CHECK_ALL, verify_stored, fv);
+	if (rc < 0) {
+		fprintf(stderr, "mtcfs-admin: reading %s: %s\n", path, strerror(-rc));
+		fv->bad++;
+	}
+	close(fd);
+}
+
 int admin_cmd_verify(const char *ramdir, const char *job)
 {
 	struct shard_rec *recs = NULL;
 	struct idx *x = NULL;
-	size_t n = 0, bad = 0, sealing = 0;
+	size_t n = 0, bad = 0, sealing = 0, nparity = 0;
 	uint64_t total = 0, done = 0, t0 = util_now_ns();
 	json_t *arr = json_array();
 	struct frag_verify fv = { .arr = json_array() };
@@ -737,7 +762,7 @@ int admin_cmd_verify(const char *ramdir, const char *job)
 
 	if (admin_open_catalog(ramdir, &x) < 0)
 		return 3;
-	rc = idx_list_shards(x, job, &recs, &n);
+	rc = idx_list_records(x, job, &recs, &n);
 	idx_close(x);
 	if (rc < 0) {
 		fprintf(stderr, "mtcfs-admin: reading catalog: %s\n", strerror(-rc));
@@ -745,7 +770,8 @@ int admin_cmd_verify(const char *ramdir, const char *job)
 	}
 	on_tty = isatty(STDERR_FILENO);
 	for (size_t i = 0; i < n; i++)
-		total += recs[i].bytes;
+		if (!life_is_parity(&recs[i].key))
+			total += recs[i].bytes;
 	for (size_t i = 0; i < n; i++) {
 		struct shard_rec *r = &recs[i];
 		struct manifest *mf = NULL;
@@ -753,6 +779,11 @@ int admin_cmd_verify(const char *ramdir, const char *job)
 		const char *verdict;
 		int fd = -1;
 
+		if (life_is_parity(&r->key)) {
+			verify_parity(ramdir, r, &fv);   /* a holding, not a shard */
+			nparity++;
+			continue;
+		}
 		snprintf(what, sizeof(what), "%s step %llu node %u", r->key.job,
 			 (unsigned long long)r->key.step, r->key.rank);
 		progress(done, total, t0, what);
@@ -804,16 +835,6 @@ int admin_cmd_verify(const char *ramdir, const char *job)
 			       (r->flags & SHF_OWN) ? "own" : "replica", err[0] ? ": " : "", err);
 		}
 	}
-	{
-		int root = open(ramdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (root < 0 || (rc = ec_stored_walk(root, job, EC_CHECK_ALL, verify_stored, &fv)) < 0) {
-			fprintf(stderr, "mtcfs-admin: reading %s/frags: %s\n", ramdir,
-				strerror(root < 0 ? errno : -rc));
-			fv.bad++;
-		}
-		if (root >= 0)
-			close(root);
-	}
 	if (admin_json) {
 		json_t *root = json_pack("{s:o,s:I,s:I,s:I,s:o,s:I}", "shards", arr, "bad",
 					 (json_int_t)(bad + fv.bad), "sealing", (json_int_t)sealing,
@@ -825,8 +846,8 @@ int admin_cmd_verify(const char *ramdir, const char *job)
 	} else {
 		json_decref(arr);
 		json_decref(fv.arr);
-		printf("%zu shard%s, %zu bad, %zu not sealed, %.1f MiB checked in %.2f s\n", n,
-		       n == 1 ? "" : "s", bad, sealing, (double)total / 1048576.0,
+		printf("%zu shard%s, %zu bad, %zu not sealed, %.1f MiB checked in %.2f s\n",
+		       n - nparity, n - nparity == 1 ? "" : "s", bad, sealing, (double)total / 1048576.0,
 		       (double)(util_now_ns() - t0) / 1e9);
 		if (fv.n)
 			printf("%zu erasure-code file%s (parity fragments and manifests), %zu bad, %.1f MiB\n",

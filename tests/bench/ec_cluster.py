@@ -36,7 +36,7 @@ MiB = 1 << 20
 
 def frags(c, r, job, step):
     try:
-        return os.listdir(os.path.join(c.nodes[r].ramdir, "frags", job, str(step)))
+        return os.listdir(harness.parity_dir(c.nodes[r].ramdir, job, step))
     except FileNotFoundError:
         return []
 
@@ -63,7 +63,7 @@ def one(red, n, size, step):
             wait_until(lambda: all(not [x for x in frags(c, r, job, step) if x.endswith(".tmp")]
                                    for r in range(n)), 60, "sends done")
         S = sum(len(v) for v in shard_files(job, step, 0, size).values())
-        ram = max(du([os.path.join(c.nodes[r].ramdir, d) for d in ("shards", "frags")])
+        ram = max(du([os.path.join(c.nodes[r].ramdir, d) for d in ("shards",)])
                   for r in range(n)) / S
         victim = n - 1
         c.nodes[victim].kill9()

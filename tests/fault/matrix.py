@@ -716,10 +716,10 @@ class Ctx:
                 self.wait_backup(step, timeout=timeout)
 
     def rs_dir(self, r, step):
-        return os.path.join(self.nodes[r].ramdir, "frags", self.job, str(step))
+        return os.path.join(self.nodes[r].ramdir, "shards", self.job, str(step), "parity")
 
     def rs_marker(self, r, step):
-        """Node r stores all its parity of step (RAMDIR/frags/JOB/STEP/protected)."""
+        """Node r stores all its parity of step (RAMDIR/shards/JOB/STEP/parity/protected)."""
         return os.path.exists(os.path.join(self.rs_dir(r, step), "protected"))
 
     def cl(self):
@@ -2079,7 +2079,7 @@ def restart_unprotected(c, rs):
     if rs:
         # as if the kill came before the manifest was written
         shutil.rmtree(c.rs_dir(0, 30), ignore_errors=True)
-        c.ledger.note("node 0's frags/%s/30 removed (killed before its manifest)" % c.job)
+        c.ledger.note("node 0's parity holding of %s/30 removed (killed before its manifest)" % c.job)
     c.save(30, ranks=[1, 2], confirm=False)
     c.confirm(30, ranks=[1, 2])
     c.restart(0)

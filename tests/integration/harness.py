@@ -75,6 +75,33 @@ def shard_dir(ramdir, step, job="default", rank=0, worker=0):
                         "n%d-w%d" % (rank, worker))
 
 
+def parity_dir(ramdir, job, step):
+    """A step's erasure-code holding (rs:K+M): its parity fragments and
+    group manifests, a record of the RAM tier beside the step's shards."""
+    return os.path.join(ramdir, "shards", job, str(step), "parity")
+
+
+def parity_steps(ramdir, job):
+    """Sorted names of the steps of job with a parity holding here."""
+    d = os.path.join(ramdir, "shards", job)
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return []
+    return sorted(s for s in names if os.path.isdir(os.path.join(d, s, "parity")))
+
+
+def parity_files(ramdir, job, step=None):
+    """Sorted files of a step's parity holding; without step, the steps
+    with one (as the old RAMDIR/frags/JOB listing gave)."""
+    if step is None:
+        return parity_steps(ramdir, job)
+    try:
+        return sorted(os.listdir(parity_dir(ramdir, job, step)))
+    except FileNotFoundError:
+        return []
+
+
 # --- manifest checks ------------------------------------------------------------
 
 def _ancestors(path):

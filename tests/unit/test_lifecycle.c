@@ -25,7 +25,9 @@
 
 /* Records from a spec: "job:step:rank:worker:state[:flags[:time]]" with
  * state C(ommitted) R(eplicated) S(ealing) B(ad) K (backed up), flags a
- * string of o(wn) r(estored) d(irectory: ns_ino set). */
+ * string of o(wn) r(estored) d(irectory: ns_ino set) p(arity: the step's
+ * erasure-code holding, its key life_parity_key's, rank and worker
+ * ignored). */
 struct set {
 	struct shard_rec r[MAXR];
 	size_t n;
@@ -61,10 +63,14 @@ static void add(struct set *s, const char *spec)
 	r->flags = (strchr(f[5], 'o') ? SHF_OWN : 0) | (strchr(f[5], 'r') ? SHF_RESTORED : 0);
 	r->ns_ino = strchr(f[5], 'd') ? 42 : 0;
 	r->commit_time = strtoull(f[6], NULL, 10);
+	if (strchr(f[5], 'p')) {
+		life_parity_key(f[0], r->key.step, &r->key);
+		r->flags |= SHF_PARITY;
+	}
 }
 
 /* The plan as "job/step/rank/worker[o|r|x]" in order (o own, r replica,
- * x other job). */
+ * x other job), a parity holding as "job/step/P[p|x]". */
 static const char *show(struct set *s)
 {
 	size_t l = 0;
@@ -72,6 +78,15 @@ static const char *show(struct set *s)
 	for (size_t i = 0; i < s->nd; i++) {
 		const struct shard_rec *r = s->d[i].rec;
 		assert_true(r >= s->r && r < s->r + s->n);
+		assert_int_equal(s->d[i].parity, life_is_parity(&r->key));
+		if (s->d[i].parity) {
+			assert_false(s->d[i].own);
+			l += (size_t)snprintf(s->out + l, sizeof(s->out) - l, "%s%s/%llu/P%c",
+					      l ? " " : "", r->key.job,
+					      (unsigned long long)r->key.step,
+					      s->d[i].why == LIFE_OTHER_JOB ? 'x' : 'p');
+			continue;
+		}
 		l += (size_t)snprintf(s->out + l, sizeof(s->out) - l, "%s%s/%llu/%u/%u%c", l ? " " : "",
 				      r->key.job, (unsigned long long)r->key.step, r->key.rank,
 				      r->key.worker,
@@ -232,6 +247,56 @@ static void newer_than_restored(void **state)
 	assert_string_equal(show(&s), "j/4/0/0o j/5/1/0r");
 }
 
+/* A step's parity holding goes when its step may go, as the step's
+ * replicas do: by routine GC below the job-wide step, under RAM pressure
+ * below the LKG (never the step the plan keeps, nor a newer one), as an
+ * earlier job's record for room, after a restore when newer. */
+static void parity_goes_with_its_step(void **state)
+{
+	struct set s = { 0 };
+	struct life_in in = { .job = "j", .rank = 1, .workers = 1, .cluster = true };
+	(void)state;
+	add(&s, "j:3:0:0:R:");
+	add(&s, "j:3:1:0:R:o");
+	add(&s, "j:3:0:0:C:p");
+	add(&s, "j:5:1:0:R:o");
+	add(&s, "j:5:0:0:C:p");
+	add(&s, "j:6:0:0:C:p");      /* being encoded: newer than the LKG */
+	add(&s, "a:2:0:0:C:p:5");    /* an earlier job's */
+	/* nothing known job-wide: keep all */
+	assert_string_equal(plan(&s, &in), "");
+	in.have_step = true;
+	in.step = 5;
+	assert_string_equal(plan(&s, &in), "j/3/0/0r j/3/1/0o j/3/Pp");
+	/* RAM pressure: the LKG is kept with its parity, the other job's goes */
+	in.want = 1;
+	assert_string_equal(plan(&s, &in), "j/3/0/0r j/3/1/0o j/3/Pp a/2/Px");
+	/* pinned (a backup uploads step 3): its parity stays too */
+	int calls = 0;
+	in.pinned = pin_step3;
+	in.pin_arg = &calls;
+	in.want = 0;
+	assert_string_equal(plan(&s, &in), "");
+	/* after a restore of step 5: step 6's holding is of the timeline left */
+	assert_int_equal(life_plan_newer("j", 1, 5, s.r, s.n, s.d, &s.nd), 0);
+	assert_string_equal(show(&s), "j/6/Pp");
+}
+
+/* A holding is never this node's commit of its step: a single node's
+ * newest step is its own shard's, and a single node keeps what it did not
+ * write (a holding there is an earlier cluster run's). */
+static void parity_is_not_a_commit(void **state)
+{
+	struct set s = { 0 };
+	struct life_in in = { .job = "j", .rank = 0, .workers = 1 };
+	(void)state;
+	add(&s, "j:1:0:0:C:o");
+	add(&s, "j:2:0:0:C:o");
+	add(&s, "j:9:0:0:C:po");     /* even flagged own by mistake */
+	add(&s, "j:1:0:0:C:p");
+	assert_string_equal(plan(&s, &in), "j/1/0/0o");
+}
+
 static void bad_input(void **state)
 {
 	struct set s = { 0 };
@@ -257,6 +322,46 @@ static void get(struct idx *x, const struct shard_key *k, uint32_t state, uint32
 	assert_string_equal(shard_state_name(r.state), shard_state_name(state));
 	assert_int_equal(r.flags, flags);
 	idx_rec_clear(&r);
+}
+
+/* A parity holding's record: made COMMITTED and flagged once (a second
+ * begin keeps it), only for its key form; the catalog lists it with the
+ * records, never with the shards; it goes as a record does. */
+static void parity_record(void **state)
+{
+	struct tmp *t = *state;
+	struct idx *x = NULL;
+	struct shard_key k, notp = { .job = "j", .step = 5, .rank = 0, .worker = 0 };
+	struct shard_rec *recs = NULL;
+	size_t n = 0;
+	char db[PATH_MAX + 8];
+
+	snprintf(db, sizeof(db), "%s/db", t->path);
+	assert_int_equal(idx_open(db, false, &x), 0);
+	life_parity_key("j", 5, &k);
+	assert_true(life_is_parity(&k));
+	assert_false(life_is_parity(&notp));
+	assert_int_equal(life_parity_begin(x, &notp), -EINVAL);
+	assert_int_equal(life_parity_begin(x, &k), 0);
+	get(x, &k, SH_COMMITTED, SHF_PARITY);
+	assert_int_equal(life_parity_begin(x, &k), 0);
+	get(x, &k, SH_COMMITTED, SHF_PARITY);
+	assert_int_equal(life_committed(x, &notp, NULL, SHF_OWN, 0), 0);
+	assert_int_equal(idx_list_shards(x, "j", &recs, &n), 0);
+	assert_int_equal(n, 1);
+	assert_false(life_is_parity(&recs[0].key));
+	idx_recs_free(recs, n);
+	assert_int_equal(idx_list_records(x, NULL, &recs, &n), 0);
+	assert_int_equal(n, 2);
+	assert_true(life_is_parity(&recs[1].key));   /* after the shards of its step */
+	idx_recs_free(recs, n);
+	assert_int_equal(life_drop_mark(x, &k), 0);
+	assert_int_equal(idx_list_records(x, NULL, &recs, &n), 0);
+	assert_int_equal(n, 1);
+	idx_recs_free(recs, n);
+	assert_int_equal(life_drop_done(x, &k), 0);
+	assert_int_equal(idx_get_shard(x, &k, &(struct shard_rec){ 0 }), -ENOENT);
+	idx_close(x);
 }
 
 static void writes_walk_the_states(void **state)
@@ -443,9 +548,12 @@ int main(void)
 		cmocka_unit_test(pressure_takes_other_jobs_oldest_first),
 		cmocka_unit_test(other_jobs_ties_keep_catalog_order),
 		cmocka_unit_test(newer_than_restored),
+		cmocka_unit_test(parity_goes_with_its_step),
+		cmocka_unit_test(parity_is_not_a_commit),
 		cmocka_unit_test(bad_input),
 		cmocka_unit_test_setup_teardown(writes_walk_the_states, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(step_names, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(parity_record, tmp_setup, tmp_teardown),
 #ifdef MTCFS_SRC
 		cmocka_unit_test(only_lifecycle_writes_shard_records),
 #endif

@@ -26,6 +26,7 @@
 #include "common/util.h"
 #include "common/walk.h"
 #include "tiers/catalog.h"
+#include "tiers/lifecycle.h"
 #include "tiers/manifest.h"
 #include "tiers/ramtier.h"
 
@@ -604,6 +605,167 @@ static void test_seal_keeps_fifo(void **state)
 	umask(old);
 }
 
+static bool parity_has(struct ram_tier *t, uint64_t step, const char *name)
+{
+	char rel[256];
+
+	snprintf(rel, sizeof(rel), "j/%llu/parity%s%s", (unsigned long long)step, name ? "/" : "",
+		 name ? name : "");
+	return shard_path_exists(t, rel);
+}
+
+static bool parity_rec(struct ram_tier *t, uint64_t step)
+{
+	struct shard_rec r = { 0 };
+	struct shard_key k;
+	int rc;
+
+	life_parity_key("j", step, &k);
+	rc = idx_get_shard(ram_idx(t), &k, &r);
+	if (rc == 0)
+		assert_true(r.flags & SHF_PARITY);
+	idx_rec_clear(&r);
+	return rc == 0;
+}
+
+/* A step's erasure-code holding is a record of the tier: ram_parity_open
+ * makes it (record, then directory) only when asked; ram_open scans it as
+ * it scans shards: a half-written file and a fragment whose header does
+ * not check go (and with them the "protected" marker), the RAM account is
+ * what is left; a record whose directory is gone is forgotten, a holding
+ * directory no record names is removed, and an older mtcfs's
+ * RAMDIR/frags/JOB/STEP becomes a record in place; ram_drop removes it. */
+static void test_parity_holding_scanned_at_open(void **state)
+{
+	struct tmp *tmp = *state;
+	struct ram_tier *t = NULL;
+	struct shard_key k;
+	char path[PATH_MAX + 64];
+	uint64_t freed = 0, before;
+	int dfd;
+
+	assert_int_equal(ram_open(tmp->path, 1ull << 30, &t), 0);
+	assert_int_equal(ram_parity_open(t, "j", 4, false), -ENOENT);
+	assert_false(parity_rec(t, 4));
+	assert_int_equal(ram_parity_open(t, "../x", 4, true), -EINVAL);
+	dfd = ram_parity_open(t, "j", 4, true);
+	assert_true(dfd >= 0);
+	assert_true(parity_rec(t, 4));
+	put_file(dfd, "g0-c0-s2.frag.tmp", "half written");
+	put_file(dfd, "g0-c1-s2.frag", "not a fragment");
+	put_file(dfd, "protected", "");
+	put_file(dfd, "sent", "");
+	close(dfd);
+	dfd = ram_parity_open(t, "j", 6, true);
+	assert_true(dfd >= 0);
+	close(dfd);
+	ram_close(t);
+	/* step 6's directory lost, an orphan holding of step 8, and step 9
+	 * in the old layout */
+	snprintf(path, sizeof(path), "%s/shards/j/6/parity", tmp->path);
+	assert_int_equal(rmdir(path), 0);
+	snprintf(path, sizeof(path), "%s/shards/j/8", tmp->path);
+	assert_int_equal(mkdir(path, 0711), 0);
+	snprintf(path, sizeof(path), "%s/shards/j/8/parity", tmp->path);
+	assert_int_equal(mkdir(path, 0700), 0);
+	snprintf(path, sizeof(path), "%s/frags", tmp->path);
+	assert_int_equal(mkdir(path, 0700), 0);
+	snprintf(path, sizeof(path), "%s/frags/j", tmp->path);
+	assert_int_equal(mkdir(path, 0700), 0);
+	snprintf(path, sizeof(path), "%s/frags/j/9", tmp->path);
+	assert_int_equal(mkdir(path, 0700), 0);
+	dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(dfd >= 0);
+	put_file(dfd, "sent", "");
+	close(dfd);
+
+	assert_int_equal(ram_open(tmp->path, 1ull << 30, &t), 0);
+	assert_true(parity_rec(t, 4));
+	assert_false(parity_has(t, 4, "g0-c0-s2.frag.tmp"));
+	assert_false(parity_has(t, 4, "g0-c1-s2.frag"));
+	assert_false(parity_has(t, 4, "protected"));
+	assert_true(parity_has(t, 4, "sent"));
+	assert_false(parity_rec(t, 6));
+	assert_false(parity_has(t, 8, NULL));
+	assert_true(parity_rec(t, 9));
+	assert_true(parity_has(t, 9, "sent"));
+	snprintf(path, sizeof(path), "%s/frags", tmp->path);
+	assert_int_equal(access(path, F_OK), -1);
+	assert_int_equal(ram_used(t), du_ramdir(t));
+
+	/* it goes as a record does */
+	dfd = ram_parity_open(t, "j", 4, false);
+	assert_true(dfd >= 0);
+	put_file(dfd, "m0.mf", "some bytes of a manifest");
+	close(dfd);
+	ram_recount(t);
+	before = ram_used(t);
+	life_parity_key("j", 4, &k);
+	assert_int_equal(ram_drop(t, &k, &freed), 0);
+	assert_true(freed > 0);
+	assert_int_equal(ram_used(t), before - freed);
+	assert_false(parity_rec(t, 4));
+	assert_false(parity_has(t, 4, NULL));
+	ram_close(t);
+}
+
+/* A holding's files are staged through the tier: reserved before they
+ * are written (refused past ram_size when nothing may be reclaimed),
+ * published with the account corrected to what they take, or aborted with
+ * the reservation given back, also when the holding's drop took the file
+ * first (only the rest then). */
+static void test_parity_files_staged(void **state)
+{
+	struct tmp *tmp = *state;
+	struct ram_tier *t = NULL;
+	struct ram_pfile f;
+	struct shard_key k;
+	char buf[8192];
+	uint64_t base;
+	int dfd;
+
+	memset(buf, 7, sizeof(buf));
+	assert_int_equal(ram_open(tmp->path, 1 << 20, &t), 0);
+	dfd = ram_parity_open(t, "j", 3, true);
+	assert_true(dfd >= 0);
+	base = ram_used(t);
+	/* published: the account is what the file takes */
+	assert_int_equal(ram_pfile_reserve(t, dfd, 64 << 10, &f), 0);
+	assert_int_equal(ram_used(t), base + (64 << 10));
+	assert_int_equal(ram_pfile_create(&f, NULL, "par"), 0);
+	assert_int_equal(write(f.fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	assert_int_equal(ram_pfile_publish(t, &f, "g0-c0-s2.frag"), 0);
+	assert_int_equal(f.fd, -1);
+	assert_true(parity_has(t, 3, "g0-c0-s2.frag"));
+	assert_int_equal(ram_used(t), du_ramdir(t));
+	ram_pfile_abort(t, &f);   /* after a publish: nothing */
+	assert_int_equal(ram_used(t), du_ramdir(t));
+	/* aborted: removed, given back */
+	base = ram_used(t);
+	assert_int_equal(ram_pfile_reserve(t, dfd, 16 << 10, &f), 0);
+	assert_int_equal(ram_pfile_create(&f, "g0-c1-s2.frag.tmp", NULL), 0);
+	assert_int_equal(write(f.fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	ram_pfile_abort(t, &f);
+	assert_false(parity_has(t, 3, "g0-c1-s2.frag.tmp"));
+	assert_int_equal(ram_used(t), base);
+	/* past ram_size, nothing to reclaim: refused before a byte is written */
+	assert_int_equal(ram_pfile_reserve(t, dfd, 2 << 20, &f), -ENOSPC);
+	assert_int_equal(ram_used(t), base);
+	ram_pfile_abort(t, &f);
+	assert_int_equal(ram_used(t), base);
+	/* the holding dropped under a file being written: its drop counted
+	 * what the file held, the abort gives back the rest */
+	assert_int_equal(ram_pfile_reserve(t, dfd, 32 << 10, &f), 0);
+	assert_int_equal(ram_pfile_create(&f, NULL, "in"), 0);
+	assert_int_equal(write(f.fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	life_parity_key("j", 3, &k);
+	assert_int_equal(ram_drop(t, &k, NULL), 0);
+	assert_int_equal(ram_pfile_publish(t, &f, "g0-c2-s2.frag"), -ENOENT);
+	assert_int_equal(ram_used(t), du_ramdir(t));
+	close(dfd);
+	ram_close(t);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -615,6 +777,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_drop_crash_finished_at_open, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_publish_during_drop_keeps_files, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_seal_keeps_fifo, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_parity_holding_scanned_at_open, tmp_setup,
+						tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_parity_files_staged, tmp_setup, tmp_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

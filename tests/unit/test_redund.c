@@ -1,8 +1,8 @@
 /* Unit tests of the one redundancy interface (cluster/redund.h): which
  * scheme is in force for the mount option, the job's yaml and per-worker
- * shards; the status the coordinator and mtcfs-admin read; every scheme's
- * gc and drop_newer run whatever scheme is in force (fragments of a step
- * made under rs go once the job runs replication); the rs scheme is a
+ * shards; the status the coordinator and mtcfs-admin read; what rs stores
+ * is a RAM-tier record (its holding of a step, which the retention plan
+ * drops: no scheme collects anything of its own); the rs scheme is a
  * restore source only for a shard this node has no record of. A struct
  * eng of just what the interface reads, over a real RAM tier. */
 #include <errno.h>
@@ -61,26 +61,21 @@ static void fx_stop(struct fx *f)
 	ram_close(f->ram);
 }
 
-/* RAMDIR/frags/job/<step>/x (a fragment file of `len` bytes). */
+/* The parity holding of job's step: its record and directory
+ * (ram_parity_open), with a file of `len` bytes. */
 static void make_frag(struct fx *f, uint64_t step, size_t len)
 {
-	char p[PATH_MAX + 64];
 	char *buf = calloc(1, len ? len : 1);
-	int fd;
+	int dfd, fd;
 
 	assert_non_null(buf);
-	snprintf(p, sizeof(p), "%s/frags", f->tmp->path);
-	mkdir(p, 0700);
-	snprintf(p, sizeof(p), "%s/frags/job", f->tmp->path);
-	mkdir(p, 0700);
-	snprintf(p, sizeof(p), "%s/frags/job/%llu", f->tmp->path, (unsigned long long)step);
-	assert_int_equal(mkdir(p, 0700), 0);
-	snprintf(p, sizeof(p), "%s/frags/job/%llu/g0-c0-s2.frag", f->tmp->path,
-		 (unsigned long long)step);
-	fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	dfd = ram_parity_open(f->ram, "job", step, true);
+	assert_true(dfd >= 0);
+	fd = openat(dfd, "g0-c0-s2.frag", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	assert_true(fd >= 0);
 	assert_int_equal(write(fd, buf, len), (ssize_t)len);
 	close(fd);
+	close(dfd);
 	free(buf);
 }
 
@@ -89,7 +84,7 @@ static bool frag_there(struct fx *f, uint64_t step)
 	char p[PATH_MAX + 64];
 	struct stat st;
 
-	snprintf(p, sizeof(p), "%s/frags/job/%llu", f->tmp->path, (unsigned long long)step);
+	snprintf(p, sizeof(p), "%s/shards/job/%llu/parity", f->tmp->path, (unsigned long long)step);
 	return stat(p, &st) == 0;
 }
 
@@ -155,31 +150,41 @@ static void test_status(void **state)
 	fx_stop(&f);
 }
 
-/* Fragments made under rs go by the safe step and by a restore of an
- * older step also after the job switched to replication. */
-static void test_gc_and_drop_newer_run_every_scheme(void **state)
+/* A holding made under rs is a record of the RAM tier whatever scheme
+ * is in force now: not a shard (idx_list_shards leaves it out, the
+ * restore catalog and the namespace never see it), one of the records the
+ * retention plan and the RAM tier's scan get, and ram_drop removes it. */
+static void test_parity_holding_is_a_record(void **state)
 {
 	struct fx f;
 	struct ec_redundancy rep = { EC_REPLICATION, 0, 0 };
+	struct shard_rec *recs = NULL;
+	struct shard_key k;
+	size_t n = 0;
 
 	fx_start(state, "rs:2+1", 1, &f);
 	make_frag(&f, 3, 4096);
 	make_frag(&f, 5, 4096);
-	make_frag(&f, 7, 4096);
-	make_frag(&f, 9, 4096);
 	eng_ec_set_job(f.e, true, &rep);
 	assert_ptr_equal(redund_for(f.e), &redund_replication);
-
-	redund_gc(f.e, "job", 5);          /* step 5 is safe: 3 goes */
+	assert_int_equal(idx_list_shards(ram_idx(f.ram), "job", &recs, &n), 0);
+	assert_int_equal(n, 0);
+	idx_recs_free(recs, n);
+	assert_int_equal(idx_list_records(ram_idx(f.ram), "job", &recs, &n), 0);
+	assert_int_equal(n, 2);
+	for (size_t i = 0; i < n; i++) {
+		assert_true(life_is_parity(&recs[i].key));
+		assert_true(recs[i].flags & SHF_PARITY);
+		assert_int_equal(recs[i].state, SH_COMMITTED);
+	}
+	idx_recs_free(recs, n);
+	life_parity_key("job", 3, &k);
+	assert_int_equal(ram_drop(f.ram, &k, NULL), 0);
 	assert_false(frag_there(&f, 3));
 	assert_true(frag_there(&f, 5));
-	assert_true(frag_there(&f, 7));
-	redund_drop_newer(f.e, "job", 7);  /* step 7 restored: 9 is of the timeline left */
-	assert_false(frag_there(&f, 9));
-	assert_true(frag_there(&f, 5));
-	assert_true(frag_there(&f, 7));
-	redund_gc(f.e, "other", 100);      /* another job's safe step touches nothing */
-	assert_true(frag_there(&f, 5));
+	/* opened again without create: no holding is made */
+	assert_int_equal(ram_parity_open(f.ram, "job", 3, false), -ENOENT);
+	assert_false(frag_there(&f, 3));
 	fx_stop(&f);
 }
 
@@ -212,7 +217,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_scheme_in_force, tmp_setup, tmp_teardown),
 		cmocka_unit_test(test_every_scheme_has_the_required_ops),
 		cmocka_unit_test_setup_teardown(test_status, tmp_setup, tmp_teardown),
-		cmocka_unit_test_setup_teardown(test_gc_and_drop_newer_run_every_scheme, tmp_setup,
+		cmocka_unit_test_setup_teardown(test_parity_holding_is_a_record, tmp_setup,
 						tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_rs_source_only_without_a_record, tmp_setup,
 						tmp_teardown),

@@ -32,8 +32,8 @@ killed -9 with their RAMDIR wiped, then a job restart.
   sends to dead nodes; a push to a dead peer) takes well under 5 s;
 - a shard rebuilt from fragments gets permission bits only: 04755, 02755
   files and a 01777 directory come back 0755, 0755, 01777 (sticky only narrows deletes);
-- RAM held per node for one protected step (du of RAMDIR's shards/ and
-  frags/) against (1 + M/K) x S;
+- RAM held per node for one protected step (du of RAMDIR's shards/, the
+  parity holdings included) against (1 + M/K) x S;
 - fragments checked like shards: mtcfs-admin verify names a parity
   fragment with a flipped payload byte; the start-up scan removes a
   half-written file and a fragment with a broken header.
@@ -72,11 +72,11 @@ EXPECTED = (r"ec: .*(failed|refused)|ec restore: |cannot rebuild|"
 
 class EcCase(unittest.TestCase):
 
-    def make(self, n, red, extra=""):
+    def make(self, n, red, extra="", ram_size="256M"):
         m = re.match(r"rs:(\d+)\+", red)
         self.k = int(m.group(1)) if m else None   # None: the yaml sets it
         opts = "redundancy=" + red + ("," + extra if extra else "")
-        c = Cluster(n, ram_size="256M", restore_timeout=20, extra=opts)
+        c = Cluster(n, ram_size=ram_size, restore_timeout=20, extra=opts)
         for d in c.nodes:
             d.extra_args.append("-d")
         self.addCleanup(c.close)
@@ -85,13 +85,7 @@ class EcCase(unittest.TestCase):
         return c
 
     def frags(self, r, job, step=None):
-        d = os.path.join(self.c.nodes[r].ramdir, "frags", job)
-        if step is not None:
-            d = os.path.join(d, str(step))
-        try:
-            return sorted(os.listdir(d))
-        except FileNotFoundError:
-            return []
+        return harness.parity_files(self.c.nodes[r].ramdir, job, step)
 
     def wait_protected(self, job, step, ranks=None, timeout=60):
         ranks = range(self.c.n) if ranks is None else ranks
@@ -213,7 +207,7 @@ class EcCase(unittest.TestCase):
         self.assertEqual(c.job_start(job), {r: 0 for r in range(6)})
         self.save_protected(job, 7)
         # flip a payload byte of every parity fragment node 1 stores
-        d = os.path.join(c.nodes[1].ramdir, "frags", job, "7")
+        d = harness.parity_dir(c.nodes[1].ramdir, job, 7)
         n = 0
         for name in os.listdir(d):
             if name.endswith(".frag"):
@@ -232,7 +226,7 @@ class EcCase(unittest.TestCase):
 
     def test_fragments_verified_and_scanned_at_start(self):
         """Fragments are checked like shards: mtcfs-admin verify reads every
-        parity fragment and group manifest under frags/ (a flipped payload
+        parity fragment and group manifest of its holdings (a flipped payload
         byte is named, exit 1); a daemon that starts finds a half-written
         file (a crash while a fragment was received) and a fragment whose
         header is broken: both are removed, RAM given back, and the step is
@@ -249,7 +243,7 @@ class EcCase(unittest.TestCase):
         self.assertEqual(kinds.count("parity"), 1, js["fragments"])
         self.assertEqual(kinds.count("manifest"), 3, js["fragments"])   # the group's
         self.assertTrue(all(f["result"] == "ok" for f in js["fragments"]), js)
-        d = os.path.join(node.ramdir, "frags", job, "4")
+        d = harness.parity_dir(node.ramdir, job, 4)
         frag = [n for n in os.listdir(d) if n.endswith(".frag")][0]
         with open(os.path.join(d, frag), "r+b") as f:
             f.seek(-40, os.SEEK_END)   # inside the payload, before the trailer
@@ -333,11 +327,106 @@ class EcCase(unittest.TestCase):
         # in the background: measure once that is done
         wait_until(lambda: re.search(r"ec: job=%s step=2 parity rebuilt here" % job,
                                      node.log_text()), 60, "node 3's parity rebuilt")
-        held = du_trees([os.path.join(node.ramdir, d) for d in ("ns", "shards", "frags")])
+        held = du_trees([os.path.join(node.ramdir, d) for d in ("ns", "shards")])
         used = json.loads(harness.admin("status", node.ramdir, "--json"))["ram_used"]
         S = sum(len(v) for v in shard_files(job, 2, 3, size).values())
         self.assertLess(abs(used - held), S // 10,
                         "ram_used %d, held %d (shard %d)" % (used, held, S))
+
+    # -- parity holdings under ram_size ----------------------------------------
+
+    def wait_sent(self, job, step):
+        c = self.c
+        wait_until(lambda: all(re.search(r"ec: job=%s step=%d sent" % (job, step),
+                                         c.nodes[r].log_text()) and
+                               not [x for x in self.frags(r, job, step) if x.endswith(".tmp")]
+                               for r in range(c.n)), 60, "fragments of step %d sent" % step)
+
+    def fill(self, path, nbytes):
+        """Write nbytes into path in 64 KiB writes (the daemon reserves
+        each before it lands)."""
+        chunk = b"\x5a" * (64 * KiB)
+        with open(path, "wb") as f:
+            left = nbytes
+            while left > 0:
+                f.write(chunk[:min(left, len(chunk))])
+                f.flush()
+                left -= len(chunk)
+
+    def test_parity_reclaimed_by_ram_size_policy(self):
+        """A step's parity holding goes under ram_size's pressure by the
+        same policy as the step's replicas: a node at its ram_size drops
+        an earlier job's parity (after that job's shard) for a write of the
+        current job; the parity of the current job's LKG step is never
+        dropped: the write then gets ENOSPC, as for shards."""
+        size = 1 << 20
+        c = self.make(3, "rs:2+1", ram_size="8M")
+        self.assertEqual(c.job_start("ecja"), {r: 0 for r in range(3)})
+        self.save_protected("ecja", 1, size=size)
+        self.wait_sent("ecja", 1)
+        self.assertEqual(c.job_start("ecjb"), {r: 0 for r in range(3)})
+        self.save_protected("ecjb", 1, size=size)
+        self.wait_sent("ecjb", 1)
+        node = c.nodes[1]
+        node.expect_log(r"RAM tier full|is not the current job")
+        a_dir = harness.parity_dir(node.ramdir, "ecja", 1)
+        b_dir = harness.parity_dir(node.ramdir, "ecjb", 1)
+        a_shard = os.path.join(node.ramdir, "shards", "ecja", "1", "n1-w0")
+        self.assertIn("protected", os.listdir(a_dir))
+        par_a, par_b, shard_a = du(a_dir), du(b_dir), du(a_shard)
+        self.assertGreater(par_a, size // 4)
+        sv = os.statvfs(node.mnt)
+        free = sv.f_bavail * sv.f_frsize
+        # more than job a's shard frees: its parity must go too
+        self.fill(os.path.join(node.mnt, "scratch"), free + shard_a + par_a // 2)
+        self.assertFalse(os.path.exists(a_shard), "job a's shard dropped first")
+        self.assertFalse(os.path.exists(a_dir), "job a's parity dropped for room")
+        self.assertRegex(node.log_text(), r"ec: job=ecja step=1 fragments dropped")
+        # the LKG's parity is kept: the write is refused
+        sv = os.statvfs(node.mnt)
+        free = sv.f_bavail * sv.f_frsize
+        with self.assertRaises(OSError) as cm:
+            self.fill(os.path.join(node.mnt, "scratch2"), free + par_b // 2)
+        self.assertEqual(cm.exception.errno, errno.ENOSPC)
+        self.assertIn("protected", os.listdir(b_dir))
+        self.assertEqual(len([x for x in os.listdir(b_dir) if x.endswith(".frag")]), 1)
+        used = json.loads(harness.admin("status", node.ramdir, "--json"))["ram_used"]
+        self.assertLessEqual(used, 8 << 20)
+        rc, text = subprocess_admin(["verify", node.ramdir])
+        self.assertEqual(rc, 0, text)
+
+    def test_rebuilt_parity_refused_when_it_does_not_fit(self):
+        """The parity a node rebuilds after the barrier is reserved before
+        it is written: node 1 comes back without its parity of the LKG step
+        and with a ram_size its shard fills, and the rebuild of its parity
+        is refused (nothing written, ram_used within ram_size)."""
+        size = 1 << 20
+        c = self.make(3, "rs:2+1")
+        job = "ecfit"
+        self.assertEqual(c.job_start(job), {r: 0 for r in range(3)})
+        self.save_protected(job, 1, size=size)
+        self.save_protected(job, 2, size=size)
+        self.wait_sent(job, 2)
+        wait_until(lambda: all(self.frags(r, job) == ["2"] for r in range(3)), 30,
+                   "step 1's parity dropped once 2 is protected")
+        node = c.nodes[1]
+        node.stop()
+        par = du(harness.parity_dir(node.ramdir, job, 2))
+        shutil.rmtree(harness.parity_dir(node.ramdir, job, 2))
+        held = du_trees([os.path.join(node.ramdir, d) for d in ("ns", "shards")])
+        cap = held + par // 4    # room for the group's manifests, not the parity
+        node.opts = re.sub(r"ram_size=[^,]*", "ram_size=%d" % cap, node.opts)
+        for d in c.nodes:
+            d.expect_log(EXPECTED + r"|RAM tier full|could not be rebuilt")
+        node.start()
+        self.assertEqual(c.job_start(job), {r: 2 for r in range(3)})
+        node.wait_log(r"ec: job=%s step=2: parity cw \d+ slot \d+ refused: no room" % job, 60,
+                      "node 1's parity rebuild refused")
+        self.assertEqual([x for x in self.frags(1, job, 2) if x.endswith(".frag")], [])
+        used = json.loads(harness.admin("status", node.ramdir, "--json"))["ram_used"]
+        self.assertLessEqual(used, cap)
+        for r in range(3):
+            c.restore_and_verify(job, r, 2, size=size)
 
     # -- bad input -----------------------------------------------------------
 
@@ -468,7 +557,7 @@ class EcCase(unittest.TestCase):
     def unprotected_after_restart(self, job):
         """rs:2+1 on 3 nodes, step 1 protected. Node 0 commits step 2 while
         nodes 1 and 2 are stopped (SIGSTOP) and is killed -9 before its
-        manifest of step 2 left it (frags/JOB/2 removed from its RAMDIR: the
+        manifest of step 2 left it (its parity holding of step 2 removed from its RAMDIR: the
         kill came before it was written); nodes 1 and 2 then commit step 2.
         Node 0 comes back with its RAMDIR and the job restarts: every node
         restores step 2 from its own RAM, and no parity of step 2 exists."""
@@ -487,7 +576,7 @@ class EcCase(unittest.TestCase):
         finally:
             for r in (1, 2):
                 os.kill(c.nodes[r].proc.pid, signal.SIGCONT)
-        shutil.rmtree(os.path.join(c.nodes[0].ramdir, "frags", job, "2"))
+        shutil.rmtree(harness.parity_dir(c.nodes[0].ramdir, job, 2))
         c.save(job, 2, ranks=[1, 2], size=SIZE)
         wait_until(lambda: all(c.holds(r, job).get((r, 2)) in harness.COMMITTED_STATES
                                for r in (1, 2)), 30, "step 2 committed on nodes 1 and 2")
@@ -644,11 +733,10 @@ class EcCase(unittest.TestCase):
         for r in twins:
             # identical shards are not encoded twice: no manifest, no
             # fragment, nothing sent from a twin
-            self.assertEqual(self.frags(r, job), [], "twin %d's frags/" % r)
+            self.assertEqual(self.frags(r, job), [], "twin %d's parity holdings" % r)
             self.assertNotRegex(c.nodes[r].log_text(), r"ec: job=%s step=\d+ sent" % job)
         for r in range(n):
-            held = du(os.path.join(c.nodes[r].ramdir, "shards", job)) + \
-                du(os.path.join(c.nodes[r].ramdir, "frags", job))
+            held = du(os.path.join(c.nodes[r].ramdir, "shards", job))   # parity too
             goal = 1.5 if r < part else 1.0
             print("dp rs:2+1 node %d: %.3f x S (goal %.3f)" % (r, held / S, goal))
             self.assertLess(abs(held / S - goal), 0.1 * goal, "node %d" % r)
@@ -707,8 +795,7 @@ class EcCase(unittest.TestCase):
                                        for r in range(n)), 60, "fragments sent")
                 S = sum(len(v) for v in shard_files(job, 3, 0, size).values())
                 for r in range(n):
-                    held = du(os.path.join(c.nodes[r].ramdir, "shards", job)) + \
-                        du(os.path.join(c.nodes[r].ramdir, "frags", job))
+                    held = du(os.path.join(c.nodes[r].ramdir, "shards", job))   # parity too
                     ratio = held / S
                     print("%s node %d: %.3f x S (goal %.3f)" % (red, r, ratio, 1 + m / k))
                     self.assertLess(abs(ratio - (1 + m / k)), 0.1 * (1 + m / k))

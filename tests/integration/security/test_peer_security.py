@@ -961,13 +961,7 @@ class EcHostilePeer(unittest.TestCase):
         self.others = [r for r in range(6) if self.group[r] != self.group[1]]
 
     def frags(self, r, step=None):
-        d = os.path.join(self.c.nodes[r].ramdir, "frags", EC_JOB)
-        if step is not None:
-            d = os.path.join(d, str(step))
-        try:
-            return sorted(os.listdir(d))
-        except FileNotFoundError:
-            return []
+        return harness.parity_files(self.c.nodes[r].ramdir, EC_JOB, step)
 
     def ram_used(self):
         return json.loads(harness.admin("status", self.node.ramdir, "--json"))["ram_used"]
@@ -999,7 +993,7 @@ class EcHostilePeer(unittest.TestCase):
     def test_ec_meta_other_job_refused(self):
         mate = self.mates[0]
         self.refused(errno.EPERM, self.meta, mate, 2, self.some_manifest(), job="otherjob")
-        self.assertFalse(os.path.exists(os.path.join(self.node.ramdir, "frags", "otherjob")))
+        self.assertFalse(os.path.exists(os.path.join(self.node.ramdir, "shards", "otherjob")))
 
     def test_ec_meta_older_than_protected_refused(self):
         # step 1 is the protected (safe) step: step 0 is older
@@ -1015,7 +1009,7 @@ class EcHostilePeer(unittest.TestCase):
 
     def test_ec_meta_never_replaces_a_manifest(self):
         mate = self.mates[0]
-        path = os.path.join(self.node.ramdir, "frags", EC_JOB, "1", "m%d.mf" % mate)
+        path = os.path.join(harness.parity_dir(self.node.ramdir, EC_JOB, 1), "m%d.mf" % mate)
         with open(path, "rb") as f:
             real = f.read()
         e = self.refused(errno.EEXIST, self.meta, mate, 1, self.some_manifest())
@@ -1053,7 +1047,7 @@ class EcHostilePeer(unittest.TestCase):
                 harness.wait_until(lambda: self.frags(1) == ["1"], 30, "only step 1's fragments")
             self.refused(err, self.call, mate, {"op": "ec_data", "job": job, "step": step,
                                                 "group": self.group[1], "cw": 0, "slot": 0})
-        self.assertFalse(os.path.exists(os.path.join(self.node.ramdir, "frags", "otherjob")))
+        self.assertFalse(os.path.exists(os.path.join(self.node.ramdir, "shards", "otherjob")))
         self.assertEqual(self.frags(1), ["1"])
 
 
