@@ -275,13 +275,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	pthread_mutex_init(&e->mu, NULL);
 	pthread_mutex_init(&e->ctl_mu, NULL);
 	pthread_cond_init(&e->ctl_cv, NULL);
-	{
-		pthread_condattr_t ca;
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&e->quit_cv, &ca);
-		pthread_condattr_destroy(&ca);
-	}
+	util_cond_init_monotonic(&e->quit_cv);
 	if (!o->listen && (o->peers || o->coordinator)) {
 		log_err("engine", "the peer tier needs listen=HOST:PORT");
 		rc = -EINVAL;

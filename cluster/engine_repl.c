@@ -99,13 +99,9 @@ static void *retry_main(void *arg)
 
 int eng_repl_start(struct eng *e)
 {
-	pthread_condattr_t ca;
 	int rc;
 
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&e->retry_cv, &ca);
-	pthread_condattr_destroy(&ca);
+	util_cond_init_monotonic(&e->retry_cv);
 	rc = pthread_create(&e->retry_thr, NULL, retry_main, e);
 	if (rc != 0)
 		return -rc;
@@ -140,13 +136,8 @@ static void *watch_main(void *arg)
 
 static void watch_start(struct eng *e)
 {
-	pthread_condattr_t ca;
-
 	pthread_mutex_init(&e->watch_mu, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&e->watch_cv, &ca);
-	pthread_condattr_destroy(&ca);
+	util_cond_init_monotonic(&e->watch_cv);
 	e->watch_done = false;
 	e->watch_running = pthread_create(&e->watch_thr, NULL, watch_main, e) == 0;
 	if (!e->watch_running) {

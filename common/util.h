@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 /* "512M", "4G", "200Gi", "1048576", "1.5G" -> bytes. 0 or -EINVAL. */
@@ -40,6 +41,9 @@ int util_read_file_at(int dirfd, const char *name, size_t max, char **buf, size_
 void *util_grow(void *v, size_t n, size_t *cap, size_t elem, size_t first);
 /* Monotonic time in nanoseconds. */
 uint64_t util_now_ns(void);
+/* A condition variable whose timed waits count CLOCK_MONOTONIC (so a
+ * change of the wall clock neither shortens nor stretches them). */
+void util_cond_init_monotonic(pthread_cond_t *cv);
 /* RLIMIT_NOFILE's soft limit raised to the hard one (which only a
  * CAP_SYS_RESOURCE process may raise), and the result: the soft limit in
  * force, UINT64_MAX for RLIM_INFINITY, 0 when it cannot be read. *raise_rc

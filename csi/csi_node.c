@@ -360,14 +360,7 @@ int csi_node_create(const struct csi_node_opts *o, struct csi_node **out, char *
 	n->o = *o;
 	n->ram_bytes = o->cfg->ram_bytes;
 	pthread_mutex_init(&n->mu, NULL);
-	{
-		pthread_condattr_t ca;
-
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&n->cv, &ca);
-		pthread_condattr_destroy(&ca);
-	}
+	util_cond_init_monotonic(&n->cv);
 	/* kubelet names targets under its root as it was given (a symlink
 	 * there is the admin's); the mount table shows them resolved */
 	if (snprintf(n->pods, sizeof(n->pods), "%s/pods",

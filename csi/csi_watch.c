@@ -6,6 +6,7 @@
 #include "csi/csi_cfg.h"
 #include "csi/csi_kube.h"
 #include "common/log.h"
+#include "common/util.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -241,7 +242,6 @@ static void *watch_run(void *arg)
 int csi_watch_start(const struct csi_watch_opts *o, struct csi_node *n, struct csi_watch **out,
 		    char *err, size_t errcap)
 {
-	pthread_condattr_t ca;
 	struct csi_watch *w;
 	int rc;
 
@@ -267,10 +267,7 @@ int csi_watch_start(const struct csi_watch_opts *o, struct csi_node *n, struct c
 		return csi_fail(err, errcap, "curl_global_init failed");
 	}
 	pthread_mutex_init(&w->mu, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&w->cv, &ca);
-	pthread_condattr_destroy(&ca);
+	util_cond_init_monotonic(&w->cv);
 	rc = pthread_create(&w->th, NULL, watch_run, w);
 	if (rc != 0) {
 		pthread_cond_destroy(&w->cv);
