@@ -959,6 +959,13 @@ class EcHostilePeer(unittest.TestCase):
             self.group[r] = int(m.group(1))
         self.mates = [r for r in range(6) if self.group[r] == self.group[1] and r != 1]
         self.others = [r for r in range(6) if self.group[r] != self.group[1]]
+        # what "older than protected" means on node 1: its protected step
+        # moves to 1 with the coordinator's event, a moment after step 1's
+        # parity is on disk everywhere (a request for step 0 in between is
+        # one node 1 still takes, and waits for its data)
+        harness.wait_until(lambda: re.search(
+            r"job %s: step 1 committed and replicated on every node" % EC_JOB,
+            self.node.log_text()), 30, "node 1 knowing step 1 is protected job-wide")
 
     def frags(self, r, step=None):
         return harness.parity_files(self.c.nodes[r].ramdir, EC_JOB, step)
