@@ -244,6 +244,51 @@ static void test_peer_tier_fetches_shard(void **state)
 	holder_stop(&b);
 }
 
+/* A peer tier in a cut set fetches as any other until the set is cut;
+ * then it fails with -ECANCELED before it connects, nothing staged. */
+static void test_peer_tier_cut(void **state)
+{
+	struct holder a, b;
+	struct manifest *mf = NULL;
+	struct shard_key k, k2;
+	struct tier t = { 0 }, *src = &t;
+	struct tier_cut *cut = NULL;
+	struct tier_get g;
+	char why[512] = "";
+
+	holder_start(*state, "a", 0, true, &a);
+	holder_start(*state, "b", 1, false, &b);
+	key_of(&k, 5, 1);
+	seal(&a, &k, 0, &mf);
+	assert_int_equal(tier_cut_new(&cut), 0);
+	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &t), 0);
+	tier_peer_cut_by(&t, cut);
+	get_of(&g, &b, &k, &k, mf->hash);
+	assert_int_equal(tier_obtain(&src, 1, &g, why, sizeof(why)), 0);
+	assert_restored(&b, &k, mf->hash);
+	mf_free(mf);
+	mf = NULL;
+	key_of(&k2, 6, 1);
+	seal(&a, &k2, 0, &mf);
+	tier_cut_all(cut);
+	get_of(&g, &b, &k2, &k2, mf->hash);
+	assert_int_equal(tier_obtain(&src, 1, &g, why, sizeof(why)), -ECANCELED);
+	{
+		struct shard_rec rec = { 0 };
+		struct stat sb;
+		char path[PATH_MAX];
+
+		assert_int_equal(idx_get_shard(ram_idx(b.ram), &k2, &rec), -ENOENT);
+		snprintf(path, sizeof(path), "%s/shards/%s/6", ram_path(b.ram), k2.job);
+		assert_int_equal(stat(path, &sb), -1);   /* nothing staged */
+	}
+	tier_close(&t);
+	tier_cut_free(cut);
+	mf_free(mf);
+	holder_stop(&a);
+	holder_stop(&b);
+}
+
 /* A copy whose bytes changed on its holder fails its CRC32C on the way;
  * alone it is an error with nothing left behind; as the first of two
  * sources the second one's copy is restored. */
@@ -790,6 +835,7 @@ int main(void)
 	mem_bucket_install();
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_peer_tier_fetches_shard, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_peer_tier_cut, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_peer_tier_corrupt_copy_falls_back, tmp_setup,
 						tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_peer_tier_refuses_other_manifest, tmp_setup,
