@@ -207,47 +207,36 @@ static int adopt_rename(void *arg, int dirfd, struct manifest **mf)
 	return adopt_mate_files(a->c, dirfd, a->step, a->owner, a->rank, mf);
 }
 
-/* Make this node's shard of plan p of worker w (0 unless one shard per
- * worker; p's holder, owner, hash and addr are that worker's) present
- * under its own key, from the tier the plan names. *whole: a bucket
- * restore brought every worker's file in worker 0's shard (a backup of
- * the older layout). */
-static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *p, uint32_t w,
-		  bool *whole, char *why, size_t whylen)
+/* The source of worker w's shard of plan entry p (0 unless one shard per
+ * worker; p's holder, owner, hash and addr are that worker's) in *t, and
+ * what the tier needs in g (g->as is this node's key of the worker). 0 or
+ * -errno with why. */
+static int source_of(struct eng *e, const struct rcfg *c, const struct plan_entry *p,
+		     struct adopt *ad, struct tier *t, struct tier_get *g, char *why, size_t whylen)
 {
-	struct tier_get g = { .ram = e->ram };
-	struct adopt ad = { c, p->step, p->owner, (uint32_t)c->node_rank };
-	struct tier t = { 0 }, *src = &t;
 	char addr[256];
 	int rc;
 
-	*whole = false;
-	snprintf(g.as.job, sizeof(g.as.job), "%s", c->job);
-	g.as.step = p->step;
-	g.as.rank = (uint32_t)c->node_rank;
-	g.as.worker = w;
-	g.want = g.as;
-	g.want.rank = p->owner;
-
+	g->want.rank = p->owner;
 	if (p->bucket) {
 		if (!e->bkt) {
 			snprintf(why, whylen, "the plan restores backup %s but this node has no bucket= option",
 				 p->backup);
 			return -ENOENT;
 		}
-		tier_bucket_init(e->bkt, &t);
-		g.backup = p->backup;
-		g.save_files = c->framework == RCFG_FW_PYTORCH;
-		g.workers_per_node = (uint32_t)c->workers_per_node;
-	} else if (p->holder == (uint32_t)c->node_rank && p->owner == g.as.rank &&
-		   (rc = redund_source(e, &g.want, (uint32_t)c->nodes, (uint32_t)c->assume_dp,
-				       &t)) != 0) {
+		tier_bucket_init(e->bkt, t);
+		g->backup = p->backup;
+		g->save_files = c->framework == RCFG_FW_PYTORCH;
+		g->workers_per_node = (uint32_t)c->workers_per_node;
+	} else if (p->holder == (uint32_t)c->node_rank && p->owner == g->as.rank &&
+		   (rc = redund_source(e, &g->want, (uint32_t)c->nodes, (uint32_t)c->assume_dp,
+				       t)) != 0) {
 		/* planned here with no copy here: the scheme rebuilds it (rs:
 		 * from the code) */
 		if (rc < 0)
 			return rc;
 	} else if (p->holder == (uint32_t)c->node_rank) {
-		tier_ram_init(e->ram, &t);
+		tier_ram_init(e->ram, t);
 	} else {
 		if (p->addr[0])
 			snprintf(addr, sizeof(addr), "%s", p->addr);
@@ -255,21 +244,19 @@ static int obtain(struct eng *e, const struct rcfg *c, const struct plan_entry *
 			snprintf(why, whylen, "no address for rank %u", p->holder);
 			return rc;
 		}
-		rc = tier_peer_open(addr, p->holder, c->node_rank, &e->auth, &t);
+		rc = tier_peer_open(addr, p->holder, c->node_rank, &e->auth, t);
 		if (rc < 0)
 			return rc;
-		g.hash = p->hash;
+		g->hash = p->hash;
 	}
-	if (p->owner != g.as.rank && c->framework == RCFG_FW_PYTORCH) {
+	if (p->owner != g->as.rank && c->framework == RCFG_FW_PYTORCH) {
 		/* a column mate's files, as this node's (a bucket restore of
 		 * one worker file already names it for this rank: no-op) */
-		g.rename = adopt_rename;
-		g.rename_arg = &ad;
+		*ad = (struct adopt){ c, p->step, p->owner, (uint32_t)c->node_rank };
+		g->rename = adopt_rename;
+		g->rename_arg = ad;
 	}
-	rc = tier_obtain(&src, 1, &g, why, whylen);
-	*whole = g.whole;
-	tier_close(&t);
-	return rc;
+	return 0;
 }
 
 static void to_restore_plan(const struct rcfg *c, const struct plan_entry *p, struct restore_plan *rp)
@@ -290,7 +277,8 @@ static void to_restore_plan(const struct rcfg *c, const struct plan_entry *p, st
 	rp->source = p->holder == (uint32_t)c->node_rank ? RS_LOCAL : RS_PEER;
 }
 
-/* One restore round of the control thread: what its steps share. */
+/* One restore round of the control thread: what its steps share, and the
+ * coordinator's plans as restore_run()'s planner (tiers/restore.h). */
 struct round {
 	struct eng *e;
 	const struct rcfg *c;
@@ -300,9 +288,10 @@ struct round {
 	uint64_t deadline;           /* util_now_ns(): give up after */
 	int rounds;                  /* catalog attempts retried */
 	char last_notes[1024];       /* the plan's notes last reported */
+	struct plan_entry cur;       /* the plan being followed */
+	struct plan_entry pw;        /* cur with one worker's source */
+	struct adopt ad;             /* a column mate's files renamed */
 };
-
-#define PLAN_RESTART 1           /* the coordinator restarts the round */
 
 /* This node's catalog to the coordinator; its answer (a plan) in *resp.
  * The coordinator not answering is retried every second until the
@@ -338,52 +327,6 @@ static int send_catalog(struct round *r, json_t **resp)
 			pthread_cond_timedwait(&e->ctl_cv, &e->ctl_mu, &ts);
 		pthread_mutex_unlock(&e->ctl_mu);
 	}
-}
-
-/* Each worker's shard of plan p from its own source (one shard per
- * worker), as GKE restores each worker's file. On failure, why says why,
- * *fw is the worker that failed and p's holder/owner its source (for
- * fetch_failed). 0 or -errno. */
-static int obtain_workers(struct round *r, struct plan_entry *p, uint32_t *fw, char *why,
-			  size_t whylen)
-{
-	uint32_t W = job_workers(r->c);
-	struct plan_entry *pw = NULL;
-	int rc = 0;
-
-	*fw = 0;
-	for (uint32_t w = 0; w < W && rc == 0; w++) {
-		bool whole = false;
-		if (w > 0 && !p->bucket && w >= p->nsrc) {
-			rc = -EPROTO;
-			snprintf(why, whylen, "the plan names no source for worker %u", w);
-			break;
-		}
-		if (w > 0 && (!p->bucket || w < p->nsrc)) {
-			/* its own source (bucket: the backup's node
-			 * to fetch, when the plan names one) */
-			if (!pw && !(pw = malloc(sizeof(*pw)))) {
-				rc = -ENOMEM;
-				break;
-			}
-			*pw = *p;
-			pw->holder = p->src[w].holder;
-			pw->owner = p->src[w].owner;
-			memcpy(pw->hash, p->src[w].hash, 32);
-			snprintf(pw->addr, sizeof(pw->addr), "%s", p->src[w].addr);
-		}
-		*fw = w;
-		rc = obtain(r->e, r->c, w > 0 && (!p->bucket || w < p->nsrc) ? pw : p, w,
-			    &whole, why, whylen);
-		if (whole)
-			break;   /* every worker's file came in worker 0's shard */
-	}
-	if (rc < 0 && *fw > 0 && pw) {
-		p->holder = pw->holder;   /* the failed source, for fetch_failed */
-		p->owner = pw->owner;
-	}
-	free(pw);
-	return rc;
 }
 
 /* Worker fw's source of plan p failed (why): said, and the coordinator
@@ -441,89 +384,147 @@ static void restored(struct round *r, const struct plan_entry *p)
 		eng_reprotect(e, c->job, p->step, (uint32_t)c->nodes, (uint32_t)c->assume_dp);
 }
 
-/* Follows the coordinator's plans, from *resp (consumed): the data of
- * each, then the barrier, until one passes it. 0 (plan filled in),
- * PLAN_RESTART (send the catalog again), or -errno. */
-static int follow_plans(struct round *r, json_t **resp,
-			void (*prerestore)(void *arg, const struct restore_plan *p),
-			struct restore_plan *plan)
+/* The coordinator's answer in resp (consumed) as the plan to follow, in
+ * r->cur and *rp; an answer that restarts the round sends the catalog
+ * again. 0 or -errno. */
+static int take_plan(struct round *r, json_t *resp, struct restore_plan *rp)
 {
 	const struct rcfg *c = r->c;
-	struct plan_entry p;
+	struct plan_entry *p = &r->cur;
+	enum proto_op op;
 	int rc;
 
-	for (;;) {
-		enum proto_op op;
-		char why[512] = "";
-		json_t *rd;
-		uint32_t fw;
-
-		if (proto_msg_op(*resp, &op) == 0 && op == PROTO_RESTART)
-			return PLAN_RESTART;
-		rc = parse_plan(*resp, &p);
-		json_decref(*resp);
-		*resp = NULL;
+	while (proto_msg_op(resp, &op) == 0 && op == PROTO_RESTART) {
+		json_decref(resp);
+		resp = NULL;
+		rc = send_catalog(r, &resp);
 		if (rc < 0)
 			return rc;
-		if (p.bucket && !p.has_owner) {
-			/* this rank's own shard of the backup */
-			p.holder = p.owner = (uint32_t)c->node_rank;
-			p.nsrc = 0;
-		}
-		to_restore_plan(c, &p, plan);
-		if (p.notes[0] && r->rep && strcmp(p.notes, r->last_notes)) {
-			r->rep(r->arg, p.notes);
-			snprintf(r->last_notes, sizeof(r->last_notes), "%s", p.notes);
-		}
-		if (prerestore)
-			prerestore(r->arg, plan);
-		if (p.found && obtain_workers(r, &p, &fw, why, sizeof(why)) < 0) {
-			rc = source_failed(r, &p, fw, why, resp);
-			if (rc < 0)
-				return rc;
-			/* out of time with this plan's data not here: a failure,
-			 * never a success (it returned the fetch_failed call's 0,
-			 * and the caller published the markers of a step it did
-			 * not have) */
-			if (util_now_ns() > r->deadline)
-				return -ETIMEDOUT;
-			continue;
-		}
-		/* the job-wide barrier */
-		rd = proto_ready_encode(&(struct proto_ready){ .job = c->job, .plan = p.plan });
-		rc = eng_ctl_call(r->e, rd, resp, r->call_ms);
-		json_decref(rd);
-		if (rc < 0)
-			return rc;
-		if (proto_msg_op(*resp, &op) == 0 && op == PROTO_GO) {
-			json_decref(*resp);
-			*resp = NULL;
-			if (p.found)
-				restored(r, &p);
-			return 0;
-		}
-		if (util_now_ns() > r->deadline)
-			return -ETIMEDOUT;
-		/* a new plan (another node's source failed): go around again */
 	}
+	rc = parse_plan(resp, p);
+	json_decref(resp);
+	if (rc < 0)
+		return rc;
+	if (p->bucket && !p->has_owner) {
+		/* this rank's own shard of the backup */
+		p->holder = p->owner = (uint32_t)c->node_rank;
+		p->nsrc = 0;
+	}
+	to_restore_plan(c, p, rp);
+	if (p->notes[0] && r->rep && strcmp(p->notes, r->last_notes)) {
+		r->rep(r->arg, p->notes);
+		snprintf(r->last_notes, sizeof(r->last_notes), "%s", p->notes);
+	}
+	return 0;
+}
+
+static int round_plan(void *arg, struct restore_plan *rp)
+{
+	struct round *r = arg;
+	json_t *resp = NULL;
+	int rc = send_catalog(r, &resp);
+
+	return rc < 0 ? rc : take_plan(r, resp, rp);
+}
+
+/* Plan entry of worker w: cur, or cur with w's own source (one shard per
+ * worker: src[w]; bucket: the backup's node to fetch, when named). */
+static const struct plan_entry *worker_entry(struct round *r, uint32_t w)
+{
+	const struct plan_entry *p = &r->cur;
+
+	if (w == 0 || (p->bucket && w >= p->nsrc))
+		return p;
+	r->pw = *p;
+	r->pw.holder = p->src[w].holder;
+	r->pw.owner = p->src[w].owner;
+	memcpy(r->pw.hash, p->src[w].hash, 32);
+	snprintf(r->pw.addr, sizeof(r->pw.addr), "%s", p->src[w].addr);
+	return &r->pw;
+}
+
+static int round_source(void *arg, const struct restore_plan *rp, uint32_t w, struct tier *t,
+			struct tier_get *g, char *why, size_t whylen)
+{
+	struct round *r = arg;
+
+	(void)rp;
+	if (w > 0 && !r->cur.bucket && w >= r->cur.nsrc) {
+		snprintf(why, whylen, "the plan names no source for worker %u", w);
+		return -EPROTO;
+	}
+	return source_of(r->e, r->c, worker_entry(r, w), &r->ad, t, g, why, whylen);
+}
+
+static int round_failed(void *arg, struct restore_plan *rp, uint32_t w, const char *why)
+{
+	struct round *r = arg;
+	json_t *resp = NULL;
+	int rc = source_failed(r, worker_entry(r, w), w, why, &resp);
+
+	if (rc < 0)
+		return rc;
+	rc = take_plan(r, resp, rp);
+	/* out of time with this plan's data not here: a failure, never a
+	 * success (the caller would publish the markers of a step it does
+	 * not have) */
+	if (rc == 0 && util_now_ns() > r->deadline)
+		rc = -ETIMEDOUT;
+	return rc;
+}
+
+/* The job-wide barrier: passed, or another node's source failed and the
+ * coordinator sends a new plan. */
+static int round_ready(void *arg, struct restore_plan *rp)
+{
+	struct round *r = arg;
+	json_t *rd, *resp = NULL;
+	enum proto_op op;
+	int rc;
+
+	rd = proto_ready_encode(&(struct proto_ready){ .job = r->c->job, .plan = r->cur.plan });
+	rc = eng_ctl_call(r->e, rd, &resp, r->call_ms);
+	json_decref(rd);
+	if (rc < 0)
+		return rc;
+	if (proto_msg_op(resp, &op) == 0 && op == PROTO_GO) {
+		json_decref(resp);
+		if (r->cur.found)
+			restored(r, &r->cur);
+		return 0;
+	}
+	if (util_now_ns() > r->deadline) {
+		json_decref(resp);
+		return -ETIMEDOUT;
+	}
+	rc = take_plan(r, resp, rp);
+	return rc < 0 ? rc : RESTORE_REPLAN;
 }
 
 int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void *arg,
 		void (*prerestore)(void *arg, const struct restore_plan *p),
 		struct restore_plan *plan)
 {
-	struct round r = {
+	struct round *r = calloc(1, sizeof(*r));
+	struct restore_planner pl = {
+		.arg = r, .ram = e->ram, .workers = job_workers(c),
+		.plan = round_plan, .source = round_source, .failed = round_failed,
+		.ready = round_ready, .prerestore = prerestore, .pre_arg = arg,
+	};
+	bool stopping;
+	int rc;
+
+	if (!r)
+		return -ENOMEM;
+	*r = (struct round){
 		.e = e, .c = c, .rep = rep, .arg = arg,
 		.call_ms = (e->restore_timeout_s + 30) * 1000,
 		.deadline = util_now_ns() + (uint64_t)(3 * e->restore_timeout_s + 60) * 1000000000ULL,
 	};
-	json_t *resp = NULL;
-	bool stopping;
-	int rc;
-
 	pthread_mutex_lock(&e->ctl_mu);
 	if (e->no_restores) {
 		pthread_mutex_unlock(&e->ctl_mu);
+		free(r);
 		log_info("engine", "restore of job %s not started: the daemon is stopping", c->job);
 		return -ECANCELED;
 	}
@@ -531,13 +532,7 @@ int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void
 	e->restore_cancel = false;
 	e->restore_thr = pthread_self();
 	pthread_mutex_unlock(&e->ctl_mu);
-	do {
-		json_decref(resp);
-		resp = NULL;
-		rc = send_catalog(&r, &resp);
-		if (rc >= 0)
-			rc = follow_plans(&r, &resp, prerestore, plan);
-	} while (rc == PLAN_RESTART);
+	rc = restore_run(&pl, plan);
 
 	pthread_mutex_lock(&e->ctl_mu);
 	stopping = e->no_restores;
@@ -550,6 +545,6 @@ int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void
 		log_info("engine", "restore of job %s interrupted %s", c->job,
 			 stopping ? "by the daemon's stop (unmount or signal)"
 				  : "by a new replicator.yaml");
-	json_decref(resp);
+	free(r);
 	return rc;
 }

@@ -287,8 +287,9 @@ static void configure(struct fs *fs, const struct rcfg *c, const struct stat *st
 		log_err("ctl", "cannot delete replicator.yaml: %s", strerror(errno));
 }
 
-/* The step to restore, in *plan, and its data here: job-wide through the
- * engine, or from this node's catalog. 0, or < 0 when the sequence ends
+/* The step to restore, in *plan, and its data here: one restore round
+ * (restore_run), planned job-wide by the coordinator through the engine,
+ * or by this node alone from its own catalog. 0, or < 0 when the sequence ends
  * here (-ECANCELED: a new replicator.yaml; else the failure is reported). */
 static int restore_step(struct fs *fs, const struct rcfg *c, struct restore_plan *plan)
 {
@@ -311,25 +312,18 @@ static int restore_step(struct fs *fs, const struct rcfg *c, struct restore_plan
 			return rc;
 		}
 	} else {
+		/* a node on its own: the same round over its own catalog */
 		uint32_t workers = c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
 				   (uint32_t)c->workers_per_node : 1;
-		rc = restore_plan_local_w(fs->ram, c->job, (uint32_t)c->node_rank, workers,
-					  fs_report_error, fs, plan);
-		/* restored in place, as the RAM tier's get does with an engine:
-		 * an older mtcfs's shard gets the writer's directories */
-		for (uint32_t w = 0; rc == 0 && plan->found && w < workers; w++) {
-			struct shard_key k = plan->key;
-			k.worker = w;
-			ram_own(fs->ram, &k);   /* -ENOENT: a worker-0 shard holds all */
-		}
+		rc = restore_local(fs->ram, c->job, (uint32_t)c->node_rank, workers,
+				   fs_report_error, fs, prerestore_cb, plan);
 		if (rc < 0) {
 			snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
 				 strerror(-rc));
 			fs_report_error(fs, err);
 			memset(plan, 0, sizeof(*plan));
+			prerestore_cb(fs, plan);
 		}
-		prerestore_cb(fs, plan);
-		/* single node: the data is local and the job-wide barrier is trivial */
 	}
 	return 0;
 }

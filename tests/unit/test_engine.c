@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include "cluster/engine_int.h"
+#include "tiers/restore.h"
 #include "tiers/tier.h"
 #include "tiers/xfer.h"
 
@@ -110,7 +111,11 @@ static void seal(struct holder *h, const struct shard_key *k, uint32_t flags, st
 	char name[32];
 	struct manifest *m = NULL;
 
-	snprintf(name, sizeof(name), "s%llu-n%u", (unsigned long long)k->step, k->rank);
+	if (k->worker)
+		snprintf(name, sizeof(name), "s%llu-n%u-w%u", (unsigned long long)k->step, k->rank,
+			 k->worker);
+	else
+		snprintf(name, sizeof(name), "s%llu-n%u", (unsigned long long)k->step, k->rank);
 	assert_int_equal(mkdirat(ns, name, 0755), 0);
 	fd = openat(ns, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	assert_true(fd >= 0);
@@ -829,6 +834,261 @@ static void test_serve_list_and_unknown_op(void **state)
 	holder_stop(&h);
 }
 
+/* ---------- restore_run() and a node's own round ---------- */
+
+struct seen {
+	char lines[8][800];
+	int nlines;
+	uint64_t pre[8];            /* steps prerestore saw (0: none) */
+	int npre;
+};
+
+static void seen_report(void *arg, const char *line)
+{
+	struct seen *s = arg;
+
+	if (s->nlines < 8)
+		snprintf(s->lines[s->nlines++], sizeof(s->lines[0]), "%s", line);
+}
+
+static void seen_pre(void *arg, const struct restore_plan *p)
+{
+	struct seen *s = arg;
+
+	if (s->npre < 8)
+		s->pre[s->npre++] = p->found ? p->step : 0;
+}
+
+static uint32_t rec_flags(struct holder *h, const struct shard_key *k, enum shard_state *st)
+{
+	struct shard_rec rec = { 0 };
+	uint32_t f;
+
+	assert_int_equal(idx_get_shard(ram_idx(h->ram), k, &rec), 0);
+	f = rec.flags;
+	*st = rec.state;
+	idx_rec_clear(&rec);
+	return f;
+}
+
+/* A node on its own: the newest step is corrupt, so its round reports it,
+ * marks it bad and restores the next older one, in place and verified;
+ * prerestore saw both plans. A second round passes over the bad step with
+ * the start-up words and plans the older one at once. */
+static void test_restore_local_falls_back(void **state)
+{
+	struct holder a;
+	struct shard_key k3, k4, k5;
+	struct restore_plan p;
+	struct seen s = { .nlines = 0 };
+	enum shard_state st;
+
+	holder_start(*state, "a", 0, false, &a);
+	key_of(&k3, 3, 0);
+	key_of(&k4, 4, 0);
+	key_of(&k5, 5, 0);
+	seal(&a, &k3, SHF_OWN, NULL);
+	seal(&a, &k4, SHF_OWN, NULL);
+	seal(&a, &k5, SHF_OWN, NULL);
+	corrupt(&a, &k5);
+
+	assert_int_equal(restore_local(a.ram, "job", 0, 1, seen_report, &s, seen_pre, &p), 0);
+	assert_true(p.found);
+	assert_int_equal(p.step, 4);
+	assert_int_equal(p.source, RS_LOCAL);
+	assert_int_equal(p.key.rank, 0);
+	assert_int_equal(s.npre, 2);
+	assert_int_equal(s.pre[0], 5);
+	assert_int_equal(s.pre[1], 4);
+	assert_int_equal(s.nlines, 1);
+	assert_non_null(strstr(s.lines[0], "job job step 5 node 0: "));
+	assert_non_null(strstr(s.lines[0], "fails verification"));
+	rec_flags(&a, &k5, &st);
+	assert_int_equal(st, SH_BAD);
+	assert_true(rec_flags(&a, &k4, &st) & SHF_RESTORED);
+	assert_false(rec_flags(&a, &k3, &st) & SHF_RESTORED);
+
+	memset(&s, 0, sizeof(s));
+	assert_int_equal(restore_local(a.ram, "job", 0, 1, seen_report, &s, seen_pre, &p), 0);
+	assert_int_equal(p.step, 4);
+	assert_int_equal(s.npre, 1);
+	assert_int_equal(s.nlines, 1);
+	assert_non_null(strstr(s.lines[0], "step 5 node 0: its files no longer match"));
+
+	/* another rank's shards are not this node's: nothing to restore */
+	memset(&s, 0, sizeof(s));
+	assert_int_equal(restore_local(a.ram, "job", 1, 1, seen_report, &s, seen_pre, &p), 0);
+	assert_false(p.found);
+	assert_int_equal(s.npre, 1);
+	assert_int_equal(s.pre[0], 0);
+	holder_stop(&a);
+}
+
+/* One shard per worker (framework: pytorch, 2 workers): a step needs
+ * worker 0's shard (a step directory of worker 0's alone counts whole);
+ * a step only worker 1 saved is passed over, and a corrupt worker 1 shard
+ * sends the round to the older step, naming the worker. */
+static void test_restore_local_workers(void **state)
+{
+	struct holder a;
+	struct shard_key k;
+	struct restore_plan p;
+	struct seen s = { .nlines = 0 };
+	enum shard_state st;
+
+	holder_start(*state, "a", 0, false, &a);
+	for (uint64_t step = 1; step <= 3; step++) {
+		key_of(&k, step, 0);
+		if (step != 3)
+			seal(&a, &k, SHF_OWN, NULL);
+		k.worker = 1;
+		seal(&a, &k, SHF_OWN, NULL);
+	}
+	assert_int_equal(restore_local(a.ram, "job", 0, 2, seen_report, &s, seen_pre, &p), 0);
+	assert_int_equal(p.step, 2);
+	assert_int_equal(s.nlines, 0);
+	key_of(&k, 2, 0);
+	k.worker = 1;
+	assert_true(rec_flags(&a, &k, &st) & SHF_RESTORED);
+
+	corrupt(&a, &k);
+	memset(&s, 0, sizeof(s));
+	assert_int_equal(restore_local(a.ram, "job", 0, 2, seen_report, &s, seen_pre, &p), 0);
+	assert_int_equal(p.step, 1);
+	assert_int_equal(s.nlines, 1);
+	assert_non_null(strstr(s.lines[0], "step 2 node 0 worker 1: "));
+	rec_flags(&a, &k, &st);
+	assert_int_equal(st, SH_BAD);
+	holder_stop(&a);
+}
+
+/* restore_run() with a planner of the test's: worker 1 is skipped, a
+ * failing source asks for another plan with the failing worker and the
+ * tier's words, a barrier that answers RESTORE_REPLAN runs the new plan,
+ * and an error of an op ends the round with it. */
+struct fake_pl {
+	struct holder *h;
+	uint64_t steps[4];          /* the plans, in order */
+	int next;
+	int failed_w, nfailed, nready;
+	char why[512];
+	int replan_at;              /* ready answers RESTORE_REPLAN for this plan */
+	int fail_plan;              /* plan() fails with this (0: no) */
+};
+
+static void fake_next(struct fake_pl *f, struct restore_plan *p)
+{
+	memset(p, 0, sizeof(*p));
+	if (!f->steps[f->next])
+		return;
+	p->found = true;
+	p->step = f->steps[f->next++];
+	p->source = RS_LOCAL;
+	key_of(&p->key, p->step, 0);
+}
+
+static int fake_plan(void *arg, struct restore_plan *p)
+{
+	struct fake_pl *f = arg;
+
+	if (f->fail_plan)
+		return f->fail_plan;
+	fake_next(f, p);
+	return 0;
+}
+
+static int fake_source(void *arg, const struct restore_plan *p, uint32_t w, struct tier *t,
+		       struct tier_get *g, char *why, size_t whylen)
+{
+	struct fake_pl *f = arg;
+
+	(void)p;
+	(void)why;
+	(void)whylen;
+	assert_int_equal(g->as.worker, w);
+	assert_memory_equal(&g->want, &g->as, sizeof(g->as));
+	if (w == 1)
+		return RESTORE_SKIP;
+	tier_ram_init(f->h->ram, t);
+	return 0;
+}
+
+static int fake_failed(void *arg, struct restore_plan *p, uint32_t w, const char *why)
+{
+	struct fake_pl *f = arg;
+
+	f->nfailed++;
+	f->failed_w = (int)w;
+	snprintf(f->why, sizeof(f->why), "%s", why);
+	fake_next(f, p);
+	return 0;
+}
+
+static int fake_ready(void *arg, struct restore_plan *p)
+{
+	struct fake_pl *f = arg;
+
+	if (++f->nready == f->replan_at) {
+		fake_next(f, p);
+		return RESTORE_REPLAN;
+	}
+	return 0;
+}
+
+static void test_restore_run_planner(void **state)
+{
+	struct holder a;
+	struct shard_key k;
+	struct restore_plan p;
+	struct fake_pl f = { 0 };
+	struct restore_planner pl = {
+		.arg = &f, .workers = 3, .plan = fake_plan, .source = fake_source,
+		.failed = fake_failed, .ready = fake_ready,
+	};
+	enum shard_state st;
+
+	holder_start(*state, "a", 0, false, &a);
+	f.h = &a;
+	pl.ram = a.ram;
+	for (uint64_t step = 6; step <= 8; step++) {
+		key_of(&k, step, 0);
+		seal(&a, &k, SHF_OWN, NULL);
+	}
+	/* 9 is not held: its worker 0 fails; worker 2 of 8 is not held
+	 * either; 7 passes its worker 0, skips 1, fails 2 ... so the test
+	 * gives worker 2 a shard of 6 only */
+	key_of(&k, 6, 0);
+	k.worker = 2;
+	seal(&a, &k, SHF_OWN, NULL);
+	f.steps[0] = 9;
+	f.steps[1] = 8;
+	f.steps[2] = 6;
+	assert_int_equal(restore_run(&pl, &p), 0);
+	assert_int_equal(p.step, 6);
+	assert_int_equal(f.nfailed, 2);
+	assert_int_equal(f.failed_w, 2);   /* 8's worker 2: 9's worker 0 failed first */
+	assert_non_null(strstr(f.why, "fails verification"));
+	assert_int_equal(f.nready, 1);
+	assert_true(rec_flags(&a, &k, &st) & SHF_RESTORED);
+
+	/* the barrier sends the round to another plan */
+	memset(&f, 0, sizeof(f));
+	f.h = &a;
+	f.steps[0] = 6;
+	f.steps[1] = 7;
+	f.replan_at = 1;
+	pl.workers = 1;
+	assert_int_equal(restore_run(&pl, &p), 0);
+	assert_int_equal(p.step, 7);
+	assert_int_equal(f.nready, 2);
+	assert_int_equal(f.nfailed, 0);
+
+	/* an op's error ends the round */
+	f.fail_plan = -EIO;
+	assert_int_equal(restore_run(&pl, &p), -EIO);
+	holder_stop(&a);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);   /* a closed connection is an error, not a death */
@@ -843,6 +1103,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_obtain_falls_back_from_failing_tier, tmp_setup,
 						tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_ram_tier, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_restore_local_falls_back, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_restore_local_workers, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(test_restore_run_planner, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_peer_tier_put, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(test_push_for_another_rank_refused, tmp_setup,
 						tmp_teardown),
