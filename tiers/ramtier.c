@@ -1094,16 +1094,22 @@ void ram_pfile_abort(struct ram_tier *t, struct ram_pfile *f)
 int ram_pfile_publish(struct ram_tier *t, struct ram_pfile *f, const char *final)
 {
 	bool linked;
-	uint64_t held = pfile_blocks(f, &linked);
+	uint64_t held = pfile_blocks(f, &linked), replaced = 0;
+	struct stat old;
 
 	if (f->fd < 0)
 		return -EBADF;
+	/* a file of that name goes with the rename: out of the account too
+	 * (its holding's writer is the only one that names it) */
+	if (fstatat(f->dirfd, final, &old, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(old.st_mode) &&
+	    old.st_nlink == 1)
+		replaced = (uint64_t)old.st_blocks * 512;
 	if (renameat(f->dirfd, f->name, f->dirfd, final) < 0) {
 		int rc = -errno;
 		ram_pfile_abort(t, f);
 		return rc;
 	}
-	ram_adjust(t, (int64_t)held - (int64_t)f->reserved);
+	ram_adjust(t, (int64_t)held - (int64_t)f->reserved - (int64_t)replaced);
 	close(f->fd);
 	f->fd = -1;
 	f->reserved = 0;

@@ -129,8 +129,9 @@ int ram_parity_open(struct ram_tier *t, const char *job, uint64_t step, bool cre
  *     (created or truncated: a name the caller owns, as a parity slot's
  *     "*.frag.tmp") or, when NULL, a fresh "<prefix>-PID-SEQ.tmp". The
  *     start-up scan removes either if the daemon stops first. 0 or -errno.
- *   ram_pfile_publish: renames it to `final` (replacing one there),
- *     corrects the account, closes it. 0, or -errno (then aborted).
+ *   ram_pfile_publish: renames it to `final` (replacing one there,
+ *     whose bytes leave the account), corrects the account, closes it.
+ *     0, or -errno (then aborted).
  *   ram_pfile_abort: closes and removes it, gives the reservation back;
  *     a file that went with its holding (ram_drop counted it) gives back
  *     only the rest. Accepts a pfile without a file, or already done. */

@@ -713,7 +713,8 @@ static void test_parity_holding_scanned_at_open(void **state)
  * are written (refused past ram_size when nothing may be reclaimed),
  * published with the account corrected to what they take, or aborted with
  * the reservation given back, also when the holding's drop took the file
- * first (only the rest then). */
+ * first (only the rest then); a file published over another is counted
+ * once. */
 static void test_parity_files_staged(void **state)
 {
 	struct tmp *tmp = *state;
@@ -739,6 +740,13 @@ static void test_parity_files_staged(void **state)
 	assert_true(parity_has(t, 3, "g0-c0-s2.frag"));
 	assert_int_equal(ram_used(t), du_ramdir(t));
 	ram_pfile_abort(t, &f);   /* after a publish: nothing */
+	assert_int_equal(ram_used(t), du_ramdir(t));
+	/* published over a file of that name: the replaced one's bytes go
+	 * out of the account with it */
+	assert_int_equal(ram_pfile_reserve(t, dfd, 64 << 10, &f), 0);
+	assert_int_equal(ram_pfile_create(&f, NULL, "par"), 0);
+	assert_int_equal(write(f.fd, buf, 4096), 4096);
+	assert_int_equal(ram_pfile_publish(t, &f, "g0-c0-s2.frag"), 0);
 	assert_int_equal(ram_used(t), du_ramdir(t));
 	/* aborted: removed, given back */
 	base = ram_used(t);
