@@ -34,6 +34,8 @@ struct bkt {
 	void *priv;                 /* the backend's state */
 	char *url;                  /* as given, without a trailing '/' */
 	struct bkt_opts o;          /* defaults filled in; strings owned */
+	size_t name_max;            /* what BKT_NAME_MAX leaves to a name after the
+				     * backend's own prefix (bkt_name_prefix) */
 };
 
 static const struct bkt_ops *const backends[] = { &bkt_file_ops, &bkt_gcs_ops };
@@ -137,14 +139,14 @@ static bool chars_ok(const char *s, size_t n)
 	return true;
 }
 
-static bool name_ok(const char *name)
+static bool name_ok(const struct bkt *b, const char *name)
 {
 	size_t n, start = 0;
 
 	if (!name)
 		return false;
 	n = strlen(name);
-	if (n == 0 || n > BKT_NAME_MAX || !chars_ok(name, n) || !util_safe_relpath(name, n))
+	if (n == 0 || n > b->name_max || !chars_ok(name, n) || !util_safe_relpath(name, n))
 		return false;
 	for (size_t i = 0; i <= n; i++) {
 		if (i == n || name[i] == '/') {
@@ -176,8 +178,19 @@ static bool prefix_ok(const char *p)
 
 static int bad_name(const struct bkt *b, const char *op, const char *name)
 {
+	if (name && strlen(name) > b->name_max && strlen(name) <= BKT_NAME_MAX) {
+		bkt_set_error("%s: %s: object name of %zu bytes: with the bucket's prefix it is "
+			      "longer than Cloud Storage's %u", b->url, op, strlen(name),
+			      BKT_NAME_MAX);
+		return -ENAMETOOLONG;
+	}
 	bkt_set_error("%s: %s: invalid object name \"%s\"", b->url, op, name ? name : "(null)");
 	return -EINVAL;
+}
+
+void bkt_name_prefix(struct bkt *b, size_t len)
+{
+	b->name_max = len < BKT_NAME_MAX ? BKT_NAME_MAX - len : 0;
 }
 
 /* ---- lifecycle ---- */
@@ -264,6 +277,7 @@ int bkt_open(const char *url, const struct bkt_opts *o, struct bkt **out)
 		b->o.part = DEF_PART;
 	if (!b->o.list_page || b->o.list_page > 1000)
 		b->o.list_page = DEF_LIST_PAGE;
+	b->name_max = BKT_NAME_MAX;
 	rc = ops->open(b, loc, &b->priv);
 	if (rc < 0) {
 		if (!last_err[0])
@@ -345,7 +359,7 @@ int bkt_put_file(struct bkt *b, const char *name, int fd, uint64_t size, uint32_
 	struct bkt_src s = { .fd = fd, .buf = NULL, .size = size, .crc32c = crc32c };
 
 	err_clear();
-	if (!name_ok(name))
+	if (!name_ok(b, name))
 		return bad_name(b, "put", name);
 	if (fd < 0)
 		return done(b, "put", name, -EBADF);
@@ -358,7 +372,7 @@ int bkt_put_buf(struct bkt *b, const char *name, const void *buf, size_t len)
 			     .crc32c = mf_crc32c(0, buf, len) };
 
 	err_clear();
-	if (!name_ok(name))
+	if (!name_ok(b, name))
 		return bad_name(b, "put", name);
 	return done(b, "put", name, ops_put(b, name, &s));
 }
@@ -370,7 +384,7 @@ static int get_file(struct bkt *b, const char *name, int fd, unsigned ranges, ui
 	uint32_t crc = 0;
 	int rc;
 
-	if (!name_ok(name))
+	if (!name_ok(b, name))
 		return bad_name(b, "get", name);
 	rc = ops_get_file(b, name, fd, ranges ? ranges : 1, &sz, &crc);
 	if (rc == 0 && has_crc && crc != expect_crc) {
@@ -395,7 +409,7 @@ int bkt_get_buf(struct bkt *b, const char *name, size_t max, void **buf, size_t 
 	err_clear();
 	*buf = NULL;
 	*len = 0;
-	if (!name_ok(name))
+	if (!name_ok(b, name))
 		return bad_name(b, "get", name);
 	return done(b, "get", name, b->ops->get_buf(b, name, max, buf, len));
 }
@@ -403,7 +417,7 @@ int bkt_get_buf(struct bkt *b, const char *name, size_t max, void **buf, size_t 
 int bkt_stat(struct bkt *b, const char *name, uint64_t *size, uint32_t *crc32c)
 {
 	err_clear();
-	if (!name_ok(name))
+	if (!name_ok(b, name))
 		return bad_name(b, "stat", name);
 	return done(b, "stat", name, b->ops->stat(b, name, size, crc32c));
 }
@@ -446,7 +460,7 @@ int bkt_list(struct bkt *b, const char *prefix, const char *delim,
 int bkt_delete(struct bkt *b, const char *name)
 {
 	err_clear();
-	if (!name_ok(name))
+	if (!name_ok(b, name))
 		return bad_name(b, "delete", name);
 	return done(b, "delete", name, b->ops->del(b, name));
 }

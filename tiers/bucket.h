@@ -165,6 +165,10 @@ extern const struct bkt_ops bkt_gcs_ops;
 extern const struct bkt_ops *bkt_test_backend;
 
 void *bkt_priv(const struct bkt *b);
+/* For a backend's open: every object name gets a prefix of len bytes of
+ * its own (gs://BUCKET/PREFIX/), which counts against BKT_NAME_MAX: a
+ * longer name is refused with -ENAMETOOLONG before any request. */
+void bkt_name_prefix(struct bkt *b, size_t len);
 const struct bkt_opts *bkt_opts_of(const struct bkt *b);   /* defaults filled in */
 /* Set the calling thread's last error (printf format). */
 void bkt_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

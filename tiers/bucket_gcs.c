@@ -640,6 +640,8 @@ static int gcs_open(struct bkt *b, const char *loc, void **priv)
 		}
 	}
 	g->prefix = sb_take(&s);
+	if (g->prefix)
+		bkt_name_prefix(b, strlen(g->prefix));
 	ep = o->gcs_endpoint ? o->gcs_endpoint : (emu && *emu ? emu : DEF_ENDPOINT);
 	memset(&s, 0, sizeof(s));
 	if (!strstr(ep, "://"))

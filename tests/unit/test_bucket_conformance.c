@@ -52,6 +52,9 @@ struct backend {
 	bool stored_crc;
 	/* "x" and "x/y" may both be objects */
 	bool name_is_prefix;
+	/* bytes the backend puts before every name (gs://bkt/pfx: "pfx/"),
+	 * which count against the 1024 of a name */
+	size_t name_prefix;
 };
 
 static unsigned opened;          /* file:// buckets made so far: one directory each */
@@ -137,7 +140,8 @@ static const struct backend backends[] = {
 	  /* a name is a file or a directory, not both: -EISDIR / -ENOTDIR */
 	  .name_is_prefix = false },
 	{ .name = "gs", .group_setup = gs_srv_start, .group_teardown = gs_srv_stop,
-	  .open = gs_open, .damage = gs_damage, .stored_crc = true, .name_is_prefix = true },
+	  .open = gs_open, .damage = gs_damage, .stored_crc = true, .name_is_prefix = true,
+	  .name_prefix = 4 },
 	{ .name = "mem", .group_setup = mem_group_setup, .group_teardown = mem_group_teardown,
 	  .open = mem_open_fresh, .damage = mem_damage, .stored_crc = true, .name_is_prefix = true },
 };
@@ -660,6 +664,36 @@ static void c_bad_names(struct bkt *b, const struct backend *be)
 	close(out);
 }
 
+/* The longest name a backend takes: 1024 bytes with its own prefix (gs://'s
+ * "pfx/" leaves 1020); one byte more is refused, as too long, before any
+ * request. */
+static void c_long_names(struct bkt *b, const struct backend *be)
+{
+	char name[1100];
+	size_t room = 1024 - be->name_prefix;
+	uint64_t size = 0;
+
+	for (size_t i = 0; i <= room; i++)
+		name[i] = i % 100 == 99 ? '/' : 'n';
+	name[room] = '\0';
+	assert_int_equal(bkt_put_buf(b, name, "x", 1), 0);
+	assert_int_equal(bkt_stat(b, name, &size, NULL), 0);
+	assert_int_equal(size, 1);
+	expect_bytes(b, name, "x", 1);
+	assert_int_equal(bkt_delete(b, name), 0);
+	assert_int_equal(bkt_stat(b, name, &size, NULL), -ENOENT);
+	name[room] = 'n';
+	name[room + 1] = '\0';
+	if (be->name_prefix) {
+		assert_int_equal(bkt_put_buf(b, name, "x", 1), -ENAMETOOLONG);
+		assert_contains(bkt_last_error(), "with the bucket's prefix");
+		assert_int_equal(bkt_stat(b, name, &size, NULL), -ENAMETOOLONG);
+	} else {
+		assert_int_equal(bkt_put_buf(b, name, "x", 1), -EINVAL);
+	}
+	expect_list(b, "", NULL, NULL, 0);
+}
+
 /* Names the interface accepts, with characters URLs and shells care about. */
 static void c_odd_names(struct bkt *b, const struct backend *be)
 {
@@ -798,6 +832,7 @@ static const struct conf_case cases[] = {
 	{ "crc_expected", c_crc_expected },
 	{ "crc_damaged", c_crc_damaged },
 	{ "bad_names", c_bad_names },
+	{ "long_names", c_long_names },
 	{ "odd_names", c_odd_names },
 	{ "xfers", c_xfers },
 };
