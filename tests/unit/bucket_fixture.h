@@ -1,5 +1,5 @@
-/* bucket_fixture.h: the local side both bucket test files use (test_bucket.c,
- * test_bucket_conformance.c): tmproot and tmpfd (where the file helpers work:
+/* bucket_fixture.h: the local side the bucket test files use (test_bucket.c,
+ * test_bucket_conformance.c, test_backup.c): tmproot and tmpfd (where the file helpers work:
  * the root in test_bucket, a directory per case in the suite), file makers and
  * comparers that fail the test through cmocka, and the gs:// test server srv.
  * Header-only, one test program per file; include after <cmocka.h>. */

@@ -28,13 +28,11 @@
 #include <openssl/evp.h>
 
 #include "common/util.h"
-#include "tests/gcs_server/testsrv.h"
-#include "tests/unit/testfill.h"
+#include "tests/unit/bucket_fixture.h"
 #include "tiers/backup.h"
 #include "tiers/bucket.h"
 #include "tiers/manifest.h"
 
-#define KIB 1024u
 #define JOB "job-a"
 
 struct env {
@@ -43,26 +41,7 @@ struct env {
 	struct bkt *b;
 };
 
-static char tmproot[PATH_MAX];
-static int tmpfd = -1;
-static struct tsrv srv;
-static bool srv_up;
 static int seq;
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)ftw;
-	return flag == FTW_DP ? rmdir(p) : unlink(p);
-}
-
-static void assert_contains(const char *hay, const char *needle)
-{
-	if (!strstr(hay, needle)) {
-		print_error("\"%s\" does not contain \"%s\"\n", hay, needle);
-		fail();
-	}
-}
 
 static void put_file(int dirfd, const char *name, size_t len, uint32_t seed, mode_t mode)
 {
@@ -111,29 +90,20 @@ static struct shard_key key(uint64_t step, uint32_t node, uint32_t worker)
 
 static int group_setup(void **state)
 {
-	char emu[64];
-
 	(void)state;
-	snprintf(tmproot, sizeof(tmproot), "/dev/shm/mtcfs-test-backup-XXXXXX");
-	if (!mkdtemp(tmproot))
+	if (tmproot_make("backup") < 0)
 		return -1;
 	tmpfd = open(tmproot, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	setenv("MTCFS_GCS_RETRY", "1,20,5", 1);
-	if (tsrv_start(&srv) < 0)
-		return -1;
-	srv_up = true;
-	snprintf(emu, sizeof(emu), "127.0.0.1:%d", srv.port);
-	setenv("STORAGE_EMULATOR_HOST", emu, 1);
-	return tmpfd < 0 ? -1 : 0;
+	gs_client_env();
+	return tmpfd < 0 || gs_srv_start() < 0 ? -1 : 0;
 }
 
 static int group_teardown(void **state)
 {
 	(void)state;
-	if (srv_up)
-		tsrv_stop(&srv);
+	gs_srv_stop();
 	close(tmpfd);
-	return nftw(tmproot, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	return tmproot_remove();
 }
 
 static int setup(void **state)
