@@ -11,6 +11,7 @@
 
 #include "common/jobname.h"
 #include "tiers/ec.h"
+#include "tiers/jobid.h"
 
 #include <stdbool.h>
 
@@ -123,5 +124,11 @@ int rcfg_to_yaml(const struct rcfg *c, char *buf, size_t len);
 /* The key value of f ("orbax", "pytorch.distributed", "pytorch"); a static
  * string, "unknown" for values outside the enum. */
 const char *rcfg_framework_name(enum rcfg_framework f);
+
+/* The job c makes this node's, as the record tiers/jobid.h holds it (set,
+ * its name, node-rank, nodes, assume-data-parallelism, workers and
+ * save_files from framework and workers-per-node): the one place a yaml
+ * becomes an identity, for the engine and for a node without one. */
+void rcfg_job_now(const struct rcfg *c, struct job_now *out);
 
 #endif /* MTCFS_FS_RCFG_H */
