@@ -49,6 +49,9 @@ struct eng_opts {
 	 * the log's stop report is out before a drain's or preemption's
 	 * SIGKILL; <= 0: ENG_STOP_BUDGET_S */
 	int stop_timeout_s;
+	/* the job identity shared with the FUSE front (borrowed: it must
+	 * outlive the engine); NULL: the engine makes one of its own */
+	struct jobid *jobid;
 };
 
 struct eng_cb {
@@ -63,7 +66,8 @@ struct eng_cb {
 int  eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_cb *cb,
 	       struct eng **out);
 void eng_stop(struct eng *e);        /* accepts NULL */
-/* This node's rank as known from the mount options, or -1. */
+/* This node's rank as the engine knows it (the mount options, then the
+ * yamls it took; the shared record's), or -1. Any thread. */
 int  eng_rank(const struct eng *e);
 /* Take the job's configuration (placement, node count). -EINVAL with a
  * message in err when it contradicts the mount (e.g. node-rank vs peers= or

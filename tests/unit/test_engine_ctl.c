@@ -126,7 +126,10 @@ static int setup(void **state)
 		pthread_cond_init(&e->quit_cv, &ca);
 		pthread_condattr_destroy(&ca);
 	}
-	e->rank = 3;
+	if (jobid_new(&e->jid) < 0)
+		return -1;
+	e->jid_own = true;   /* eng_stop frees it */
+	jobid_set_rank(e->jid, 3);
 	snprintf(e->coord_addr, sizeof(e->coord_addr), "%s", x->f.addr);
 	e->cb.on_lkg = on_lkg;
 	e->cb.report = on_report;
