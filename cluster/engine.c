@@ -155,15 +155,27 @@ static int take_job(struct eng *e, const struct rcfg *c, char *err, size_t errle
 	return 0;
 }
 
-int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
+int eng_take_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 {
 	bool renamed;
+
+	return take_job(e, c, err, errlen, &renamed);
+}
+
+int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
+{
+	bool renamed, want_table;
 	int rc;
 
 	rc = take_job(e, c, err, errlen, &renamed);
 	if (rc < 0)
 		return rc;
-	if (eng_register(e, renamed) < 0)
+	/* the rank changed here, or in an eng_take_job before (which made
+	 * the table stale): the table comes with the registration */
+	pthread_mutex_lock(&e->mu);
+	want_table = renamed || e->table_stale;
+	pthread_mutex_unlock(&e->mu);
+	if (eng_register(e, want_table) < 0)
 		log_warn("engine", "cannot register with the coordinator at %s yet", e->coord_addr);
 	return 0;
 }

@@ -74,6 +74,12 @@ int  eng_rank(const struct eng *e);
  * rank=). A node whose rank only yamls give (coordinator=) takes each new
  * yaml's node-rank, as GKE's replicator does, and reconnects as it. */
 int  eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen);
+/* eng_set_job() but for the coordinator: c checked the same way (nothing
+ * changes when it is refused) and made the node's job, not registered.
+ * For a restart, which takes the last yaml's job again before the control
+ * thread can wait for the coordinator; that thread's eng_set_job() with
+ * the same c registers it. */
+int  eng_take_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen);
 /* The restore of DESIGN §5, blocking (control thread): sends the catalog,
  * gets the plan, calls prerestore() with it, fetches what is missing
  * (verifying CRC32C, falling back to other holders), passes the job-wide
