@@ -444,12 +444,13 @@ static void load_identity(struct fs *fs)
 		commit_top_file_done(fs);
 	}
 	if (idx_get_meta(ram_idx(fs->ram), "restored", &v, &len) == 0) {
-		char job[130];
+		char job[JOB_NAME_MAX + 1];
 		unsigned long long step;
 		struct job_now now;
 
 		fs_identity(fs, &now);
-		if (sscanf(v, "%129s %llu", job, &step) == 2 && !strcmp(job, now.job)) {
+		if (sscanf(v, "%" JOB_NAME_MAX_S "s %llu", job, &step) == 2 &&
+		    !strcmp(job, now.job)) {
 			pthread_mutex_lock(&fs->mu);
 			fs->have_restored = true;
 			fs->restored_step = step;
