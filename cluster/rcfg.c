@@ -911,20 +911,23 @@ int rcfg_to_yaml(const struct rcfg *c, char *buf, size_t len)
 	return (int)s.pos;
 }
 
+uint32_t rcfg_workers(const struct rcfg *c)
+{
+	/* other frameworks write one shard per node whatever
+	 * workers-per-node says */
+	return c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
+	       (uint32_t)c->workers_per_node : 1;
+}
+
 void rcfg_job_now(const struct rcfg *c, struct job_now *out)
 {
-	bool save_files = c->framework == RCFG_FW_PYTORCH;
-	uint32_t wpn = (uint32_t)c->workers_per_node;
-
 	*out = (struct job_now){
 		.set = true,
 		.rank = c->node_rank,
 		.nodes = (uint32_t)c->nodes,
 		.dp = (uint32_t)c->assume_dp,
-		/* other frameworks write one shard per node whatever
-		 * workers-per-node says */
-		.workers = save_files && wpn > 1 ? wpn : 1,
-		.save_files = save_files,
+		.workers = rcfg_workers(c),
+		.save_files = c->framework == RCFG_FW_PYTORCH,
 	};
 	snprintf(out->job, sizeof(out->job), "%s", c->job);
 }

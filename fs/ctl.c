@@ -318,9 +318,7 @@ static int restore_step(struct fs *fs, const struct rcfg *c, struct restore_plan
 		}
 	} else {
 		/* a node on its own: the same round over its own catalog */
-		uint32_t workers = c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
-				   (uint32_t)c->workers_per_node : 1;
-		rc = restore_local(fs->ram, c->job, (uint32_t)c->node_rank, workers,
+		rc = restore_local(fs->ram, c->job, (uint32_t)c->node_rank, rcfg_workers(c),
 				   fs_report_error, fs, prerestore_cb, plan);
 		if (rc < 0) {
 			snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
