@@ -84,38 +84,41 @@ bool eng_lkg(struct eng *e, const char *job, uint64_t *step)
 
 void eng_status(struct eng *e, uint32_t *nodes, bool *coordinator_up)
 {
+	struct job_now now;
+
 	pthread_mutex_lock(&e->ctl_mu);
 	*coordinator_up = e->ctl != NULL;
 	pthread_mutex_unlock(&e->ctl_mu);
-	pthread_mutex_lock(&e->mu);
-	*nodes = e->job_set ? e->nodes : e->naddrs;
-	pthread_mutex_unlock(&e->mu);
+	jobid_get(e->jid, &now);
+	*nodes = now.set ? now.nodes : e->naddrs;   /* naddrs: set at start only */
 }
 
 int eng_rank(const struct eng *e)
 {
-	int r;
-	pthread_mutex_lock((pthread_mutex_t *)&e->mu);
-	r = e->rank;
-	pthread_mutex_unlock((pthread_mutex_t *)&e->mu);
-	return r;
+	return jobid_rank(e->jid);
 }
 
-int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
+/* c checked against the mount and made this node's job: the shared
+ * record, placement, backup interval, redundancy; a rank that changed
+ * reconnects as the new one. Refused (-EINVAL, why in err), nothing
+ * changes. *renamed: the rank changed. */
+static int take_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen, bool *renamed)
 {
-	int peers[MAX_PEERS], n;
+	int peers[MAX_PEERS], n, old_rank;
+	struct job_now now;
 
-	int old_rank;
-	bool renamed;
-
+	rcfg_job_now(c, &now);
+	*renamed = false;
 	pthread_mutex_lock(&e->mu);
-	if (e->rank >= 0 && c->node_rank != e->rank && e->rank_fixed) {
+	/* under mu: the check and the write are one step (the record's
+	 * other writer, eng_start, is done before any yaml) */
+	old_rank = jobid_rank(e->jid);
+	if (old_rank >= 0 && c->node_rank != old_rank && e->rank_fixed) {
 		snprintf(err, errlen, "node-rank: %d, but this node is rank %d (mount options rank=/peers=/listen=)",
-			 c->node_rank, e->rank);
+			 c->node_rank, old_rank);
 		pthread_mutex_unlock(&e->mu);
 		return -EINVAL;
 	}
-	old_rank = e->rank;
 	if (e->naddrs && (uint32_t)c->nodes != e->naddrs) {
 		snprintf(err, errlen, "nodes: %d, but the mount's peers= table has %u entries",
 			 c->nodes, e->naddrs);
@@ -130,15 +133,9 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 		if (n < 0)
 			n = 0;
 	}
-	e->rank = c->node_rank;
-	snprintf(e->job, sizeof(e->job), "%s", c->job);
-	e->nodes = (uint32_t)c->nodes;
-	e->dp = (uint32_t)c->assume_dp;
-	e->save_files = c->framework == RCFG_FW_PYTORCH;
-	e->workers = e->save_files && c->workers_per_node > 1 ? (uint32_t)c->workers_per_node : 1;
+	jobid_set(e->jid, &now);
 	memcpy(e->peers, peers, (size_t)n * sizeof(int));
 	e->npeers = n;
-	e->job_set = true;
 	e->bi_min = (uint32_t)c->backup_interval_minutes;
 	e->bi_steps = (uint32_t)c->backup_interval_steps;
 	if (strcmp(e->lkg_job, c->job))
@@ -148,14 +145,37 @@ int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
 	 * takes mu */
 	eng_ec_set_job(e, c->has_redundancy, &c->redundancy);
 	log_info("engine", "job=%s rank=%d nodes=%d peers=%d", c->job, c->node_rank, c->nodes, n);
-	renamed = old_rank >= 0 && old_rank != c->node_rank;
-	if (renamed) {
+	*renamed = old_rank >= 0 && old_rank != c->node_rank;
+	if (*renamed) {
 		/* the other nodes' ranks are likely to move too (a job's
 		 * restart): replication looks them up again */
 		eng_table_stale(e);
 		eng_ctl_new_identity(e, old_rank, c->node_rank);
 	}
-	if (eng_register(e, renamed) < 0)
+	return 0;
+}
+
+int eng_take_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
+{
+	bool renamed;
+
+	return take_job(e, c, err, errlen, &renamed);
+}
+
+int eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen)
+{
+	bool renamed, want_table;
+	int rc;
+
+	rc = take_job(e, c, err, errlen, &renamed);
+	if (rc < 0)
+		return rc;
+	/* the rank changed here, or in an eng_take_job before (which made
+	 * the table stale): the table comes with the registration */
+	pthread_mutex_lock(&e->mu);
+	want_table = renamed || e->table_stale;
+	pthread_mutex_unlock(&e->mu);
+	if (eng_register(e, want_table) < 0)
 		log_warn("engine", "cannot register with the coordinator at %s yet", e->coord_addr);
 	return 0;
 }
@@ -261,14 +281,22 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	struct eng *e = calloc(1, sizeof(*e));
 	char self_secret_path[PATH_MAX];
 	const char *secret_file = o->secret_file;
-	int rc;
+	int rank, rc;
 
 	if (!e)
 		return -ENOMEM;
 	e->ram = ram;
 	if (cb)
 		e->cb = *cb;
-	e->rank = o->rank;
+	e->jid = o->jobid;
+	if (!e->jid) {
+		rc = jobid_new(&e->jid);
+		if (rc < 0) {
+			free(e);
+			return rc;
+		}
+		e->jid_own = true;
+	}
 	e->restore_timeout_s = o->restore_timeout_s > 0 ? o->restore_timeout_s
 							    : ENG_RESTORE_TIMEOUT_S;
 	e->stop_budget_s = o->stop_timeout_s > 0 ? o->stop_timeout_s : ENG_STOP_BUDGET_S;
@@ -288,21 +316,25 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		log_err("engine", "peers=%s is not a list of HOST:PORT", o->peers);
 		goto fail;
 	}
-	e->rank_fixed = e->rank >= 0 || e->naddrs > 0;
+	rank = o->rank;
+	e->rank_fixed = rank >= 0 || e->naddrs > 0;
 	/* a hint (mtcfs-csi: the pod's index) names the node until its first
 	 * yaml and for jax-init-info.txt; the yaml's node-rank wins, as GKE's */
-	if (e->rank < 0 && !e->naddrs && o->rank_hint >= 0)
-		e->rank = o->rank_hint;
-	if (e->rank < 0 && e->naddrs) {
+	if (rank < 0 && !e->naddrs && o->rank_hint >= 0)
+		rank = o->rank_hint;
+	if (rank < 0 && e->naddrs) {
 		for (uint32_t i = 0; i < e->naddrs; i++)
 			if (!strcmp(e->addrs[i], e->listen))
-				e->rank = (int)i;
-		if (e->rank < 0) {
+				rank = (int)i;
+		if (rank < 0) {
 			log_err("engine", "listen=%s is not in peers=%s and no rank= is given", e->listen, o->peers);
 			rc = -EINVAL;
 			goto fail;
 		}
 	}
+	/* the record's first writer, before any yaml (eng_set_job's checks
+	 * compare a yaml's node-rank with this one) */
+	jobid_set_rank(e->jid, rank);
 	if (o->coordinator)
 		snprintf(e->coord_addr, sizeof(e->coord_addr), "%s", o->coordinator);
 	else if (e->naddrs)
@@ -341,7 +373,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 	} else {
 		log_info("engine", "no bucket configured: there is no backup tier");
 	}
-	rc = nsrv_start(e->listen, e->rank, &e->auth, &eng_srv_ops, e, &e->srv);
+	rc = nsrv_start(e->listen, rank, &e->auth, &eng_srv_ops, e, &e->srv);
 	if (rc < 0) {
 		log_err("engine", "cannot listen on %s: %s", e->listen, strerror(-rc));
 		goto fail;
@@ -370,7 +402,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		/* how mtcfs-admin reaches the cluster from this RAMDIR */
 		json_t *pm = json_pack("{s:s,s:s,s:s?,s:i,s:s?,s:s?,s:s?}", "listen", e->listen,
 				       "coordinator", e->coord_addr, "secret_file", secret_file,
-				       "rank", e->rank, "tls_cert", o->tls_cert, "tls_key", o->tls_key,
+				       "rank", rank, "tls_cert", o->tls_cert, "tls_key", o->tls_key,
 				       "tls_ca", o->tls_ca);
 		char *txt = json_dumps(pm, JSON_COMPACT);
 		if (txt)
@@ -379,7 +411,7 @@ int eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_c
 		json_decref(pm);
 	}
 	log_info("engine", "peer tier up listen=%s rank=%d coordinator=%s peers=%u", e->listen,
-		 e->rank, e->coord_addr, e->naddrs);
+		 rank, e->coord_addr, e->naddrs);
 	*out = e;
 	return 0;
 fail:
@@ -493,5 +525,7 @@ void eng_stop(struct eng *e)
 	pthread_mutex_destroy(&e->ctl_mu);
 	pthread_cond_destroy(&e->ctl_cv);
 	pthread_cond_destroy(&e->quit_cv);
+	if (e->jid_own)
+		jobid_free(e->jid);
 	free(e);
 }

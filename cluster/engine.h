@@ -49,6 +49,9 @@ struct eng_opts {
 	 * the log's stop report is out before a drain's or preemption's
 	 * SIGKILL; <= 0: ENG_STOP_BUDGET_S */
 	int stop_timeout_s;
+	/* the job identity shared with the FUSE front (borrowed: it must
+	 * outlive the engine); NULL: the engine makes one of its own */
+	struct jobid *jobid;
 };
 
 struct eng_cb {
@@ -63,13 +66,20 @@ struct eng_cb {
 int  eng_start(struct ram_tier *ram, const struct eng_opts *o, const struct eng_cb *cb,
 	       struct eng **out);
 void eng_stop(struct eng *e);        /* accepts NULL */
-/* This node's rank as known from the mount options, or -1. */
+/* This node's rank as the engine knows it (the mount options, then the
+ * yamls it took; the shared record's), or -1. Any thread. */
 int  eng_rank(const struct eng *e);
 /* Take the job's configuration (placement, node count). -EINVAL with a
  * message in err when it contradicts the mount (e.g. node-rank vs peers= or
  * rank=). A node whose rank only yamls give (coordinator=) takes each new
  * yaml's node-rank, as GKE's replicator does, and reconnects as it. */
 int  eng_set_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen);
+/* eng_set_job() but for the coordinator: c checked the same way (nothing
+ * changes when it is refused) and made the node's job, not registered.
+ * For a restart, which takes the last yaml's job again before the control
+ * thread can wait for the coordinator; that thread's eng_set_job() with
+ * the same c registers it. */
+int  eng_take_job(struct eng *e, const struct rcfg *c, char *err, size_t errlen);
 /* The restore of DESIGN §5, blocking (control thread): sends the catalog,
  * gets the plan, calls prerestore() with it, fetches what is missing
  * (verifying CRC32C, falling back to other holders), passes the job-wide

@@ -131,17 +131,17 @@ void eng_backup_run(void *arg)
 	char err[512] = "";
 	uint64_t t0 = util_now_ns();
 	json_t *ev;
+	struct job_now now;
 	uint32_t workers;
 	bool save_files;
 	int fd = -1, rc;
 
 	snprintf(k.job, sizeof(k.job), "%s", u->job);
 	k.step = u->step;
-	pthread_mutex_lock(&e->mu);
-	k.rank = (uint32_t)e->rank;
-	save_files = e->save_files && !strcmp(e->job, u->job);
-	workers = e->workers ? e->workers : 1;
-	pthread_mutex_unlock(&e->mu);
+	jobid_get(e->jid, &now);
+	k.rank = (uint32_t)now.rank;
+	save_files = now.save_files && !strcmp(now.job, u->job);
+	workers = now.workers;
 	rc = idx_get_shard(ram_idx(e->ram), &k, &rec);
 	if (rc < 0 || !rec.mf || mf_decode(rec.mf, rec.mflen, &mf) < 0) {
 		snprintf(err, sizeof(err), "step %llu is not held on node %u",
@@ -334,13 +334,13 @@ int eng_bk_decide(void *arg, const char *job, uint32_t nodes, uint32_t dp, const
 	struct bk_backup *v = NULL, one;
 	char rv[BK_NAME_MAX], why[512], reason[400];
 	size_t n = 0, nl = 0;
+	struct job_now now;
 	uint32_t workers;
 	int rc;
 
 	memset(d, 0, sizeof(*d));
-	pthread_mutex_lock(&e->mu);
-	workers = e->workers ? e->workers : 1;
-	pthread_mutex_unlock(&e->mu);
+	jobid_get(e->jid, &now);
+	workers = now.workers;
 	if (dp && nodes % dp)
 		dp = 0;
 	d->workers = workers;

@@ -193,19 +193,21 @@ static void *ctl_reader(void *arg)
 static json_t *register_msg(struct eng *e)
 {
 	struct proto_register r = { .addr = e->listen };
+	struct job_now now;
 	json_t *m;
 
 	pthread_mutex_lock(&e->mu);
-	if (e->job_set) {
-		r.job = e->job;
-		r.nodes = e->nodes;
-		r.dp = e->dp;
+	jobid_get(e->jid, &now);   /* with the backup interval: the same yaml's */
+	if (now.set) {
+		r.job = now.job;
+		r.nodes = now.nodes;
+		r.dp = now.dp;
 		r.has_bi = true;
 		r.bi_min = e->bi_min;
 		r.bi_steps = e->bi_steps;
 	}
-	m = proto_register_encode(&r);   /* copies e->job under e->mu */
 	pthread_mutex_unlock(&e->mu);
+	m = proto_register_encode(&r);   /* copies now.job */
 	return m;
 }
 
@@ -240,9 +242,7 @@ static int ctl_ensure_locked(struct eng *e)
 		if (e->ctl)
 			return 0;
 	}
-	pthread_mutex_lock(&e->mu);
-	rank = e->rank;
-	pthread_mutex_unlock(&e->mu);
+	rank = eng_rank(e);
 	if (!e->coord_addr[0])
 		return -ENOTCONN;
 	rc = nconn_connect(e->coord_addr, rank, "control", &e->auth, 5000, &c, NULL);

@@ -66,9 +66,7 @@ int eng_check_target(struct eng *e, struct nconn *c, uint32_t id, json_t *req, i
 		send_error(c, id, EINVAL, "bad to");
 		return -EINVAL;
 	}
-	pthread_mutex_lock(&e->mu);
-	me = e->rank;
-	pthread_mutex_unlock(&e->mu);
+	me = eng_rank(e);
 	if (me >= 0 && to == (uint64_t)me)
 		return 0;
 	log_warn("engine", "%s from rank %d refused: it is for rank %llu and this node is rank %d (the sender's peer table is stale)",
@@ -148,9 +146,8 @@ static void serve_push(struct eng *e, struct nconn *c, int peer, uint32_t id, js
 	}
 	if (eng_check_target(e, c, id, req, peer, "a push") < 0)
 		goto out;
-	pthread_mutex_lock(&e->mu);
-	bool mine = e->rank >= 0 && k.rank == (uint32_t)e->rank;
-	pthread_mutex_unlock(&e->mu);
+	int me = eng_rank(e);
+	bool mine = me >= 0 && k.rank == (uint32_t)me;
 	if (!mine && (peer < 0 || k.rank != (uint32_t)peer)) {
 		/* replicas are pushed by their owner only */
 		log_warn("engine", "rank %d tried to push node %u's shard (job=%s step=%llu): refused",
@@ -252,9 +249,7 @@ static void serve_list(struct eng *e, struct nconn *c, uint32_t id, json_t *req)
 		}
 		idx_recs_free(recs, n);
 	}
-	pthread_mutex_lock(&e->mu);
-	json_object_set_new(resp, "rank", json_integer(e->rank));
-	pthread_mutex_unlock(&e->mu);
+	json_object_set_new(resp, "rank", json_integer(eng_rank(e)));
 	json_object_set_new(resp, "shards", arr);
 	json_t *ec = job ? redund_status(e, job) : NULL;   /* for mtcfs-admin steps */
 	if (ec)

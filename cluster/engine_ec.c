@@ -139,9 +139,7 @@ int ecx_ctx(struct eng *e, uint32_t nodes, uint32_t dp, struct eng_ec_ctx *x)
 	x->gi = -1;
 	if (!eng_ec_get(e, &x->red) || nodes == 0)
 		return -ENOENT;
-	pthread_mutex_lock(&e->mu);
-	x->rank = e->rank;
-	pthread_mutex_unlock(&e->mu);
+	x->rank = eng_rank(e);
 	if (x->rank < 0 || (uint32_t)x->rank >= nodes)
 		return -ENOENT;
 	x->nodes = nodes;
@@ -265,9 +263,7 @@ int ecx_connect(struct eng *e, uint32_t rank, struct nconn **c)
 	rc = eng_addr_of(e, rank, addr, sizeof(addr));
 	if (rc < 0)
 		return rc;
-	pthread_mutex_lock(&e->mu);
-	me = e->rank;
-	pthread_mutex_unlock(&e->mu);
+	me = eng_rank(e);
 	return nconn_connect(addr, me, "data", &e->auth, 5000, c, NULL);
 }
 
@@ -595,10 +591,11 @@ static int parse_req(enum proto_op op, json_t *m, struct ec_req *r, uint32_t *ow
 
 static void job_shape(struct eng *e, uint32_t *nodes, uint32_t *dp)
 {
-	pthread_mutex_lock(&e->mu);
-	*nodes = e->nodes;
-	*dp = e->dp;
-	pthread_mutex_unlock(&e->mu);
+	struct job_now now;
+
+	jobid_get(e->jid, &now);
+	*nodes = now.nodes;
+	*dp = now.dp;
 }
 
 /* A request about a codeword member, and the plan for it. */
@@ -681,13 +678,15 @@ static unsigned pending_steps(struct eng *e, const char *job, bool has_lkg, uint
 static int admit_step(struct eng *e, const char *job, uint64_t step, char *why, size_t whylen)
 {
 	char cur[RCFG_JOB_MAX + 1];
+	struct job_now now;
 	bool set, has_lkg, has_safe;
 	uint64_t lkg = 0, safe = 0, highest;
 	int fd, rc;
 
 	pthread_mutex_lock(&e->mu);
-	set = e->job_set;
-	snprintf(cur, sizeof(cur), "%s", e->job);
+	jobid_get(e->jid, &now);   /* its lock after mu */
+	set = now.set;
+	snprintf(cur, sizeof(cur), "%s", now.job);
 	has_lkg = e->has_lkg && !strcmp(e->lkg_job, job);
 	has_safe = has_lkg && e->has_safe;
 	lkg = e->lkg;

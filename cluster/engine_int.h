@@ -25,6 +25,7 @@
 #include "net/proto.h"
 #include "net/server.h"
 #include "tiers/bucket.h"
+#include "tiers/jobid.h"
 #include "tiers/manifest.h"
 #include "tiers/xfer.h"
 #include "common/workq.h"
@@ -63,20 +64,18 @@ struct eng {
 	struct bkt *bkt;              /* NULL: no bucket */
 	struct eng_ec *ec;            /* redundancy (engine_ec.c) */
 
+	/* The job this node serves and its rank (tiers/jobid.h), shared with
+	 * the FUSE front; the engine writes it (eng_start's options, then
+	 * eng_set_job) under mu, so a yaml's checks and its write are one
+	 * step. Its lock is taken after mu, never before. */
+	struct jobid *jid;
+	bool jid_own;                 /* eng_opts gave none: made here, freed by eng_stop */
+
 	pthread_mutex_t mu;           /* protects the fields below */
-	int rank;
 	bool rank_fixed;              /* rank= or the peers= table says it: a yaml
 				       * with another node-rank is refused */
-	char job[RCFG_JOB_MAX + 1];
-	uint32_t nodes, dp;
-	uint32_t workers;             /* shards per node and step, in the cluster and
-				       * in a backup: workers-per-node with framework:
-				       * pytorch (each worker's .save is its own
-				       * shard), else 1 */
-	bool save_files;              /* framework: pytorch: backups per worker file */
 	int peers[MAX_PEERS];
 	int npeers;
-	bool job_set;
 	uint32_t bi_min, bi_steps;    /* the job's backup interval */
 	char pin_job[RCFG_JOB_MAX + 1];
 	uint64_t pin_step;            /* a backup is uploading it */

@@ -268,9 +268,7 @@ static int push_once(struct eng *e, uint32_t peer, const struct shard_key *k,
 	rc = eng_peer_addr(e, peer, addr, alen);
 	if (rc < 0)
 		return rc;
-	pthread_mutex_lock(&e->mu);
-	rank = e->rank;
-	pthread_mutex_unlock(&e->mu);
+	rank = eng_rank(e);
 	rc = tier_peer_open(addr, peer, rank, &e->auth, &t);
 	if (rc < 0)
 		return rc;
@@ -308,10 +306,11 @@ static int push_to(struct eng *e, uint32_t peer, const struct shard_key *k,
 static void step_ev(struct eng *e, const struct shard_key *k, const uint8_t hash[32],
 		    struct proto_step_ev *se)
 {
-	pthread_mutex_lock(&e->mu);
-	*se = (struct proto_step_ev){ .job = { k->job, e->nodes, e->dp }, .step = k->step,
-				      .worker = k->worker, .workers = e->workers ? e->workers : 1 };
-	pthread_mutex_unlock(&e->mu);
+	struct job_now now;
+
+	jobid_get(e->jid, &now);
+	*se = (struct proto_step_ev){ .job = { k->job, now.nodes, now.dp }, .step = k->step,
+				      .worker = k->worker, .workers = now.workers };
 	memcpy(se->hash, hash, 32);
 }
 
@@ -408,13 +407,13 @@ static void repl_protect(struct eng *e, const struct shard_key *k, const uint8_t
 static void repl_reprotect(struct eng *e, const char *job, uint64_t step, uint32_t nodes,
 			   uint32_t dp)
 {
+	struct job_now now;
 	uint32_t workers;
 	int rank;
 
-	pthread_mutex_lock(&e->mu);
-	workers = e->workers ? e->workers : 1;
-	rank = e->rank;
-	pthread_mutex_unlock(&e->mu);
+	jobid_get(e->jid, &now);
+	workers = now.workers;
+	rank = now.rank;
 	for (uint32_t w = 0; rank >= 0 && w < workers; w++) {
 		struct shard_key k = { .step = step, .rank = (uint32_t)rank, .worker = w };
 		struct shard_rec rec = { 0 };
@@ -462,22 +461,20 @@ static void committed_run(void *arg)
 	struct committed_job *c = arg;
 	struct eng *e = c->e;
 	struct proto_step_ev se;
-	uint32_t nodes, dp;
 	json_t *ev;
 
 	step_ev(e, &c->key, c->hash, &se);
 	pthread_mutex_lock(&e->mu);
 	se.bi_min = e->bi_min;
 	se.bi_steps = e->bi_steps;
-	nodes = e->nodes;
-	dp = e->dp;
 	pthread_mutex_unlock(&e->mu);
 	ev = proto_committed_encode(&se);
 	if (eng_ctl_event(e, ev) < 0)
 		log_warn("engine", "cannot report step %llu to the coordinator at %s",
 			 (unsigned long long)c->key.step, e->coord_addr);
 	json_decref(ev);
-	redund_protect(e, &c->key, c->hash, nodes, dp);
+	/* the shape the coordinator was told */
+	redund_protect(e, &c->key, c->hash, se.job.nodes, se.job.dp);
 	free(c);
 }
 

@@ -106,19 +106,11 @@ int eng_content_key(const struct shard_rec *r, uint8_t out[32])
 	return rc;
 }
 
-/* Shards per node and step of job c: one per worker in framework:
- * pytorch, else one. */
-static uint32_t job_workers(const struct rcfg *c)
-{
-	return c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
-	       (uint32_t)c->workers_per_node : 1;
-}
-
 static json_t *catalog_msg(struct eng *e, const struct rcfg *c)
 {
 	struct shard_rec *recs = NULL;
 	size_t n = 0;
-	uint32_t W = job_workers(c);
+	uint32_t W = rcfg_workers(c);
 	struct proto_catalog m = { .job = { c->job, (uint32_t)c->nodes, (uint32_t)c->assume_dp },
 				   .workers = W > 1 ? W : 0 };
 	json_t *out;
@@ -507,7 +499,7 @@ int eng_restore(struct eng *e, const struct rcfg *c, restore_report_fn rep, void
 {
 	struct round *r = calloc(1, sizeof(*r));
 	struct restore_planner pl = {
-		.arg = r, .ram = e->ram, .workers = job_workers(c),
+		.arg = r, .ram = e->ram, .workers = rcfg_workers(c),
 		.plan = round_plan, .source = round_source, .failed = round_failed,
 		.ready = round_ready, .prerestore = prerestore, .pre_arg = arg,
 	};

@@ -910,3 +910,24 @@ int rcfg_to_yaml(const struct rcfg *c, char *buf, size_t len)
 		return -ENOSPC;
 	return (int)s.pos;
 }
+
+uint32_t rcfg_workers(const struct rcfg *c)
+{
+	/* other frameworks write one shard per node whatever
+	 * workers-per-node says */
+	return c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
+	       (uint32_t)c->workers_per_node : 1;
+}
+
+void rcfg_job_now(const struct rcfg *c, struct job_now *out)
+{
+	*out = (struct job_now){
+		.set = true,
+		.rank = c->node_rank,
+		.nodes = (uint32_t)c->nodes,
+		.dp = (uint32_t)c->assume_dp,
+		.workers = rcfg_workers(c),
+		.save_files = c->framework == RCFG_FW_PYTORCH,
+	};
+	snprintf(out->job, sizeof(out->job), "%s", c->job);
+}

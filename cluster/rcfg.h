@@ -11,8 +11,10 @@
 
 #include "common/jobname.h"
 #include "tiers/ec.h"
+#include "tiers/jobid.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 
 enum rcfg_framework { RCFG_FW_ORBAX, RCFG_FW_PYTORCH_DISTRIBUTED, RCFG_FW_PYTORCH };
 
@@ -123,5 +125,15 @@ int rcfg_to_yaml(const struct rcfg *c, char *buf, size_t len);
 /* The key value of f ("orbax", "pytorch.distributed", "pytorch"); a static
  * string, "unknown" for values outside the enum. */
 const char *rcfg_framework_name(enum rcfg_framework f);
+
+/* Shards per node and step of job c: workers-per-node with framework:
+ * pytorch (each worker's .save file is its own shard), else 1. */
+uint32_t rcfg_workers(const struct rcfg *c);
+
+/* The job c makes this node's, as the record tiers/jobid.h holds it (set,
+ * its name, node-rank, nodes, assume-data-parallelism, workers and
+ * save_files from framework and workers-per-node): the one place a yaml
+ * becomes an identity, for the engine and for a node without one. */
+void rcfg_job_now(const struct rcfg *c, struct job_now *out);
 
 #endif /* MTCFS_FS_RCFG_H */

@@ -11,12 +11,10 @@ static const struct redund_scheme *const schemes[] = { &redund_replication, &red
 
 const struct redund_scheme *redund_for(struct eng *e)
 {
-	uint32_t workers;
+	struct job_now now;
 
-	pthread_mutex_lock(&e->mu);
-	workers = e->workers ? e->workers : 1;
-	pthread_mutex_unlock(&e->mu);
-	return workers == 1 && eng_ec_get(e, NULL) ? &redund_rs : &redund_replication;
+	jobid_get(e->jid, &now);
+	return now.workers == 1 && eng_ec_get(e, NULL) ? &redund_rs : &redund_replication;
 }
 
 json_t *redund_status(struct eng *e, const char *job)

@@ -7,7 +7,7 @@ const char *job_name_problem(const char *s, size_t n, char *bad)
 	if (n == 0)
 		return "it is empty";
 	if (n > JOB_NAME_MAX)
-		return "it is longer than 128 bytes";
+		return "it is longer than " JOB_NAME_MAX_S " bytes";
 	if (s[0] == '.' || s[0] == '-')
 		return "it must not start with '.' or '-'";
 	for (size_t i = 0; i < n; i++) {

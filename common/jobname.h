@@ -13,7 +13,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define JOB_NAME_MAX 128   /* bytes, without the NUL */
+#define JOB_NAME_MAX 128   /* bytes, without the NUL; a plain number (JOB_NAME_MAX_S) */
+
+/* JOB_NAME_MAX spelled as a string literal: a scanf width ("%"
+ * JOB_NAME_MAX_S "s" into char[JOB_NAME_MAX + 1]) and messages, so the
+ * limit is written once */
+#define JOB_NAME_STR_(n) #n
+#define JOB_NAME_STR(n)  JOB_NAME_STR_(n)
+#define JOB_NAME_MAX_S   JOB_NAME_STR(JOB_NAME_MAX)
 
 /* NULL if s[0..n) is a valid job name (s need not be NUL-terminated; a NUL
  * inside is an invalid character), else a static reason for a message

@@ -42,6 +42,7 @@ bool commit_is_step_dir(struct fs *fs, uint64_t step, ino_t ino)
 static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 		 ino_t *files, uint32_t nfiles, uint32_t w)
 {
+	struct job_now now;
 	struct shard_key k;
 	struct fs_step *s;
 	int rc;
@@ -50,6 +51,7 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 		free(files);
 		return -ENAMETOOLONG;
 	}
+	fs_identity(fs, &now);
 	pthread_mutex_lock(&fs->mu);
 	s = fs_step_find_w(fs, step, w);
 	if (s && s->visible && !s->sealed) {
@@ -76,9 +78,9 @@ static int begin(struct fs *fs, uint64_t step, const char *name, ino_t dir_ino,
 		free(files);
 		return -ENOMEM;
 	}
-	snprintf(s->job, sizeof(s->job), "%s", fs->job);
+	snprintf(s->job, sizeof(s->job), "%s", now.job);
 	snprintf(s->name, sizeof(s->name), "%s", name);
-	s->rank = fs->rank;
+	s->rank = (uint32_t)now.rank;
 	s->dir_ino = dir_ino;
 	free(s->files);
 	s->files = files;
@@ -676,16 +678,14 @@ void commit_top_file_done(struct fs *fs)
 	char job[JOB_NAME_MAX + 1];
 	const struct dirent *de;
 	struct walk_dir d;
+	struct job_now now;
 
-	pthread_mutex_lock(&fs->mu);
-	if (!fs->save_files || fs->workers == 0) {
-		pthread_mutex_unlock(&fs->mu);
+	fs_identity(fs, &now);
+	if (!now.save_files)
 		return;
-	}
-	snprintf(job, sizeof(job), "%s", fs->job);
-	rank = fs->rank;
-	workers = fs->workers;
-	pthread_mutex_unlock(&fs->mu);
+	snprintf(job, sizeof(job), "%s", now.job);
+	rank = (uint32_t)now.rank;
+	workers = now.workers;   /* with save_files: workers-per-node (>= 1) */
 
 	/* no create or write open is between its open and its writer count */
 	pthread_rwlock_wrlock(&fs->open_lk);
@@ -783,7 +783,7 @@ int commit_marker(struct fs *fs, const char *job, int rank, const struct restore
 		  int w, char *name, size_t nlen, char *target, size_t tlen)
 {
 	char rel[512], stepname[sizeof(((struct fs_step *)0)->name)], fn[NAME_MAX + 1];
-	bool save_files;
+	struct job_now now;
 	int rc;
 
 	target[0] = '\0';
@@ -794,13 +794,11 @@ int commit_marker(struct fs *fs, const char *job, int rank, const struct restore
 	rc = ram_shard_relpath(&p->key, rel, sizeof(rel));
 	if (rc < 0)
 		return rc;
-	pthread_mutex_lock(&fs->mu);
-	save_files = fs->save_files;
-	pthread_mutex_unlock(&fs->mu);
+	fs_identity(fs, &now);
 	/* framework: pytorch restores a file per worker: the marker points at
 	 * that worker's file, as GKE's points at its <hash>.data */
 	rc = -ENODATA;
-	if (save_files && w > 0) {
+	if (now.save_files && w > 0) {
 		/* worker w's own shard; a worker-0 shard holding every worker's
 		 * file (a bucket restore, an earlier mtcfs) is looked at next */
 		struct shard_key wk = p->key;
@@ -813,8 +811,8 @@ int commit_marker(struct fs *fs, const char *job, int rank, const struct restore
 			goto named;
 		}
 	}
-	rc = save_files ? find_save(fs, &p->key, (uint32_t)w, fn, sizeof(fn), stepname,
-				    sizeof(stepname)) : -ENODATA;
+	rc = now.save_files ? find_save(fs, &p->key, (uint32_t)w, fn, sizeof(fn), stepname,
+					sizeof(stepname)) : -ENODATA;
 	if (rc == 0) {
 		if ((size_t)snprintf(target, tlen, ".mtcfs/%s/%s", rel, fn) >= tlen)
 			return -ENAMETOOLONG;

@@ -154,13 +154,18 @@ static void remember_restored(struct fs *fs, const struct restore_plan *p)
 	}
 }
 
+/* c is the node's job: with an engine, the engine has taken it already
+ * (eng_set_job, eng_take_job: the record's writer in a cluster, after its
+ * checks); without one the front writes the shared record itself. */
 static void apply_identity(struct fs *fs, const struct rcfg *c)
 {
+	struct job_now now;
+
+	if (!fs->eng) {
+		rcfg_job_now(c, &now);
+		jobid_set(fs->jid, &now);
+	}
 	pthread_mutex_lock(&fs->mu);
-	snprintf(fs->job, sizeof(fs->job), "%s", c->job);
-	fs->rank = (uint32_t)c->node_rank;
-	fs->workers = (uint32_t)c->workers_per_node;
-	fs->save_files = c->framework == RCFG_FW_PYTORCH;
 	fs->eager_gc = true;
 	pthread_mutex_unlock(&fs->mu);
 }
@@ -313,9 +318,7 @@ static int restore_step(struct fs *fs, const struct rcfg *c, struct restore_plan
 		}
 	} else {
 		/* a node on its own: the same round over its own catalog */
-		uint32_t workers = c->framework == RCFG_FW_PYTORCH && c->workers_per_node > 1 ?
-				   (uint32_t)c->workers_per_node : 1;
-		rc = restore_local(fs->ram, c->job, (uint32_t)c->node_rank, workers,
+		rc = restore_local(fs->ram, c->job, (uint32_t)c->node_rank, rcfg_workers(c),
 				   fs_report_error, fs, prerestore_cb, plan);
 		if (rc < 0) {
 			snprintf(err, sizeof(err), "cannot read the catalog to plan a restore: %s; nothing restored",
@@ -425,7 +428,12 @@ static void load_identity(struct fs *fs)
 
 	if (idx_get_meta(ram_idx(fs->ram), "config", &v, &len) == 0) {
 		if (rcfg_parse(v, len, NULL, &c, err, sizeof(err)) == 0) {
-			apply_identity(fs, &c);
+			/* the engine checks it first (rank=, peers=): refused,
+			 * the front stays on its default job, and the control
+			 * thread's resume_identity says why (or a new yaml
+			 * waiting there replaces it) */
+			if (!fs->eng || eng_take_job(fs->eng, &c, err, sizeof(err)) == 0)
+				apply_identity(fs, &c);
 			rcfg_free(&c);
 		}
 		free(v);
@@ -434,9 +442,13 @@ static void load_identity(struct fs *fs)
 		commit_top_file_done(fs);
 	}
 	if (idx_get_meta(ram_idx(fs->ram), "restored", &v, &len) == 0) {
-		char job[130];
+		char job[JOB_NAME_MAX + 1];
 		unsigned long long step;
-		if (sscanf(v, "%129s %llu", job, &step) == 2 && !strcmp(job, fs->job)) {
+		struct job_now now;
+
+		fs_identity(fs, &now);
+		if (sscanf(v, "%" JOB_NAME_MAX_S "s %llu", job, &step) == 2 &&
+		    !strcmp(job, now.job)) {
 			pthread_mutex_lock(&fs->mu);
 			fs->have_restored = true;
 			fs->restored_step = step;
@@ -516,9 +528,12 @@ int ctl_start(struct fs *fs)
 	pthread_mutex_init(&fs->ctl_mu, NULL);
 	pthread_cond_init(&fs->ctl_cv, NULL);
 	snprintf(fs->phase, sizeof(fs->phase), "waiting-for-config");
-	load_identity(fs);
+	/* before load_identity: the start-up file names the rank of the
+	 * mount options (eng_rank), not the last yaml's, which the engine
+	 * takes again there */
 	if (fs->o.jax_init_info >= 0)   /* default on; -1: no_jax_init_info */
 		write_jax_init_info(fs, -1);
+	load_identity(fs);
 	rc = pthread_create(&fs->ctl_thr, NULL, ctl_main, fs);
 	if (rc)
 		return -rc;

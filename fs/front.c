@@ -45,7 +45,12 @@ int fs_new(const struct fs_opts *o, struct fuse_args *args, struct fs **out)
 	pthread_mutex_init(&fs->hmu, NULL);
 	pthread_rwlock_init(&fs->open_lk, NULL);
 	pthread_cond_init(&fs->sealed_cv, NULL);
-	snprintf(fs->job, sizeof(fs->job), "default");
+	fs->jid = o->jobid;
+	if (!fs->jid) {
+		if (jobid_new(&fs->jid) < 0)
+			goto fail;
+		fs->jid_own = true;
+	}
 	fs->hsize = 1u << 16;
 	fs->htab = calloc(fs->hsize, sizeof(*fs->htab));
 	if (!fs->htab)
@@ -196,13 +201,16 @@ void fs_free(struct fs *fs)
 	fs_steps_free(fs);
 	if (fs->proc_self_fd >= 0)
 		close(fs->proc_self_fd);
+	if (fs->jid_own)
+		jobid_free(fs->jid);
 	free(fs);
 }
 
 void fs_job(struct fs *fs, char *job, size_t len, uint32_t *rank)
 {
-	pthread_mutex_lock(&fs->mu);
-	snprintf(job, len, "%s", fs->job);
-	*rank = fs->rank;
-	pthread_mutex_unlock(&fs->mu);
+	struct job_now now;
+
+	fs_identity(fs, &now);
+	snprintf(job, len, "%s", now.job);
+	*rank = (uint32_t)now.rank;
 }

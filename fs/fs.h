@@ -33,6 +33,7 @@
 #endif
 
 struct fs;
+struct jobid;
 struct ram_tier;
 struct eng;
 struct eng_cb;
@@ -50,6 +51,9 @@ struct fs_opts {
 	 * mount answers; NULL: nothing. */
 	void (*on_init)(void *arg);
 	void *arg;
+	/* the job identity shared with the engine (tiers/jobid.h; borrowed:
+	 * it must outlive the front); NULL: the front makes one of its own */
+	struct jobid *jobid;
 };
 
 /* A front on a new FUSE session (args: the FUSE options, -f and the

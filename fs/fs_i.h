@@ -12,10 +12,12 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "common/workq.h"
 #include "cluster/engine.h"
+#include "tiers/jobid.h"
 #include "tiers/ramtier.h"
 
 #define FN_FROZEN  0x1u   /* inside a committed step: read-only */
@@ -136,14 +138,16 @@ struct fs {
 	ino_t *frozen_ino;
 	size_t frozen_n, frozen_cap;
 
-	/* job identity for shards written now (protected by mu) */
-	char job[JOB_NAME_MAX + 1];
-	uint32_t rank;
+	/* The job shards are written under now: the record shared with the
+	 * engine (fs_opts.jobid, or the front's own: jid_own), read through
+	 * fs_identity(). Its lock is a leaf: it may be taken under mu. */
+	struct jobid *jid;
+	bool jid_own;
+
+	/* protected by mu */
 	uint64_t restored_step;     /* step restored by the last restore, 0 = none */
 	bool have_restored;
 	bool eager_gc;              /* a job is configured: keep only what policy needs */
-	uint32_t workers;           /* workers-per-node of the current job */
-	bool save_files;            /* framework: pytorch: <job>-s<S>-n<r>-w<w>.save files commit */
 
 	/* control thread (ctl.c) */
 	pthread_t ctl_thr;
@@ -155,6 +159,22 @@ struct fs {
 };
 
 extern struct fs *g_fs;
+
+/* The job shards are committed under now, into *out: the shared record,
+ * except that before a replicator.yaml sets it the front commits as job
+ * FS_JOB_DEFAULT, rank 0 (whatever rank the engine knows from its
+ * options). Any thread, any lock held (the record's lock is a leaf).
+ * Inline: commit.c, ctl.c, retain.c and front.c all read it, and front.c
+ * calls the first two (check-calls: no circle). */
+#define FS_JOB_DEFAULT "default"
+static inline void fs_identity(struct fs *fs, struct job_now *out)
+{
+	jobid_get(fs->jid, out);
+	if (!out->set) {
+		snprintf(out->job, sizeof(out->job), "%s", FS_JOB_DEFAULT);
+		out->rank = 0;
+	}
+}
 
 /* fs_ll.c */
 extern const struct fuse_lowlevel_ops fs_ll_ops;

@@ -57,20 +57,21 @@ static const struct ret_hooks *hooks(struct fs *fs, struct ret_hooks *h)
 static uint64_t collect(struct fs *fs, uint64_t want)
 {
 	struct life_in in = { .want = want, .pinned = pinned_cb, .pin_arg = fs->eng };
-	char job[JOB_NAME_MAX + 1];
+	struct job_now now;
 	struct ret_hooks h;
 
+	fs_identity(fs, &now);
 	pthread_mutex_lock(&fs->mu);
-	snprintf(job, sizeof(job), "%s", fs->job);
 	in.restored_step = fs->restored_step;
 	in.have_restored = fs->have_restored;
-	in.rank = fs->rank;
-	in.workers = fs->save_files && fs->workers > 1 ? fs->workers : 1;
 	pthread_mutex_unlock(&fs->mu);
-	in.job = job;
+	in.rank = (uint32_t)now.rank;
+	in.workers = now.workers;
+	in.job = now.job;
 	in.cluster = fs->eng != NULL;
 	if (in.cluster)
-		in.have_step = want ? eng_lkg(fs->eng, job, &in.step) : eng_gc_step(fs->eng, job, &in.step);
+		in.have_step = want ? eng_lkg(fs->eng, now.job, &in.step)
+				    : eng_gc_step(fs->eng, now.job, &in.step);
 	if (!want && in.cluster && !in.have_step)
 		return 0;   /* nothing is known job-wide yet: keep all */
 	return ret_collect(fs->ram, &in, hooks(fs, &h));
@@ -86,13 +87,11 @@ void retain_gc(struct fs *fs)
  * the same step numbers into a mixed checkpoint. Drop them. */
 void retain_drop_newer(struct fs *fs, const char *job, uint64_t step)
 {
+	struct job_now now;
 	struct ret_hooks h;
-	uint32_t rank;
 
-	pthread_mutex_lock(&fs->mu);
-	rank = fs->rank;
-	pthread_mutex_unlock(&fs->mu);
-	ret_drop_newer(fs->ram, job, rank, step, hooks(fs, &h));
+	fs_identity(fs, &now);
+	ret_drop_newer(fs->ram, job, (uint32_t)now.rank, step, hooks(fs, &h));
 }
 
 static void gc_job(void *arg)

@@ -375,8 +375,7 @@ static int load_view(const char *ramdir, const char *job, struct view *v, uint32
 			v->nodes = (uint32_t)cfg.nodes;
 			v->dp = cfg.assume_dp > 0 ? (uint32_t)cfg.assume_dp : 0;
 			my_rank = cfg.node_rank;
-			if (cfg.framework == RCFG_FW_PYTORCH && cfg.workers_per_node > 1)
-				*workers = (uint32_t)cfg.workers_per_node;
+			*workers = rcfg_workers(&cfg);
 		}
 		free(val);
 	}

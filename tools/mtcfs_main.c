@@ -9,6 +9,7 @@
 #include "common/jobname.h"
 #include "common/log.h"
 #include "net/metrics_http.h"
+#include "tiers/jobid.h"
 #include "tiers/ramtier.h"
 
 #include <errno.h>
@@ -30,6 +31,9 @@ struct daemon {
 	struct fs *fs;
 	struct ram_tier *ram;
 	struct eng *eng;            /* NULL for a single node without network */
+	/* the job this node serves: one record for the front and the engine
+	 * (tiers/jobid.h), freed after both */
+	struct jobid *jid;
 	struct mhttp *mh;
 };
 
@@ -129,6 +133,9 @@ static int daemon_mount(struct daemon *d)
 		.on_init = on_fuse_init, .arg = d,
 	};
 
+	if (jobid_new(&d->jid) < 0)
+		return -ENOMEM;
+	fo.jobid = d->jid;
 	if (fs_new(&fo, &d->args, &d->fs) < 0 || fs_mount(d->fs) < 0)
 		return -EIO;
 	fuse_daemonize(d->fo.foreground);
@@ -151,7 +158,7 @@ static int daemon_start_engine(struct daemon *d)
 		.restore_timeout_s = o->restore_timeout, .stop_timeout_s = o->stop_timeout,
 		.bucket = o->bucket,
 		.gcs_endpoint = o->gcs_endpoint, .gcs_key_file = o->gcs_key_file,
-		.redundancy = o->redundancy,
+		.redundancy = o->redundancy, .jobid = d->jid,
 	};
 	struct eng_cb cb;
 
@@ -240,6 +247,8 @@ static void daemon_close(struct daemon *d)
 {
 	fs_free(d->fs);
 	d->fs = NULL;
+	jobid_free(d->jid);   /* the engine went in daemon_stop */
+	d->jid = NULL;
 	ram_close(d->ram);
 	d->ram = NULL;
 	ramdir_unlock(d->lock_fd);

@@ -57,7 +57,8 @@ static void holder_start(struct tmp *tmp, const char *name, int rank, bool serve
 	h->e = calloc(1, sizeof(*h->e));
 	assert_non_null(h->e);
 	h->e->ram = h->ram;
-	h->e->rank = rank;
+	assert_int_equal(jobid_new(&h->e->jid), 0);
+	jobid_set_rank(h->e->jid, rank);
 	pthread_mutex_init(&h->e->mu, NULL);
 	if (!serve)
 		return;
@@ -70,6 +71,7 @@ static void holder_stop(struct holder *h)
 {
 	nsrv_stop(h->srv);
 	pthread_mutex_destroy(&h->e->mu);
+	jobid_free(h->e->jid);
 	free(h->e);
 	ram_close(h->ram);
 }
@@ -620,15 +622,11 @@ static void test_push_for_another_rank_refused(void **state)
 	assert_int_equal(idx_get_shard(ram_idx(to.ram), &k, &(struct shard_rec){ 0 }), -ENOENT);
 
 	/* a node without a rank yet (restarted, no replicator.yaml) is no rank */
-	pthread_mutex_lock(&to.e->mu);
-	to.e->rank = -1;
-	pthread_mutex_unlock(&to.e->mu);
+	jobid_set_rank(to.e->jid, -1);
 	assert_int_equal(tier_peer_open(to.addr, 2, 1, NULL, &t), 0);
 	assert_int_equal(tier_put(&t, owner.ram, &k, rec.mf, rec.mflen, mf), -ESTALE);
 	tier_close(&t);
-	pthread_mutex_lock(&to.e->mu);
-	to.e->rank = 2;
-	pthread_mutex_unlock(&to.e->mu);
+	jobid_set_rank(to.e->jid, 2);
 
 	assert_int_equal(tier_peer_open(to.addr, 2, 1, NULL, &t), 0);
 	assert_int_equal(tier_put(&t, owner.ram, &k, rec.mf, rec.mflen, mf), 0);
@@ -670,7 +668,7 @@ static void pair_open(struct holder *to, int peer, struct serve *s, pthread_t *t
 	s->peer = peer;
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
 	assert_int_equal(nconn_from_fd(sv[0], NULL, peer, "pair", NULL, 0, NULL, NULL, &s->c), 0);
-	assert_int_equal(nconn_from_fd(sv[1], NULL, to->e->rank, "pair", NULL, 0, NULL, NULL, cc), 0);
+	assert_int_equal(nconn_from_fd(sv[1], NULL, eng_rank(to->e), "pair", NULL, 0, NULL, NULL, cc), 0);
 	assert_int_equal(pthread_create(thr, NULL, serve_one, s), 0);
 }
 

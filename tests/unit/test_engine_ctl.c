@@ -126,7 +126,10 @@ static int setup(void **state)
 		pthread_cond_init(&e->quit_cv, &ca);
 		pthread_condattr_destroy(&ca);
 	}
-	e->rank = 3;
+	if (jobid_new(&e->jid) < 0)
+		return -1;
+	e->jid_own = true;   /* eng_stop frees it */
+	jobid_set_rank(e->jid, 3);
 	snprintf(e->coord_addr, sizeof(e->coord_addr), "%s", x->f.addr);
 	e->cb.on_lkg = on_lkg;
 	e->cb.report = on_report;
@@ -418,6 +421,37 @@ static void test_retry_wait_budget_and_stop(void **state)
 	assert_true(util_now_ns() - t0 < 100 * 1000000ull);
 }
 
+/* A yaml is checked against the mount before it becomes the job record
+ * the engine shares with the front (eng_take_job; eng_set_job is it and
+ * the registration): refused, the record is as it was, rank included. */
+static void test_take_job_checks_first(void **state)
+{
+	struct fixture *x = *state;
+	struct eng *e = x->e;
+	struct rcfg c = { .job = "j1", .framework = RCFG_FW_PYTORCH, .node_rank = 2, .nodes = 4,
+			  .peers_per_node = 1, .workers_per_node = 2 };
+	struct job_now now;
+	char err[256] = "";
+
+	e->rank_fixed = true;   /* as rank=3 on the mount */
+	assert_int_equal(eng_take_job(e, &c, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "node-rank: 2, but this node is rank 3"));
+	jobid_get(e->jid, &now);
+	assert_false(now.set);
+	assert_int_equal(now.rank, 3);
+	assert_int_equal(eng_rank(e), 3);
+
+	c.node_rank = 3;
+	assert_int_equal(eng_take_job(e, &c, err, sizeof(err)), 0);
+	jobid_get(e->jid, &now);
+	assert_true(now.set);
+	assert_string_equal(now.job, "j1");
+	assert_int_equal(now.rank, 3);
+	assert_int_equal(now.nodes, 4);
+	assert_int_equal(now.workers, 2);
+	assert_true(now.save_files);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -426,6 +460,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_stop_ends_restore_call, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reconnect_after_hang_up, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_retry_wait_budget_and_stop, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_take_job_checks_first, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -48,7 +48,8 @@ static void fx_start(void **state, const char *mount, uint32_t workers, struct f
 	f->e = calloc(1, sizeof(*f->e));
 	assert_non_null(f->e);
 	f->e->ram = f->ram;
-	f->e->workers = workers;
+	assert_int_equal(jobid_new(&f->e->jid), 0);
+	jobid_set(f->e->jid, &(struct job_now){ .rank = -1, .workers = workers });
 	pthread_mutex_init(&f->e->mu, NULL);
 	assert_int_equal(eng_ec_start(f->e, mount, err, sizeof(err)), 0);
 }
@@ -57,6 +58,7 @@ static void fx_stop(struct fx *f)
 {
 	eng_ec_stop(f->e);
 	pthread_mutex_destroy(&f->e->mu);
+	jobid_free(f->e->jid);
 	free(f->e);
 	ram_close(f->ram);
 }
@@ -97,7 +99,8 @@ static void test_scheme_in_force(void **state)
 	assert_ptr_equal(redund_for(f.e), &redund_replication);
 	eng_ec_set_job(f.e, true, &rs);            /* the yaml says rs:2+1 */
 	assert_ptr_equal(redund_for(f.e), &redund_rs);
-	f.e->workers = 2;                          /* per-worker shards: replicated */
+	/* per-worker shards: replicated */
+	jobid_set(f.e->jid, &(struct job_now){ .rank = -1, .workers = 2 });
 	assert_ptr_equal(redund_for(f.e), &redund_replication);
 	fx_stop(&f);
 
