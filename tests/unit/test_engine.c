@@ -225,6 +225,17 @@ static void get_of(struct tier_get *g, struct holder *to, const struct shard_key
 	g->hash = hash;
 }
 
+/* Node 0 (a, serving) holds a replica of node 1's (b's) shard k of step;
+ * *mf (optional) its manifest. */
+static void replica_pair(struct tmp *tmp, uint64_t step, struct holder *a, struct holder *b,
+			 struct shard_key *k, struct manifest **mf)
+{
+	holder_start(tmp, "a", 0, true, a);
+	holder_start(tmp, "b", 1, false, b);
+	key_of(k, step, 1);
+	seal(a, k, 0, mf);
+}
+
 /* A replica of node 1's shard on node 0, fetched by node 1 through the
  * peer tier: the data server's fetch, the CRC32C checks, the publish. */
 static void test_peer_tier_fetches_shard(void **state)
@@ -236,10 +247,7 @@ static void test_peer_tier_fetches_shard(void **state)
 	struct tier_get g;
 	char why[512] = "";
 
-	holder_start(*state, "a", 0, true, &a);
-	holder_start(*state, "b", 1, false, &b);
-	key_of(&k, 5, 1);
-	seal(&a, &k, 0, &mf);
+	replica_pair(*state, 5, &a, &b, &k, &mf);
 	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &t), 0);
 	assert_string_equal(tier_name(&t), "peer");
 	get_of(&g, &b, &k, &k, mf->hash);
@@ -263,10 +271,7 @@ static void test_peer_tier_cut(void **state)
 	struct tier_get g;
 	char why[512] = "";
 
-	holder_start(*state, "a", 0, true, &a);
-	holder_start(*state, "b", 1, false, &b);
-	key_of(&k, 5, 1);
-	seal(&a, &k, 0, &mf);
+	replica_pair(*state, 5, &a, &b, &k, &mf);
 	assert_int_equal(tier_cut_new(&cut), 0);
 	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &t), 0);
 	tier_peer_cut_by(&t, cut);
@@ -346,10 +351,7 @@ static void test_peer_tier_refuses_other_manifest(void **state)
 	uint8_t other[32] = { 1 };
 	char why[512] = "";
 
-	holder_start(*state, "a", 0, true, &a);
-	holder_start(*state, "b", 1, false, &b);
-	key_of(&k, 5, 1);
-	seal(&a, &k, 0, NULL);
+	replica_pair(*state, 5, &a, &b, &k, NULL);
 	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &t), 0);
 	get_of(&g, &b, &k, &k, other);
 	assert_int_equal(tier_obtain(&src, 1, &g, why, sizeof(why)), -EBADMSG);
@@ -374,10 +376,7 @@ static void test_obtain_falls_back_from_failing_tier(void **state)
 	struct tier_get g;
 	char why[512] = "";
 
-	holder_start(*state, "a", 0, true, &a);
-	holder_start(*state, "b", 1, false, &b);
-	key_of(&k, 9, 1);
-	seal(&a, &k, 0, &mf);
+	replica_pair(*state, 9, &a, &b, &k, &mf);
 	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &f.inner), 0);
 	assert_int_equal(tier_peer_open(a.addr, 0, 1, NULL, &tp), 0);
 	tier_fault_init(&f, &tf);
